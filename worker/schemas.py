@@ -1,0 +1,160 @@
+"""Schema collection: from ``WorkerTool`` to OpenAI Responses tool definitions.
+
+- A pydantic ``input_model`` becomes its ``model_json_schema()``; the root must
+  be an object (OpenAI: "function tool parameters must use a root object
+  schema").
+- A raw ``json_schema`` is sent exactly as given (``minimum``, ``maximum`` and
+  every other keyword intact) unless the tool asks for ``strict``, in which
+  case the strict copy from ``worker.strict`` is sent. Validation always runs
+  against the tool's own model or raw schema, never the strict copy.
+- ``strict`` is always sent explicitly: the Responses API treats a missing
+  ``strict`` as true.
+
+Definitions are cached per tool definition (name, description, flags and
+schema identity), so re-assembling the same tools every turn is cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import jsonschema
+import orjson
+
+from worker.contract import ToolDefinitionError, WorkerTool
+
+_PARAMS_CACHE: dict[Any, dict[str, Any]] = {}
+_DEF_CACHE: dict[Any, dict[str, Any]] = {}
+_CACHE_LIMIT = 4096
+
+EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def _schema_key(tool: WorkerTool) -> Any:
+    if tool.input_model is not None:
+        return ("model", tool.input_model)
+    if tool.json_schema is not None:
+        # The raw dict may be a shared constant or built per turn: key on content.
+        return ("raw", orjson.dumps(tool.json_schema, option=orjson.OPT_SORT_KEYS))
+    return ("empty",)
+
+
+def source_schema(tool: WorkerTool) -> dict[str, Any]:
+    """The tool's own parameters schema (before any strict projection).
+
+    Returns a dict; raises ``ToolDefinitionError`` if the root is not an
+    object or a raw schema is not a valid JSON Schema (Draft 2020-12 meta-schema).
+    """
+    key = (_schema_key(tool), tool.name)
+    cached = _PARAMS_CACHE.get(key)
+    if cached is not None:
+        return cached
+    if tool.input_model is not None:
+        schema = tool.input_model.model_json_schema()
+    elif tool.json_schema is not None:
+        schema = tool.json_schema
+        if not isinstance(schema, dict):
+            raise ToolDefinitionError(f"tool {tool.name!r}: json_schema must be a JSON object")
+        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        try:
+            validator_cls.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ToolDefinitionError(
+                f"tool {tool.name!r}: json_schema is not a valid JSON Schema: {exc.message}"
+            ) from exc
+    else:
+        schema = EMPTY_OBJECT_SCHEMA
+    if schema.get("type") != "object":
+        raise ToolDefinitionError(
+            f"tool {tool.name!r}: function tool parameters must use a root object schema "
+            f"(got type {schema.get('type')!r})"
+        )
+    if len(_PARAMS_CACHE) > _CACHE_LIMIT:
+        _PARAMS_CACHE.clear()
+    _PARAMS_CACHE[key] = schema
+    return schema
+
+
+def parameters_schema(tool: WorkerTool) -> dict[str, Any]:
+    """The ``parameters`` sent to the provider: the source schema, or its strict copy."""
+    schema = source_schema(tool)
+    if not tool.strict:
+        return schema
+    key = ("strict", _schema_key(tool), tool.name)
+    cached = _PARAMS_CACHE.get(key)
+    if cached is None:
+        from worker.strict import to_strict_schema
+
+        cached = to_strict_schema(schema, tool_name=tool.name)
+        _PARAMS_CACHE[key] = cached
+    return cached
+
+
+def function_definition(tool: WorkerTool) -> dict[str, Any]:
+    """The Responses API function tool for ``tool``.
+
+    Shape: ``{"type": "function", "name", "description", "parameters",
+    "strict"}`` plus ``"defer_loading": true`` for deferred tools. The dict is
+    cached and shared: callers must not mutate it.
+    """
+    key = (_schema_key(tool), tool.name, tool.description, tool.strict, tool.defer_loading)
+    cached = _DEF_CACHE.get(key)
+    if cached is not None:
+        return cached
+    definition: dict[str, Any] = {
+        "type": "function",
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": parameters_schema(tool),
+        "strict": tool.strict,
+    }
+    if tool.defer_loading:
+        definition["defer_loading"] = True
+    if len(_DEF_CACHE) > _CACHE_LIMIT:
+        _DEF_CACHE.clear()
+    _DEF_CACHE[key] = definition
+    return definition
+
+
+def collect_tool_definitions(tools: Iterable[WorkerTool], *, loaded: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The ``tools`` array of a Responses request, in assembly order.
+
+    - Tools without a namespace become function tools.
+    - Tools sharing a namespace are grouped into one
+      ``{"type": "namespace", "name", "description", "tools": [...]}`` entry,
+      placed where the first of them stands.
+    - Deferred tools (``defer_loading``) are left out unless their name is in
+      ``loaded`` (chosen by the tool-search tool earlier in the turn).
+
+    Raises ``ToolDefinitionError`` on duplicate tool names.
+    """
+    loaded_set = set(loaded)
+    out: list[dict[str, Any]] = []
+    namespaces: dict[str, dict[str, Any]] = {}
+    seen: set[str] = set()
+    for tool in tools:
+        if tool.name in seen:
+            raise ToolDefinitionError(f"duplicate tool name {tool.name!r} in the turn's tool set")
+        seen.add(tool.name)
+        if tool.defer_loading and tool.name not in loaded_set:
+            continue
+        definition = function_definition(tool)
+        if tool.defer_loading:
+            definition = {k: v for k, v in definition.items() if k != "defer_loading"}
+        if tool.namespace:
+            ns = namespaces.get(tool.namespace)
+            if ns is None:
+                ns = {
+                    "type": "namespace",
+                    "name": tool.namespace,
+                    "description": tool.namespace_description or tool.namespace,
+                    "tools": [],
+                }
+                namespaces[tool.namespace] = ns
+                out.append(ns)
+            elif tool.namespace_description and ns["description"] == tool.namespace:
+                ns["description"] = tool.namespace_description
+            ns["tools"].append(definition)
+        else:
+            out.append(definition)
+    return out

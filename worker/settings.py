@@ -1,0 +1,71 @@
+"""Runtime settings, read from the environment (prefix ``AGENT_``) by pydantic-settings.
+
+Bad values fail at start-up with pydantic's error naming the variable.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """All knobs of the runtime. Environment variables: ``AGENT_<FIELD>`` (case-insensitive),
+    except ``REDIS_URL`` and ``OPENAI_*`` which keep their usual names.
+
+    Units: seconds for timeouts, bytes for sizes.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="AGENT_", extra="ignore", populate_by_name=True)
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
+    # Model gateway (OpenAI Responses API or the scripted gateway).
+    openai_base_url: str = Field("https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")
+    openai_api_key: SecretStr = Field(SecretStr(""), validation_alias="OPENAI_API_KEY")
+    model: str = Field("gpt-4.1-mini", validation_alias="OPENAI_MODEL")
+    model_timeout: float = 120.0
+    model_connect_timeout: float = 10.0
+    max_output_tokens: int | None = None
+
+    # Turn loop limits.
+    max_model_calls: int = 16
+    max_invalid_calls_per_tool: int = 2
+    max_output_chars: int = 32_000
+    max_raw_arguments_echo: int = 2_000
+    turn_deadline: float = 900.0
+    tool_time_limit: float = 300.0
+
+    # Where agent homes live: <homes_root>/<agent_id>.
+    homes_root: Path = Path("var/homes")
+
+    # Computer tools.
+    command_timeout: float = 60.0
+    command_output_cap: int = 64_000
+
+    # Web tools: provider profiles (absent -> no web tools).
+    web_search_url: str | None = None
+    web_search_key: SecretStr | None = None
+    web_fetch_enabled: bool = False
+    web_fetch_max_bytes: int = 2_000_000
+    web_fetch_timeout: float = 20.0
+    # Only for tests of the fetch tool against local servers; never set in production.
+    web_fetch_allow_loopback: bool = False
+
+    # Extra named toolsets "name=module:function,..." allowed for turns (tests, plugins).
+    extra_toolsets: str = ""
+
+    @field_validator("max_model_calls", "max_output_chars", "max_invalid_calls_per_tool")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be >= 1")
+        return v
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Process-wide settings (read once)."""
+    return Settings()

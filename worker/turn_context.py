@@ -1,0 +1,64 @@
+"""The turn context given to tool category creators.
+
+Each turn builds its tool set from creators called with a ``TurnContext``:
+what the turn may do (``supports``), where the agent lives (``home``), which
+providers are bound, and turn-scoped services (Redis, enqueue callbacks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from worker.contract import AbortSignal
+from worker.settings import Settings
+
+
+@dataclass(frozen=True)
+class TurnSupports:
+    """What this turn may do.
+
+    - ``spawn_jobs``: background agent job tools are offered.
+    - ``workflow_task``: the turn is a workflow task turn (fixed catalog, no workflow tools).
+    - ``brain``: Brain tools are offered in workflow task turns.
+    """
+
+    spawn_jobs: bool = False
+    workflow_task: bool = False
+    brain: bool = False
+
+
+@dataclass(frozen=True)
+class Skill:
+    """An enabled skill projected into the turn's instructions.
+
+    ``mcp_server`` names an MCP server configured for the agent (reached via
+    the command tool and the ``mcporter`` CLI).
+    """
+
+    name: str
+    description: str
+    instructions: str = ""
+    mcp_server: str | None = None
+
+
+@dataclass
+class TurnContext:
+    """Everything a category creator may read.
+
+    ``services`` holds callables provided by the orchestration layer, e.g.
+    ``enqueue_turn(request_dict) -> turn_id``; creators must treat a missing
+    service as "capability absent".
+    """
+
+    turn_id: str
+    agent_id: str
+    home: Path
+    settings: Settings
+    abort: AbortSignal = field(default_factory=AbortSignal)
+    supports: TurnSupports = field(default_factory=TurnSupports)
+    redis: Any = None
+    skills: tuple[Skill, ...] = ()
+    services: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
