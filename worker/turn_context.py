@@ -13,20 +13,7 @@ from typing import Any, Callable
 
 from worker.contract import AbortSignal
 from worker.settings import Settings
-
-
-@dataclass(frozen=True)
-class TurnSupports:
-    """What this turn may do.
-
-    - ``spawn_jobs``: background agent job tools are offered.
-    - ``workflow_task``: the turn is a workflow task turn (fixed catalog, no workflow tools).
-    - ``brain``: Brain tools are offered in workflow task turns.
-    """
-
-    spawn_jobs: bool = False
-    workflow_task: bool = False
-    brain: bool = False
+from worker.turn import TurnSupports
 
 
 @dataclass(frozen=True)
@@ -58,6 +45,8 @@ class TurnContext:
     settings: Settings
     abort: AbortSignal = field(default_factory=AbortSignal)
     supports: TurnSupports = field(default_factory=TurnSupports)
+    # True in a workflow task turn (fixed catalog: no workflow, computer or job tools).
+    workflow_task: bool = False
     redis: Any = None
     skills: tuple[Skill, ...] = ()
     services: dict[str, Callable[..., Any]] = field(default_factory=dict)

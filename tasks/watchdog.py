@@ -1,0 +1,20 @@
+"""The watchdog: re-drives turns whose progress deadline passed (lost message, crash
+between barrier and enqueue) and fails a turn after ``MAX_REDRIVES`` attempts.
+Run by celery beat every 15 s (``beat_schedule`` in ``tasks.app``)."""
+
+from __future__ import annotations
+
+from tasks.app import app
+
+from tasks.runtime import get_engine
+
+MAX_REDRIVES = 3
+
+
+@app.task(name="tasks.watchdog.sweep", acks_late=True)
+def sweep() -> dict:
+    engine = get_engine()
+    done = {}
+    for turn_id in engine.store.overdue():
+        done[turn_id] = engine.redrive(turn_id, MAX_REDRIVES).action
+    return done

@@ -1,0 +1,123 @@
+"""Test infrastructure: a real Redis (embedded, started here and stopped after), the
+scripted gateway over HTTP, and a real Celery worker subprocess (``--pool solo -c 1``
+serving every queue: any hidden blocking wait would deadlock it).
+
+Set ``TEST_REDIS_URL`` to use an existing Redis instead of the embedded one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_state: dict = {}
+
+
+def pytest_configure(config):
+    from tasks.embedded_redis import EmbeddedRedis
+    from worker.scripted_gateway import ScriptedGateway
+
+    url = os.environ.get("TEST_REDIS_URL")
+    if not url:
+        emb = EmbeddedRedis()
+        url = emb.start()
+        _state["redis"] = emb
+    gw = ScriptedGateway().start()
+    _state["gateway"] = gw
+    homes = Path(tempfile.mkdtemp(prefix="agent-homes-"))
+    os.environ.update({
+        "REDIS_URL": url,
+        "OPENAI_BASE_URL": gw.base_url,
+        "OPENAI_API_KEY": "sk-test-secret-never-logged",
+        "OPENAI_MODEL": "unset-script",
+        "AGENT_HOMES_ROOT": str(homes),
+        "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
+        "AGENT_TOOL_TIME_LIMIT": "60",
+        "AGENT_MAX_MODEL_CALLS": "8",
+    })
+    _state["homes"] = homes
+
+
+def pytest_unconfigure(config):
+    for proc in _state.get("workers", []):
+        _stop(proc)
+    if "gateway" in _state:
+        _state["gateway"].stop()
+    if "redis" in _state:
+        _state["redis"].stop()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start_worker_process(*extra: str, queues: str = "turns,tools,background,workflow",
+                         env: dict | None = None) -> subprocess.Popen:
+    """Start ``celery worker`` as a subprocess and wait until it answers a ping."""
+    name = f"test-{uuid.uuid4().hex[:6]}@%h"
+    cmd = [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-Q", queues, "-n", name,
+           "-l", "WARNING", "--without-gossip", "--without-mingle", *extra]
+    log = open(Path(tempfile.gettempdir()) / f"worker-{uuid.uuid4().hex[:6]}.log", "w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    from tasks.app import app
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited early; see {log.name}")
+        replies = app.control.ping(timeout=0.5) or []
+        if any(name.split("@")[0] in k for r in replies for k in r):
+            _state.setdefault("workers", []).append(proc)
+            return proc
+    _stop(proc)
+    raise RuntimeError(f"worker did not come up; see {log.name}")
+
+
+@pytest.fixture(scope="session")
+def gateway():
+    return _state["gateway"]
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    return os.environ["REDIS_URL"]
+
+
+@pytest.fixture(scope="session")
+def solo_worker():
+    """One worker process, ``--pool solo -c 1``, serving every queue."""
+    proc = start_worker_process("--pool", "solo", "-c", "1")
+    yield proc
+    _stop(proc)
+    _state["workers"].remove(proc)
+
+
+@pytest.fixture(scope="session")
+def control(solo_worker):
+    from tasks.control import ControlPlane
+
+    return ControlPlane()
+
+
+@pytest.fixture
+def script_name():
+    return f"script-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def homes_root() -> Path:
+    return _state["homes"]

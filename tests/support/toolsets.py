@@ -1,0 +1,73 @@
+"""Tools used by the orchestration tests (configured via AGENT_EXTRA_TOOLSETS=testing=...).
+
+Each tool appends ``[name, call_id, start, end]`` to the Redis list
+``test:log:<turn_id>`` so tests can check ordering and barriers.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from pydantic import BaseModel, Field
+
+from worker.contract import ToolResult, define_worker_tool
+from worker.turn_context import TurnContext
+
+
+class SleepArgs(BaseModel):
+    label: str
+    ms: int = Field(0, ge=0, le=5000)
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+class Reason(BaseModel):
+    reason: str
+
+
+def _logged(name: str, fn):
+    def execute(params, ctx):
+        start = time.time()
+        result = fn(params, ctx)
+        ctx.services["redis"].rpush(f"test:log:{ctx.turn_id}",
+                                    orjson.dumps([name, ctx.call_id, start, time.time(), getattr(params, "label", "")]))
+        return result
+    return execute
+
+
+def _sleep(params: SleepArgs, ctx):
+    ctx.abort.wait(params.ms / 1000)
+    return ToolResult(content={"label": params.label, "slept_ms": params.ms}, details={"label": params.label})
+
+
+def _boom(params, ctx):
+    raise RuntimeError("disk on fire")
+
+
+def _finish(params: Reason, ctx):
+    return ToolResult(content=f"finished: {params.reason}", terminate=True)
+
+
+def _big(params, ctx):
+    return ToolResult(content="x" * 100_000)
+
+
+def testing_tools(ctx: TurnContext):
+    return [
+        define_worker_tool(name="read_thing", description="Read a thing (parallel).", input_model=SleepArgs,
+                           execute=_logged("read_thing", _sleep), execution_mode="parallel", is_read_only=True,
+                           describe_activity=lambda p: f"Reading {p.label}",
+                           describe_completed_activity=lambda p, r: f"Read {p.label}"),
+        define_worker_tool(name="write_thing", description="Write a thing (sequential).", input_model=SleepArgs,
+                           execute=_logged("write_thing", _sleep), execution_mode="sequential",
+                           is_destructive=True, describe_activity=lambda p: f"Writing {p.label}"),
+        define_worker_tool(name="boom", description="Always raises.", input_model=NoArgs,
+                           execute=_logged("boom", _boom)),
+        define_worker_tool(name="finish", description="Ends the turn.", input_model=Reason,
+                           execute=_logged("finish", _finish), execution_mode="sequential"),
+        define_worker_tool(name="big_output", description="Returns 100k characters.", input_model=NoArgs,
+                           execute=_big, is_read_only=True),
+    ]

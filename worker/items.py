@@ -1,0 +1,84 @@
+"""Responses API input/output items the runtime writes and reads.
+
+Shapes follow the OpenAI Responses API:
+- user message: ``{"type": "message", "role": "user", "content": "..."}``
+- function call (from the model): ``{"type": "function_call", "call_id", "name", "arguments"}``
+- function call output (ours): ``{"type": "function_call_output", "call_id", "output": "<string>"}``
+
+Every ``function_call`` in the history must get exactly one
+``function_call_output`` before the next request, or the API answers HTTP 400
+"No tool output found for function call ..." (cases E01/E03).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+TRUNCATION_MARKER = "\n[output truncated: {cut} of {total} characters cut]"
+
+
+def user_message(text: str) -> dict[str, Any]:
+    """A user input message item."""
+    return {"type": "message", "role": "user", "content": text}
+
+
+def output_text(content: Any) -> str:
+    """The string form of a tool's content: strings pass through, anything else is JSON-encoded.
+
+    The Responses API requires ``function_call_output.output`` to be a string
+    (or content parts); a dict or number makes the request fail (case E-series,
+    non-string outputs).
+    """
+    if isinstance(content, str):
+        return content
+    return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def cap_output(text: str, max_chars: int) -> tuple[str, int]:
+    """Cap ``text`` to ``max_chars`` characters (the marker included).
+
+    Returns ``(text, cut)`` where ``cut`` is how many characters were removed
+    (0 when untouched). The marker says how much was cut so the model can ask
+    for less (e.g. read a file in pages).
+    """
+    if len(text) <= max_chars:
+        return text, 0
+    total = len(text)
+    # Reserve room for the marker so the result never exceeds max_chars.
+    marker_room = len(TRUNCATION_MARKER.format(cut=total, total=total))
+    keep = max(0, max_chars - marker_room)
+    cut = total - keep
+    return text[:keep] + TRUNCATION_MARKER.format(cut=cut, total=total), cut
+
+
+def function_call_output(call_id: str, content: Any, *, max_chars: int) -> tuple[dict[str, Any], int]:
+    """Build the ``function_call_output`` item for ``call_id``.
+
+    Returns ``(item, cut_chars)``; ``output`` is always a string no longer than ``max_chars``.
+    """
+    text, cut = cap_output(output_text(content), max_chars)
+    return {"type": "function_call_output", "call_id": call_id, "output": text}, cut
+
+
+def function_calls(output_items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``function_call`` items of a response's ``output``, in emitted order."""
+    return [it for it in output_items if it.get("type") == "function_call"]
+
+
+def assistant_text(output_items: list[dict[str, Any]]) -> str:
+    """Concatenated ``output_text`` parts of the assistant ``message`` items."""
+    parts: list[str] = []
+    for it in output_items:
+        if it.get("type") == "message" and it.get("role", "assistant") == "assistant":
+            for c in it.get("content") or []:
+                if isinstance(c, dict) and c.get("type") == "output_text":
+                    parts.append(c.get("text", ""))
+    return "".join(parts)
+
+
+def unanswered_call_ids(items: list[dict[str, Any]]) -> list[str]:
+    """``call_id``s of ``function_call`` items without a ``function_call_output`` (in order)."""
+    answered = {it.get("call_id") for it in items if it.get("type") == "function_call_output"}
+    return [it["call_id"] for it in items if it.get("type") == "function_call" and it.get("call_id") not in answered]

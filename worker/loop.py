@@ -1,0 +1,444 @@
+"""The agent loop, as steps over state kept in Redis.
+
+``TurnEngine.run_step(turn_id, n)`` calls the model once (memoized per step),
+validates every function call, records the plan, and hands the first batch to
+the dispatcher. ``TurnEngine.run_call(turn_id, n, call_id)`` runs one tool
+call, stores its result keyed by ``call_id``, and whoever completes a batch
+(the Redis barrier) dispatches the next batch or, after the last, records the
+outputs in emitted order and enqueues step ``n + 1``. Nothing ever waits on
+another task, so one solo worker serving every queue finishes a turn.
+
+This module has no Celery import: the ``Dispatcher`` given to the engine
+turns "dispatch this batch" into a Celery group or chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from worker.arguments import validate_params, validate_tool_arguments
+from worker.contract import AbortSignal, ToolContext, ToolResult, TurnAborted, WorkerTool
+from worker.dispatch import Batch, PlannedCall, plan_batches
+from worker.gateway import GatewayError, ModelReply, ResponsesClient
+from worker.items import cap_output, function_call_output, output_text, user_message
+from worker.schemas import collect_tool_definitions
+from worker.settings import Settings
+from worker.turn import TurnRequest, TurnStatus
+from worker.turn_context import Skill, TurnContext
+from worker.turn_store import StaleStep, TurnState, TurnStore
+
+try:  # deferred loading (worker.tool_search) lands with the schema work
+    from worker.tool_search import with_tool_search
+except ImportError:  # pragma: no cover
+    def with_tool_search(tools: list[WorkerTool]) -> list[WorkerTool]:
+        return tools
+
+log = logging.getLogger("agent.loop")
+
+OWNER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Dispatcher(Protocol):
+    """How the engine hands work to the queue layer."""
+
+    def enqueue_step(self, turn_id: str, step: int, *, queue: str) -> None: ...
+
+    def dispatch_batch(self, turn_id: str, step: int, batch_index: int, batch: Batch, *, queue: str) -> None: ...
+
+    def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]: ...
+
+
+Toolset = Callable[[TurnContext], list[WorkerTool]]
+
+
+@dataclass
+class StepOutcome:
+    """What a step or call did, for logs and tests: ``action`` plus a short detail."""
+
+    action: str
+    detail: str = ""
+
+
+def _agent_home(settings: Settings, agent_id: str) -> Path:
+    home = (Path(settings.homes_root) / agent_id).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+class TurnEngine:
+    """Runs turn steps and tool calls against a ``TurnStore``.
+
+    ``resolve_toolset(name)`` returns the category assembly for a turn's
+    ``toolset``; ``client`` is the Responses client (shared per process).
+    """
+
+    def __init__(self, store: TurnStore, settings: Settings, dispatcher: Dispatcher,
+                 resolve_toolset: Callable[[str], Toolset], client: ResponsesClient):
+        self.store = store
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.resolve_toolset = resolve_toolset
+        self.client = client
+
+    # ----- enqueueing ------------------------------------------------------
+    def create_turn(self, request: TurnRequest, turn_id: str) -> tuple[str, bool]:
+        """Store a new turn and enqueue its first step. Returns ``(turn_id, created)``."""
+        items = [user_message(request.input)] if isinstance(request.input, str) else list(request.input)
+        tid, created = self.store.create(turn_id, request.model_dump(mode="json"), items,
+                                         idempotency_key=request.idempotency_key)
+        if created:
+            self.dispatcher.enqueue_step(tid, 0, queue=request.queue)
+        return tid, created
+
+    # ----- context and tools ----------------------------------------------
+    def context(self, state: TurnState, request: TurnRequest, abort: AbortSignal | None = None) -> TurnContext:
+        return TurnContext(
+            turn_id=state.turn_id,
+            agent_id=request.agent_id,
+            home=_agent_home(self.settings, request.agent_id),
+            settings=self.settings,
+            abort=abort or AbortSignal(probe=lambda: self.store.is_cancelled(state.turn_id)),
+            supports=request.supports,
+            redis=self.store.r,
+            skills=tuple(Skill(**s.model_dump()) for s in request.skills),
+            services=self.dispatcher.services(request),
+            metadata=dict(request.metadata),
+            workflow_task=request.toolset == "workflow_task",
+        )
+
+    def tools_for(self, ctx: TurnContext, request: TurnRequest) -> list[WorkerTool]:
+        return with_tool_search(self.resolve_toolset(request.toolset)(ctx))
+
+    def instructions_for(self, ctx: TurnContext, request: TurnRequest) -> str | None:
+        parts = [request.instructions or ""]
+        if ctx.skills:
+            from worker.tools.skills import skills_instructions
+
+            parts.append(skills_instructions(ctx.skills))
+        text = "\n\n".join(p for p in parts if p)
+        return text or None
+
+    # ----- a model step ----------------------------------------------------
+    def run_step(self, turn_id: str, step: int) -> StepOutcome:
+        """Run model step ``step`` of the turn. Stale or duplicate deliveries are dropped.
+
+        Raises ``GatewayError`` (retryable) for the queue layer to retry with backoff.
+        """
+        state = self.store.load(turn_id)
+        if state is None:
+            return StepOutcome("dropped", "unknown turn")
+        if state.status.terminal:
+            return StepOutcome("dropped", f"turn already {state.status.value}")
+        if state.step != step or state.phase != "model":
+            return StepOutcome("dropped", f"stale step {step}; turn at {state.step}/{state.phase}")
+        request = TurnRequest.model_validate(state.request)
+        if state.status == TurnStatus.queued:
+            self.store.mark_running(turn_id, step)
+            self.store.event(turn_id, "turn_started", agent_id=request.agent_id)
+        if self.store.is_cancelled(turn_id):
+            self.store.fail(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
+            self.store.event(turn_id, "turn_finished", status="cancelled")
+            return StepOutcome("cancelled")
+        max_calls = request.max_model_calls or self.settings.max_model_calls
+        if state.model_calls >= max_calls:
+            self._end(turn_id, step, TurnStatus.max_model_calls,
+                      error=f"stopped after {state.model_calls} model calls (max_model_calls={max_calls})")
+            return StepOutcome("ended", "max_model_calls")
+
+        ctx = self.context(state, request)
+        tools = self.tools_for(ctx, request)
+        reply_data = self.store.reply(turn_id, step)
+        if reply_data is None:
+            body = self.client.build_request(
+                model=request.model or self.settings.model,
+                input=self.store.items(turn_id),
+                tools=collect_tool_definitions(tools, loaded=state.loaded_tools),
+                instructions=self.instructions_for(ctx, request),
+                max_output_tokens=self.settings.max_output_tokens,
+            )
+            started = time.perf_counter()
+            try:
+                reply = self.client.create(body)
+            except GatewayError as exc:
+                if exc.retryable:
+                    raise
+                self._end(turn_id, step, TurnStatus.failed, error=str(exc))
+                return StepOutcome("ended", "model request rejected")
+            reply_data = self.store.save_reply(turn_id, step, reply.to_json())
+            self.store.event(turn_id, "model_reply", step=step, status=reply.status,
+                             calls=len(reply.function_calls), ms=round((time.perf_counter() - started) * 1000, 1))
+        reply = ModelReply.from_json(reply_data)
+        reply_items = [self._clean_item(i) for i in reply.output]
+        calls = reply.function_calls
+        if not calls:
+            try:
+                self.store.complete(turn_id, step, reply_items, TurnStatus.completed, final_output=reply.text)
+            except StaleStep:
+                return StepOutcome("dropped", "already completed")
+            self.store.event(turn_id, "turn_finished", status="completed", final_output=reply.text)
+            return StepOutcome("completed")
+
+        planned, pre_results, invalid_counts = self._plan(turn_id, state, tools, calls, reply.status)
+        batches = plan_batches(planned)
+        try:
+            self.store.begin_tools(turn_id, step, reply_items, planned, batches, pre_results, invalid_counts)
+        except StaleStep:
+            return StepOutcome("dropped", "plan already recorded")
+        batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
+        for call in planned:
+            self.store.event(turn_id, "call_planned", step=step, call_id=call.call_id, name=call.name,
+                             activity=call.activity, mode=call.mode, repairs=call.repairs,
+                             error=call.error_kind, batch=batch_of.get(call.call_id),
+                             arguments=call.data if call.runnable else None)
+        over = [n for n, c in invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool]
+        if over or not batches:
+            # Nothing to run (all calls failed validation): close the step now.
+            self._advance(turn_id, step, request, batches, -1)
+        else:
+            self.dispatcher.dispatch_batch(turn_id, step, 0, batches[0], queue="tools")
+        return StepOutcome("dispatched", f"{len(planned)} calls in {len(batches)} batches")
+
+    @staticmethod
+    def _clean_item(item: dict[str, Any]) -> dict[str, Any]:
+        # Keep only what the Responses API accepts back as input for our item types.
+        if item.get("type") == "function_call":
+            return {k: item[k] for k in ("type", "id", "call_id", "name", "arguments", "status") if k in item}
+        return item
+
+    def _plan(self, turn_id: str, state: TurnState, tools: list[WorkerTool], calls: list[dict[str, Any]],
+              reply_status: str) -> tuple[list[PlannedCall], dict[str, dict[str, Any]], dict[str, int]]:
+        by_name = {t.name: t for t in tools}
+        invalid_counts = dict(state.invalid_counts)
+        planned: list[PlannedCall] = []
+        pre: dict[str, dict[str, Any]] = {}
+        seen: set[str] = set()
+        for i, fc in enumerate(calls):
+            call_id, name = fc.get("call_id") or f"missing_{i}", fc.get("name", "")
+            if call_id in seen:  # a duplicated call_id would get two outputs: answer it once
+                continue
+            seen.add(call_id)
+            tool = by_name.get(name)
+            if tool is None:
+                available = ", ".join(sorted(by_name)) or "(none)"
+                out = (f"Error: unknown tool {name!r}. Call one of the available tools by its exact name: "
+                       f"{available}.")
+                planned.append(PlannedCall(call_id, name, i, output=out, activity=f"Unknown tool {name}",
+                                           error_kind="unknown_tool"))
+                pre[call_id] = {"output": out, "is_error": True, "details": {"error": "unknown_tool"}}
+                continue
+            outcome = validate_tool_arguments(tool, fc.get("arguments", ""), response_status=reply_status)
+            if not outcome.ok:
+                invalid_counts[name] = invalid_counts.get(name, 0) + 1
+                raw = fc.get("arguments", "")
+                echo, _ = cap_output(raw if isinstance(raw, str) else output_text(raw),
+                                     self.settings.max_raw_arguments_echo)
+                out = (f"Error: {outcome.error}\nThe call did not run. Send a corrected call to {name} "
+                       f"with a JSON object matching its parameters schema.\nArguments received: {echo}")
+                planned.append(PlannedCall(call_id, name, i, mode=tool.execution_mode, output=out,
+                                           activity=f"Rejected arguments for {name}", repairs=outcome.repairs,
+                                           error_kind="invalid_arguments"))
+                pre[call_id] = {"output": out, "is_error": True,
+                                "details": {"error": "invalid_arguments", "repairs": outcome.repairs,
+                                            "errors": [{"loc": e.loc, "msg": e.msg} for e in outcome.errors]}}
+                continue
+            planned.append(PlannedCall(call_id, name, i, mode=tool.execution_mode, data=outcome.data,
+                                       activity=tool.activity(outcome.params), repairs=outcome.repairs,
+                                       destructive=tool.is_destructive))
+        return planned, pre, invalid_counts
+
+    # ----- a tool call -----------------------------------------------------
+    def run_call(self, turn_id: str, step: int, call_id: str) -> StepOutcome:
+        """Run one planned call, store its result, and pass the barrier if it is the batch's last."""
+        state = self.store.load(turn_id)
+        if state is None or state.status.terminal or state.step != step or state.phase != "tools":
+            return StepOutcome("dropped", "stale call")
+        plan = self.store.plan(turn_id, step)
+        if plan is None:
+            return StepOutcome("dropped", "no plan")
+        calls, batches = plan
+        call = next((c for c in calls if c.call_id == call_id), None)
+        if call is None:
+            return StepOutcome("dropped", "unknown call")
+        batch_index = next(i for i, b in enumerate(batches) if call_id in b.call_ids)
+        request = TurnRequest.model_validate(state.request)
+        if self.store.result(turn_id, step, call_id) is None:
+            outcome = self._execute_once(turn_id, step, call, state, request, batches, batch_index)
+            if outcome is not None:
+                return outcome
+        if self.store.batch_done(turn_id, step, batch_index, batches[batch_index].call_ids):
+            self._advance(turn_id, step, request, batches, batch_index)
+            return StepOutcome("advanced", f"batch {batch_index} done")
+        return StepOutcome("ran")
+
+    def _execute_once(self, turn_id: str, step: int, call: PlannedCall, state: TurnState, request: TurnRequest,
+                      batches: list[Batch], batch_index: int) -> StepOutcome | None:
+        lease = self.settings.tool_time_limit + 30
+        won, claim = self.store.claim(turn_id, step, call.call_id, OWNER, lease)
+        if not won:
+            if claim and claim.get("lease_until", 0) > time.time():
+                return StepOutcome("dropped", "call is running elsewhere")
+            if call.destructive:
+                # Never run a destructive tool twice for one call: report it instead.
+                self.store.record_result(turn_id, step, call.call_id, {
+                    "output": (f"Error: the outcome of this {call.name} call is unknown: the worker running it "
+                               "stopped before reporting. Check the current state before retrying."),
+                    "is_error": True, "details": {"error": "outcome_unknown"}})
+                return None
+            self.store.take_over_claim(turn_id, step, call.call_id, OWNER, lease)
+        # A terminating result earlier in this step stops later batches (DESIGN-NOTES section 2).
+        if self.store.is_cancelled(turn_id) or (state.terminate and batch_index > 0):
+            reason = "the turn was cancelled" if self.store.is_cancelled(turn_id) else "the turn was terminated"
+            self.store.record_result(turn_id, step, call.call_id, {
+                "output": f"Interrupted: the call did not run because {reason}.", "is_error": True,
+                "details": {"error": "interrupted"}})
+            return None
+        self.store.event(turn_id, "call_started", step=step, call_id=call.call_id, name=call.name,
+                         activity=call.activity)
+        result = self.execute_call(turn_id, call, state, request)
+        self.store.record_result(turn_id, step, call.call_id, result)
+        self.store.event(turn_id, "call_completed", step=step, call_id=call.call_id, name=call.name,
+                         activity=result.get("activity", call.activity), is_error=result.get("is_error", False),
+                         ms=result.get("ms"), terminate=result.get("terminate", False))
+        return None
+
+    def execute_call(self, turn_id: str, call: PlannedCall, state: TurnState, request: TurnRequest) -> dict[str, Any]:
+        """Run the tool's ``execute``; any exception becomes an error output. Returns the result record."""
+        abort = AbortSignal(probe=lambda: self.store.is_cancelled(turn_id))
+        ctx = self.context(state, request, abort)
+        tools = {t.name: t for t in self.tools_for(ctx, request)}
+        tool = tools.get(call.name)
+        started = time.perf_counter()
+        if tool is None:
+            return {"output": f"Error: tool {call.name!r} is not available in this turn anymore.", "is_error": True,
+                    "details": {"error": "unknown_tool"}}
+        params, errors = validate_params(tool, call.data or {})
+        if errors:  # cannot happen for data that validated at plan time unless the tool changed
+            return {"output": "Error: " + "; ".join(f"{e.loc}: {e.msg}" for e in errors), "is_error": True,
+                    "details": {"error": "invalid_arguments"}}
+        tctx = ToolContext(turn_id=turn_id, call_id=call.call_id, home=ctx.home, abort=abort,
+                           agent_id=request.agent_id,
+                           services={**ctx.services, "redis": self.store.r, "settings": self.settings,
+                                     "turn_context": ctx})
+        try:
+            if tool.is_async:
+                result = asyncio.run(tool.execute(params, tctx))
+            else:
+                result = tool.execute(params, tctx)
+            if not isinstance(result, ToolResult):
+                result = ToolResult(content=result)
+        except TurnAborted:
+            result = ToolResult(content="Interrupted: the turn was cancelled while this call ran.", is_error=True,
+                                details={"error": "interrupted"})
+        except Exception as exc:  # a tool's failure is an output the model can read, never a crashed turn
+            log.exception("tool %s failed in turn %s", call.name, turn_id)
+            result = ToolResult(content=f"Error: {call.name} failed: {exc.__class__.__name__}: {exc}",
+                                is_error=True, details={"error": "exception", "type": exc.__class__.__name__})
+        text, cut = cap_output(output_text(result.content), self.settings.max_output_chars)
+        details = dict(result.details)
+        if cut:
+            details["output_cut_chars"] = cut
+        if call.repairs:
+            details["repairs"] = call.repairs
+        return {
+            "output": text,
+            "details": details,
+            "is_error": result.is_error,
+            "terminate": result.terminate,
+            "presentation_events": [{"kind": e.kind, "data": e.data} for e in result.presentation_events],
+            "activity": tool.completed_activity(params, result),
+            "ms": round((time.perf_counter() - started) * 1000, 1),
+        }
+
+    # ----- barrier and step end -------------------------------------------
+    def _advance(self, turn_id: str, step: int, request: TurnRequest, batches: list[Batch], done_index: int) -> None:
+        state = self.store.load(turn_id)
+        if state is None or state.status.terminal:
+            return
+        over = sorted(n for n, c in state.invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool)
+        nxt = done_index + 1
+        if nxt < len(batches) and not (state.terminate or over or self.store.is_cancelled(turn_id)):
+            self.dispatcher.dispatch_batch(turn_id, step, nxt, batches[nxt], queue="tools")
+            return
+        plan = self.store.plan(turn_id, step)
+        assert plan is not None
+        calls, _ = plan
+        results = self.store.results(turn_id, step)
+        outputs = []
+        for call in sorted(calls, key=lambda c: c.index):
+            res = results.get(call.call_id) or {
+                "output": "Interrupted: the call did not run (the turn ended before it).", "is_error": True}
+            item, _ = function_call_output(call.call_id, res["output"], max_chars=self.settings.max_output_chars)
+            outputs.append(item)
+        terminal: TurnStatus | None = None
+        error = None
+        if self.store.is_cancelled(turn_id):
+            terminal, error = TurnStatus.cancelled, "cancelled by the control plane"
+        elif state.terminate:
+            terminal = TurnStatus.terminated
+        elif over:
+            terminal = TurnStatus.invalid_arguments
+            error = (f"the model sent invalid arguments to {', '.join(over)} more than "
+                     f"{self.settings.max_invalid_calls_per_tool} times")
+        loaded = self._loaded_tools(state, results)
+        try:
+            self.store.finish_tools(turn_id, step, outputs, terminal=terminal, error=error,
+                                    loaded_tools=loaded if loaded != state.loaded_tools else None)
+        except StaleStep:
+            return
+        if terminal is not None:
+            self.store.event(turn_id, "turn_finished", status=terminal.value, error=error)
+            return
+        self.dispatcher.enqueue_step(turn_id, step + 1, queue=request.queue)
+
+    @staticmethod
+    def _loaded_tools(state: TurnState, results: dict[str, dict[str, Any]]) -> list[str]:
+        loaded = list(state.loaded_tools)
+        for res in results.values():
+            for name in (res.get("details") or {}).get("loaded", []) or []:
+                if name not in loaded:
+                    loaded.append(name)
+        return loaded
+
+    def _end(self, turn_id: str, step: int, status: TurnStatus, error: str) -> None:
+        try:
+            self.store.complete(turn_id, step, [], status, error=error, count_model_call=False)
+        except StaleStep:
+            return
+        self.store.event(turn_id, "turn_finished", status=status.value, error=error)
+
+    # ----- watchdog ---------------------------------------------------------
+    def redrive(self, turn_id: str, max_redrives: int) -> StepOutcome:
+        """Re-drive a turn whose progress deadline passed; fail it after ``max_redrives`` attempts."""
+        state = self.store.load(turn_id)
+        if state is None or state.status.terminal:
+            self.store.r.zrem("turns:watch", turn_id)
+            return StepOutcome("dropped", "not active")
+        if state.redrives >= max_redrives:
+            self.store.fail(turn_id, TurnStatus.failed, f"no progress after {state.redrives} re-drives")
+            self.store.event(turn_id, "turn_finished", status="failed", error="watchdog gave up")
+            return StepOutcome("failed", "watchdog gave up")
+        self.store.note_redrive(turn_id)
+        request = TurnRequest.model_validate(state.request)
+        if state.phase == "model":
+            self.dispatcher.enqueue_step(turn_id, state.step, queue=request.queue)
+            return StepOutcome("redriven", f"step {state.step}")
+        plan = self.store.plan(turn_id, state.step)
+        if plan is None:
+            return StepOutcome("dropped", "no plan")
+        _, batches = plan
+        results = self.store.results(turn_id, state.step)
+        for i, batch in enumerate(batches):
+            missing = [c for c in batch.call_ids if c not in results]
+            if missing:
+                self.dispatcher.dispatch_batch(turn_id, state.step, i, Batch(batch.mode, missing), queue="tools")
+                return StepOutcome("redriven", f"batch {i}")
+        # All results present but the barrier never advanced: advance now.
+        self._advance(turn_id, state.step, request, batches, len(batches) - 1)
+        return StepOutcome("redriven", "advanced")

@@ -1,0 +1,357 @@
+"""The turn's state in Redis between steps.
+
+A turn is a chain of steps over this state; no task waits on another. Every
+transition is a guarded Redis transaction (``WATCH``/``MULTI``) that checks
+the turn's current ``step`` and ``phase`` first, so a duplicate or late
+message (``acks_late`` redelivery, watchdog re-drive) changes nothing: it is
+fenced out.
+
+Keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis
+Cluster slot):
+
+- ``turn:{id}`` hash: ``status``, ``step``, ``phase`` (``model`` | ``tools``),
+  ``model_calls``, ``request`` (JSON), ``agent_id``, ``final_output``,
+  ``error``, ``terminate``, ``invalid_counts`` (JSON), ``loaded_tools``
+  (JSON), ``created_at``/``updated_at`` (epoch seconds), ``redrives``.
+- ``turn:{id}:items`` list: the Responses input items (JSON), in order.
+- ``turn:{id}:reply:{n}``: the memoized model reply of step n (a crash
+  never pays for the same tokens twice).
+- ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
+- ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
+- ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).
+- ``turn:{id}:adv:{n}:{b}``: set once by whoever completes batch b (the barrier).
+- ``turn:{id}:events`` stream: activity events for the control plane.
+- ``turn:{id}:cancel``: the cancel flag.
+- ``turns:watch`` sorted set: turn id scored by its progress deadline (watchdog).
+- ``turn-idem:<key>``: idempotency key -> turn id.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import orjson
+import redis
+
+from worker.dispatch import Batch, PlannedCall
+from worker.turn import TurnStatus
+
+EVENTS_MAXLEN = 2000
+RETENTION_SECONDS = 7 * 24 * 3600
+
+# Barrier: set the "advanced" key once, only when every call of the batch has a result.
+_BARRIER_LUA = """
+local results = KEYS[1]
+local adv = KEYS[2]
+for i, cid in ipairs(ARGV) do
+  if redis.call('HEXISTS', results, cid) == 0 then return 0 end
+end
+if redis.call('SET', adv, '1', 'NX', 'EX', 86400) then return 1 end
+return 0
+"""
+
+
+def _k(turn_id: str, *parts: Any) -> str:
+    return ":".join([f"turn:{{{turn_id}}}", *map(str, parts)])
+
+
+@dataclass
+class TurnState:
+    """A snapshot of ``turn:{id}``."""
+
+    turn_id: str
+    status: TurnStatus
+    step: int
+    phase: str
+    model_calls: int
+    request: dict[str, Any]
+    agent_id: str
+    final_output: str | None = None
+    error: str | None = None
+    terminate: bool = False
+    invalid_counts: dict[str, int] = field(default_factory=dict)
+    loaded_tools: list[str] = field(default_factory=list)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    redrives: int = 0
+
+    @classmethod
+    def from_hash(cls, turn_id: str, h: dict[bytes, bytes]) -> "TurnState":
+        g = lambda k, d=None: h.get(k.encode(), d)  # noqa: E731
+        dec = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+        return cls(
+            turn_id=turn_id,
+            status=TurnStatus(dec(g("status", b"queued"))),
+            step=int(g("step", b"0")),
+            phase=dec(g("phase", b"model")),
+            model_calls=int(g("model_calls", b"0")),
+            request=orjson.loads(g("request", b"{}")),
+            agent_id=dec(g("agent_id", b"agent")),
+            final_output=dec(g("final_output")),
+            error=dec(g("error")),
+            terminate=g("terminate", b"0") == b"1",
+            invalid_counts=orjson.loads(g("invalid_counts", b"{}")),
+            loaded_tools=orjson.loads(g("loaded_tools", b"[]")),
+            created_at=float(g("created_at", b"0")),
+            updated_at=float(g("updated_at", b"0")),
+            redrives=int(g("redrives", b"0")),
+        )
+
+
+class StaleStep(Exception):
+    """The transition's guard failed: the turn is no longer at that step/phase (a duplicate or late message)."""
+
+
+class TurnStore:
+    """Redis-backed turn state. ``client`` is a ``redis.Redis`` (bytes responses)."""
+
+    def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0):
+        self.r = client
+        self.progress_timeout = progress_timeout
+        self._barrier = self.r.register_script(_BARRIER_LUA)
+
+    # ----- reading ---------------------------------------------------------
+    def load(self, turn_id: str) -> TurnState | None:
+        h = self.r.hgetall(_k(turn_id))
+        return TurnState.from_hash(turn_id, h) if h else None
+
+    def items(self, turn_id: str) -> list[dict[str, Any]]:
+        return [orjson.loads(x) for x in self.r.lrange(_k(turn_id, "items"), 0, -1)]
+
+    def events(self, turn_id: str, after: str = "0-0", count: int = 1000, block_ms: int | None = None
+               ) -> list[tuple[str, dict[str, Any]]]:
+        """Events after stream id ``after``: ``[(id, event_dict)]``; ``block_ms`` waits for new ones."""
+        res = self.r.xread({_k(turn_id, "events"): after}, count=count, block=block_ms)
+        out = []
+        for _stream, entries in res or []:
+            for eid, fields in entries:
+                out.append((eid.decode(), orjson.loads(fields[b"e"])))
+        return out
+
+    def reply(self, turn_id: str, step: int) -> dict[str, Any] | None:
+        raw = self.r.get(_k(turn_id, "reply", step))
+        return orjson.loads(raw) if raw else None
+
+    def plan(self, turn_id: str, step: int) -> tuple[list[PlannedCall], list[Batch]] | None:
+        raw = self.r.get(_k(turn_id, "plan", step))
+        if not raw:
+            return None
+        data = orjson.loads(raw)
+        return ([PlannedCall.from_json(c) for c in data["calls"]],
+                [Batch(b["mode"], b["call_ids"]) for b in data["batches"]])
+
+    def results(self, turn_id: str, step: int) -> dict[str, dict[str, Any]]:
+        return {k.decode(): orjson.loads(v) for k, v in self.r.hgetall(_k(turn_id, "results", step)).items()}
+
+    def result(self, turn_id: str, step: int, call_id: str) -> dict[str, Any] | None:
+        raw = self.r.hget(_k(turn_id, "results", step), call_id)
+        return orjson.loads(raw) if raw else None
+
+    def is_cancelled(self, turn_id: str) -> bool:
+        return bool(self.r.exists(_k(turn_id, "cancel")))
+
+    def find_by_idempotency_key(self, key: str) -> str | None:
+        v = self.r.get(f"turn-idem:{key}")
+        return v.decode() if v else None
+
+    def agent_turns(self, agent_id: str, limit: int = 50) -> list[str]:
+        return [x.decode() for x in self.r.lrange(f"agent:{agent_id}:turns", 0, limit - 1)]
+
+    def overdue(self, now: float | None = None, limit: int = 100) -> list[str]:
+        """Turn ids whose progress deadline has passed (for the watchdog)."""
+        now = time.time() if now is None else now
+        return [x.decode() for x in self.r.zrangebyscore("turns:watch", "-inf", now, start=0, num=limit)]
+
+    # ----- writing ---------------------------------------------------------
+    def event(self, turn_id: str, kind: str, **data: Any) -> None:
+        """Append an activity event (``kind`` plus JSON fields) to the turn's stream."""
+        payload = {"kind": kind, "at": round(time.time(), 3), **data}
+        self.r.xadd(_k(turn_id, "events"), {"e": orjson.dumps(payload)}, maxlen=EVENTS_MAXLEN, approximate=True)
+
+    def create(self, turn_id: str, request: dict[str, Any], initial_items: list[dict[str, Any]],
+               idempotency_key: str | None = None) -> tuple[str, bool]:
+        """Create the turn. Returns ``(turn_id, created)``; with an idempotency key already used,
+        returns the existing turn id and ``False``."""
+        if idempotency_key:
+            if not self.r.set(f"turn-idem:{idempotency_key}", turn_id, nx=True, ex=RETENTION_SECONDS):
+                existing = self.find_by_idempotency_key(idempotency_key)
+                if existing:
+                    return existing, False
+        now = time.time()
+        agent_id = request.get("agent_id", "agent")
+        p = self.r.pipeline(transaction=True)
+        p.hset(_k(turn_id), mapping={
+            "status": TurnStatus.queued.value, "step": 0, "phase": "model", "model_calls": 0,
+            "request": orjson.dumps(request), "agent_id": agent_id, "terminate": "0",
+            "invalid_counts": "{}", "loaded_tools": "[]", "created_at": now, "updated_at": now, "redrives": 0,
+        })
+        if initial_items:
+            p.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in initial_items])
+        p.zadd("turns:watch", {turn_id: now + self.progress_timeout})
+        p.lpush(f"agent:{agent_id}:turns", turn_id)
+        p.ltrim(f"agent:{agent_id}:turns", 0, 499)
+        p.execute()
+        self.event(turn_id, "turn_queued")
+        return turn_id, True
+
+    def _guarded(self, turn_id: str, step: int, phase: str | None, write: Callable[[Any, dict], None],
+                 allow_terminal: bool = False) -> None:
+        """Run ``write(pipe, hash)`` in MULTI only if the turn is at ``step``/``phase`` and not terminal."""
+        key = _k(turn_id)
+
+        def txn(pipe: Any) -> None:
+            h = pipe.hgetall(key)
+            if not h:
+                raise StaleStep("turn does not exist")
+            st = TurnStatus(h[b"status"].decode())
+            if st.terminal and not allow_terminal:
+                raise StaleStep(f"turn is {st.value}")
+            if int(h[b"step"]) != step or (phase is not None and h[b"phase"].decode() != phase):
+                raise StaleStep(f"turn is at step {int(h[b'step'])}/{h[b'phase'].decode()}, not {step}/{phase}")
+            pipe.multi()
+            write(pipe, h)
+
+        self.r.transaction(txn, key)
+
+    def _touch(self, pipe: Any, turn_id: str, fields: dict[str, Any]) -> None:
+        now = time.time()
+        pipe.hset(_k(turn_id), mapping={**fields, "updated_at": now})
+        pipe.zadd("turns:watch", {turn_id: now + self.progress_timeout})
+
+    def mark_running(self, turn_id: str, step: int) -> None:
+        def w(pipe: Any, h: dict) -> None:
+            if h[b"status"] == b"queued":
+                self._touch(pipe, turn_id, {"status": TurnStatus.running.value})
+        self._guarded(turn_id, step, "model", w)
+
+    def save_reply(self, turn_id: str, step: int, reply: dict[str, Any]) -> dict[str, Any]:
+        """Memoize the model reply of ``step`` (first one wins); returns the stored reply."""
+        key = _k(turn_id, "reply", step)
+        if self.r.set(key, orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS):
+            return reply
+        return orjson.loads(self.r.get(key))
+
+    def begin_tools(self, turn_id: str, step: int, reply_items: list[dict[str, Any]], calls: list[PlannedCall],
+                    batches: list[Batch], pre_results: dict[str, dict[str, Any]],
+                    invalid_counts: dict[str, int], loaded_tools: list[str] | None = None) -> None:
+        """Record the reply's items and the dispatch plan; move to phase ``tools``.
+
+        Raises ``StaleStep`` if another delivery already did it.
+        """
+        def w(pipe: Any, h: dict) -> None:
+            if reply_items:
+                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
+            pipe.set(_k(turn_id, "plan", step), orjson.dumps({
+                "calls": [c.to_json() for c in calls],
+                "batches": [{"mode": b.mode, "call_ids": b.call_ids} for b in batches],
+            }), ex=RETENTION_SECONDS)
+            if pre_results:
+                pipe.hset(_k(turn_id, "results", step), mapping={k: orjson.dumps(v) for k, v in pre_results.items()})
+                pipe.expire(_k(turn_id, "results", step), RETENTION_SECONDS)
+            fields = {"phase": "tools", "model_calls": int(h[b"model_calls"]) + 1,
+                      "invalid_counts": orjson.dumps(invalid_counts)}
+            if loaded_tools is not None:
+                fields["loaded_tools"] = orjson.dumps(loaded_tools)
+            self._touch(pipe, turn_id, fields)
+        self._guarded(turn_id, step, "model", w)
+
+    def claim(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> tuple[bool, dict | None]:
+        """Claim a call for execution. Returns ``(won, existing_claim)``."""
+        key = _k(turn_id, "claims", step)
+        claim = {"owner": owner, "lease_until": time.time() + lease}
+        if self.r.hsetnx(key, call_id, orjson.dumps(claim)):
+            self.r.expire(key, RETENTION_SECONDS)
+            return True, None
+        raw = self.r.hget(key, call_id)
+        return False, orjson.loads(raw) if raw else None
+
+    def take_over_claim(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> None:
+        self.r.hset(_k(turn_id, "claims", step), call_id,
+                    orjson.dumps({"owner": owner, "lease_until": time.time() + lease, "takeover": True}))
+
+    def record_result(self, turn_id: str, step: int, call_id: str, result: dict[str, Any]) -> bool:
+        """Store a call's result; the first write wins (idempotency by ``call_id``). Returns True if stored."""
+        key = _k(turn_id, "results", step)
+        stored = bool(self.r.hsetnx(key, call_id, orjson.dumps(result)))
+        if stored:
+            p = self.r.pipeline(transaction=False)
+            p.expire(key, RETENTION_SECONDS)
+            if result.get("terminate"):
+                p.hset(_k(turn_id), "terminate", "1")
+            p.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout})
+            p.execute()
+        return stored
+
+    def batch_done(self, turn_id: str, step: int, batch_index: int, call_ids: list[str]) -> bool:
+        """The barrier: True exactly once, for the caller that sees the batch's last result."""
+        return bool(self._barrier(keys=[_k(turn_id, "results", step), _k(turn_id, "adv", step, batch_index)],
+                                  args=call_ids))
+
+    def finish_tools(self, turn_id: str, step: int, output_items: list[dict[str, Any]],
+                     terminal: TurnStatus | None = None, error: str | None = None,
+                     loaded_tools: list[str] | None = None) -> None:
+        """Append the outputs (emitted order) and move to the next step, or end the turn with ``terminal``."""
+        def w(pipe: Any, h: dict) -> None:
+            if output_items:
+                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in output_items])
+            fields: dict[str, Any] = {"step": step + 1, "phase": "model"}
+            if loaded_tools is not None:
+                fields["loaded_tools"] = orjson.dumps(loaded_tools)
+            if terminal is not None:
+                fields["status"] = terminal.value
+                if error:
+                    fields["error"] = error
+            self._touch(pipe, turn_id, fields)
+            if terminal is not None:
+                self._retire(pipe, turn_id, h)
+        self._guarded(turn_id, step, "tools", w)
+
+    def complete(self, turn_id: str, step: int, reply_items: list[dict[str, Any]], status: TurnStatus,
+                 final_output: str | None = None, error: str | None = None, count_model_call: bool = True) -> None:
+        """End the turn at a model step (final answer, cap reached, failure)."""
+        def w(pipe: Any, h: dict) -> None:
+            if reply_items:
+                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
+            fields: dict[str, Any] = {"status": status.value}
+            if count_model_call:
+                fields["model_calls"] = int(h[b"model_calls"]) + 1
+            if final_output is not None:
+                fields["final_output"] = final_output
+            if error:
+                fields["error"] = error
+            self._touch(pipe, turn_id, fields)
+            self._retire(pipe, turn_id, h)
+        self._guarded(turn_id, step, "model", w)
+
+    def fail(self, turn_id: str, status: TurnStatus, error: str) -> bool:
+        """End a non-terminal turn whatever its step (cancel, watchdog give-up). Returns False if already ended."""
+        key = _k(turn_id)
+        ended = False
+
+        def txn(pipe: Any) -> None:
+            nonlocal ended
+            h = pipe.hgetall(key)
+            if not h or TurnStatus(h[b"status"].decode()).terminal:
+                return
+            pipe.multi()
+            self._touch(pipe, turn_id, {"status": status.value, "error": error})
+            self._retire(pipe, turn_id, h)
+            ended = True
+
+        self.r.transaction(txn, key)
+        return ended
+
+    def _retire(self, pipe: Any, turn_id: str, h: dict) -> None:
+        pipe.zrem("turns:watch", turn_id)
+        for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events"), _k(turn_id, "cancel")):
+            pipe.expire(key, RETENTION_SECONDS)
+
+    def note_redrive(self, turn_id: str) -> int:
+        n = self.r.hincrby(_k(turn_id), "redrives", 1)
+        self.r.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout})
+        return int(n)
+
+    def request_cancel(self, turn_id: str) -> None:
+        self.r.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
