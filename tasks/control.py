@@ -101,6 +101,7 @@ class ControlPlane:
         self.store.event(turn_id, "cancel_requested")
         if view.status == TurnStatus.queued:
             # Nothing runs yet: end it now; the queued step will be fenced out.
-            self.store.fail(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
-            self.store.event(turn_id, "turn_finished", status="cancelled")
+            from tasks.runtime import get_engine
+
+            get_engine().fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
         return True

@@ -54,6 +54,11 @@ class CeleryDispatcher:
         else:
             chain(*sigs).apply_async()
 
+    def turn_finished(self, turn_id: str) -> None:
+        from tasks.turns import turn_finished
+
+        turn_finished.apply_async((turn_id,), queue="turns")
+
     def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
         from tasks.services import turn_services
 

@@ -31,13 +31,11 @@ def turn_step(self, turn_id: str, step: int) -> dict:
             delay = min(60, 2 ** self.request.retries)
             engine.store.event(turn_id, "model_retry", step=step, error=str(exc)[:300], in_s=delay)
             raise self.retry(exc=exc, countdown=delay)
-        engine.store.fail(turn_id, TurnStatus.failed, f"model gateway failed after retries: {exc}")
-        engine.store.event(turn_id, "turn_finished", status="failed", error=str(exc)[:300])
+        engine.fail_turn(turn_id, TurnStatus.failed, f"model gateway failed after retries: {exc}")
         return {"action": "failed"}
     except Exception as exc:  # never leave a turn hanging on a bug: end it with the reason
         log.exception("turn %s step %s crashed", turn_id, step)
-        engine.store.fail(turn_id, TurnStatus.failed, f"internal error in step {step}: {exc.__class__.__name__}: {exc}")
-        engine.store.event(turn_id, "turn_finished", status="failed", error=str(exc)[:300])
+        engine.fail_turn(turn_id, TurnStatus.failed, f"internal error in step {step}: {exc.__class__.__name__}: {exc}")
         return {"action": "failed"}
     return {"action": outcome.action, "detail": outcome.detail}
 
@@ -50,3 +48,15 @@ def tool_call(turn_id: str, step: int, call_id: str) -> dict:
     """Run one tool call of step ``step``; the last call of a batch advances the turn."""
     outcome = get_engine().run_call(turn_id, step, call_id)
     return {"action": outcome.action, "detail": outcome.detail}
+
+
+@app.task(name="tasks.turns.turn_finished", acks_late=True)
+def turn_finished(turn_id: str) -> dict:
+    """Run the control-plane hooks of a turn that ended (workflow commit, background job status)."""
+    from tasks.hooks import on_turn_finished
+
+    engine = get_engine()
+    state = engine.store.load(turn_id)
+    if state is None or not state.status.terminal:
+        return {"action": "dropped"}
+    return on_turn_finished(engine, state)

@@ -54,6 +54,8 @@ class Dispatcher(Protocol):
 
     def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]: ...
 
+    def turn_finished(self, turn_id: str) -> None: ...
+
 
 Toolset = Callable[[TurnContext], list[WorkerTool]]
 
@@ -143,8 +145,7 @@ class TurnEngine:
             self.store.mark_running(turn_id, step)
             self.store.event(turn_id, "turn_started", agent_id=request.agent_id)
         if self.store.is_cancelled(turn_id):
-            self.store.fail(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
-            self.store.event(turn_id, "turn_finished", status="cancelled")
+            self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
             return StepOutcome("cancelled")
         max_calls = request.max_model_calls or self.settings.max_model_calls
         if state.model_calls >= max_calls:
@@ -177,12 +178,14 @@ class TurnEngine:
         reply = ModelReply.from_json(reply_data)
         reply_items = [self._clean_item(i) for i in reply.output]
         calls = reply.function_calls
+        if not calls and request.finish_tool:
+            return self._prose_without_finish(turn_id, step, state, request, reply_items)
         if not calls:
             try:
                 self.store.complete(turn_id, step, reply_items, TurnStatus.completed, final_output=reply.text)
             except StaleStep:
                 return StepOutcome("dropped", "already completed")
-            self.store.event(turn_id, "turn_finished", status="completed", final_output=reply.text)
+            self._finished(turn_id, TurnStatus.completed, final_output=reply.text)
             return StepOutcome("completed")
 
         planned, pre_results, invalid_counts = self._plan(turn_id, state, tools, calls, reply.status)
@@ -204,6 +207,43 @@ class TurnEngine:
         else:
             self.dispatcher.dispatch_batch(turn_id, step, 0, batches[0], queue="tools")
         return StepOutcome("dispatched", f"{len(planned)} calls in {len(batches)} batches")
+
+    def _prose_without_finish(self, turn_id: str, step: int, state: TurnState, request: TurnRequest,
+                              reply_items: list[dict[str, Any]]) -> StepOutcome:
+        # Spec, "Workflow task tools": prose without submitting gets one bounded repair
+        # instruction; a second miss fails the task.
+        tool = request.finish_tool
+        if state.finish_misses >= 1:
+            error = f"the model replied without calling {tool} twice; the task must end through {tool}"
+            try:
+                self.store.complete(turn_id, step, reply_items, TurnStatus.failed, error=error)
+            except StaleStep:
+                return StepOutcome("dropped", "already ended")
+            self._finished(turn_id, TurnStatus.failed, error=error)
+            return StepOutcome("ended", "no submission")
+        instruction = user_message(
+            f"You replied without calling `{tool}`. This task can only end by calling `{tool}` with a value "
+            f"that matches its schema. Call `{tool}` now; do not answer in prose.")
+        try:
+            self.store.continue_after_reply(turn_id, step, reply_items + [instruction], {"finish_misses": 1})
+        except StaleStep:
+            return StepOutcome("dropped", "already continued")
+        self.store.event(turn_id, "repair_instruction", step=step, tool=tool)
+        self.dispatcher.enqueue_step(turn_id, step + 1, queue=request.queue)
+        return StepOutcome("repair_instruction")
+
+    def _finished(self, turn_id: str, status: TurnStatus, *, error: str | None = None,
+                  final_output: str | None = None) -> None:
+        """Every terminal transition ends here: the event for tails, then the queue layer's hook."""
+        self.store.event(turn_id, "turn_finished", status=status.value, error=error, final_output=final_output)
+        self.dispatcher.turn_finished(turn_id)
+
+    def fail_turn(self, turn_id: str, status: TurnStatus, error: str) -> bool:
+        """End a non-terminal turn whatever its step (cancel, gateway failure, watchdog). False if already ended."""
+        if not self.store.fail(turn_id, status, error):
+            return False
+        self._finished(turn_id, status, error=error)
+        return True
 
     @staticmethod
     def _clean_item(item: dict[str, Any]) -> dict[str, Any]:
@@ -393,7 +433,7 @@ class TurnEngine:
         except StaleStep:
             return
         if terminal is not None:
-            self.store.event(turn_id, "turn_finished", status=terminal.value, error=error)
+            self._finished(turn_id, terminal, error=error)
             return
         self.dispatcher.enqueue_step(turn_id, step + 1, queue=request.queue)
 
@@ -411,7 +451,7 @@ class TurnEngine:
             self.store.complete(turn_id, step, [], status, error=error, count_model_call=False)
         except StaleStep:
             return
-        self.store.event(turn_id, "turn_finished", status=status.value, error=error)
+        self._finished(turn_id, status, error=error)
 
     # ----- watchdog ---------------------------------------------------------
     def redrive(self, turn_id: str, max_redrives: int) -> StepOutcome:
@@ -421,8 +461,7 @@ class TurnEngine:
             self.store.r.zrem("turns:watch", turn_id)
             return StepOutcome("dropped", "not active")
         if state.redrives >= max_redrives:
-            self.store.fail(turn_id, TurnStatus.failed, f"no progress after {state.redrives} re-drives")
-            self.store.event(turn_id, "turn_finished", status="failed", error="watchdog gave up")
+            self.fail_turn(turn_id, TurnStatus.failed, f"no progress after {state.redrives} re-drives")
             return StepOutcome("failed", "watchdog gave up")
         self.store.note_redrive(turn_id)
         request = TurnRequest.model_validate(state.request)

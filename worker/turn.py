@@ -54,6 +54,9 @@ class TurnRequest(BaseModel):
     - ``model`` / ``instructions``: override the settings' model; system instructions.
     - ``max_model_calls``: cap on model calls in this turn (default from settings).
     - ``idempotency_key``: enqueueing twice with the same key returns the same turn id.
+    - ``queue``: where the turn's model steps run (``turns``, ``background``, ``workflow``).
+    - ``finish_tool``: the tool that must end the turn (``submit_result`` in workflow task turns).
+    - ``metadata``: free JSON for the control plane (``workflow_task_id``, ``background_job_id``...).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -68,6 +71,9 @@ class TurnRequest(BaseModel):
     max_model_calls: int | None = Field(default=None, ge=1, le=200)
     idempotency_key: str | None = Field(default=None, max_length=200)
     queue: Literal["turns", "background", "workflow"] = "turns"
+    # When set, the turn may only end through this tool (a result with the terminate flag);
+    # a reply in prose gets one repair instruction, a second one fails the turn.
+    finish_tool: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("agent_id")

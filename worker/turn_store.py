@@ -71,6 +71,7 @@ class TurnState:
     final_output: str | None = None
     error: str | None = None
     terminate: bool = False
+    finish_misses: int = 0
     invalid_counts: dict[str, int] = field(default_factory=dict)
     loaded_tools: list[str] = field(default_factory=list)
     created_at: float = 0.0
@@ -92,6 +93,7 @@ class TurnState:
             final_output=dec(g("final_output")),
             error=dec(g("error")),
             terminate=g("terminate", b"0") == b"1",
+            finish_misses=int(g("finish_misses", b"0")),
             invalid_counts=orjson.loads(g("invalid_counts", b"{}")),
             loaded_tools=orjson.loads(g("loaded_tools", b"[]")),
             created_at=float(g("created_at", b"0")),
@@ -307,6 +309,16 @@ class TurnStore:
             if terminal is not None:
                 self._retire(pipe, turn_id, h)
         self._guarded(turn_id, step, "tools", w)
+
+    def continue_after_reply(self, turn_id: str, step: int, items: list[dict[str, Any]],
+                             fields: dict[str, Any] | None = None) -> None:
+        """Record a reply that ran no tool plus follow-up input items, and move to step + 1."""
+        def w(pipe: Any, h: dict) -> None:
+            if items:
+                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in items])
+            self._touch(pipe, turn_id, {"step": step + 1, "phase": "model",
+                                        "model_calls": int(h[b"model_calls"]) + 1, **(fields or {})})
+        self._guarded(turn_id, step, "model", w)
 
     def complete(self, turn_id: str, step: int, reply_items: list[dict[str, Any]], status: TurnStatus,
                  final_output: str | None = None, error: str | None = None, count_model_call: bool = True) -> None:
