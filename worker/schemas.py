@@ -16,7 +16,9 @@ schema identity), so re-assembling the same tools every turn is cheap.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 import jsonschema
 import orjson
@@ -26,6 +28,11 @@ from worker.contract import ToolDefinitionError, WorkerTool
 _PARAMS_CACHE: dict[Any, dict[str, Any]] = {}
 _DEF_CACHE: dict[Any, dict[str, Any]] = {}
 _CACHE_LIMIT = 4096
+# Per tool object (WorkerTool is frozen and hashed by identity): the definition and the
+# validation info, so a turn that re-assembles the same tools does dict lookups only.
+# A raw ``json_schema`` must not be mutated after ``define_worker_tool``.
+_DEF_BY_TOOL: "weakref.WeakKeyDictionary[WorkerTool, dict[str, Any]]" = weakref.WeakKeyDictionary()
+_INFO_BY_TOOL: "weakref.WeakKeyDictionary[WorkerTool, ValidationInfo]" = weakref.WeakKeyDictionary()
 
 EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -97,9 +104,13 @@ def function_definition(tool: WorkerTool) -> dict[str, Any]:
     "strict"}`` plus ``"defer_loading": true`` for deferred tools. The dict is
     cached and shared: callers must not mutate it.
     """
+    cached = _DEF_BY_TOOL.get(tool)
+    if cached is not None:
+        return cached
     key = (_schema_key(tool), tool.name, tool.description, tool.strict, tool.defer_loading)
     cached = _DEF_CACHE.get(key)
     if cached is not None:
+        _DEF_BY_TOOL[tool] = cached
         return cached
     definition: dict[str, Any] = {
         "type": "function",
@@ -113,6 +124,7 @@ def function_definition(tool: WorkerTool) -> dict[str, Any]:
     if len(_DEF_CACHE) > _CACHE_LIMIT:
         _DEF_CACHE.clear()
     _DEF_CACHE[key] = definition
+    _DEF_BY_TOOL[tool] = definition
     return definition
 
 
@@ -158,3 +170,61 @@ def collect_tool_definitions(tools: Iterable[WorkerTool], *, loaded: Iterable[st
         else:
             out.append(definition)
     return out
+
+
+# ---- validation info -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ValidationInfo:
+    """What argument validation needs about a tool, computed once per tool object.
+
+    - ``schema``: the tool's own (source) parameters schema.
+    - ``properties``: its top-level ``properties`` (``{}`` when none).
+    - ``validator``: a ``jsonschema`` validator for raw-schema tools (``None``
+      for pydantic tools, which validate with their model).
+    - ``resolve``: returns a sub-schema with a local ``$ref`` resolved.
+    """
+
+    schema: dict[str, Any]
+    properties: dict[str, Any]
+    validator: Any
+    resolve: Callable[[Any], Any]
+
+
+def _resolver(root: dict[str, Any]) -> Callable[[Any], Any]:
+    def resolve(node: Any) -> Any:
+        seen = 0
+        while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#"):
+            seen += 1
+            if seen > 32:
+                break
+            target: Any = root
+            ref = node["$ref"]
+            for part in ref[2:].split("/") if ref not in ("#", "#/") else []:
+                if not isinstance(target, dict) or part not in target:
+                    return node
+                target = target[part]
+            node = target
+        return node
+
+    return resolve
+
+
+def validation_info(tool: WorkerTool) -> ValidationInfo:
+    """Cached ``ValidationInfo`` for ``tool`` (see the class docstring)."""
+    info = _INFO_BY_TOOL.get(tool)
+    if info is not None:
+        return info
+    if tool.input_model is not None:
+        schema = source_schema(tool)
+        validator = None
+    else:
+        # no schema: any object validates, as before (the definition sends EMPTY_OBJECT_SCHEMA)
+        schema = tool.json_schema if tool.json_schema is not None else {"type": "object"}
+        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        validator = validator_cls(schema, format_checker=validator_cls.FORMAT_CHECKER)
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    info = ValidationInfo(schema=schema, properties=props, validator=validator, resolve=_resolver(schema))
+    _INFO_BY_TOOL[tool] = info
+    return info
+
