@@ -58,6 +58,11 @@ def source_schema(tool: WorkerTool) -> dict[str, Any]:
         return cached
     if tool.input_model is not None:
         schema = tool.input_model.model_json_schema()
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/") and set(schema) <= {"$ref", "$defs"}:
+            # a self-referencing model: pydantic puts the root behind a $ref; the root must be an object
+            defs = schema.get("$defs", {})
+            schema = {**defs.get(ref[len("#/$defs/"):], {}), "$defs": defs}
     elif tool.json_schema is not None:
         schema = tool.json_schema
         if not isinstance(schema, dict):
