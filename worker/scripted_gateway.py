@@ -189,7 +189,7 @@ class ScriptedGateway:
             "tool_choice": "auto",
             "tools": [],
             "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
-                      "input_tokens_details": {"cached_tokens": 0},
+                      "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                       "output_tokens_details": {"reasoning_tokens": 0}},
         }
         payload["incomplete_details"] = {"reason": "max_output_tokens"} if status == "incomplete" else None

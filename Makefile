@@ -1,0 +1,39 @@
+# Two commands on a fresh machine with Python 3.11+ and make:
+#   make run    install into .venv, start embedded Redis + workers + scripted gateway, run a demo turn
+#   make test   the test suite against its own embedded Redis and real Celery workers
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO ?= demo
+
+.PHONY: install run test bench clean worker flower
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m tasks.devstack --demo $(DEMO)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/arguments.py
+	$(PY) bench/turn_overhead.py
+
+worker: $(STAMP)
+	$(VENV)/bin/celery -A tasks.app worker -Q turns,tools,background,workflow -l INFO
+
+flower: $(STAMP)
+	$(PY) -m pip install --quiet 'flower>=2.0,<3'
+	$(VENV)/bin/celery -A tasks.app flower --basic-auth="$${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password}"
+
+clean:
+	rm -rf $(VENV) var .pytest_cache
