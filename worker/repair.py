@@ -211,6 +211,11 @@ def _normalize(text: str, start: int, repairs: list[str]) -> tuple[str, int, boo
                 "your arguments end with a key that has no value; nothing was run "
                 "(a value is never guessed): send the complete arguments"
             )
+        if last == "open":
+            raise _Refused(
+                "your arguments end right after an opening bracket, so its content is missing; "
+                "send the complete arguments"
+            )
         if last == "num":
             raise _Refused(
                 "your arguments end with a number and an unclosed object, so the number may be cut; "
