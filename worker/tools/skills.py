@@ -1,0 +1,108 @@
+"""Skills: projecting enabled skills into a turn's instructions, and the agent's mcporter config.
+
+The spec: "Skill knowledge is projected from the Agent's current enabled
+Skills. An MCP-backed Skill selects a domain tool and uses the existing
+computer command tool to call mcporter." So there is no MCP tool in the tool
+set: the instructions tell the model to run ``mcporter call <server>.<tool>
+key=value ...`` with ``run_command``, and ``write_mcporter_config`` puts the
+servers where mcporter finds them.
+
+mcporter facts (README of mcporter 0.9, checked against the CLI):
+
+- config lookup: ``--config <path>``, else ``$MCPORTER_CONFIG``, else
+  ``<cwd>/config/mcporter.json``, else ``~/.mcporter/mcporter.json``;
+  ``run_command`` runs in the agent home, so ``<home>/config/mcporter.json``
+  is found without flags;
+- shape: ``{"mcpServers": {name: {"command", "args", "env", "cwd"} or
+  {"baseUrl", "headers"}}, "imports": [...]}``; ``"imports": []`` turns off
+  merging of editor configs (Cursor, Claude, Codex...);
+- calls: ``mcporter call server.tool key=value`` (also ``key:value``, or
+  ``--args '<json object>'``); ``mcporter list server --schema`` shows tools
+  and parameters.
+
+mcporter itself must be on the command ``PATH`` (see
+``worker.tools.computer.command_env``); the worker does not use ``npx`` at
+run time, which would download an unpinned package.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import orjson
+
+from worker.tools.confine import resolve_in_home
+from worker.turn_context import Skill
+
+MCPORTER_CONFIG = "config/mcporter.json"
+SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # no dots: the selector is <server>.<tool>
+
+
+def skills_instructions(skills: Sequence[Skill], *, mcporter: str = "mcporter") -> str:
+    """The instructions block for the enabled ``skills`` (``""`` when there are none).
+
+    Each skill contributes its name, description and instructions; an
+    MCP-backed skill (``Skill.mcp_server``) also gets how to list and call its
+    server's tools through ``run_command``. ``mcporter`` is the command name
+    to show (e.g. an absolute path when it is not on ``PATH``).
+    """
+    if not skills:
+        return ""
+    parts = [
+        "# Skills",
+        "These skills are enabled for you. When a task matches a skill, follow its instructions.",
+    ]
+    mcp_servers = []
+    for skill in skills:
+        block = [f"## {skill.name}", skill.description.strip()]
+        if skill.instructions.strip():
+            block.append(skill.instructions.strip())
+        if skill.mcp_server:
+            server = skill.mcp_server
+            mcp_servers.append(server)
+            block.append(
+                f"This skill's tools live on the MCP server `{server}`. Call them with the run_command tool:\n"
+                f"- list its tools and their parameters: `{mcporter} list {server} --schema`\n"
+                f"- call a tool: `{mcporter} call {server}.<tool> key=value other=value` "
+                f"(quote values with spaces: `text='hello world'`; for nested values use "
+                f"`--args '{{\"key\": [1, 2]}}'`)"
+            )
+        parts.append("\n\n".join(block))
+    if mcp_servers:
+        parts.append(
+            "MCP servers are configured in config/mcporter.json in your home directory (the working "
+            "directory of run_command); do not edit that file."
+        )
+    return "\n\n".join(parts)
+
+
+def write_mcporter_config(home: Path | str, servers: dict[str, dict[str, Any]]) -> Path:
+    """Write the agent's mcporter config to ``<home>/config/mcporter.json`` and return its path.
+
+    ``servers`` maps a server name (``^[A-Za-z0-9_-]{1,64}$``: no dots, as
+    the call selector is ``server.tool``) to an mcporter entry: a stdio server
+    ``{"command": str, "args": [str], "env": {str: str}, "cwd": str}`` or an
+    HTTP server ``{"baseUrl": str, "headers": {...}}``. Editor imports are
+    turned off (``"imports": []``) so only these servers exist for the agent.
+    Commands run without the worker's environment: put the values a server
+    needs in its ``env``. The file is written atomically with mode 0600 (it
+    may hold tokens). Raises ``ValueError`` for a bad name or entry and
+    ``worker.tools.confine.ConfinementError`` if ``config/`` escapes the home.
+    """
+    for name, entry in servers.items():
+        if not SERVER_NAME.match(name):
+            raise ValueError(f"mcporter server name {name!r} must match {SERVER_NAME.pattern}")
+        if not isinstance(entry, dict) or not (entry.get("command") or entry.get("baseUrl") or entry.get("url")):
+            raise ValueError(f"mcporter server {name!r} needs a 'command' (stdio) or a 'baseUrl' (HTTP)")
+    path = resolve_in_home(home, MCPORTER_CONFIG)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = orjson.dumps({"mcpServers": servers, "imports": []}, option=orjson.OPT_INDENT_2)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+    return path
