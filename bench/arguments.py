@@ -1,0 +1,121 @@
+"""Benchmark of argument validation (issue 3).
+
+1. Valid calls per second through ``validate_tool_arguments`` for a pydantic
+   tool, against a floor measured in the same run: ``TypeAdapter(Model).validate_json``
+   on the same inputs. Target: within 1.5x of the floor.
+2. Valid calls per second for a raw-schema tool (orjson + cached jsonschema).
+3. The repair path on truncated inputs of 1 KB, 100 KB and 1 MB (an array cut
+   after a complete item, so the ladder closes the delimiters): time per call,
+   and per KB, to show linear growth.
+4. Assembling the definitions of 50 tools for a turn (cached).
+
+Run: ``.venv/bin/python bench/arguments.py``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pydantic import BaseModel, Field, TypeAdapter  # noqa: E402
+
+from worker.arguments import validate_tool_arguments  # noqa: E402
+from worker.contract import ToolResult, define_worker_tool  # noqa: E402
+from worker.repair import repair_arguments  # noqa: E402
+from worker.schemas import collect_tool_definitions  # noqa: E402
+
+
+class Todo(BaseModel):
+    content: str
+    status: str = Field(pattern="^(pending|in_progress|done)$")
+    priority: int = Field(1, ge=1, le=5)
+
+
+class WriteTodos(BaseModel):
+    todos: list[Todo]
+    note: str | None = None
+
+
+def best_of(fn, repeat=5):
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    inputs = [
+        json.dumps({"todos": [{"content": f"task {i} {j}", "status": "pending", "priority": (j % 5) + 1}
+                              for j in range(i % 6 + 1)], "note": None if i % 2 else "n"})
+        for i in range(200)
+    ]
+    tool = define_worker_tool(name="write_todos", description="d", execute=lambda p, c: ToolResult("ok"),
+                              input_model=WriteTodos)
+    adapter = TypeAdapter(WriteTodos)
+    rounds = 50
+    n = len(inputs) * rounds
+
+    def floor():
+        for _ in range(rounds):
+            for raw in inputs:
+                adapter.validate_json(raw)
+
+    def ours():
+        for _ in range(rounds):
+            for raw in inputs:
+                out = validate_tool_arguments(tool, raw)
+                assert out.ok
+
+    t_floor, t_ours = best_of(floor), best_of(ours)
+    print("## valid calls, pydantic tool")
+    print(f"floor TypeAdapter.validate_json : {n / t_floor:>10,.0f} calls/s ({t_floor / n * 1e6:.2f} us/call)")
+    print(f"validate_tool_arguments         : {n / t_ours:>10,.0f} calls/s ({t_ours / n * 1e6:.2f} us/call)")
+    print(f"ratio ours/floor                : {t_ours / t_floor:.2f}x (target <= 1.5x)")
+
+    raw_tool = define_worker_tool(name="write_todos_raw", description="d", execute=lambda p, c: ToolResult("ok"),
+                                  json_schema=WriteTodos.model_json_schema())
+
+    def raw_path():
+        for _ in range(rounds // 5):
+            for raw in inputs:
+                assert validate_tool_arguments(raw_tool, raw).ok
+
+    t_raw = best_of(raw_path, 3)
+    n_raw = len(inputs) * (rounds // 5)
+    print("\n## valid calls, raw-schema tool (orjson + cached jsonschema validator)")
+    print(f"validate_tool_arguments         : {n_raw / t_raw:>10,.0f} calls/s ({t_raw / n_raw * 1e6:.2f} us/call)")
+
+    print("\n## repair path, truncated inputs (closed_delimiters)")
+    item = '{"content": "a task to do", "status": "pending", "priority": 2}'
+    for label, size in (("1 KB", 1_000), ("100 KB", 100_000), ("1 MB", 1_000_000)):
+        count = max(1, (size - 20) // (len(item) + 2))
+        raw = '{"todos": [' + ", ".join([item] * count)
+        raw = raw[: size] if len(raw) > size else raw
+        # cut after a complete item so the repair applies
+        raw = raw[: raw.rfind("}") + 1]
+        out = repair_arguments(raw)
+        assert out.ok and out.repairs == ["closed_delimiters"], out.error
+        t = best_of(lambda: repair_arguments(raw), 3 if size > 100_000 else 5)
+        full = validate_tool_arguments(tool, raw)
+        assert full.ok
+        print(f"{label:>6}: {len(raw):>9,} chars  {t * 1e3:9.3f} ms  "
+              f"({t / (len(raw) / 1000) * 1e6:.1f} us per 1000 chars)")
+
+    print("\n## assembling 50 tools for a turn (cached definitions)")
+    tools = [define_worker_tool(name=f"tool_{i}", description="d", execute=lambda p, c: ToolResult("ok"),
+                                json_schema={"type": "object", "properties": {"q": {"type": "string"}}},
+                                namespace="ns" if i % 5 == 0 else None) for i in range(50)]
+    collect_tool_definitions(tools)
+    reps = 2000
+    t = best_of(lambda: [collect_tool_definitions(tools) for _ in range(reps)], 3)
+    print(f"collect_tool_definitions(50)    : {t / reps * 1e6:.1f} us per turn")
+
+
+if __name__ == "__main__":
+    main()
