@@ -7,7 +7,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test bench clean worker flower
+.PHONY: install run test bench clean worker flower node
+
+# mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
+MCPORTER := var/node/node_modules/.bin/mcporter
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
@@ -18,8 +21,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+$(MCPORTER):
+	@if command -v npm >/dev/null 2>&1; then npm install --silent --prefix var/node --no-audit --no-fund mcporter@0.9.0; \
+	else echo "npm not found: MCP-backed skills (mcporter) will be unavailable"; fi
+
+node: $(MCPORTER)
+
 run: $(STAMP)
-	$(PY) -m tasks.devstack --demo $(DEMO)
+	-@$(MAKE) --no-print-directory node
+	AGENT_COMMAND_EXTRA_PATH=$(CURDIR)/var/node/node_modules/.bin $(PY) -m tasks.devstack --demo $(DEMO)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -27,7 +27,7 @@ QUEUES = ("turns", "tools", "background", "workflow")
 def make_app() -> Celery:
     settings = get_settings()
     register_orjson()
-    app = Celery("agent_runtime", include=["tasks.turns", "tasks.watchdog"])
+    app = Celery("agent_runtime", include=["tasks.turns", "tasks.watchdog", "tasks.health"])
     longest_task = settings.tool_time_limit + 60
     app.conf.update(
         broker_url=settings.redis_url,

@@ -34,11 +34,7 @@ from worker.turn import TurnRequest, TurnStatus
 from worker.turn_context import Skill, TurnContext
 from worker.turn_store import StaleStep, TurnState, TurnStore
 
-try:  # deferred loading (worker.tool_search) lands with the schema work
-    from worker.tool_search import with_tool_search
-except ImportError:  # pragma: no cover
-    def with_tool_search(tools: list[WorkerTool]) -> list[WorkerTool]:
-        return tools
+from worker.tool_search import with_tool_search
 
 log = logging.getLogger("agent.loop")
 
@@ -249,7 +245,9 @@ class TurnEngine:
     def _clean_item(item: dict[str, Any]) -> dict[str, Any]:
         # Keep only what the Responses API accepts back as input for our item types.
         if item.get("type") == "function_call":
-            return {k: item[k] for k in ("type", "id", "call_id", "name", "arguments", "status") if k in item}
+            # ``namespace`` must go back unchanged or the API answers 400 "Missing namespace for function_call".
+            return {k: item[k] for k in ("type", "id", "call_id", "name", "namespace", "arguments", "status")
+                    if k in item}
         return item
 
     def _plan(self, turn_id: str, state: TurnState, tools: list[WorkerTool], calls: list[dict[str, Any]],
@@ -273,19 +271,18 @@ class TurnEngine:
                                            error_kind="unknown_tool"))
                 pre[call_id] = {"output": out, "is_error": True, "details": {"error": "unknown_tool"}}
                 continue
-            outcome = validate_tool_arguments(tool, fc.get("arguments", ""), response_status=reply_status)
+            outcome = validate_tool_arguments(tool, fc.get("arguments", ""), response_status=reply_status,
+                                              max_raw_echo=self.settings.max_raw_arguments_echo)
             if not outcome.ok:
+                # Every kind (cut off, unparseable, failing validation) spends the tool's retry budget.
                 invalid_counts[name] = invalid_counts.get(name, 0) + 1
-                raw = fc.get("arguments", "")
-                echo, _ = cap_output(raw if isinstance(raw, str) else output_text(raw),
-                                     self.settings.max_raw_arguments_echo)
-                out = (f"Error: {outcome.error}\nThe call did not run. Send a corrected call to {name} "
-                       f"with a JSON object matching its parameters schema.\nArguments received: {echo}")
+                out = outcome.error or f"Error: invalid arguments for {name}"
                 planned.append(PlannedCall(call_id, name, i, mode=tool.execution_mode, output=out,
                                            activity=f"Rejected arguments for {name}", repairs=outcome.repairs,
                                            error_kind="invalid_arguments"))
                 pre[call_id] = {"output": out, "is_error": True,
-                                "details": {"error": "invalid_arguments", "repairs": outcome.repairs,
+                                "details": {"error": "invalid_arguments", "kind": outcome.error_kind,
+                                            "repairs": outcome.repairs,
                                             "errors": [{"loc": e.loc, "msg": e.msg} for e in outcome.errors]}}
                 continue
             planned.append(PlannedCall(call_id, name, i, mode=tool.execution_mode, data=outcome.data,

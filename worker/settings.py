@@ -44,10 +44,16 @@ class Settings(BaseSettings):
     # Computer tools.
     command_timeout: float = 60.0
     command_output_cap: int = 64_000
+    # os.pathsep-separated dirs put before PATH for commands (e.g. <project>/var/node/node_modules/.bin for mcporter).
+    command_extra_path: str = ""
 
     # Web tools: provider profiles (absent -> no web tools).
     web_search_url: str | None = None
     web_search_key: SecretStr | None = None
+    # "Authorization" sends "Bearer <key>"; any other header name sends the key as is.
+    web_search_key_header: str = "Authorization"
+    # When set, the key goes in this query parameter instead of a header.
+    web_search_key_param: str | None = None
     web_fetch_enabled: bool = False
     web_fetch_max_bytes: int = 2_000_000
     web_fetch_timeout: float = 20.0

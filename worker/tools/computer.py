@@ -98,7 +98,7 @@ def command_env(home: Path, settings: Settings) -> dict[str, str]:
     ``NO_COLOR=1`` keep output plain.
     """
     path = os.environ.get("PATH") or DEFAULT_PATH
-    extra = getattr(settings, "command_extra_path", "") or ""
+    extra = settings.command_extra_path
     if extra:
         path = os.pathsep.join([p for p in extra.split(os.pathsep) if p] + [path])
     env = {

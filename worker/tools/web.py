@@ -92,11 +92,11 @@ def _search(params: WebSearchParams, ctx: ToolContext, settings: Settings) -> To
     headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
     key = settings.web_search_key.get_secret_value() if settings.web_search_key else ""
     if key:
-        param = getattr(settings, "web_search_key_param", None)
+        param = settings.web_search_key_param
         if param:
             query[param] = key
         else:
-            header = getattr(settings, "web_search_key_header", None) or "Authorization"
+            header = settings.web_search_key_header or "Authorization"
             headers[header] = f"Bearer {key}" if header.lower() == "authorization" else key
     try:
         with httpx.Client(timeout=SEARCH_TIMEOUT, trust_env=False, follow_redirects=False) as client:
