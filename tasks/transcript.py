@@ -30,8 +30,11 @@ def _tail(control: ControlPlane, turn_id: str, timeout: float) -> Iterator[dict[
 
 
 def print_transcript(control: ControlPlane, turn_id: str, console: Console | None = None, *,
-                     follow: bool = True, timeout: float = 300.0) -> dict[str, Any] | None:
-    """Print the turn's transcript; with ``follow`` keep tailing until it ends. Returns the final event."""
+                     follow: bool = True, timeout: float = 300.0, show_output: bool = True) -> dict[str, Any] | None:
+    """Print the turn's transcript; with ``follow`` keep tailing until it ends. Returns the final event.
+
+    ``show_output`` prints the first lines of each tool output under its label.
+    """
     console = console or Console()
     batches_shown: set[tuple[int, int]] = set()
     planned_by_step: dict[int, list[dict[str, Any]]] = {}
@@ -44,6 +47,8 @@ def print_transcript(control: ControlPlane, turn_id: str, console: Console | Non
         elif kind == "model_reply":
             console.print(f"\n[bold magenta]model call {e['step'] + 1}[/] -> {e['calls']} function call(s), "
                           f"status {e['status']} ({e['ms']} ms)")
+            if e.get("text") and e["calls"]:
+                console.print(f"  [italic]model:[/] {escape(e['text'])}")
         elif kind == "call_planned":
             planned_by_step.setdefault(e["step"], []).append(e)
             batch = e.get("batch")
@@ -61,6 +66,9 @@ def print_transcript(control: ControlPlane, turn_id: str, console: Console | Non
         elif kind == "call_completed":
             mark = "[red]failed[/]" if e.get("is_error") else "[green]done[/]"
             console.print(f"    {mark} {escape(e['activity'])} ({e.get('ms')} ms)")
+            if show_output and e.get("preview"):
+                for line in e["preview"].splitlines()[:6]:
+                    console.print(f"        [dim]{escape(line)}[/]")
         elif kind == "repair_instruction":
             console.print(f"  [yellow]repair instruction[/]: the model must call {e.get('tool')}")
         elif kind == "model_retry":

@@ -169,7 +169,7 @@ class TurnEngine:
                 self._end(turn_id, step, TurnStatus.failed, error=str(exc))
                 return StepOutcome("ended", "model request rejected")
             reply_data = self.store.save_reply(turn_id, step, reply.to_json())
-            self.store.event(turn_id, "model_reply", step=step, status=reply.status,
+            self.store.event(turn_id, "model_reply", step=step, status=reply.status, text=reply.text[:1000],
                              calls=len(reply.function_calls), ms=round((time.perf_counter() - started) * 1000, 1))
         reply = ModelReply.from_json(reply_data)
         reply_items = [self._clean_item(i) for i in reply.output]
@@ -342,7 +342,8 @@ class TurnEngine:
         self.store.record_result(turn_id, step, call.call_id, result)
         self.store.event(turn_id, "call_completed", step=step, call_id=call.call_id, name=call.name,
                          activity=result.get("activity", call.activity), is_error=result.get("is_error", False),
-                         ms=result.get("ms"), terminate=result.get("terminate", False))
+                         ms=result.get("ms"), terminate=result.get("terminate", False),
+                         preview=result["output"][:300])
         return None
 
     def execute_call(self, turn_id: str, call: PlannedCall, state: TurnState, request: TurnRequest) -> dict[str, Any]:
