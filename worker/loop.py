@@ -292,59 +292,62 @@ class TurnEngine:
 
     # ----- a tool call -----------------------------------------------------
     def run_call(self, turn_id: str, step: int, call_id: str) -> StepOutcome:
-        """Run one planned call, store its result, and pass the barrier if it is the batch's last."""
-        state = self.store.load(turn_id)
+        """Run one planned call, store its result, and pass the barrier if it is the batch's last.
+
+        Three Redis round trips besides the tool's own: read (state, plan, result, cancel flag),
+        claim (+ ``call_started``), record (+ ``call_completed`` + barrier).
+        """
+        view = self.store.call_view(turn_id, step, call_id)
+        state = view.state
         if state is None or state.status.terminal or state.step != step or state.phase != "tools":
             return StepOutcome("dropped", "stale call")
-        plan = self.store.plan(turn_id, step)
-        if plan is None:
+        if view.plan is None:
             return StepOutcome("dropped", "no plan")
-        calls, batches = plan
+        calls, batches = view.plan
         call = next((c for c in calls if c.call_id == call_id), None)
         if call is None:
             return StepOutcome("dropped", "unknown call")
         batch_index = next(i for i, b in enumerate(batches) if call_id in b.call_ids)
+        batch_ids = batches[batch_index].call_ids
         request = TurnRequest.model_validate(state.request)
-        if self.store.result(turn_id, step, call_id) is None:
-            outcome = self._execute_once(turn_id, step, call, state, request, batches, batch_index)
-            if outcome is not None:
-                return outcome
-        if self.store.batch_done(turn_id, step, batch_index, batches[batch_index].call_ids):
+        if view.has_result:
+            done = self.store.batch_done(turn_id, step, batch_index, batch_ids)
+        else:
+            result, event = self._execute_once(turn_id, step, call, state, request, batch_index, view.cancelled)
+            if result is None:
+                return StepOutcome("dropped", "call is running elsewhere")
+            _, done = self.store.record_and_check(turn_id, step, call_id, result, batch_index, batch_ids, event)
+        if done:
             self._advance(turn_id, step, request, batches, batch_index)
             return StepOutcome("advanced", f"batch {batch_index} done")
         return StepOutcome("ran")
 
     def _execute_once(self, turn_id: str, step: int, call: PlannedCall, state: TurnState, request: TurnRequest,
-                      batches: list[Batch], batch_index: int) -> StepOutcome | None:
+                      batch_index: int, cancelled: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Claim and run the call. Returns ``(result, completed_event)``; ``(None, None)`` if another worker holds it."""
         lease = self.settings.tool_time_limit + 30
-        won, claim = self.store.claim(turn_id, step, call.call_id, OWNER, lease)
+        started = {"step": step, "call_id": call.call_id, "name": call.name, "activity": call.activity}
+        won, claim = self.store.claim(turn_id, step, call.call_id, OWNER, lease, started_event=started)
         if not won:
             if claim and claim.get("lease_until", 0) > time.time():
-                return StepOutcome("dropped", "call is running elsewhere")
+                return None, None
             if call.destructive:
                 # Never run a destructive tool twice for one call: report it instead.
-                self.store.record_result(turn_id, step, call.call_id, {
-                    "output": (f"Error: the outcome of this {call.name} call is unknown: the worker running it "
-                               "stopped before reporting. Check the current state before retrying."),
-                    "is_error": True, "details": {"error": "outcome_unknown"}})
-                return None
+                return {"output": (f"Error: the outcome of this {call.name} call is unknown: the worker running it "
+                                   "stopped before reporting. Check the current state before retrying."),
+                        "is_error": True, "details": {"error": "outcome_unknown"}}, None
             self.store.take_over_claim(turn_id, step, call.call_id, OWNER, lease)
         # A terminating result earlier in this step stops later batches (DESIGN-NOTES section 2).
-        if self.store.is_cancelled(turn_id) or (state.terminate and batch_index > 0):
-            reason = "the turn was cancelled" if self.store.is_cancelled(turn_id) else "the turn was terminated"
-            self.store.record_result(turn_id, step, call.call_id, {
-                "output": f"Interrupted: the call did not run because {reason}.", "is_error": True,
-                "details": {"error": "interrupted"}})
-            return None
-        self.store.event(turn_id, "call_started", step=step, call_id=call.call_id, name=call.name,
-                         activity=call.activity)
+        if cancelled or (state.terminate and batch_index > 0):
+            reason = "the turn was cancelled" if cancelled else "the turn was terminated"
+            return {"output": f"Interrupted: the call did not run because {reason}.", "is_error": True,
+                    "details": {"error": "interrupted"}}, None
         result = self.execute_call(turn_id, call, state, request)
-        self.store.record_result(turn_id, step, call.call_id, result)
-        self.store.event(turn_id, "call_completed", step=step, call_id=call.call_id, name=call.name,
-                         activity=result.get("activity", call.activity), is_error=result.get("is_error", False),
-                         ms=result.get("ms"), terminate=result.get("terminate", False),
-                         preview=result["output"][:300])
-        return None
+        event = {"step": step, "call_id": call.call_id, "name": call.name,
+                 "activity": result.get("activity", call.activity), "is_error": result.get("is_error", False),
+                 "ms": result.get("ms"), "terminate": result.get("terminate", False),
+                 "preview": result["output"][:300]}
+        return result, event
 
     def execute_call(self, turn_id: str, call: PlannedCall, state: TurnState, request: TurnRequest) -> dict[str, Any]:
         """Run the tool's ``execute``; any exception becomes an error output. Returns the result record."""

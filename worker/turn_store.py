@@ -53,6 +53,43 @@ return 0
 """
 
 
+# Claim a call for execution and announce it in one round trip.
+_CLAIM_LUA = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[4])
+  return {1, false}
+end
+return {0, redis.call('HGET', KEYS[1], ARGV[1])}
+"""
+
+# Store a call's result (first write wins), announce it, and pass the batch barrier, in one round trip.
+# KEYS: results, turn hash, events, adv; ARGV: call_id, result, ttl, terminate, event, maxlen, call_ids...
+_RECORD_LUA = """
+local stored = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if stored == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  if ARGV[4] == '1' then redis.call('HSET', KEYS[2], 'terminate', '1') end
+  if ARGV[5] ~= '' then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5]) end
+end
+for i = 7, #ARGV do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then return {stored, 0} end
+end
+if redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then return {stored, 1} end
+return {stored, 0}
+"""
+
+
+@dataclass
+class CallView:
+    """What a tool-call task reads before running, fetched in one round trip."""
+
+    state: "TurnState | None"
+    plan: tuple[list[PlannedCall], list[Batch]] | None
+    has_result: bool
+    cancelled: bool
+
+
 def _k(turn_id: str, *parts: Any) -> str:
     return ":".join([f"turn:{{{turn_id}}}", *map(str, parts)])
 
@@ -113,6 +150,9 @@ class TurnStore:
         self.r = client
         self.progress_timeout = progress_timeout
         self._barrier = self.r.register_script(_BARRIER_LUA)
+        self._claim = self.r.register_script(_CLAIM_LUA)
+        self._record = self.r.register_script(_RECORD_LUA)
+        self._plans: dict[tuple[str, int], tuple[list[PlannedCall], list[Batch]]] = {}
 
     # ----- reading ---------------------------------------------------------
     def load(self, turn_id: str) -> TurnState | None:
@@ -137,12 +177,32 @@ class TurnStore:
         return orjson.loads(raw) if raw else None
 
     def plan(self, turn_id: str, step: int) -> tuple[list[PlannedCall], list[Batch]] | None:
-        raw = self.r.get(_k(turn_id, "plan", step))
+        cached = self._plans.get((turn_id, step))
+        return cached if cached is not None else self._parse_plan(turn_id, step, self.r.get(_k(turn_id, "plan", step)))
+
+    def _parse_plan(self, turn_id: str, step: int, raw: bytes | None) -> tuple[list[PlannedCall], list[Batch]] | None:
+        # A plan never changes once written: parse it once per process.
         if not raw:
             return None
         data = orjson.loads(raw)
-        return ([PlannedCall.from_json(c) for c in data["calls"]],
+        plan = ([PlannedCall.from_json(c) for c in data["calls"]],
                 [Batch(b["mode"], b["call_ids"]) for b in data["batches"]])
+        if len(self._plans) > 256:
+            self._plans.clear()
+        self._plans[(turn_id, step)] = plan
+        return plan
+
+    def call_view(self, turn_id: str, step: int, call_id: str) -> CallView:
+        """State, plan, whether the call has a result, and the cancel flag, in one round trip."""
+        p = self.r.pipeline(transaction=False)
+        p.hgetall(_k(turn_id))
+        p.get(_k(turn_id, "plan", step))
+        p.hexists(_k(turn_id, "results", step), call_id)
+        p.exists(_k(turn_id, "cancel"))
+        h, raw_plan, has_result, cancelled = p.execute()
+        state = TurnState.from_hash(turn_id, h) if h else None
+        plan = self._plans.get((turn_id, step)) or self._parse_plan(turn_id, step, raw_plan)
+        return CallView(state, plan, bool(has_result), bool(cancelled))
 
     def results(self, turn_id: str, step: int) -> dict[str, dict[str, Any]]:
         return {k.decode(): orjson.loads(v) for k, v in self.r.hgetall(_k(turn_id, "results", step)).items()}
@@ -259,14 +319,23 @@ class TurnStore:
             self._touch(pipe, turn_id, fields)
         self._guarded(turn_id, step, "model", w)
 
-    def claim(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> tuple[bool, dict | None]:
-        """Claim a call for execution. Returns ``(won, existing_claim)``."""
-        key = _k(turn_id, "claims", step)
+    @staticmethod
+    def _event_json(kind: str, data: dict[str, Any]) -> bytes:
+        return orjson.dumps({"kind": kind, "at": round(time.time(), 3), **data})
+
+    def claim(self, turn_id: str, step: int, call_id: str, owner: str, lease: float,
+              started_event: dict[str, Any] | None = None) -> tuple[bool, dict | None]:
+        """Claim a call for execution (``lease`` seconds) and, if won, append ``call_started``.
+
+        Returns ``(won, existing_claim)``.
+        """
         claim = {"owner": owner, "lease_until": time.time() + lease}
-        if self.r.hsetnx(key, call_id, orjson.dumps(claim)):
-            self.r.expire(key, RETENTION_SECONDS)
+        won, raw = self._claim(
+            keys=[_k(turn_id, "claims", step), _k(turn_id, "events")],
+            args=[call_id, orjson.dumps(claim), RETENTION_SECONDS,
+                  self._event_json("call_started", started_event or {"call_id": call_id}), EVENTS_MAXLEN])
+        if won:
             return True, None
-        raw = self.r.hget(key, call_id)
         return False, orjson.loads(raw) if raw else None
 
     def take_over_claim(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> None:
@@ -285,6 +354,22 @@ class TurnStore:
             p.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout})
             p.execute()
         return stored
+
+    def record_and_check(self, turn_id: str, step: int, call_id: str, result: dict[str, Any], batch_index: int,
+                         batch_call_ids: list[str], completed_event: dict[str, Any] | None = None) -> tuple[bool, bool]:
+        """Store a result (first write wins), append ``call_completed``, and pass the barrier.
+
+        Returns ``(stored, batch_done)``; ``batch_done`` is True exactly once per batch.
+        """
+        event = self._event_json("call_completed", completed_event) if completed_event else b""
+        p = self.r.pipeline(transaction=False)
+        self._record(keys=[_k(turn_id, "results", step), _k(turn_id), _k(turn_id, "events"),
+                           _k(turn_id, "adv", step, batch_index)],
+                     args=[call_id, orjson.dumps(result), RETENTION_SECONDS, "1" if result.get("terminate") else "0",
+                           event, EVENTS_MAXLEN, *batch_call_ids], client=p)
+        p.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout})
+        (stored, done), _ = p.execute()
+        return bool(stored), bool(done)
 
     def batch_done(self, turn_id: str, step: int, batch_index: int, call_ids: list[str]) -> bool:
         """The barrier: True exactly once, for the caller that sees the batch's last result."""
