@@ -27,7 +27,7 @@ QUEUES = ("turns", "tools", "background", "workflow")
 def make_app() -> Celery:
     settings = get_settings()
     register_orjson()
-    app = Celery("agent_runtime", include=["tasks.turns", "tasks.watchdog", "tasks.health"])
+    app = Celery("agent_runtime", include=["tasks.turns", "tasks.watchdog", "tasks.health", "tasks.scheduler"])
     longest_task = settings.tool_time_limit + 60
     app.conf.update(
         broker_url=settings.redis_url,
@@ -50,11 +50,17 @@ def make_app() -> Celery:
             "tasks.turns.turn_step": {"queue": "turns"},
             "tasks.turns.tool_call": {"queue": "tools"},
             "tasks.watchdog.sweep": {"queue": "turns"},
+            "tasks.scheduler.fire_schedule": {"queue": "turns"},
         },
         worker_send_task_events=True,
         task_send_sent_event=True,
         task_track_started=True,
         worker_hijack_root_logger=False,
+        # Schedules (tasks.scheduler): celery-redbeat keeps beat entries in this Redis, as JSON.
+        beat_scheduler="redbeat.RedBeatScheduler",
+        beat_max_loop_interval=5,  # seconds: a new schedule fires at most ~5 s late
+        redbeat_redis_url=settings.redis_url,
+        redbeat_redis_options={"socket_connect_timeout": 5, "socket_timeout": 30},
         beat_schedule={
             "watchdog-sweep": {"task": "tasks.watchdog.sweep", "schedule": 15.0},
         },

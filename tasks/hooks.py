@@ -17,4 +17,17 @@ from worker.turn_store import TurnState
 def on_turn_finished(engine: TurnEngine, state: TurnState) -> dict[str, Any]:
     """Run the hook matching the turn's metadata; returns a small report for logs."""
     meta = state.request.get("metadata") or {}
+    if meta.get("background_job_id"):
+        return _background_job_finished(engine, state, meta)
     return {"action": "none", "status": state.status.value, "keys": sorted(meta)}
+
+
+def _background_job_finished(engine: TurnEngine, state: TurnState, meta: dict[str, Any]) -> dict[str, Any]:
+    """Record a background agent job's outcome (``worker.jobs``): the turn's terminal status,
+    final output and error. The first report wins, so a redelivered hook changes nothing."""
+    from worker.jobs import JobStore
+
+    rec = JobStore(engine.store.r).record_finished(meta["background_job_id"], state.status.value,
+                                                   state.final_output, state.error)
+    return {"action": "job_recorded" if rec else "job_already_recorded", "job_id": meta["background_job_id"],
+            "status": state.status.value}

@@ -2,7 +2,9 @@
 
 Each is a plain callable so that ``worker/`` never imports Celery:
 ``enqueue_turn(request_dict) -> turn_id`` starts a new turn (used by schedules,
-background agent jobs and workflow tasks).
+background agent jobs and workflow tasks);
+``save_schedule_entry(record)`` / ``delete_schedule_entry(schedule_id)``
+manage a schedule's celery-redbeat entry (``tasks.scheduler``).
 """
 
 from __future__ import annotations
@@ -22,5 +24,20 @@ def enqueue_turn(request: dict[str, Any] | TurnRequest, turn_id: str | None = No
     return tid
 
 
+def save_schedule_entry(record: dict[str, Any]) -> None:
+    """Create the firing entry (celery-redbeat) of an active schedule record (``worker.schedules``)."""
+    from tasks.scheduler import save_schedule_entry as save
+
+    save(record)
+
+
+def delete_schedule_entry(schedule_id: str) -> None:
+    """Remove a schedule's firing entry; no error if it has none."""
+    from tasks.scheduler import delete_schedule_entry as delete
+
+    delete(schedule_id)
+
+
 def turn_services(request: TurnRequest) -> dict[str, Callable[..., Any]]:
-    return {"enqueue_turn": enqueue_turn}
+    return {"enqueue_turn": enqueue_turn,
+            "save_schedule_entry": save_schedule_entry, "delete_schedule_entry": delete_schedule_entry}

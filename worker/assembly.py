@@ -24,6 +24,10 @@ def text_turn_tools(ctx: TurnContext) -> list[WorkerTool]:
         create_todo_tool(ctx),
         *create_computer_tools(ctx),
     ]
+    from worker.tools.background_jobs import create_background_job_tools
+    from worker.tools.schedule import create_schedule_tools
+
+    tools += [*create_schedule_tools(ctx), *create_background_job_tools(ctx)]
     log.info("turn %s tools: %s", ctx.turn_id, ", ".join(t.name for t in tools))
     return tools
 
