@@ -17,9 +17,26 @@ from worker.turn_store import TurnState
 def on_turn_finished(engine: TurnEngine, state: TurnState) -> dict[str, Any]:
     """Run the hook matching the turn's metadata; returns a small report for logs."""
     meta = state.request.get("metadata") or {}
+    if meta.get("workflow_task_id"):
+        return _workflow_attempt_finished(engine, state, meta)
     if meta.get("background_job_id"):
         return _background_job_finished(engine, state, meta)
     return {"action": "none", "status": state.status.value, "keys": sorted(meta)}
+
+
+def _workflow_attempt_finished(engine: TurnEngine, state: TurnState, meta: dict[str, Any]) -> dict[str, Any]:
+    """Commit or fail a workflow task attempt (DESIGN-NOTES section 7; ``worker.workflow``).
+
+    A turn that terminated through ``submit_result`` commits only if the
+    submitted value validates again against the schema persisted on the task
+    (not the one in the turn's metadata); any other ending fails the attempt
+    with the turn's status and error. Idempotent under redelivery.
+    """
+    from worker.workflow import WorkflowService, find_submission
+
+    submission = find_submission(engine.store, state.turn_id, state.step - 1)
+    return WorkflowService(engine.store.r).commit_turn(
+        state.turn_id, state.status.value, state.error, meta, submission)
 
 
 def _background_job_finished(engine: TurnEngine, state: TurnState, meta: dict[str, Any]) -> dict[str, Any]:

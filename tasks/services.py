@@ -24,6 +24,26 @@ def enqueue_turn(request: dict[str, Any] | TurnRequest, turn_id: str | None = No
     return tid
 
 
+def cancel_turn(turn_id: str) -> bool:
+    """Ask a turn to stop (cancel flag + event); a still-queued turn is ended at once.
+
+    Same rules as ``tasks.control.ControlPlane.cancel``; returns False when the
+    turn is unknown or already ended. Used by ``workflow_cancel``.
+    """
+    from tasks.runtime import get_engine
+    from worker.turn import TurnStatus
+
+    engine = get_engine()
+    state = engine.store.load(turn_id)
+    if state is None or state.status.terminal:
+        return False
+    engine.store.request_cancel(turn_id)
+    engine.store.event(turn_id, "cancel_requested")
+    if state.status == TurnStatus.queued:
+        engine.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
+    return True
+
+
 def save_schedule_entry(record: dict[str, Any]) -> None:
     """Create the firing entry (celery-redbeat) of an active schedule record (``worker.schedules``)."""
     from tasks.scheduler import save_schedule_entry as save
@@ -39,5 +59,5 @@ def delete_schedule_entry(schedule_id: str) -> None:
 
 
 def turn_services(request: TurnRequest) -> dict[str, Callable[..., Any]]:
-    return {"enqueue_turn": enqueue_turn,
+    return {"enqueue_turn": enqueue_turn, "cancel_turn": cancel_turn,
             "save_schedule_entry": save_schedule_entry, "delete_schedule_entry": delete_schedule_entry}

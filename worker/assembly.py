@@ -28,10 +28,33 @@ def text_turn_tools(ctx: TurnContext) -> list[WorkerTool]:
     from worker.tools.schedule import create_schedule_tools
 
     tools += [*create_schedule_tools(ctx), *create_background_job_tools(ctx)]
+    if not ctx.workflow_task:
+        from worker.tools.workflow import create_workflow_tools
+
+        tools += [*create_workflow_tools(ctx)]
     log.info("turn %s tools: %s", ctx.turn_id, ", ".join(t.name for t in tools))
     return tools
 
 
 def workflow_task_tools(ctx: TurnContext) -> list[WorkerTool]:
-    """The fixed workflow task catalog (web, Brain, submit_result)."""
-    return []
+    """The fixed workflow task catalog: web tools, Brain ``recall``/``get_page``, ``submit_result``.
+
+    Spec, "Workflow task tools": available web tools (present only when a
+    provider profile is bound), the read-only Brain tools when Brain is enabled
+    (``ctx.supports.brain``), and the task-specific ``submit_result`` built from
+    ``ctx.metadata["result_schema"]``. It does not reuse the main catalog: no
+    computer, file, shell, MCP, skill, schedule, workflow or background job tools.
+
+    Raises ``ValueError`` when the turn has no ``metadata.result_schema``.
+    """
+    from worker.tools.brain import create_brain_tools
+    from worker.tools.submit_result import create_submit_result_tool
+    from worker.tools.web import create_web_tools
+
+    tools: list[WorkerTool] = [
+        *create_web_tools(ctx),
+        *create_brain_tools(ctx),
+        create_submit_result_tool(ctx),
+    ]
+    log.info("workflow task turn %s tools: %s", ctx.turn_id, ", ".join(t.name for t in tools))
+    return tools
