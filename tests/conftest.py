@@ -32,6 +32,10 @@ def pytest_configure(config):
         _state["redis"] = emb
     gw = ScriptedGateway().start()
     _state["gateway"] = gw
+    from tests.support.web_server import WebServer
+
+    web = WebServer()
+    _state["web"] = web
     homes = Path(tempfile.mkdtemp(prefix="agent-homes-"))
     os.environ.update({
         "REDIS_URL": url,
@@ -42,6 +46,12 @@ def pytest_configure(config):
         "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
         "AGENT_TOOL_TIME_LIMIT": "60",
         "AGENT_MAX_MODEL_CALLS": "8",
+        # Web provider profiles bound to a local server; loopback allowed for it only
+        # (private, link-local and metadata ranges stay refused).
+        "AGENT_WEB_SEARCH_URL": f"{web.base_url}/search",
+        "AGENT_WEB_SEARCH_KEY": "search-key-never-shown",
+        "AGENT_WEB_FETCH_ENABLED": "1",
+        "AGENT_WEB_FETCH_ALLOW_LOOPBACK": "1",
     })
     _state["homes"] = homes
 
@@ -51,6 +61,8 @@ def pytest_unconfigure(config):
         _stop(proc)
     if "gateway" in _state:
         _state["gateway"].stop()
+    if "web" in _state:
+        _state["web"].stop()
     if "redis" in _state:
         _state["redis"].stop()
 
@@ -90,6 +102,11 @@ def start_worker_process(*extra: str, queues: str = "turns,tools,background,work
 @pytest.fixture(scope="session")
 def gateway():
     return _state["gateway"]
+
+
+@pytest.fixture(scope="session")
+def web_server():
+    return _state["web"]
 
 
 @pytest.fixture(scope="session")

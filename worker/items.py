@@ -12,6 +12,7 @@ Every ``function_call`` in the history must get exactly one
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -33,6 +34,8 @@ def output_text(content: Any) -> str:
     """
     if isinstance(content, str):
         return content
+    if hasattr(content, "model_dump_json"):  # pydantic models: JSON, never str() (case E13)
+        return content.model_dump_json()
     return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
@@ -82,3 +85,63 @@ def unanswered_call_ids(items: list[dict[str, Any]]) -> list[str]:
     """``call_id``s of ``function_call`` items without a ``function_call_output`` (in order)."""
     answered = {it.get("call_id") for it in items if it.get("type") == "function_call_output"}
     return [it["call_id"] for it in items if it.get("type") == "function_call" and it.get("call_id") not in answered]
+
+
+_NAME_OK = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_NAME_BAD_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def normalize_reply_calls(output_items: list[dict[str, Any]], history_call_ids: set[str]
+                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Make a reply's ``function_call`` items safe to record and replay.
+
+    Returns ``(items_to_record, calls)``. ``calls`` are the reply's calls in
+    emitted order, each with the (possibly renamed) ``call_id``, the name the
+    model used, and ``duplicate_of`` when its ``call_id`` was already used.
+
+    Rules (``tests/fixtures/cases/parallel-tool-calls.json``):
+    - a ``call_id`` repeated within the reply or the turn (E06, E07) is
+      renamed pairwise (``<id>~2``) so each call gets its own output; the copy
+      does not run;
+    - a name the API would refuse when echoed back (E18, ``multi_tool_use.parallel``)
+      is recorded with invalid characters replaced by ``_``.
+    """
+    seen = set(history_call_ids)
+    items: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for item in output_items:
+        if item.get("type") != "function_call":
+            items.append(item)
+            continue
+        item = dict(item)
+        original = item.get("call_id") or f"call_missing_{len(calls)}"
+        call_id, n = original, 1
+        while call_id in seen:
+            n += 1
+            call_id = f"{original}~{n}"
+        seen.add(call_id)
+        call = {"call_id": call_id, "name": item.get("name", ""), "arguments": item.get("arguments", ""),
+                "duplicate_of": original if call_id != original else None}
+        item["call_id"] = call_id
+        name = str(item.get("name", ""))
+        if not _NAME_OK.match(name):
+            item["name"] = (_NAME_BAD_CHARS.sub("_", name) or "unnamed")[:64]
+        items.append(item)
+        calls.append(call)
+    return items, calls
+
+
+def cut_replayed_arguments(items: list[dict[str, Any]], call_ids: set[str], max_chars: int) -> list[dict[str, Any]]:
+    """Cut the ``arguments`` of the given calls (ones that never ran) to ``max_chars`` with a marker.
+
+    Case E16: a model can emit arguments longer than the API accepts back; the
+    history must stay replayable. Calls that ran keep their arguments as sent.
+    """
+    out = []
+    for item in items:
+        args = item.get("arguments")
+        if item.get("type") == "function_call" and item.get("call_id") in call_ids and isinstance(args, str) \
+                and len(args) > max_chars:
+            item = {**item, "arguments": args[:max_chars] + f"...[cut: {len(args)} characters in all]"}
+        out.append(item)
+    return out

@@ -27,7 +27,8 @@ from worker.arguments import validate_params, validate_tool_arguments
 from worker.contract import AbortSignal, ToolContext, ToolResult, TurnAborted, WorkerTool
 from worker.dispatch import Batch, PlannedCall, plan_batches
 from worker.gateway import GatewayError, ModelReply, ResponsesClient
-from worker.items import cap_output, function_call_output, output_text, user_message
+from worker.items import (cap_output, cut_replayed_arguments, function_call_output, normalize_reply_calls,
+                          output_text, user_message)
 from worker.schemas import collect_tool_definitions
 from worker.settings import Settings
 from worker.turn import TurnRequest, TurnStatus
@@ -172,8 +173,8 @@ class TurnEngine:
             self.store.event(turn_id, "model_reply", step=step, status=reply.status, text=reply.text[:1000],
                              calls=len(reply.function_calls), ms=round((time.perf_counter() - started) * 1000, 1))
         reply = ModelReply.from_json(reply_data)
-        reply_items = [self._clean_item(i) for i in reply.output]
-        calls = reply.function_calls
+        history_ids = {i.get("call_id") for i in self.store.items(turn_id) if i.get("type") == "function_call"}
+        reply_items, calls = normalize_reply_calls([self._clean_item(i) for i in reply.output], history_ids)
         if not calls and request.finish_tool:
             return self._prose_without_finish(turn_id, step, state, request, reply_items)
         if not calls:
@@ -186,6 +187,8 @@ class TurnEngine:
 
         planned, pre_results, invalid_counts = self._plan(turn_id, state, tools, calls, reply.status)
         batches = plan_batches(planned)
+        reply_items = cut_replayed_arguments(reply_items, {c.call_id for c in planned if not c.runnable},
+                                             self.settings.max_replay_arguments)
         try:
             self.store.begin_tools(turn_id, step, reply_items, planned, batches, pre_results, invalid_counts)
         except StaleStep:
@@ -256,12 +259,16 @@ class TurnEngine:
         invalid_counts = dict(state.invalid_counts)
         planned: list[PlannedCall] = []
         pre: dict[str, dict[str, Any]] = {}
-        seen: set[str] = set()
         for i, fc in enumerate(calls):
-            call_id, name = fc.get("call_id") or f"missing_{i}", fc.get("name", "")
-            if call_id in seen:  # a duplicated call_id would get two outputs: answer it once
+            call_id, name = fc["call_id"], fc["name"]
+            if fc.get("duplicate_of"):
+                # Cases E06/E07: a repeated call_id would rebind outputs; the copy gets its own id and does not run.
+                out = (f"Error: this call repeated call_id {fc['duplicate_of']!r}; it did not run. "
+                       "Every call needs its own call_id.")
+                planned.append(PlannedCall(call_id, name, i, output=out, activity=f"Duplicate call of {name}",
+                                           error_kind="duplicate_call_id"))
+                pre[call_id] = {"output": out, "is_error": True, "details": {"error": "duplicate_call_id"}}
                 continue
-            seen.add(call_id)
             tool = by_name.get(name)
             if tool is None:
                 available = ", ".join(sorted(by_name)) or "(none)"

@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     max_invalid_calls_per_tool: int = 2
     max_output_chars: int = 32_000
     max_raw_arguments_echo: int = 2_000
+    # Arguments of a call that did not run are recorded cut to this many characters (case E16).
+    max_replay_arguments: int = 20_000
     turn_deadline: float = 900.0
     tool_time_limit: float = 300.0
 
