@@ -44,6 +44,7 @@ import argparse
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -148,14 +149,32 @@ def load_demo_scripts(gateway: Any, folder: Path | None = None) -> None:
         gateway.add_script(data.get("name", name), data["steps"])
 
 
+@dataclass
+class WorkflowDemoReport:
+    """What the demo did; true (``bool(report)``) when the task succeeded and the follow-up turn completed."""
+
+    agent_id: str
+    main_turn: str
+    task: WorkflowTask
+    followup_turn: str
+    followup_output: str | None
+    followup_status: str
+
+    def __bool__(self) -> bool:
+        return self.task.status == "succeeded" and self.followup_status == "completed"
+
+
 def run_workflow_demo(control: ControlPlane, *, agent_id: str | None = None, timeout: float = 120.0,
-                      out: Callable[[str], Any] = print) -> dict[str, Any]:
+                      out: Callable[[str], Any] | None = None, console: Any = None) -> WorkflowDemoReport:
     """Run the workflow demo (steps in the module docstring) against running workers and gateway.
 
     The gateway must serve the three ``demo-workflow-*`` scripts (``make run``
-    loads ``scripts/``). Returns ``{"agent_id", "main_turn", "task", "followup_turn",
-    "followup_output"}``; raises ``ControlPlaneError`` on a timeout.
+    loads ``scripts/``). Progress lines go to ``out`` (default ``print``) or a
+    rich ``console`` (printed without markup). Returns a ``WorkflowDemoReport``;
+    raises ``ControlPlaneError`` on a timeout.
     """
+    if out is None:
+        out = (lambda line: console.print(line, markup=False)) if console is not None else print
     client = WorkflowClient(control)
     agent = agent_id or f"demo-wf-{uuid.uuid4().hex[:6]}"
     for pid, title, text in DEMO_PAGES:
@@ -170,6 +189,10 @@ def run_workflow_demo(control: ControlPlane, *, agent_id: str | None = None, tim
     if not tasks:
         raise ControlPlaneError(f"the main turn {main} started no workflow task ({view.status.value}: {view.error})")
     task = client.wait(tasks[0].task_id, timeout=timeout)
+    for att in task.attempts:
+        for ev in control.events(att["turn_id"]):
+            if ev.get("kind") == "call_completed" or (ev.get("kind") == "call_planned" and ev.get("error")):
+                out(f"  task attempt {att['attempt']}: {ev.get('activity')}{' (error)' if ev.get('is_error') else ''}")
     out(f"workflow task {task.task_id}: {task.status} after {len(task.attempts)} attempt(s)")
     if task.has_result:
         out("result: " + orjson.dumps(task.result, option=orjson.OPT_INDENT_2).decode())
@@ -181,8 +204,7 @@ def run_workflow_demo(control: ControlPlane, *, agent_id: str | None = None, tim
     })
     fview = control.wait(followup, timeout=timeout)
     out(f"follow-up turn {followup}: {fview.status.value}: {fview.final_output}")
-    return {"agent_id": agent, "main_turn": main, "task": task, "followup_turn": followup,
-            "followup_output": fview.final_output}
+    return WorkflowDemoReport(agent, main, task, followup, fview.final_output, fview.status.value)
 
 
 # ----- CLI -----------------------------------------------------------------------------------

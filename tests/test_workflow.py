@@ -377,7 +377,8 @@ def test_workflow_demo(control, gateway, client):
     load_demo_scripts(gateway)
     lines: list[str] = []
     report = run_workflow_demo(control, timeout=60, out=lines.append)
-    task = report["task"]
+    assert report  # true: task succeeded and the follow-up turn completed
+    task = report.task
     assert task.status == "succeeded", task.error
     assert task.result["tides_per_day"] == 2 and "Fundy" in task.result["highest_tide_place"]
     turn_id = task.attempts[0]["turn_id"]
@@ -387,7 +388,7 @@ def test_workflow_demo(control, gateway, client):
     assert "remaining (call get_page with offset=600" in outs[1]
     assert "End of page." in outs[2]
     assert "did not run" in outs[4] and "result.tides_per_day" in outs[4]  # rejected, then corrected
-    assert "succeeded" in report["followup_output"] or "Fundy" in report["followup_output"]
-    follow = outputs(control, report["followup_turn"])
+    assert "succeeded" in report.followup_output or "Fundy" in report.followup_output
+    follow = outputs(control, report.followup_turn)
     assert orjson.loads(follow[0])["result"] == task.result
     assert any("succeeded" in line for line in lines)
