@@ -300,3 +300,24 @@ def test_fire_task_is_idempotent_per_slot_and_skips_cancelled(control, gateway, 
     final = store.get(sid)
     assert final["status"] == "cancelled" and final["runs"] == 1
     assert control.store.agent_turns(agent_id) == [first["last_turn_id"]]
+
+
+def test_jobs_demo_runs_end_to_end(control, gateway, beat):
+    """``make run DEMO=jobs``'s function with the JSON scripts in scripts/: the scheduled turn fires and
+    completes, the background job completes, and the report says so."""
+    from tasks.scheduler import run_schedule_and_job_demo
+
+    gateway.load_dir(ROOT / "scripts")
+    lines: list[str] = []
+    report = run_schedule_and_job_demo(control, timeout=60, out=lines.append)
+    assert report, report.lines()
+    assert report.main["status"] == "completed"
+    assert report.schedule["status"] == "done" and report.schedule["runs"] == 1
+    assert report.scheduled_turn["final_output"].startswith("Check-in:")
+    assert report.job["output"].startswith("Plan drafted in plan.md")
+    assert (Path(os.environ["AGENT_HOMES_ROOT"]) / report.agent_id / "plan.md").read_text().startswith("# Release plan")
+    # The scheduled turn saw the job through job_list (it inherits spawn_jobs from the main turn).
+    listed = orjson.loads(outputs(control, report.scheduled_turn["turn_id"])[0])["jobs"]
+    assert [j["job_id"] for j in listed] == [report.job["job_id"]]
+    assert any(line.startswith("background job ") for line in lines)
+    print("\n" + "\n".join(report.lines()))
