@@ -19,10 +19,12 @@ def text_turn_tools(ctx: TurnContext) -> list[WorkerTool]:
     """The main text-turn tool set: todo, computer, web, schedule, background job, workflow tools."""
     from worker.tools.computer import create_computer_tools
     from worker.tools.todo import create_todo_tool
+    from worker.tools.web import create_web_tools
 
     tools: list[WorkerTool] = [
         create_todo_tool(ctx),
         *create_computer_tools(ctx),
+        *create_web_tools(ctx),
     ]
     from worker.tools.background_jobs import create_background_job_tools
     from worker.tools.schedule import create_schedule_tools
