@@ -10,12 +10,15 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from worker.turn import TurnRequest, TurnStatus
 from worker.turn_store import TurnStore
+
+if TYPE_CHECKING:
+    from tasks.workflow import WorkflowClient
 
 
 class ControlPlaneError(RuntimeError):
@@ -88,6 +91,12 @@ class ControlPlane:
     def events(self, turn_id: str, after: str = "0-0") -> list[dict[str, Any]]:
         """Activity events (``kind``, ``at`` and fields) in order."""
         return [e for _, e in self.store.events(turn_id, after=after)]
+
+    def workflows(self) -> "WorkflowClient":
+        """Workflow tasks and Brain pages (``tasks.workflow.WorkflowClient``)."""
+        from tasks.workflow import WorkflowClient
+
+        return WorkflowClient(self)
 
     def cancel(self, turn_id: str) -> bool:
         """Ask the turn to stop: running tools see the abort signal, the next step boundary ends it.
