@@ -136,8 +136,13 @@ def server():
     httpd.server_close()
 
 
+# Explicit values: the suite's environment binds web profiles for the worker tests.
+UNBOUND = {"web_search_url": None, "web_search_key": None, "web_fetch_enabled": False,
+           "web_fetch_allow_loopback": False}
+
+
 def tools_for(**settings) -> dict[str, WorkerTool]:
-    ctx = TurnContext(turn_id="t", agent_id="a", home=Path("/tmp"), settings=Settings(**settings))
+    ctx = TurnContext(turn_id="t", agent_id="a", home=Path("/tmp"), settings=Settings(**{**UNBOUND, **settings}))
     return {t.name: t for t in create_web_tools(ctx)}
 
 

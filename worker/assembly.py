@@ -10,30 +10,33 @@ from __future__ import annotations
 import logging
 
 from worker.contract import WorkerTool
+from worker.tools.background_jobs import create_background_job_tools
+from worker.tools.brain import create_brain_tools
+from worker.tools.computer import create_computer_tools
+from worker.tools.schedule import create_schedule_tools
+from worker.tools.submit_result import create_submit_result_tool
+from worker.tools.todo import create_todo_tool
+from worker.tools.web import create_web_tools
+from worker.tools.workflow import create_workflow_tools
 from worker.turn_context import TurnContext
 
 log = logging.getLogger("agent.assembly")
 
 
 def text_turn_tools(ctx: TurnContext) -> list[WorkerTool]:
-    """The main text-turn tool set: todo, computer, web, schedule, background job, workflow tools."""
-    from worker.tools.computer import create_computer_tools
-    from worker.tools.todo import create_todo_tool
-    from worker.tools.web import create_web_tools
-
+    """The main text-turn tool set, in the spec's order: todo, computer, web, schedule,
+    background job and workflow tools. Each creator returns ``[]`` when its
+    prerequisites are absent (no web profile bound, the turn may not spawn jobs,
+    a workflow task turn never gets workflow tools).
+    """
     tools: list[WorkerTool] = [
         create_todo_tool(ctx),
         *create_computer_tools(ctx),
         *create_web_tools(ctx),
+        *create_schedule_tools(ctx),
+        *create_background_job_tools(ctx),
+        *create_workflow_tools(ctx),
     ]
-    from worker.tools.background_jobs import create_background_job_tools
-    from worker.tools.schedule import create_schedule_tools
-
-    tools += [*create_schedule_tools(ctx), *create_background_job_tools(ctx)]
-    if not ctx.workflow_task:
-        from worker.tools.workflow import create_workflow_tools
-
-        tools += [*create_workflow_tools(ctx)]
     log.info("turn %s tools: %s", ctx.turn_id, ", ".join(t.name for t in tools))
     return tools
 
@@ -49,10 +52,6 @@ def workflow_task_tools(ctx: TurnContext) -> list[WorkerTool]:
 
     Raises ``ValueError`` when the turn has no ``metadata.result_schema``.
     """
-    from worker.tools.brain import create_brain_tools
-    from worker.tools.submit_result import create_submit_result_tool
-    from worker.tools.web import create_web_tools
-
     tools: list[WorkerTool] = [
         *create_web_tools(ctx),
         *create_brain_tools(ctx),
