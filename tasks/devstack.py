@@ -4,7 +4,7 @@
 - Model: ``OPENAI_BASE_URL`` (+ ``OPENAI_API_KEY``, ``OPENAI_MODEL``) if set, else the
   scripted gateway playing ``scripts/<demo>.json``.
 - Workers: one ``celery worker`` (prefork, 2 processes) serving every queue, and
-  celery beat (redbeat) for the schedule demo.
+  celery beat (redbeat) firing schedules and the watchdog sweep.
 Everything started here is stopped on exit, also on Ctrl-C.
 """
 
@@ -79,7 +79,7 @@ def _wait_worker(timeout: float = 40) -> None:
     raise RuntimeError("the Celery worker did not come up; see var/logs/worker.log")
 
 
-def start_stack(stack: Stack, demo: str, beat: bool) -> None:
+def start_stack(stack: Stack, demo: str) -> None:
     from tasks.embedded_redis import EmbeddedRedis, free_port
 
     if not os.environ.get("REDIS_URL"):
@@ -104,11 +104,10 @@ def start_stack(stack: Stack, demo: str, beat: bool) -> None:
     get_settings.cache_clear()
     stack.spawn("worker", [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-Q",
                            "turns,tools,background,workflow", "-c", "2", "-l", "INFO", "-n", f"demo-{uuid.uuid4().hex[:4]}@%h"])
-    if beat:
-        stack.spawn("beat", [sys.executable, "-m", "celery", "-A", "tasks.app", "beat", "-S",
-                             "redbeat.RedBeatScheduler", "--max-interval", "1", "-l", "INFO"])
+    stack.spawn("beat", [sys.executable, "-m", "celery", "-A", "tasks.app", "beat", "-S",
+                         "redbeat.RedBeatScheduler", "--max-interval", "1", "-l", "INFO"])
     _wait_worker()
-    console.print("worker up: queues turns, tools, background, workflow\n")
+    console.print("worker up: queues turns, tools, background, workflow; beat (redbeat) up\n")
 
 
 def seed_home(agent_id: str) -> Path:
@@ -147,7 +146,7 @@ def run(demo: str = typer.Option("demo", help="demo to run: demo, workflow or jo
     stack = Stack()
     ok = False
     try:
-        start_stack(stack, demo if demo != "jobs" else "jobs-main", beat=(demo == "jobs"))
+        start_stack(stack, demo if demo != "jobs" else "jobs-main")
         if demo == "demo":
             ok = run_basic_demo()
         elif demo == "workflow":
