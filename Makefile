@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test bench clean worker flower node
+.PHONY: install run test bench clean worker flower node redis
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 MCPORTER := var/node/node_modules/.bin/mcporter
@@ -37,6 +37,9 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/arguments.py
 	$(PY) bench/turn_overhead.py
+
+redis: $(STAMP)
+	$(PY) -m tasks.embedded_redis --port 6390
 
 worker: $(STAMP)
 	$(VENV)/bin/celery -A tasks.app worker -Q turns,tools,background,workflow -l INFO

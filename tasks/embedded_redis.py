@@ -92,3 +92,24 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def main() -> None:
+    """``python -m tasks.embedded_redis [--port N]``: run an embedded Redis in the foreground until Ctrl-C."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, default=6390)
+    args = parser.parse_args()
+    srv = EmbeddedRedis(args.port)
+    print(f"export REDIS_URL={srv.start()}", flush=True)
+    try:
+        srv.proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    main()
