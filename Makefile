@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test bench clean worker flower node redis
+.PHONY: install run test bench clean worker flower node redis stack
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 MCPORTER := var/node/node_modules/.bin/mcporter
@@ -38,10 +38,15 @@ bench: $(STAMP)
 	$(PY) bench/arguments.py
 	$(PY) bench/turn_overhead.py
 
+stack: $(STAMP)
+	-@$(MAKE) --no-print-directory node
+	AGENT_COMMAND_EXTRA_PATH=$(CURDIR)/var/node/node_modules/.bin $(PY) -m tasks.devstack --serve
+
 redis: $(STAMP)
 	$(PY) -m tasks.embedded_redis --port 6390
 
 worker: $(STAMP)
+	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
 	$(VENV)/bin/celery -A tasks.app worker -Q turns,tools,background,workflow -l INFO
 
 flower: $(STAMP)

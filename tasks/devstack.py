@@ -140,12 +140,33 @@ def run_basic_demo() -> bool:
     return bool(final and final.get("status") == "completed")
 
 
+def serve(stack: Stack) -> None:
+    """Keep the stack up for the CLI and the Python client until Ctrl-C."""
+    console.print("\n[bold]stack is up[/]; in another shell:\n")
+    print(f"  export REDIS_URL={os.environ['REDIS_URL']} OPENAI_BASE_URL={os.environ['OPENAI_BASE_URL']} "
+          f"OPENAI_MODEL={os.environ.get('OPENAI_MODEL', '')}", flush=True)
+    console.print("  .venv/bin/agent-runtime enqueue 'list my files' --agent alice --wait\n")
+    console.print("Ctrl-C stops everything.")
+    try:
+        while all(p.poll() is None for _, p in stack.procs):
+            time.sleep(0.5)
+        console.print("[red]a process of the stack exited[/]; see var/logs/")
+    except KeyboardInterrupt:
+        pass
+
+
 @cli.command()
-def run(demo: str = typer.Option("demo", help="demo to run: demo, workflow or jobs")) -> None:
-    """Start the stack, run the demo turn, print its transcript, stop everything."""
+def run(demo: str = typer.Option("demo", help="demo to run: demo, workflow or jobs"),
+        keep: bool = typer.Option(False, "--serve", help="start the stack and keep it up (no demo)")) -> None:
+    """Start the stack, run the demo turn, print its transcript, stop everything (or keep it up with --serve)."""
     stack = Stack()
     ok = False
     try:
+        if keep:
+            start_stack(stack, demo)
+            serve(stack)
+            ok = True
+            return
         start_stack(stack, demo if demo != "jobs" else "jobs-main")
         if demo == "demo":
             ok = run_basic_demo()

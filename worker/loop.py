@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from worker.arguments import validate_params, validate_tool_arguments
+import orjson
+
+from worker.arguments import ArgumentsOutcome, validate_params, validate_tool_arguments
 from worker.contract import AbortSignal, ToolContext, ToolResult, TurnAborted, WorkerTool
 from worker.dispatch import Batch, PlannedCall, plan_batches
 from worker.gateway import GatewayError, ModelReply, ResponsesClient
@@ -278,8 +280,16 @@ class TurnEngine:
                                            error_kind="unknown_tool"))
                 pre[call_id] = {"output": out, "is_error": True, "details": {"error": "unknown_tool"}}
                 continue
-            outcome = validate_tool_arguments(tool, fc.get("arguments", ""), response_status=reply_status,
-                                              max_raw_echo=self.settings.max_raw_arguments_echo)
+            try:
+                outcome = validate_tool_arguments(tool, fc.get("arguments", ""), response_status=reply_status,
+                                                  max_raw_echo=self.settings.max_raw_arguments_echo)
+                if outcome.ok:
+                    orjson.dumps(outcome.data)  # must be storable (e.g. no lone surrogates)
+            except Exception as exc:  # defence in depth: bad input never crashes the turn
+                log.exception("validating arguments of %s in turn %s", name, turn_id)
+                outcome = ArgumentsOutcome(ok=False, error_kind="parse", error=(
+                    f"Could not use the arguments for tool {name}: they could not be processed "
+                    f"({exc.__class__.__name__}). Send a corrected call with a plain JSON object."))
             if not outcome.ok:
                 # Every kind (cut off, unparseable, failing validation) spends the tool's retry budget.
                 invalid_counts[name] = invalid_counts.get(name, 0) + 1
