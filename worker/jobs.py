@@ -33,11 +33,10 @@ false in their request), so jobs never fan out recursively.
 from __future__ import annotations
 
 import hashlib
-import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-import orjson
+from worker.agent_records import AT_CAP, EXISTED, AgentRecords
 
 MAX_ACTIVE_JOBS_PER_AGENT = 5
 FINISHED = ("completed", "terminated", "failed", "cancelled", "max_model_calls", "invalid_arguments")
@@ -55,51 +54,27 @@ def job_key(job_id: str) -> str:
     return f"job:{job_id}"
 
 
-def _all_key(agent_id: str) -> str:
-    return f"agent:{agent_id}:jobs"
-
-
-def _active_key(agent_id: str) -> str:
-    return f"agent:{agent_id}:jobs:active"
-
-
 def job_id_for(turn_id: str, call_id: str) -> str:
     """Deterministic id for the job started by one call: a re-run of the call finds the same job."""
     return "job_" + hashlib.sha1(f"{turn_id}:{call_id}".encode()).hexdigest()[:16]
 
 
-_CREATE_LUA = """
-local rec_key, active_key, all_key = KEYS[1], KEYS[2], KEYS[3]
-local cap, id, rec, score = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-if redis.call('EXISTS', rec_key) == 1 then return 2 end
-if redis.call('SCARD', active_key) >= cap then return 0 end
-redis.call('SET', rec_key, rec)
-redis.call('SADD', active_key, id)
-redis.call('ZADD', all_key, score, id)
-return 1
-"""
-
-
 class JobStore:
-    """Job records over a ``redis.Redis`` client."""
+    """Job records over a ``redis.Redis`` client (``worker.agent_records`` holds the keys and the cap)."""
 
     def __init__(self, client: Any):
         self.r = client
-        self._create = client.register_script(_CREATE_LUA)
+        self._records = AgentRecords(client, "job", lambda rec: rec["status"] not in FINISHED)
 
     def get(self, job_id: str) -> dict[str, Any] | None:
-        raw = self.r.get(job_key(job_id))
-        return orjson.loads(raw) if raw else None
+        return self._records.get(job_id)
 
     def list(self, agent_id: str, limit: int = 50) -> list[dict[str, Any]]:
         """The agent's jobs, newest first."""
-        ids = [x.decode() if isinstance(x, bytes) else x for x in self.r.zrevrange(_all_key(agent_id), 0, limit - 1)]
-        if not ids:
-            return []
-        return [orjson.loads(x) for x in self.r.mget([job_key(i) for i in ids]) if x]
+        return self._records.list(agent_id, limit)
 
     def active_count(self, agent_id: str) -> int:
-        return int(self.r.scard(_active_key(agent_id)))
+        return self._records.active_count(agent_id)
 
     def create(self, *, job_id: str, agent_id: str, title: str, instructions: str, input: str, turn_id: str,
                parent_turn_id: str, cap: int = MAX_ACTIVE_JOBS_PER_AGENT) -> tuple[dict[str, Any], bool]:
@@ -108,11 +83,10 @@ class JobStore:
         rec = {"job_id": job_id, "agent_id": agent_id, "title": title, "instructions": instructions, "input": input,
                "turn_id": turn_id, "parent_turn_id": parent_turn_id, "status": "queued", "created_at": _now_iso(),
                "finished_at": None, "output": None, "error": None}
-        res = int(self._create(keys=[job_key(job_id), _active_key(agent_id), _all_key(agent_id)],
-                               args=[cap, job_id, orjson.dumps(rec), time.time()]))
-        if res == 2:
+        res = self._records.create(job_id, agent_id, rec, cap)
+        if res == EXISTED:
             return self.get(job_id) or rec, False
-        if res == 0:
+        if res == AT_CAP:
             raise JobError(f"this agent already has {cap} unfinished background jobs (the maximum): wait for one to "
                            "finish (job_status) or cancel one (job_cancel).")
         return rec, True
@@ -120,39 +94,11 @@ class JobStore:
     def update(self, job_id: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any] | None:
         """Apply ``change(record) -> fields`` atomically; a finished status leaves the active set.
         Returns the new record, or None (no record, or ``change`` returned None)."""
-        key = job_key(job_id)
-        out: dict[str, Any] | None = None
-
-        def txn(pipe: Any) -> None:
-            nonlocal out
-            raw = pipe.get(key)
-            out = None
-            if not raw:
-                return
-            rec = orjson.loads(raw)
-            fields = change(dict(rec))
-            if fields is None:
-                return
-            rec.update(fields)
-            pipe.multi()
-            pipe.set(key, orjson.dumps(rec))
-            if rec["status"] in FINISHED:
-                pipe.srem(_active_key(rec["agent_id"]), job_id)
-            out = rec
-
-        self.r.transaction(txn, key)
-        return out
+        return self._records.update(job_id, change)
 
     def remove(self, job_id: str) -> None:
         """Forget a record whose turn could not be enqueued."""
-        rec = self.get(job_id)
-        if rec is None:
-            return
-        p = self.r.pipeline(transaction=True)
-        p.delete(job_key(job_id))
-        p.srem(_active_key(rec["agent_id"]), job_id)
-        p.zrem(_all_key(rec["agent_id"]), job_id)
-        p.execute()
+        self._records.remove(job_id)
 
     def record_finished(self, job_id: str, status: str, output: str | None, error: str | None) -> dict[str, Any] | None:
         """Record the job turn's end (first call wins; a repeat returns None)."""

@@ -46,13 +46,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-import orjson
+
+from worker.agent_records import AT_CAP, EXISTED, AgentRecords
 
 MAX_ACTIVE_PER_AGENT = 20
 MAX_CHAIN_DEPTH = 10
@@ -174,28 +174,8 @@ def cron_slot(expr: str, at: datetime | None = None) -> datetime:
 
 
 # ----- the store ------------------------------------------------------------
-_CREATE_LUA = """
-local rec_key, active_key, all_key = KEYS[1], KEYS[2], KEYS[3]
-local cap, id, rec, score = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-if redis.call('EXISTS', rec_key) == 1 then return 2 end
-if redis.call('SCARD', active_key) >= cap then return 0 end
-redis.call('SET', rec_key, rec)
-redis.call('SADD', active_key, id)
-redis.call('ZADD', all_key, score, id)
-return 1
-"""
-
-
 def schedule_key(schedule_id: str) -> str:
     return f"schedule:{schedule_id}"
-
-
-def _active_key(agent_id: str) -> str:
-    return f"agent:{agent_id}:schedules:active"
-
-
-def _all_key(agent_id: str) -> str:
-    return f"agent:{agent_id}:schedules"
 
 
 def schedule_id_for(turn_id: str, call_id: str) -> str:
@@ -210,38 +190,31 @@ class CreateOutcome:
 
 
 class ScheduleStore:
-    """Schedule records over a ``redis.Redis`` client (bytes or str responses both work)."""
+    """Schedule records over a ``redis.Redis`` client (``worker.agent_records`` holds the keys and the cap)."""
 
     def __init__(self, client: Any):
         self.r = client
-        self._create = client.register_script(_CREATE_LUA)
+        self._records = AgentRecords(client, "schedule", lambda rec: rec["status"] == "active")
 
     def get(self, schedule_id: str) -> dict[str, Any] | None:
-        raw = self.r.get(schedule_key(schedule_id))
-        return orjson.loads(raw) if raw else None
+        return self._records.get(schedule_id)
 
     def list(self, agent_id: str, limit: int = 100) -> list[dict[str, Any]]:
         """The agent's schedules, newest first (at most ``limit``)."""
-        ids = [x.decode() if isinstance(x, bytes) else x for x in self.r.zrevrange(_all_key(agent_id), 0, limit - 1)]
-        if not ids:
-            return []
-        raws = self.r.mget([schedule_key(i) for i in ids])
-        return [orjson.loads(x) for x in raws if x]
+        return self._records.list(agent_id, limit)
 
     def active_count(self, agent_id: str) -> int:
-        return int(self.r.scard(_active_key(agent_id)))
+        return self._records.active_count(agent_id)
 
     def create(self, record: dict[str, Any], cap: int = MAX_ACTIVE_PER_AGENT) -> CreateOutcome:
         """Store a new active record atomically with the per-agent cap.
 
         Raises ``ScheduleError`` when the agent already has ``cap`` active schedules.
         """
-        res = int(self._create(
-            keys=[schedule_key(record["schedule_id"]), _active_key(record["agent_id"]), _all_key(record["agent_id"])],
-            args=[cap, record["schedule_id"], orjson.dumps(record), time.time()]))
-        if res == 2:
+        res = self._records.create(record["schedule_id"], record["agent_id"], record, cap)
+        if res == EXISTED:
             return CreateOutcome(self.get(record["schedule_id"]) or record, False)
-        if res == 0:
+        if res == AT_CAP:
             raise ScheduleError(
                 f"this agent already has {cap} active schedules (the maximum): cancel one with schedule_cancel "
                 "before creating another.")
@@ -251,29 +224,7 @@ class ScheduleStore:
         """Apply ``change(record) -> fields`` atomically (WATCH/MULTI); keeps the active set in step
         with ``status``. Returns the new record, or None if there is none or ``change`` returned None.
         """
-        key = schedule_key(schedule_id)
-        out: dict[str, Any] | None = None
-
-        def txn(pipe: Any) -> None:
-            nonlocal out
-            raw = pipe.get(key)
-            if not raw:
-                out = None
-                return
-            rec = orjson.loads(raw)
-            fields = change(dict(rec))
-            if fields is None:
-                out = None
-                return
-            rec.update(fields)
-            pipe.multi()
-            pipe.set(key, orjson.dumps(rec))
-            if rec["status"] != "active":
-                pipe.srem(_active_key(rec["agent_id"]), schedule_id)
-            out = rec
-
-        self.r.transaction(txn, key)
-        return out
+        return self._records.update(schedule_id, change)
 
     def cancel(self, schedule_id: str, agent_id: str) -> tuple[dict[str, Any] | None, str]:
         """Cancel an active schedule of ``agent_id``. Returns ``(record, outcome)`` with outcome

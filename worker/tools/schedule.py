@@ -150,7 +150,8 @@ def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool]:
         try:
             tctx.services["save_schedule_entry"](rec)
         except Exception as exc:  # the record must not stay active without a firing entry
-            store.update(sid, lambda r: {"status": "cancelled", "next_run": None, "error": str(exc)[:300]})
+            reason = str(exc)[:300]
+            store.update(sid, lambda r: {"status": "cancelled", "next_run": None, "error": reason})
             return _error(f"the scheduler could not store the schedule: {exc.__class__.__name__}: {exc}",
                           "scheduler_unavailable")
         return ToolResult(
