@@ -216,10 +216,26 @@ def test_start_refuses_bad_schemas(client, agent):
 
     with pytest.raises(WorkflowError, match="not a valid JSON Schema"):
         client.start_workflow_task(agent_id=agent, title="x", instructions="y", result_schema={"type": "nope"})
-    with pytest.raises(WorkflowError, match="local refs"):
+    with pytest.raises(WorkflowError, match="does not resolve"):
         client.start_workflow_task(agent_id=agent, title="x", instructions="y",
-                                   result_schema={"type": "object", "properties": {"a": {"$ref": "#"}}})
+                                   result_schema={"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}})
+    with pytest.raises(WorkflowError, match="only local refs"):
+        client.start_workflow_task(agent_id=agent, title="x", instructions="y",
+                                   result_schema={"type": "object", "properties": {"a": {"$ref": "o.json#/a"}}})
     assert client.list(agent) == []
+
+
+def test_recursive_result_schema_commits(control, gateway, client, script_name, agent):
+    """A root self-reference ({"$ref": "#"}) survives the wrapper: strict submit_result, accepted, committed."""
+    steps = [submit({"name": "root", "children": [{"name": 7, "children": []}]}), submit(TREE_VALUE)]
+    task = start(client, gateway, script_name, steps, agent, result_schema=TREE)
+    assert task.strict is True and task.strict_note is None
+    done = client.wait(task.task_id)
+    assert done.status == "succeeded", done.error
+    assert done.result == TREE_VALUE and done.result_schema == TREE
+    assert "result.children[0].name" in outputs(control, done.attempts[0]["turn_id"])[0]
+    params = requests_for(gateway, script_name)[0]["tools"][-1]["parameters"]
+    assert params["$defs"]["result"]["properties"]["children"]["items"] == {"$ref": "#/$defs/result"}
 
 
 def test_open_map_schema_falls_back_to_non_strict_and_says_why(control, gateway, client, script_name, agent):
@@ -240,6 +256,158 @@ def test_defs_are_hoisted_so_refs_keep_resolving(control, gateway, client, scrip
     done = client.wait(start(client, gateway, script_name, steps, agent, result_schema=schema).task_id)
     assert done.status == "succeeded" and done.strict is True
     assert "result.items[0].n" in outputs(control, done.attempts[0]["turn_id"])[0]
+
+
+# ----- the submit_result wrapper (no worker) -----------------------------------------------
+
+TREE = {"type": "object",
+        "properties": {"name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}}},
+        "required": ["name", "children"], "additionalProperties": False}
+TREE_VALUE = {"name": "root", "children": [{"name": "leaf", "children": []}]}
+POINTER = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"$ref": "#/properties/a"}},
+           "required": ["a", "b"], "additionalProperties": False}
+# hoisted definitions that point back at the root, and a task-defined "result" the wrapper must not clobber
+DEFS_BACK_TO_ROOT = {
+    "type": "object",
+    "properties": {"label": {"$ref": "#/$defs/result"},
+                   "kids": {"type": "array", "items": {"$ref": "#/$defs/kid"}}},
+    "required": ["label", "kids"], "additionalProperties": False,
+    "$defs": {"result": {"type": "string", "minLength": 1},
+              "kid": {"type": "object", "properties": {"of": {"$ref": "#"}}, "required": ["of"],
+                      "additionalProperties": False}},
+}
+DRAFT7 = {"$schema": "http://json-schema.org/draft-07/schema#", "$id": "https://example.com/t.json",
+          "type": "object",
+          "properties": {"n": {"$ref": "#/definitions/n"}, "m": {"$ref": "#/properties/n"},
+                         "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+          "required": ["n", "m", "next"], "additionalProperties": False,
+          "definitions": {"n": {"type": "integer", "minimum": 0}}}
+# a "$ref" inside const is data: never rewritten
+CONST_REF = {"type": "object",
+             "properties": {"tag": {"const": {"$ref": "#"}}, "more": {"type": "array", "items": {"$ref": "#"}}},
+             "required": ["tag", "more"], "additionalProperties": False}
+
+WRAPPER_CASES = {
+    "root-self-ref": (TREE, [TREE_VALUE, {"name": "x", "children": []}],
+                      [{"name": "root", "children": [{"name": "leaf"}]},
+                       {"name": "root", "children": [{"name": "leaf", "children": [], "extra": 1}]},
+                       {"result": TREE_VALUE}]),
+    "pointer-into-schema": (POINTER, [{"a": "x", "b": "y"}], [{"a": "x", "b": 2}, {"a": "x"}]),
+    "defs-back-to-root": (DEFS_BACK_TO_ROOT,
+                          [{"label": "t", "kids": [{"of": {"label": "u", "kids": []}}]}],
+                          [{"label": "", "kids": []}, {"label": "t", "kids": [{"of": {"label": 3, "kids": []}}]}]),
+    "draft7-id-definitions": (DRAFT7, [{"n": 1, "m": 2, "next": {"n": 0, "m": 0, "next": None}}],
+                              [{"n": -1, "m": 2, "next": None}, {"n": 1, "m": 2, "next": {"n": 0, "m": "x", "next": None}}]),
+    "const-ref-is-data": (CONST_REF, [{"tag": {"$ref": "#"}, "more": [{"tag": {"$ref": "#"}, "more": []}]}],
+                          [{"tag": {"$ref": "#/$defs/result"}, "more": []}]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRAPPER_CASES))
+def test_wrapper_accepts_exactly_what_the_task_schema_accepts(case):
+    import jsonschema
+
+    from worker.strict import strict_violations, to_strict_schema
+    from worker.workflow import check_result_schema, result_errors, submit_result_schema
+
+    schema, good, bad = WRAPPER_CASES[case]
+    assert check_result_schema(schema) == schema
+    wrapper = submit_result_schema(schema)
+    task_v = jsonschema.validators.validator_for(schema)(schema)
+    wrap_v = jsonschema.validators.validator_for(wrapper)(wrapper)
+    strict = to_strict_schema(wrapper, tool_name="submit_result")
+    assert strict_violations(strict) == []
+    strict_v = jsonschema.validators.validator_for(strict)(strict)
+    for value in good:
+        assert task_v.is_valid(value) and wrap_v.is_valid({"result": value})
+        assert strict_v.is_valid({"result": value})  # the provider-side copy admits it too
+        assert result_errors(schema, value) == []  # commit-time check, against the persisted schema
+    for value in bad:
+        assert not task_v.is_valid(value) and not wrap_v.is_valid({"result": value})
+        assert result_errors(schema, value)
+    assert submit_result_schema(schema) == wrapper and schema == WRAPPER_CASES[case][0]  # input untouched
+
+
+def test_wrapper_rewrites_refs_into_defs_result():
+    from worker.workflow import submit_result_schema
+
+    tree = submit_result_schema(TREE)
+    assert tree["properties"]["result"]["$ref"] == "#/$defs/result"
+    assert tree["$defs"]["result"]["properties"]["children"]["items"] == {"$ref": "#/$defs/result"}
+    assert submit_result_schema(POINTER)["$defs"]["result"]["properties"]["b"] == {
+        "$ref": "#/$defs/result/properties/a"}
+    back = submit_result_schema(DEFS_BACK_TO_ROOT)
+    assert back["properties"]["result"]["$ref"] == "#/$defs/result_1"
+    assert back["$defs"]["result"] == {"type": "string", "minLength": 1}  # the task's own, kept
+    assert back["$defs"]["kid"]["properties"]["of"] == {"$ref": "#/$defs/result_1"}
+    assert back["$defs"]["result_1"]["properties"]["label"] == {"$ref": "#/$defs/result"}
+    draft7 = submit_result_schema(DRAFT7)
+    assert "$id" not in draft7["$defs"]["result"] and draft7["$schema"] == DRAFT7["$schema"]
+    assert draft7["$defs"]["result"]["properties"]["n"] == {"$ref": "#/definitions/n"}
+    assert draft7["$defs"]["result"]["properties"]["m"] == {"$ref": "#/$defs/result/properties/n"}
+    assert submit_result_schema(CONST_REF)["$defs"]["result"]["properties"]["tag"] == {"const": {"$ref": "#"}}
+    # no ref into the task root: the task schema stays inline under properties.result, as before
+    plain = submit_result_schema(SCHEMA)
+    assert "$defs" not in plain and plain["properties"]["result"]["properties"] == SCHEMA["properties"]
+
+
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("case", ["root-self-ref", "pointer-into-schema", "defs-back-to-root"])
+def test_submit_result_tool_validates_like_the_task_schema(case, strict):
+    """The worker's own argument validation (worker.arguments) on the built tool, strict and not."""
+    from worker.arguments import validate_tool_arguments
+    from worker.contract import define_worker_tool
+    from worker.settings import Settings
+    from worker.tools.submit_result import create_submit_result_tool
+
+    schema, good, bad = WRAPPER_CASES[case]
+    ctx = _ctx(Settings(web_search_url=None, web_fetch_enabled=False), False)
+    ctx.metadata = {"workflow_task_id": "wf_x", "result_schema": schema}
+    tool = create_submit_result_tool(ctx)
+    assert tool.strict is True
+    if not strict:
+        tool = define_worker_tool(name=tool.name, description=tool.description, json_schema=tool.json_schema,
+                                  execute=lambda p, c: None, strict=False)
+    for value in good:
+        out = validate_tool_arguments(tool, orjson.dumps({"result": value}).decode())
+        assert out.ok, out.error
+    for value in bad:
+        out = validate_tool_arguments(tool, orjson.dumps({"result": value}).decode())
+        assert not out.ok and "result" in out.error
+
+
+@pytest.mark.parametrize("schema, match", [
+    ({"type": "object", "properties": {"a": {"$ref": "#/properties/zz"}}},
+     "'#/properties/zz' at /properties/a that does not resolve"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/zz"}}},
+     "'#/\\$defs/zz' at /properties/a that does not resolve"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/definitions/a"}}, "$defs": {"a": {}}},
+     "does not resolve"),
+    ({"type": "object", "properties": {"a": {"items": {"$ref": "#/properties/a/items/0"}}}},
+     "does not resolve"),
+    ({"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#/required"}}}, "points to a list, not a schema"),
+    ({"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}}, "non-local \\$ref"),
+    ({"type": "object", "properties": {"a": {"$ref": "#foo"}}}, "anchor \\$ref"),
+    ({"type": "object", "properties": {"a": {"$id": "https://x/a", "type": "string"}}},
+     "declares an \\$id at /properties/a"),
+    ({"type": "object", "properties": {"a": {"$dynamicRef": "#meta"}}}, "uses \\$dynamicRef"),
+])
+def test_check_result_schema_refuses_refs_it_cannot_carry(schema, match):
+    from worker.workflow import WorkflowError, check_result_schema
+
+    with pytest.raises(WorkflowError, match=match):
+        check_result_schema(schema)
+
+
+def test_start_refuses_an_unresolvable_ref_before_any_attempt():
+    from worker.workflow import WorkflowError, WorkflowService
+
+    enqueued = []
+    svc = WorkflowService(redis=None, enqueue_turn=lambda req, turn_id: enqueued.append(turn_id))
+    with pytest.raises(WorkflowError, match="does not resolve"):
+        svc.start(agent_id="a", title="t", instructions="i",
+                  result_schema={"type": "object", "properties": {"b": {"$ref": "#/properties/a"}}})
+    assert enqueued == []
 
 
 # ----- the catalog --------------------------------------------------------------------------

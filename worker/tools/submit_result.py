@@ -4,7 +4,10 @@ Built per turn from the turn's metadata (``metadata.result_schema`` and
 ``metadata.workflow_task_id``, set by ``worker.workflow.WorkflowService``).
 Its parameters are a RAW JSON Schema wrapping the task's result schema
 (``worker.workflow.submit_result_schema``: ``{"result": <task schema>}``,
-``additionalProperties: false``), sent with ``strict: true`` (spec, "Schema
+``additionalProperties: false``; a task schema that refers to its own root,
+such as a recursive ``{"$ref": "#"}``, is moved to the wrapper's
+``$defs.result`` with its refs rewritten, so the wrapper accepts exactly what
+the task schema accepts), sent with ``strict: true`` (spec, "Schema
 collection": "Workflow creates submit_result with a raw schema that wraps the
 task's result schema, and sends it in strict mode"). When the task schema
 cannot be expressed in strict mode (an open map, an untyped value...), the
@@ -16,7 +19,8 @@ every keyword) before ``execute`` runs (``worker.arguments``): a rejected
 submission is an error output naming each failing field and the turn goes
 on. An accepted one returns ``ToolResult(terminate=True, details={"submitted":
 value})`` and is kept on the task's attempt; the control plane validates it
-again against the persisted schema before it commits (``tasks.hooks``).
+again against the persisted schema itself, unwrapped, before it commits
+(``tasks.hooks``, ``worker.workflow.result_errors``).
 """
 
 from __future__ import annotations
