@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import stat
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,6 +15,7 @@ import pytest
 
 from worker.contract import AbortSignal, ToolContext, ToolResult, WorkerTool
 from worker.settings import Settings
+from worker.tools import computer
 from worker.tools.computer import create_computer_tools
 from worker.turn_context import TurnContext
 
@@ -364,3 +369,235 @@ def test_search_files(home):
     assert s.completed_activity(p, r) == "Found 3 matches for 'foo' in src"
     r = call(s, home, pattern="zzz")
     assert not r.is_error and "No matches" in r.content
+
+
+# ----------------------------------------------------------------- regressions: special files, long paths
+
+
+def call_bounded(tool: WorkerTool, home: Path, seconds: float = 5.0, **params) -> ToolResult:
+    """``call`` in a daemon thread: a hang fails the test instead of blocking the run."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["r"] = call(tool, home, **params)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            box["e"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{tool.name} {params} hung for {seconds}s"
+    if "e" in box:
+        raise box["e"]  # type: ignore[misc]
+    return box["r"]  # type: ignore[return-value]
+
+
+@pytest.fixture
+def fifo(home: Path):
+    f = home / "f"
+    os.mkfifo(f)
+    (home / "flink").symlink_to("f")
+    yield f
+    # Should a tool still be blocked on the FIFO (the test failed), open the other end to release it.
+    for flags in (os.O_RDONLY | os.O_NONBLOCK, os.O_WRONLY | os.O_NONBLOCK):
+        try:
+            os.close(os.open(f, flags))
+        except OSError:
+            pass
+
+
+def test_fifo_is_refused_without_blocking(home, fifo):
+    tools = make_tools(home)
+    for path in ("f", "flink"):
+        r = call_bounded(tools["read_file"], home, path=path)
+        assert r.is_error and "FIFO" in r.content and "not a regular file" in r.content
+    r = call_bounded(tools["write_file"], home, path="f", content="x")  # no reader: must not block
+    assert r.is_error and "FIFO" in r.content
+    r = call_bounded(tools["write_file"], home, path="flink", content="x")
+    assert r.is_error and "FIFO" in r.content
+    r = call_bounded(tools["edit_file"], home, path="f", old_string="a", new_string="b")
+    assert r.is_error and "not a regular file" in r.content
+    r = call_bounded(tools["search_files"], home, pattern="x")
+    assert not r.is_error and "No matches" in r.content
+    r = call_bounded(tools["search_files"], home, pattern="x", path="f")
+    assert not r.is_error
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still a FIFO, untouched
+
+
+def test_write_to_fifo_with_a_reader_is_refused(home, fifo):
+    # Even when the open would succeed (a reader is waiting), nothing is written into the pipe.
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        r = call_bounded(make_tools(home)["write_file"], home, path="f", content="payload")
+        assert r.is_error and "FIFO" in r.content
+        try:
+            leaked = os.read(reader, 100)
+        except BlockingIOError:
+            leaked = b""
+        assert leaked == b""
+    finally:
+        os.close(reader)
+
+
+def test_socket_file_is_refused(home):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.getcwd()
+    try:
+        os.chdir(home)  # short relative name: AF_UNIX paths are limited to ~108 bytes
+        sock.bind("s.sock")
+    finally:
+        os.chdir(old)
+    try:
+        tools = make_tools(home)
+        r = call_bounded(tools["read_file"], home, path="s.sock")
+        assert r.is_error and "socket" in r.content
+        r = call_bounded(tools["write_file"], home, path="s.sock", content="x")
+        assert r.is_error and "socket" in r.content
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("path", ["a" * 5000, "d/" * 3000 + "x"])
+def test_overlong_paths_are_error_results(home, path):
+    tools = make_tools(home)
+    params = {
+        "read_file": {"path": path},
+        "write_file": {"path": path, "content": "x"},
+        "edit_file": {"path": path, "old_string": "a", "new_string": "b"},
+        "list_files": {"path": path},
+        "search_files": {"pattern": "a", "path": path},
+        "run_command": {"command": "true", "cwd": path},
+    }
+    for name, p in params.items():
+        r = call(tools[name], home, **p)  # must not raise OSError(ENAMETOOLONG)
+        assert r.is_error, name
+        assert "too long" in r.content, (name, r.content)
+        assert len(r.content) < 300, name
+
+
+# ----------------------------------------------------------------- regressions: search ReDoS
+
+
+def test_search_pattern_timeout_gives_clear_error(home, monkeypatch):
+    monkeypatch.setattr(computer, "SEARCH_PATTERN_TIMEOUT", 0.5)
+    (home / "evil.txt").write_text("a" * 40 + "!\n")
+    t0 = time.monotonic()
+    r = call_bounded(make_tools(home)["search_files"], home, seconds=20, pattern="(a|aa)+$")
+    assert time.monotonic() - t0 < 5
+    assert r.is_error and "pattern too slow; simplify it" in r.content
+    # The same file with a sane pattern still works.
+    r = call(make_tools(home)["search_files"], home, pattern="a+!")
+    assert not r.is_error and "evil.txt:1:" in r.content
+
+
+def _slow_lines(home: Path) -> None:
+    # Each line costs (a|aa)+$ some tens of ms; all of them together far more than any budget here.
+    (home / "slow.txt").write_text(("a" * 24 + "!\n") * 2000)
+
+
+def test_search_budget_bounds_slow_patterns(home, monkeypatch):
+    monkeypatch.setattr(computer, "SEARCH_TIME_BUDGET", 1.0)
+    _slow_lines(home)
+    t0 = time.monotonic()
+    r = call_bounded(make_tools(home)["search_files"], home, seconds=20, pattern="(a|aa)+$")
+    assert time.monotonic() - t0 < 4
+    assert not r.is_error and r.details["timed_out"] and "time budget" in r.content
+
+
+def test_search_abort_stops_slow_pattern(home):
+    _slow_lines(home)
+    abort = AbortSignal()
+    timer = threading.Timer(0.5, abort.abort)
+    timer.start()
+    try:
+        t0 = time.monotonic()
+        r = call(make_tools(home)["search_files"], home, abort=abort, pattern="(a|aa)+$")
+        assert time.monotonic() - t0 < 5
+        assert r.is_error and "cancelled" in r.content
+    finally:
+        timer.cancel()
+
+
+# ----------------------------------------------------------------- regressions: background processes
+
+
+def _sleep_pids(home: Path, names: list[str]) -> list[int]:
+    return [int((home / n).read_text()) for n in names if (home / n).exists() and (home / n).read_text().strip()]
+
+
+def _kill_leftovers(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"sleep" not in fh.read():
+                    continue
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def _wait_dead(pids: list[int], seconds: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="descendant tracking uses Linux /proc and prctl")
+def test_background_processes_stopped_when_command_ends(home):
+    tools = make_tools(home)
+    names = ["p1", "p2", "p3"]
+    try:
+        t0 = time.monotonic()
+        r = call_bounded(
+            tools["run_command"],
+            home,
+            seconds=20,
+            command=(
+                "sleep 300 >/dev/null 2>&1 & echo $! > p1; "
+                "setsid sleep 302 >/dev/null 2>&1 & echo $! > p2; "
+                "(setsid sh -c 'sleep 303 >/dev/null 2>&1 & echo $! > p3' &); "
+                "sleep 0.3; echo started"
+            ),
+        )
+        assert time.monotonic() - t0 < 8
+        assert not r.is_error and "started" in r.content and "[exit code 0]" in r.content
+        pids = _sleep_pids(home, names)
+        assert len(pids) == 3
+        assert _wait_dead(pids) == []
+    finally:
+        _kill_leftovers(_sleep_pids(home, names))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="descendant tracking uses Linux /proc and prctl")
+def test_timeout_stops_processes_that_left_the_group(home):
+    tools = make_tools(home, command_timeout=60)
+    names = ["p5", "p6"]
+    try:
+        t0 = time.monotonic()
+        r = call_bounded(
+            tools["run_command"],
+            home,
+            seconds=20,
+            command=(
+                "setsid sleep 305 >/dev/null 2>&1 & echo $! > p5; "
+                "(trap '' TERM; exec sleep 306) & echo $! > p6; sleep 30"
+            ),
+            timeout_seconds=1,
+        )
+        assert time.monotonic() - t0 < 8
+        assert r.is_error and "timed out" in r.content
+        pids = _sleep_pids(home, names)
+        assert len(pids) == 2
+        assert _wait_dead(pids) == []  # the one ignoring SIGTERM got SIGKILL
+    finally:
+        _kill_leftovers(_sleep_pids(home, names))
+
+
+def test_exit_status_passes_through_the_runner(home):
+    tools = make_tools(home)
+    r = call(tools["run_command"], home, command="echo out; exit 7")
+    assert r.details["exit_code"] == 7 and "out" in r.content
+    r = call(tools["run_command"], home, command="kill -9 $$")
+    assert r.details["exit_code"] == -9

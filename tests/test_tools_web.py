@@ -96,6 +96,31 @@ class Handler(BaseHTTPRequestHandler):
             except (BrokenPipeError, ConnectionResetError):
                 pass
             return
+        if parts.path == "/badcs":
+            body = b"<html><body><p>hello caf\xc3\xa9</p></body></html>"
+            return self._send(200, body, "text/html; charset=x-no-such")
+        if parts.path == "/slowhdr":
+            # Headers trickle in: one line every 0.4s, never a read timeout, never done in time.
+            try:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                self.wfile.flush()
+                for i in range(int(q.get("n", ["15"])[0])):
+                    time.sleep(0.4)
+                    self.wfile.write(f"X-Slow-{i}: yes\r\n".encode())
+                    self.wfile.flush()
+                self.wfile.write(b"Content-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
+            return
+        if parts.path == "/slowhop":
+            # Each redirect hop takes 0.6s: fine per hop, too slow in total.
+            n = int(q.get("n", ["0"])[0])
+            time.sleep(0.6)
+            if n <= 0:
+                return self._send(200, b"arrived\n", "text/plain")
+            return self._send(302, b"", headers={"Location": f"/slowhop?n={n - 1}"})
         if parts.path == "/search":
             return self._send(200, orjson.dumps(SEARX), "application/json")
         if parts.path == "/search-html":
@@ -368,3 +393,47 @@ def test_search_errors(server):
     assert r.is_error and "HTTP 404" in r.content
     r = call(tools_for(web_search_url="http://127.0.0.1:1/search", web_search_key="k-secret")["web_search"], query="x")
     assert r.is_error and "could not be reached" in r.content and "k-secret" not in r.content
+
+
+# ----------------------------------------------------------------- regressions: charset, overall deadline
+
+
+def test_fetch_unknown_charset_falls_back_to_utf8(server):
+    r = call(fetch_tool(web_fetch_allow_loopback=True), url=f"{server}/badcs")
+    assert not r.is_error
+    assert "hello café" in r.content
+
+
+def test_fetch_deadline_covers_slow_headers(server):
+    tool = fetch_tool(web_fetch_allow_loopback=True, web_fetch_timeout=1.5)
+    t0 = time.monotonic()
+    r = call(tool, url=f"{server}/slowhdr")
+    elapsed = time.monotonic() - t0
+    assert elapsed < 3.0, elapsed
+    assert r.is_error and "timed out after 1.5s" in r.content
+
+
+def test_fetch_deadline_spans_redirect_hops(server):
+    tool = fetch_tool(web_fetch_allow_loopback=True, web_fetch_timeout=1.5)
+    t0 = time.monotonic()
+    r = call(tool, url=f"{server}/slowhop?n=4")  # 5 hops x 0.6s: each fine alone, 3s in all
+    elapsed = time.monotonic() - t0
+    assert elapsed < 3.0, elapsed
+    assert r.is_error and "timed out" in r.content
+    assert r.details["redirects"]  # it did follow some hops before the deadline
+    ok = call(fetch_tool(web_fetch_allow_loopback=True, web_fetch_timeout=5), url=f"{server}/slowhop?n=1")
+    assert not ok.is_error and "arrived" in ok.content
+
+
+def test_fetch_abort_during_slow_headers(server):
+    tool = fetch_tool(web_fetch_allow_loopback=True, web_fetch_timeout=30)
+    abort = AbortSignal()
+    timer = threading.Timer(0.5, abort.abort)
+    timer.start()
+    try:
+        t0 = time.monotonic()
+        r = call(tool, abort=abort, url=f"{server}/slowhdr")
+        assert time.monotonic() - t0 < 3.0
+        assert r.is_error and "cancelled" in r.content
+    finally:
+        timer.cancel()

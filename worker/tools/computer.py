@@ -5,34 +5,46 @@
 - ``run_command`` (sequential, destructive): ``bash -c <command>`` with cwd
   in the home, a minimal environment (no worker secrets), a timeout capped by
   ``settings.command_timeout`` and output capped by
-  ``settings.command_output_cap``; the whole process group is killed on
-  timeout and on abort.
+  ``settings.command_output_cap``. A command's lifetime bounds all of its
+  descendants: background processes (``cmd &``, ``nohup``, ``setsid``,
+  double forks) are stopped when the command ends, times out or is aborted
+  (see ``_RUNNER``).
 - ``read_file`` (parallel, read-only): lines ``offset..offset+limit-1``.
-- ``write_file`` (sequential, destructive): creates parent directories.
+  Only regular files are read (a FIFO, device or socket is refused, never
+  opened in a blocking way).
+- ``write_file`` (sequential, destructive): creates parent directories;
+  refuses to write to an existing non-regular file.
 - ``edit_file`` (sequential, destructive): exact string replacement.
 - ``list_files`` (parallel, read-only): a directory listing, optionally recursive.
-- ``search_files`` (parallel, read-only): regex or substring search.
+- ``search_files`` (parallel, read-only): regex or substring search, with the
+  ``regex`` package so that each match attempt has a timeout (a
+  catastrophically backtracking pattern ends with "pattern too slow").
 
 Every path goes through ``worker.tools.confine.resolve_in_home``. User errors
-(bad paths, missing files, ambiguous edits) come back as
-``ToolResult(is_error=True)`` with a message for the model; ``execute`` does
-not raise for them.
+(bad paths, missing files, ambiguous edits, special files, names too long
+for the file system) come back as ``ToolResult(is_error=True)`` with a message
+for the model; ``execute`` does not raise for them (an ``OSError`` escaping a
+tool body is turned into such a result by ``_guarded``).
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
+import functools
 import os
-import re
 import shutil
 import signal
+import stat
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import IO, Callable, Iterator
 
+import regex
 from pydantic import BaseModel, Field
 
 from worker.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
@@ -52,12 +64,16 @@ SEARCH_MAX_RESULTS = 1000
 SEARCH_MAX_FILE_BYTES = 2_000_000
 SEARCH_MAX_LINE_CHARS = 300
 SEARCH_TIME_BUDGET = 20.0  # seconds
+# Longest one regex search over one line may take (also bounded by what is left of the budget).
+SEARCH_PATTERN_TIMEOUT = 2.0  # seconds
 # Directories skipped by recursive listing and search (noise, not secrets).
 SKIP_DIRS = frozenset({".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache"})
 # Grace between SIGTERM and SIGKILL when killing a command's process group.
 KILL_GRACE = 1.0
 # After the shell exits, how long to wait for background children to release the output pipe.
 PIPE_DRAIN_GRACE = 0.5
+# Grace between SIGTERM and SIGKILL for background processes left when the shell exits.
+LEFTOVER_GRACE = 0.3
 
 # Environment variables copied from the worker into commands: locale and
 # terminal only. Everything else (API keys, Redis URLs, cloud credentials) is
@@ -83,6 +99,100 @@ def _count_lines(text: str) -> int:
     if not text:
         return 0
     return text.count("\n") + (0 if text.endswith("\n") else 1)
+
+
+_ERRNO_PHRASES = {
+    errno.ENAMETOOLONG: "path too long",
+    errno.ELOOP: "too many levels of symbolic links",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOTDIR: "a parent of the path is not a directory",
+    errno.ENOENT: "no such file or directory",
+    errno.EISDIR: "is a directory",
+    errno.ENOSPC: "no space left on the device",
+    errno.EROFS: "read-only file system",
+    errno.EEXIST: "already exists",
+    errno.ENXIO: "not a regular file (no such device or address)",
+    errno.EINVAL: "invalid path",
+}
+
+
+def _os_reason(exc: OSError) -> str:
+    """A short, model-facing phrase for an ``OSError`` ("path too long", "permission denied"...)."""
+    return _ERRNO_PHRASES.get(exc.errno or 0) or exc.strerror or str(exc)
+
+
+def _shown_arg(params: object) -> str:
+    for name in ("path", "cwd"):
+        value = getattr(params, name, None)
+        if isinstance(value, str) and value:
+            return value if len(value) <= 80 else value[:77] + "..."
+    return ""
+
+
+def _guarded(fn: Callable[..., ToolResult]) -> Callable[..., ToolResult]:
+    """Turn an ``OSError`` escaping a tool body (a user's path the OS rejects) into an error result."""
+
+    @functools.wraps(fn)
+    def run(params: object, *args: object) -> ToolResult:
+        try:
+            return fn(params, *args)
+        except OSError as exc:
+            where = _shown_arg(params)
+            reason = _os_reason(exc)
+            return _fail(f"{where}: {reason}" if where else reason, errno=exc.errno)
+
+    return run
+
+
+class NotRegularFile(OSError):
+    """The path names a FIFO, device, socket or directory, not a regular file."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device file"
+    return "a special file"
+
+
+def _open_regular(path: Path, mode: str = "r", **kwargs: object) -> IO:
+    """Open ``path`` for reading only if it is a regular file; never blocks on a FIFO.
+
+    The file is opened with ``O_NONBLOCK`` (opening a FIFO for reading then
+    returns at once instead of waiting for a writer) and ``O_NOFOLLOW`` on the
+    final component, and the *opened* file is checked with ``fstat``; anything
+    but a regular file raises ``NotRegularFile``. ``mode`` is ``"r"`` or
+    ``"rb"``; ``kwargs`` go to ``os.fdopen``.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _not_regular_reason(path: Path) -> str | None:
+    """Why an *existing* ``path`` is not a regular file, or ``None`` (regular, or missing)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return _kind(st.st_mode)
 
 
 # --------------------------------------------------------------------------- run_command
@@ -180,6 +290,130 @@ def _kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE) -> None:
         pass
 
 
+# The command runner: a tiny Python program (run as ``python -I -S -c _RUNNER
+# <grace> <leftover_grace> <shell> -c <command>``) between the worker and the
+# shell. It makes *itself* a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``,
+# Linux), so every orphaned descendant of the command (``cmd &`` after the
+# shell exits, ``setsid``, ``nohup``, double forks) is reparented to it rather
+# than to init and stays findable through ``/proc/*/stat`` ppid chains. When
+# the shell exits, the runner SIGTERMs whatever is left, SIGKILLs it after a
+# short grace, repeats until it has no descendants, and exits with the shell's
+# status. On SIGTERM (the worker's timeout or abort) it does the same to the
+# whole tree, shell included. The worker itself never becomes a subreaper.
+_RUNNER = r"""
+import os, signal, sys, time
+grace, leftover_grace, argv = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+me = os.getpid()
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+except Exception:
+    pass
+class Stop(Exception):
+    pass
+def on_term(signum, frame):
+    raise Stop()
+signal.signal(signal.SIGTERM, on_term)
+shell_pid, shell_status, stopped = None, None, False
+def descendants():
+    children = {}
+    try:
+        names = os.listdir('/proc')
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open('/proc/' + name + '/stat', 'rb') as fh:
+                data = fh.read()
+            fields = data[data.rindex(b')') + 2:].split()
+            children.setdefault(int(fields[1]), []).append((int(name), fields[0] == b'Z'))
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], [me]
+    while todo:
+        for pid, zombie in children.get(todo.pop(), ()):
+            found.append((pid, zombie))
+            todo.append(pid)
+    return found
+def reap():
+    global shell_status
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid == shell_pid:
+            shell_status = status
+def live():
+    reap()
+    return [pid for pid, zombie in descendants() if not zombie]
+def signal_all(sig):
+    pids = live()
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    return pids
+def wait_gone(seconds):
+    end = time.monotonic() + seconds
+    while live() and time.monotonic() < end:
+        time.sleep(0.02)
+try:
+    shell_pid = os.posix_spawn(argv[0], argv, os.environ,
+                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM))
+    while shell_status is None:
+        pid, status = os.waitpid(shell_pid, 0)
+        if pid == shell_pid:
+            shell_status = status
+except Stop:
+    stopped = True
+finally:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if signal_all(signal.SIGTERM):
+        wait_gone(grace if stopped else leftover_grace)
+    end = time.monotonic() + 10
+    while signal_all(signal.SIGKILL) and time.monotonic() < end:
+        time.sleep(0.01)
+    reap()
+if shell_status is None:
+    os._exit(128 + signal.SIGTERM)
+if os.WIFSIGNALED(shell_status):
+    sig = os.WTERMSIG(shell_status)
+    try:
+        signal.signal(sig, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass
+    os.kill(me, sig)
+    os._exit(128 + sig)
+os._exit(os.waitstatus_to_exitcode(shell_status))
+"""
+
+
+def _runner_argv(shell: str, command: str) -> list[str]:
+    """``argv`` that runs ``shell -c command`` under ``_RUNNER`` (or directly when it cannot be used)."""
+    if sys.platform.startswith("linux") and sys.executable and os.path.exists("/proc/self/stat"):
+        return [sys.executable, "-I", "-S", "-c", _RUNNER, str(KILL_GRACE), str(LEFTOVER_GRACE), shell, "-c", command]
+    return [shell, "-c", command]
+
+
+def _stop_runner(proc: subprocess.Popen) -> None:
+    """Timeout/abort: SIGTERM the runner (which stops the whole tree), then SIGKILL the group if needed."""
+    try:
+        os.kill(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=KILL_GRACE + 3.0)
+    except subprocess.TimeoutExpired:
+        pass
+    _kill_group(proc, grace=0.2)
+
+
 class RunCommandParams(BaseModel):
     """Input of ``run_command``."""
 
@@ -191,6 +425,14 @@ class RunCommandParams(BaseModel):
 
 
 def _run_command(params: RunCommandParams, ctx: ToolContext, settings: Settings) -> ToolResult:
+    """Run ``params.command`` under ``_RUNNER``; its lifetime bounds all its descendants.
+
+    Output (stdout and stderr merged) is capped by ``_CappedSink``. When the
+    shell exits, background processes it left are stopped (SIGTERM, then
+    SIGKILL after ``LEFTOVER_GRACE``); on timeout or abort the whole tree is
+    stopped (SIGTERM, then SIGKILL after ``KILL_GRACE``), including processes
+    that moved to another session or process group.
+    """
     try:
         cwd = resolve_in_home(ctx.home, params.cwd or ".")
     except ConfinementError as exc:
@@ -205,7 +447,7 @@ def _run_command(params: RunCommandParams, ctx: ToolContext, settings: Settings)
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
-            [shell, "-c", params.command],
+            _runner_argv(shell, params.command),
             cwd=str(cwd),
             env=command_env(home, settings),
             stdin=subprocess.DEVNULL,
@@ -238,11 +480,15 @@ def _run_command(params: RunCommandParams, ctx: ToolContext, settings: Settings)
         if left <= 0:
             outcome = "timeout"
             break
-        if ctx.abort.wait(min(0.1, left)):
+        if ctx.abort.aborted:
             outcome = "aborted"
             break
+        try:
+            proc.wait(timeout=min(0.1, left))
+        except subprocess.TimeoutExpired:
+            pass
     if outcome != "exited":
-        _kill_group(proc)
+        _stop_runner(proc)
     reader.join(PIPE_DRAIN_GRACE)
     if reader.is_alive():
         # Background children still hold the pipe: they belong to this command's group.
@@ -267,13 +513,13 @@ def _run_command(params: RunCommandParams, ctx: ToolContext, settings: Settings)
     body = output if output else "(no output)"
     if outcome == "timeout":
         return ToolResult(
-            content=f"{body}\n[command timed out after {timeout:g}s; its process group was killed]",
+            content=f"{body}\n[command timed out after {timeout:g}s; it and its background processes were killed]",
             details=details,
             is_error=True,
         )
     if outcome == "aborted":
         return ToolResult(
-            content=f"{body}\n[command cancelled: the turn was aborted; its process group was killed]",
+            content=f"{body}\n[command cancelled: the turn was aborted; it and its background processes were killed]",
             details=details,
             is_error=True,
         )
@@ -310,7 +556,8 @@ class ReadFileParams(BaseModel):
 
 
 def _is_binary(path: Path) -> bool:
-    with open(path, "rb") as fh:
+    """True when the first bytes hold a NUL. Raises ``NotRegularFile`` for special files."""
+    with _open_regular(path, "rb") as fh:
         return b"\x00" in fh.read(BINARY_SNIFF_BYTES)
 
 
@@ -324,6 +571,9 @@ def _read_file(params: ReadFileParams, ctx: ToolContext, settings: Settings) -> 
         return _fail(f"{shown}: no such file")
     if path.is_dir():
         return _fail(f"{shown} is a directory; use list_files")
+    special = _not_regular_reason(path)
+    if special:
+        return _fail(f"{shown} is {special}, not a regular file; not read")
     try:
         if _is_binary(path):
             return _fail(f"{shown} looks like a binary file; not shown")
@@ -334,7 +584,7 @@ def _read_file(params: ReadFileParams, ctx: ToolContext, settings: Settings) -> 
         total = 0
         stopped_at_cap = False
         end = params.offset + params.limit - 1
-        with open(path, "r", encoding="utf-8", errors="replace", newline=None) as fh:
+        with _open_regular(path, "r", encoding="utf-8", errors="replace", newline=None) as fh:
             for n, line in enumerate(fh, start=1):
                 total = n
                 if n < params.offset or n > end or stopped_at_cap:
@@ -349,8 +599,10 @@ def _read_file(params: ReadFileParams, ctx: ToolContext, settings: Settings) -> 
                 out.append(rendered)
                 size += len(rendered) + 1
                 last = n
+    except NotRegularFile as exc:
+        return _fail(f"{shown} is {exc.strerror}; not read")
     except OSError as exc:
-        return _fail(f"{shown}: cannot read ({exc.strerror or exc})")
+        return _fail(f"{shown}: cannot read ({_os_reason(exc)})")
     lines_read = len(out)
     details = {"path": shown, "lines_read": lines_read, "total_lines": total, "first_line": params.offset}
     if total == 0:
@@ -378,10 +630,32 @@ def _describe_read_done(p: ReadFileParams, r: ToolResult) -> str:
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` without following a symlink at the final component."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+    """Write ``text`` (UTF-8) to ``path`` without following a symlink at the final component.
+
+    Only a regular file (new or existing) is written: the open is
+    non-blocking (a FIFO without a reader fails at once instead of hanging)
+    and the opened file is checked with ``fstat`` before anything is written;
+    otherwise ``NotRegularFile`` is raised. ``O_TRUNC`` is applied only after
+    that check, so a special file is never truncated.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO with no reader
+            raise NotRegularFile(errno.ENXIO, "a FIFO (named pipe), not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file")
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+        fh = os.fdopen(fd, "w", encoding="utf-8", newline="")
+    except BaseException:
+        os.close(fd)
+        raise
+    with fh:
         fh.write(text)
 
 
@@ -400,6 +674,9 @@ def _write_file(params: WriteFileParams, ctx: ToolContext) -> ToolResult:
     shown = display_path(ctx.home, path)
     if path.is_dir():
         return _fail(f"{shown} is a directory")
+    special = _not_regular_reason(path)
+    if special:
+        return _fail(f"{shown} is {special}, not a regular file; not written")
     try:
         existed = path.exists()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -407,8 +684,10 @@ def _write_file(params: WriteFileParams, ctx: ToolContext) -> ToolResult:
         if not is_inside_home(ctx.home, path.parent):
             return _fail(f"{params.path} resolves outside the agent home; refused")
         _write_text(path, params.content)
+    except NotRegularFile as exc:
+        return _fail(f"{shown} is {exc.strerror}; not written")
     except OSError as exc:
-        return _fail(f"{shown}: cannot write ({exc.strerror or exc})")
+        return _fail(f"{shown}: cannot write ({_os_reason(exc)})")
     lines = _count_lines(params.content)
     size = len(params.content.encode("utf-8"))
     verb = "Overwrote" if existed else "Created"
@@ -444,18 +723,22 @@ def _edit_file(params: EditFileParams, ctx: ToolContext) -> ToolResult:
         return _fail(str(exc))
     shown = display_path(ctx.home, path)
     if not path.is_file():
-        return _fail(f"{shown}: no such file" if not path.exists() else f"{shown} is not a regular file")
+        if not path.exists():
+            return _fail(f"{shown}: no such file")
+        return _fail(f"{shown} is {_not_regular_reason(path) or 'a special file'}, not a regular file; not edited")
     if params.old_string == params.new_string:
         return _fail("old_string and new_string are identical; nothing to change")
     try:
         if _is_binary(path):
             return _fail(f"{shown} looks like a binary file; not edited")
-        with open(path, "r", encoding="utf-8", newline="") as fh:  # newline="": keep CRLF as is
+        with _open_regular(path, "r", encoding="utf-8", newline="") as fh:  # newline="": keep CRLF as is
             text = fh.read()
     except UnicodeDecodeError:
         return _fail(f"{shown} is not valid UTF-8 text; not edited")
+    except NotRegularFile as exc:
+        return _fail(f"{shown} is {exc.strerror}; not edited")
     except OSError as exc:
-        return _fail(f"{shown}: cannot read ({exc.strerror or exc})")
+        return _fail(f"{shown}: cannot read ({_os_reason(exc)})")
     count = text.count(params.old_string)
     if count == 0:
         return _fail(f"old_string was not found in {shown}; read the file and copy the text exactly")
@@ -469,8 +752,10 @@ def _edit_file(params: EditFileParams, ctx: ToolContext) -> ToolResult:
     )
     try:
         _write_text(path, new_text)
+    except NotRegularFile as exc:
+        return _fail(f"{shown} is {exc.strerror}; not edited")
     except OSError as exc:
-        return _fail(f"{shown}: cannot write ({exc.strerror or exc})")
+        return _fail(f"{shown}: cannot write ({_os_reason(exc)})")
     replaced = count if params.replace_all else 1
     return ToolResult(
         content=f"Edited {shown}: {_plural(replaced, 'replacement')}",
@@ -553,7 +838,7 @@ def _list_files(params: ListFilesParams, ctx: ToolContext) -> ToolResult:
                     break
                 lines.append(_entry_line(ctx.home, root / name, name))
     except OSError as exc:
-        return _fail(f"{shown}: cannot list ({exc.strerror or exc})")
+        return _fail(f"{shown}: cannot list ({_os_reason(exc)})")
     header = f"{shown}/" if shown != "." else "./ (agent home)"
     body = "\n".join(lines) if lines else "(empty)"
     if truncated:
@@ -614,11 +899,11 @@ def _search_files(params: SearchFilesParams, ctx: ToolContext) -> ToolResult:
     shown = display_path(ctx.home, root)
     if not root.exists():
         return _fail(f"{shown}: no such file or directory")
-    flags = 0 if params.case_sensitive else re.IGNORECASE
-    source = re.escape(params.pattern) if params.literal else params.pattern
+    flags = regex.VERSION0 if params.case_sensitive else regex.VERSION0 | regex.IGNORECASE
+    source = regex.escape(params.pattern) if params.literal else params.pattern
     try:
-        rx = re.compile(source, flags)
-    except re.error as exc:
+        rx = regex.compile(source, flags)
+    except (regex.error, ValueError, TypeError, OverflowError, RecursionError) as exc:
         return _fail(f"invalid regular expression {params.pattern!r}: {exc}; set literal=true for plain text")
     results: list[str] = []
     files_with_matches = 0
@@ -644,9 +929,31 @@ def _search_files(params: SearchFilesParams, ctx: ToolContext) -> ToolResult:
             rel = str(full.relative_to(root)) if root.is_dir() else display_path(ctx.home, full)
             if root.is_dir() and shown != ".":
                 rel = f"{shown}/{rel}"
-            with open(full, "r", encoding="utf-8", errors="replace") as fh:
+            with _open_regular(full, "r", encoding="utf-8", errors="replace") as fh:
                 for n, line in enumerate(fh, start=1):
-                    if rx.search(line):
+                    if ctx.abort.aborted:
+                        return _fail("search cancelled: the turn was aborted")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        timed_out = True
+                        break
+                    per_search = min(left, SEARCH_PATTERN_TIMEOUT)
+                    try:
+                        found = rx.search(line, timeout=per_search)
+                    except TimeoutError:
+                        if ctx.abort.aborted:
+                            return _fail("search cancelled: the turn was aborted")
+                        if per_search < SEARCH_PATTERN_TIMEOUT:  # the overall budget ran out
+                            timed_out = True
+                            break
+                        return _fail(
+                            f"pattern too slow; simplify it: {params.pattern!r} took more than "
+                            f"{SEARCH_PATTERN_TIMEOUT:g}s on one line ({rel}:{n}); avoid nested "
+                            f"repetition like (a+)+ or use literal=true",
+                            path=shown,
+                            pattern_timeout=True,
+                        )
+                    if found:
                         matched_here = True
                         text = line.rstrip("\n")
                         if len(text) > SEARCH_MAX_LINE_CHARS:
@@ -656,6 +963,8 @@ def _search_files(params: SearchFilesParams, ctx: ToolContext) -> ToolResult:
                             truncated = True
                             break
             files_with_matches += matched_here
+            if timed_out:
+                break
         except OSError:
             continue
     details = {
@@ -695,7 +1004,8 @@ def _describe_search_done(p: SearchFilesParams, r: ToolResult) -> str:
 
 
 def _bind(fn: Callable[..., ToolResult], settings: Settings) -> Callable[[object, ToolContext], ToolResult]:
-    return lambda params, ctx: fn(params, ctx, settings)
+    guarded = _guarded(fn)
+    return lambda params, ctx: guarded(params, ctx, settings)
 
 
 def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
@@ -715,7 +1025,8 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             description=(
                 "Run a shell command (bash -c) in the agent's home directory and return its combined "
                 f"stdout/stderr and exit code. Time limit: at most {cap_s}s. Long output is cut in the "
-                "middle. The environment is minimal (no credentials); HOME is the agent home."
+                "middle. The environment is minimal (no credentials); HOME is the agent home. Background "
+                "processes are stopped when the command ends (nothing started with & outlives it)."
             ),
             input_model=RunCommandParams,
             execute=_bind(_run_command, settings),
@@ -741,7 +1052,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             name="write_file",
             description="Create or overwrite a text file in the agent home (parent directories are created).",
             input_model=WriteFileParams,
-            execute=_write_file,
+            execute=_guarded(_write_file),
             execution_mode="sequential",
             is_destructive=True,
             describe_activity=_describe_write,
@@ -754,7 +1065,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
                 "once (include surrounding lines to make it unique) unless replace_all=true."
             ),
             input_model=EditFileParams,
-            execute=_edit_file,
+            execute=_guarded(_edit_file),
             execution_mode="sequential",
             is_destructive=True,
             describe_activity=_describe_edit,
@@ -764,7 +1075,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             name="list_files",
             description="List a directory in the agent home, optionally recursively (with an entry cap).",
             input_model=ListFilesParams,
-            execute=_list_files,
+            execute=_guarded(_list_files),
             execution_mode="parallel",
             is_read_only=True,
             describe_activity=_describe_list,
@@ -777,7 +1088,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
                 "literal=true). Returns path:line: text for each matching line, up to max_results."
             ),
             input_model=SearchFilesParams,
-            execute=_search_files,
+            execute=_guarded(_search_files),
             execution_mode="parallel",
             is_read_only=True,
             describe_activity=_describe_search,

@@ -19,12 +19,19 @@ it to ``start_tls``), and the ``Host`` header is the URL's.
 
 ``allow_loopback=True`` lets ``127.0.0.0/8`` and ``::1`` through (tests of
 the happy path against local servers); everything else stays refused.
+
+``GuardedTransport.cancel()`` (callable from another thread) shuts down every
+socket the transport opened and refuses new connections: a watchdog uses it
+to enforce one overall deadline on a fetch, which per-operation socket
+timeouts cannot (a server trickling one header line at a time never trips a
+read timeout).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 from typing import Any, Iterable
 
 import httpcore
@@ -119,17 +126,78 @@ def resolve_vetted(host: str, port: int, *, allow_loopback: bool = False) -> lis
     return [str(a) for a in addrs]
 
 
+class FetchCancelled(httpcore.ConnectError):
+    """Raised for a connection attempted after ``GuardedNetworkBackend.cancel()``."""
+
+
+class _TrackedStream(httpcore.NetworkStream):
+    """A network stream the backend can shut down from another thread (TLS upgrades stay tracked)."""
+
+    def __init__(self, inner: httpcore.NetworkStream, backend: "GuardedNetworkBackend"):
+        self._inner = inner
+        self._backend = backend
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None):
+        inner = self._inner.start_tls(ssl_context, server_hostname=server_hostname, timeout=timeout)
+        return self._backend._track(inner)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+    def shutdown(self) -> None:
+        sock = self._inner.get_extra_info("socket")
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked in another thread
+        except OSError:
+            pass
+
+
 class GuardedNetworkBackend(httpcore.SyncBackend):
     """An httpcore network backend that connects only to vetted addresses.
 
     ``connect_tcp`` resolves the host once, checks every address with
     ``block_reason`` and connects to the vetted IPs in order; no socket is
-    opened for a refused host. Unix sockets are refused.
+    opened for a refused host. Unix sockets are refused. ``cancel()`` shuts
+    down every stream opened so far and makes later connects fail.
     """
 
     def __init__(self, *, allow_loopback: bool = False):
         super().__init__()
         self.allow_loopback = allow_loopback
+        self._lock = threading.Lock()
+        self._streams: list[_TrackedStream] = []
+        self.cancelled = False
+
+    def _track(self, inner: httpcore.NetworkStream) -> _TrackedStream:
+        stream = _TrackedStream(inner, self)
+        with self._lock:
+            cancelled = self.cancelled
+            if not cancelled:
+                self._streams.append(stream)
+        if cancelled:
+            stream.shutdown()
+            inner.close()
+            raise FetchCancelled("the fetch was cancelled")
+        return stream
+
+    def cancel(self) -> None:
+        """Shut down all streams (thread-safe); connections attempted afterwards fail."""
+        with self._lock:
+            self.cancelled = True
+            streams, self._streams = self._streams, []
+        for stream in streams:
+            stream.shutdown()
 
     def connect_tcp(
         self,
@@ -139,15 +207,21 @@ class GuardedNetworkBackend(httpcore.SyncBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
+        if self.cancelled:
+            raise FetchCancelled("the fetch was cancelled")
         addrs = resolve_vetted(host, port, allow_loopback=self.allow_loopback)
         last: Exception | None = None
         for ip in addrs:
+            if self.cancelled:
+                raise FetchCancelled("the fetch was cancelled")
             try:
-                return super().connect_tcp(
+                stream = super().connect_tcp(
                     ip, port, timeout=timeout, local_address=local_address, socket_options=socket_options
                 )
             except httpcore.ConnectError as exc:
                 last = exc
+                continue
+            return self._track(stream)
         assert last is not None
         raise last
 
@@ -165,11 +239,16 @@ class GuardedTransport(httpx.BaseTransport):
 
     def __init__(self, *, allow_loopback: bool = False, verify: bool = True):
         ssl_context = httpx.create_ssl_context(verify=verify, trust_env=False)
+        self._backend = GuardedNetworkBackend(allow_loopback=allow_loopback)
         self._pool = httpcore.ConnectionPool(
             ssl_context=ssl_context,
             max_connections=4,
-            network_backend=GuardedNetworkBackend(allow_loopback=allow_loopback),
+            network_backend=self._backend,
         )
+
+    def cancel(self) -> None:
+        """Abort everything in flight from any thread: sockets are shut down, new connects fail."""
+        self._backend.cancel()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         req = httpcore.Request(

@@ -14,13 +14,16 @@ provider availability — if the profiles are unbound, the tools are absent"):
   ``worker.tools.netguard.GuardedTransport`` (addresses vetted after DNS and at
   connect time), redirects followed by hand (at most ``MAX_REDIRECTS``, each
   target vetted before any connection), body streamed and cut at
-  ``settings.web_fetch_max_bytes`` (decoded bytes), total time bounded by
-  ``settings.web_fetch_timeout`` seconds; HTML becomes readable text with
+  ``settings.web_fetch_max_bytes`` (decoded bytes); one overall deadline of
+  ``settings.web_fetch_timeout`` seconds covers DNS, connect, headers, body
+  and every redirect hop (a watchdog cancels the transport when it passes);
+  an unknown charset falls back to UTF-8; HTML becomes readable text with
   trafilatura.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,6 +42,8 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 USER_AGENT = "agent-worker-web/0.1 (+tools runtime)"
 SEARCH_TIMEOUT = 15.0  # seconds
 SEARCH_SNIPPET_CHARS = 400
+WATCH_INTERVAL = 0.05  # seconds between the fetch watchdog's deadline/abort checks
+CANCEL_JOIN = 1.0  # seconds to let the request thread wind down after a cancel
 TEXT_TYPES = ("text/", "application/json", "application/xml", "application/xhtml+xml", "application/rss+xml",
               "application/atom+xml", "application/javascript", "application/ld+json")
 
@@ -203,23 +208,34 @@ def html_to_text(html: str, url: str | None = None) -> tuple[str, str | None]:
     return text or "", title
 
 
-def _fetch(params: WebFetchParams, ctx: ToolContext, settings: Settings) -> ToolResult:
+class _FetchRun:
+    """State shared by ``_fetch`` and its request thread (``lock`` guards the fields the thread writes)."""
+
+    def __init__(self, url: httpx.URL):
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.url = url  # the URL being fetched (changes on redirects)
+        self.redirects: list[str] = []
+        self.body = bytearray()
+        self.headers_done = False  # the final response's status and headers are in
+        self.status = 0
+        self.content_type = ""
+        self.charset: str | None = None
+        self.final_url = str(url)
+        self.truncated = False
+        self.timed_out = False  # an httpx timeout inside the thread
+        self.error: ToolResult | None = None
+        self.stop = False  # set by the watchdog: keep no more body
+
+
+def _fetch_in_thread(run: _FetchRun, transport: GuardedTransport, settings: Settings, deadline: float) -> None:
+    """GET ``run.url`` following redirects by hand; every hop's timeouts are what is left of ``deadline``."""
     allow_loopback = bool(settings.web_fetch_allow_loopback)
     cap = settings.web_fetch_max_bytes
-    budget = settings.web_fetch_timeout
-    deadline = time.monotonic() + budget
-    try:
-        url = httpx.URL(params.url.strip())
-    except (httpx.InvalidURL, ValueError) as exc:
-        return _fail(f"invalid URL: {exc}")
-    redirects: list[str] = []
-    body = bytearray()
-    truncated = False
-    timed_out = False
+    url = run.url
     try:
         with httpx.Client(
-            transport=GuardedTransport(allow_loopback=allow_loopback),
-            timeout=httpx.Timeout(budget),
+            transport=transport,
             follow_redirects=False,
             trust_env=False,
             headers={
@@ -229,48 +245,137 @@ def _fetch(params: WebFetchParams, ctx: ToolContext, settings: Settings) -> Tool
         ) as client:
             while True:
                 _check_url(url, allow_loopback)  # before any connection (the transport checks again)
-                with client.stream("GET", url) as resp:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise httpx.TimeoutException("fetch deadline reached")
+                with client.stream("GET", url, timeout=httpx.Timeout(left)) as resp:
                     if resp.status_code in REDIRECT_STATUSES and resp.headers.get("location"):
-                        if len(redirects) >= MAX_REDIRECTS:
-                            return _fail(f"too many redirects (more than {MAX_REDIRECTS})", redirects=redirects)
+                        if len(run.redirects) >= MAX_REDIRECTS:
+                            run.error = _fail(
+                                f"too many redirects (more than {MAX_REDIRECTS})", redirects=list(run.redirects)
+                            )
+                            return
                         try:
                             url = url.join(resp.headers["location"])
                         except (httpx.InvalidURL, ValueError):
-                            return _fail("the server sent an invalid redirect location", redirects=redirects)
-                        redirects.append(str(url))
+                            run.error = _fail(
+                                "the server sent an invalid redirect location", redirects=list(run.redirects)
+                            )
+                            return
+                        with run.lock:
+                            run.url = url
+                            run.redirects.append(str(url))
                         continue
                     status = resp.status_code
                     content_type = resp.headers.get("content-type", "").split(";")[0].strip().lower()
-                    charset = resp.charset_encoding
                     final_url = str(resp.url)
                     if status >= 400:
-                        return _fail(f"HTTP {status} from {_url_label(final_url)}", status=status, url=final_url)
+                        run.error = _fail(f"HTTP {status} from {_url_label(final_url)}", status=status, url=final_url)
+                        return
                     if content_type and not content_type.startswith(TEXT_TYPES):
-                        return _fail(
+                        run.error = _fail(
                             f"{_url_label(final_url)} is {content_type}, not a text page; not fetched",
                             status=status,
                             url=final_url,
                         )
+                        return
+                    with run.lock:
+                        run.status = status
+                        run.content_type = content_type
+                        run.charset = resp.charset_encoding
+                        run.final_url = final_url
+                        run.headers_done = True
                     for chunk in resp.iter_bytes():
-                        body += chunk
-                        if len(body) >= cap:
-                            del body[cap:]
-                            truncated = True
-                            break
-                        if time.monotonic() > deadline:
-                            timed_out = True
-                            break
-                        if ctx.abort.aborted:
-                            return _fail("fetch cancelled: the turn was aborted")
-                    break
+                        with run.lock:
+                            if run.stop:
+                                return
+                            run.body += chunk
+                            if len(run.body) >= cap:
+                                del run.body[cap:]
+                                run.truncated = True
+                                return
+                    return
     except BlockedAddressError as exc:
-        return _fail(str(exc), redirects=redirects)
+        run.error = _fail(str(exc), redirects=list(run.redirects))
     except httpx.TimeoutException:
-        return _fail(f"timed out after {budget:g}s fetching {_url_label(str(url))}", redirects=redirects)
+        run.timed_out = True
     except httpx.HTTPError as exc:
-        return _fail(f"could not fetch {_url_label(str(url))}: {type(exc).__name__}", redirects=redirects)
+        if not run.stop:
+            run.error = _fail(
+                f"could not fetch {_url_label(str(url))}: {type(exc).__name__}", redirects=list(run.redirects)
+            )
+    except Exception as exc:  # never let the thread die silently: the tool reports it
+        if not run.stop:
+            run.error = _fail(
+                f"could not fetch {_url_label(str(url))}: {type(exc).__name__}", redirects=list(run.redirects)
+            )
+    finally:
+        run.done.set()
 
-    raw_text = bytes(body).decode(charset or "utf-8", errors="replace")
+
+def _decode(body: bytes, charset: str | None) -> str:
+    """``body`` as text in ``charset``; an unknown or non-text charset falls back to UTF-8 (errors replaced)."""
+    if charset:
+        try:
+            return body.decode(charset, errors="replace")
+        except (LookupError, ValueError, TypeError):
+            pass
+    return body.decode("utf-8", errors="replace")
+
+
+def _fetch(params: WebFetchParams, ctx: ToolContext, settings: Settings) -> ToolResult:
+    """Fetch under one overall deadline (``settings.web_fetch_timeout``) across DNS, connect,
+    headers, body and every redirect hop.
+
+    The request runs in a daemon thread; this thread is the watchdog. At the
+    deadline (or on abort) it cancels the transport, which shuts the sockets
+    down and wakes the request thread. A body already streaming is returned
+    cut, with a note; a fetch whose headers never arrived is an error.
+    """
+    budget = settings.web_fetch_timeout
+    deadline = time.monotonic() + budget
+    cap = settings.web_fetch_max_bytes
+    try:
+        url = httpx.URL(params.url.strip())
+    except (httpx.InvalidURL, ValueError) as exc:
+        return _fail(f"invalid URL: {exc}")
+    transport = GuardedTransport(allow_loopback=bool(settings.web_fetch_allow_loopback))
+    run = _FetchRun(url)
+    worker = threading.Thread(
+        target=_fetch_in_thread, args=(run, transport, settings, deadline), name="web_fetch", daemon=True
+    )
+    worker.start()
+    aborted = hit_deadline = False
+    while not run.done.wait(min(WATCH_INTERVAL, max(deadline - time.monotonic(), 0.0))):
+        if ctx.abort.aborted:
+            aborted = True
+            break
+        if time.monotonic() >= deadline:
+            hit_deadline = True
+            break
+    if not run.done.is_set():
+        with run.lock:
+            run.stop = True
+        transport.cancel()
+        run.done.wait(CANCEL_JOIN)
+    with run.lock:
+        run.stop = True
+        body = bytes(run.body)
+        headers_done = run.headers_done
+        redirects = list(run.redirects)
+        error = run.error
+        timed_out = hit_deadline or run.timed_out
+        truncated = run.truncated
+        status, content_type, charset, final_url = run.status, run.content_type, run.charset, run.final_url
+        current = str(run.url)
+    if aborted:
+        return _fail("fetch cancelled: the turn was aborted", redirects=redirects)
+    if error is not None and not (timed_out and headers_done):
+        return error
+    if timed_out and not headers_done:
+        return _fail(f"timed out after {budget:g}s fetching {_url_label(current)}", redirects=redirects)
+
+    raw_text = _decode(body, charset)
     title = None
     if not params.raw and (content_type in ("text/html", "application/xhtml+xml") or (
         not content_type and raw_text.lstrip()[:15].lower().startswith(("<!doctype html", "<html"))
