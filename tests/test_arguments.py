@@ -146,3 +146,202 @@ def test_search_limit_enforced():
     search = make_tool_search_tool(CATALOGUE)
     out = validate_tool_arguments(search, '{"query": "x", "limit": 100}')
     assert not out.ok and out.errors[0].loc == "limit"
+
+
+# ---- regressions: hostile inputs never raise; storage-safe values; one duplicate-key rule ------
+
+import math  # noqa: E402
+from typing import Any, Literal  # noqa: E402
+
+import pytest  # noqa: E402
+
+from worker.contract import WorkerTool  # noqa: E402
+from worker.repair import MAX_NESTING_DEPTH  # noqa: E402
+
+
+class AnyData(BaseModel):
+    data: dict[str, Any]
+
+
+class Num(BaseModel):
+    x: float
+
+
+def _raw_tool(schema=None, **kw):
+    return _tool(json_schema=schema or {"type": "object"}, **kw)
+
+
+def _nest(depth):
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("raw,model", [
+    ('{"a": ' + _nest(1000) + ',}', None),                      # ladder (trailing comma) on deep input
+    ('{"a": ' + _nest(1100) + '}', None),                       # valid JSON beyond orjson's limit
+    ('{"a": ' + _nest(300) + '}', None),                        # valid JSON that jsonschema would recurse on
+    ('{"data": ' + _nest(1100) + '}', AnyData),                 # pydantic dict[str, Any]
+    ('{"data": {"x": ' + _nest(150) + '}}', AnyData),           # within pydantic's own limit, over ours
+    ('"{\\"a\\": ' + '[' * 1100 + ']' * 1100 + '}"', None),     # double encoded
+    ('```json\n{"a": ' + '{"b": ' * 600 + '1' + '}' * 600 + ',}\n```', None),
+])
+def test_deep_nesting_is_refused_with_the_limit_never_raises(raw, model):
+    tool = _tool(input_model=model) if model else _raw_tool(
+        {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}},
+         "$defs": {"n": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/n"}}, {"type": "object"},
+                                   {"type": "integer"}]}}})
+    out = validate_tool_arguments(tool, raw)
+    assert not out.ok and out.error_kind == "parse"
+    assert f"nested too deeply (limit {MAX_NESTING_DEPTH}" in out.error
+
+
+def test_nesting_up_to_the_limit_is_accepted_and_brackets_in_strings_do_not_count():
+    out = validate_tool_arguments(_raw_tool(), '{"a": ' + _nest(MAX_NESTING_DEPTH - 1) + '}')
+    assert out.ok
+    out = validate_tool_arguments(_tool(input_model=AnyData), '{"data": {"s": "' + "[" * 5000 + '"}}')
+    assert out.ok and out.data == {"data": {"s": "[" * 5000}}
+
+
+@pytest.mark.parametrize("raw", [
+    '{"label": "\\ud800"}', '{"label": "\\udfff x"}', '{"label": "a\\ud83d"}', '{"\\ud800": 1}',
+    "{'label': '\\ud800'}",                                     # through the ladder
+    '{"label": "\ud800"}',                                      # a raw surrogate code point in the str
+])
+@pytest.mark.parametrize("model", [None, AnyData])
+def test_lone_surrogates_are_refused(raw, model):
+    if model is not None:
+        raw = '{"data": ' + raw + '}'
+    tool = _tool(input_model=model) if model else _raw_tool()
+    out = validate_tool_arguments(tool, raw)
+    assert not out.ok and "surrogate" in out.error
+
+
+def test_surrogate_pair_is_accepted_and_storable():
+    out = validate_tool_arguments(_tool(input_model=AnyData), '{"data": {"l": "\\ud83d\\ude00"}}')
+    assert out.ok and out.data == {"data": {"l": "\U0001F600"}}
+    import orjson
+    orjson.dumps(out.data)
+
+
+@pytest.mark.parametrize("raw", [
+    '{"path": "a", "path": "/etc/x"}',
+    '{"data": {"a": 1, "a": 2}}',
+    '{"data": {"l": [{"k": 1}, {"k": 2, "k": 3}]}}',
+    '{"path": "a", "p\\u0061th": "b"}',                         # same key, one of them escaped
+    '```json\n{"path": "a", "path": "b"}\n```',                 # fenced
+    '"{\\"path\\": \\"a\\", \\"path\\": \\"b\\"}"',             # double encoded
+])
+@pytest.mark.parametrize("model", [None, AnyData])
+def test_duplicate_keys_are_refused_on_every_path(raw, model):
+    tool = _tool(input_model=model) if model else _raw_tool()
+    out = validate_tool_arguments(tool, raw)
+    assert not out.ok and "repeat the key" in out.error
+
+
+def test_repeated_keys_in_different_objects_are_fine():
+    raw = json.dumps({"todos": [{"content": "a", "status": "done"}, {"content": "a:b", "status": "done"}]})
+    assert validate_tool_arguments(_tool(input_model=TodoArgs), raw).ok
+
+
+@pytest.mark.parametrize("raw", ['{"x": NaN}', '{"x": Infinity}', '{"x": -Infinity}', '{"x": 1e400}',
+                                 '{"x": -1e999}', "{'x': 1e400}"])
+@pytest.mark.parametrize("model", [None, Num])
+def test_non_json_numbers_are_refused_for_both_kinds_of_tools(raw, model):
+    tool = _tool(input_model=model) if model else _raw_tool({"type": "object", "properties": {"x": {"type": "number"}}})
+    out = validate_tool_arguments(tool, raw)
+    assert not out.ok, out.params
+    assert out.error_kind == "parse"
+    assert validate_tool_arguments(tool, '{"x": 1e300}').ok
+
+
+HOSTILE = [
+    "", " ", "null", "[]", '"x"', "{", "}", "{{{{", "]]]]", '{"a": "\\', "\\" * 5000, '{"a": 1, ' + "\\" * 5000 + "}",
+    "\x00", '{"a": "\x00"}', "```", "~~~", "```json", '{"a": 1}```', '{"a": ' + "[" * 5000, "{" * 5000,
+    '{"a": 1}' * 3000, "{'a': " + "'" * 3000, '{"a": ' + "/*" * 3000, '{"a": 123456789012345678901234567890}',
+    '{"a": 1' + "0" * 5000 + '}', '{"a": 1' + "0" * 5000, '{"a": -}', '{"\\ud800": "\\udc00"}', "\ud800",
+]
+
+
+@pytest.mark.parametrize("raw", HOSTILE, ids=range(len(HOSTILE)))
+@pytest.mark.parametrize("kind", ["raw", "pydantic", "strict"])
+def test_validate_tool_arguments_never_raises(raw, kind):
+    if kind == "raw":
+        tool = _raw_tool({"type": "object", "properties": {"a": {}}})
+    elif kind == "pydantic":
+        tool = _tool(input_model=AnyData)
+    else:
+        tool = _tool(input_model=TodoArgs, strict=True)
+    for status in ("completed", "incomplete"):
+        out = validate_tool_arguments(tool, raw, response_status=status)
+        assert out.ok or out.error
+        if out.ok:
+            import orjson
+            orjson.dumps(out.data)  # what the turn store does
+
+
+def test_a_broken_schema_at_validation_time_is_an_error_output_not_an_exception():
+    # bypasses define_worker_tool (which refuses such a schema) to prove the validation path never raises
+    tool = WorkerTool(name="broken", description="d", execute=lambda p, c: ToolResult("ok"),
+                      json_schema={"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}})
+    out = validate_tool_arguments(tool, '{"a": 1}')
+    assert not out.ok and "schema could not be applied" in out.error
+
+
+# ---- strict: null-as-omitted reaches every optional the strict copy made nullable -------------
+
+class Sub(BaseModel):
+    a: int
+    b: str = "x"
+
+
+class Cat(BaseModel):
+    kind: Literal["cat"]
+    lives: int = 9
+
+
+class Dog(BaseModel):
+    kind: Literal["dog"]
+    lives: int = 1
+    bark: str | None = "woof"
+
+
+class Nested(BaseModel):
+    sub: Sub | None = None
+    subs: list[Sub] | None = None
+    pet: Cat | Dog | None = Field(None, discriminator="kind")
+    plain: Cat | Sub | None = None
+    keep: str | None = "k"
+
+
+def test_strict_nulls_are_dropped_through_unions_lists_and_refs():
+    tool = _tool(input_model=Nested, strict=True)
+    raw = json.dumps({"sub": {"a": 1, "b": None}, "subs": [{"a": 2, "b": None}], "pet": {"kind": "dog", "lives": None,
+                      "bark": None}, "plain": {"a": 3, "b": None}, "keep": None})
+    out = validate_tool_arguments(tool, raw)
+    assert out.ok, out.error
+    assert out.params.sub == Sub(a=1) and out.params.subs == [Sub(a=2)] and out.params.plain == Sub(a=3)
+    assert out.params.pet == Dog(kind="dog", lives=1, bark=None)  # bark accepts null: kept
+    assert out.params.keep is None  # a nullable field keeps its null
+    assert sorted(out.repairs) == ["null_as_omitted:pet.lives", "null_as_omitted:plain.b",
+                                   "null_as_omitted:sub.b", "null_as_omitted:subs[0].b"]
+    out = validate_tool_arguments(tool, json.dumps({"pet": {"kind": "cat", "lives": None}, "sub": None}))
+    assert out.ok and out.params.pet == Cat(kind="cat") and out.params.sub is None
+
+
+def test_strict_nulls_raw_schema_refs_and_maps_and_required_nulls_still_fail():
+    schema = {"type": "object", "$defs": {"S": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                                           "b": {"type": "string"}},
+                                                "required": ["a"]}},
+              "properties": {"s": {"$ref": "#/$defs/S"}, "xs": {"type": "array", "items": {"$ref": "#/$defs/S"}},
+                             "o": {"oneOf": [{"$ref": "#/$defs/S"}, {"type": "string"}]},
+                             "all": {"allOf": [{"$ref": "#/$defs/S"}]}},
+              "required": ["s"]}
+    tool = _raw_tool(schema, strict=True)
+    out = validate_tool_arguments(tool, json.dumps({"s": {"a": 1, "b": None}, "xs": [{"a": 1, "b": None}],
+                                                    "o": {"a": 1, "b": None}, "all": {"a": 1, "b": None}}))
+    assert out.ok, out.error
+    assert out.data == {"s": {"a": 1}, "xs": [{"a": 1}], "o": {"a": 1}, "all": {"a": 1}}
+    out = validate_tool_arguments(tool, json.dumps({"s": {"a": None}}))
+    assert not out.ok and out.error_kind == "validation"  # required: a null is not "omitted"
+    # a non-strict tool never drops nulls
+    out = validate_tool_arguments(_raw_tool(schema), json.dumps({"s": {"a": 1, "b": None}}))
+    assert not out.ok

@@ -219,3 +219,76 @@ def test_json_repair_table(lib, index, row):
 def test_policy_tables_cover_only_real_rows():
     keys = {(lib, i) for lib, rows in TABLES.items() for i in range(len(rows))}
     assert set(REFUSED_BY_POLICY) <= keys and set(ACCEPTED_BY_POLICY) <= keys
+
+
+# ---- regressions: the json-repair rung may neither drop nor invent a token ------------------
+
+@pytest.mark.parametrize("raw", [
+    '{"a": 1, "b"}', '{"a": 1, "b": 2 "c"}', '{"a": 12 34}', '{"a": "x" "y"}', '{"a": True False}',
+    '{"a": 1 garbage}', '{"a": 1, garbage, "b": 2}', '{"a": 1, ' + "\\" * 10000 + "}",
+    '{"a": [1, 2] 3}', '{"a": {"b": 1} "c"}', '{"a": "x", "a": "y" "z"}', '{"a": 1, "": }',
+    '{"a": unquoted}', '{"a": 1, /* c */ junk}',
+])
+def test_json_repair_rung_refuses_when_a_token_would_be_lost(raw):
+    out = repair_arguments(raw)
+    assert not out.ok, (raw, out.value, out.repairs)
+    assert "json_repair" not in out.repairs
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ('{"path": "a.py", "content": "env.get("KEY", "default")"}', {"path": "a.py", "content": 'env.get("KEY", "default")'}),
+    ('{"a":"foo",/*hello*/"b":"bar"}', {"a": "foo", "b": "bar"}),
+    ('{"coords": (1, 2), "ok": true}', {"coords": [1, 2], "ok": True}),
+    ('{"a": [1, 2 3]}', {"a": [1, 2, 3]}),  # a missing comma: every token kept
+])
+def test_json_repair_rung_keeps_what_accounts_for_every_token(raw, expected):
+    out = repair_arguments(raw)
+    assert out.ok and out.value == expected and out.repairs == ["json_repair"]
+
+
+# ---- regressions: fences ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw", ['``` json\n{"a": 1}\n```', '~~~json\n{"a": 1}\n~~~', '````\n{"a": 1}\n````',
+                                 '```json {"a": 1} ```', '{"a": 1}\n```'])
+def test_fence_variants(raw):
+    out = repair_arguments(raw)
+    assert out.ok and out.value == {"a": 1} and out.repairs == ["code_fence"]
+
+
+@pytest.mark.parametrize("raw", ['```json\n{"a": 1}', '~~~\n{"a": 1}', '```json\n{"a": 1}\n~~~'])
+def test_opening_fence_without_closing_fence_is_refused(raw):
+    out = repair_arguments(raw)
+    assert not out.ok and "never closed" in out.error
+
+
+# ---- regressions: the ladder is linear on adversarial shapes --------------------------------
+
+ADVERSARIAL = {
+    "backslash_run": lambda n: '{"a": 1, ' + "\\" * n + "}",
+    "numbers_without_commas": lambda n: '{"a": [' + " ".join(str(100000 + i) for i in range(n // 7)) + "]}",
+    "strings_without_commas": lambda n: '{"a": [' + " ".join('"s%d"' % i for i in range(n // 8)) + "]}",
+    "deep_trailing_comma": lambda n: '{"a": ' + "[" * (n // 2) + "]" * (n // 2) + ",}",
+    "identical_copies": lambda n: '{"a":1}' * (n // 7),
+    "commas": lambda n: '{"a": [1' + ", " * (n // 2) + "]}",
+    "single_quotes": lambda n: "{'a': [" + ", ".join("'x'" for _ in range(n // 5)) + "]}",
+    "unclosed_single_quotes": lambda n: "{'a': 1, " + "it's " * (n // 5),
+    "open_comments": lambda n: '{"a": 1, ' + "/*" * (n // 2) + "}",
+    "fence_whitespace": lambda n: "```\n" + " " * n + "x",
+    "stray_escapes": lambda n: '{"a": 1' + "\\n" * (n // 2) + "}",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(ADVERSARIAL))
+def test_ladder_is_linear_on_adversarial_shapes(shape):
+    make = ADVERSARIAL[shape]
+
+    def timed(raw):
+        best = 1e9
+        for _ in range(3):
+            t0 = time.perf_counter()
+            repair_arguments(raw)
+            best = min(best, time.perf_counter() - t0)
+        return max(best, 1e-4)
+
+    small, big = timed(make(20_000)), timed(make(200_000))
+    assert big / small < 30, (shape, small, big)  # 10x input; quadratic would be ~100x

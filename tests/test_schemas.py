@@ -322,3 +322,52 @@ def test_assembling_50_tools_is_cached():
     per_turn = (time.perf_counter() - t0) / 200
     assert per_turn < 500e-6, per_turn  # microseconds, not schema generation
     assert function_definition(tools[1]) is function_definition(tools[1])
+
+
+# ---- regressions: $ref checked at definition time; description limit --------------------------
+
+def _raw(schema, **kw):
+    return define_worker_tool(name="reftool", description=kw.pop("description", "d"),
+                              execute=lambda p, c: ToolResult("ok"), json_schema=schema, **kw)
+
+
+@pytest.mark.parametrize("schema,field,words", [
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}}, "'a'", "does not resolve"),
+    ({"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}}, "'a'", "non-local"),
+    ({"type": "object", "properties": {"a": {"$ref": "http://example.com/s.json"}}}, "'a'", "non-local"),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"$ref": "#/definitions/X"}}}},
+     "'a[]'", "does not resolve"),
+    ({"type": "object", "$defs": {"S": {"$ref": "#/$defs/T"}}, "properties": {"a": {"$ref": "#/$defs/S"}}},
+     "$defs.S", "does not resolve"),
+    ({"type": "object", "properties": {"a": {"anyOf": [{"$ref": "#nowhere"}, {"type": "null"}]}}}, "'a", "anchor"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/properties/b/type"}, "b": {"type": "string"}}},
+     "'a'", "non-schema"),
+])
+def test_unresolvable_or_remote_refs_fail_at_definition(schema, field, words):
+    for strict in (False, True):
+        with pytest.raises(ToolDefinitionError) as err:
+            _raw(schema, strict=strict)
+        assert field in str(err.value) and words in str(err.value) and "'reftool'" in str(err.value)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "$defs": {"a/b": {"type": "string"}, "c~d": {"type": "integer"}},
+     "properties": {"x": {"$ref": "#/$defs/a~1b"}, "y": {"$ref": "#/$defs/c~0d"}}},
+    {"type": "object", "$defs": {"S": {"$anchor": "str", "type": "string"}}, "properties": {"x": {"$ref": "#str"}}},
+    {"$id": "https://example.com/tool.json", "type": "object", "$defs": {"S": {"type": "string"}},
+     "properties": {"x": {"$ref": "tool.json#/$defs/S"}, "y": {"$ref": "https://example.com/tool.json#/$defs/S"}}},
+    {"type": "object", "properties": {"tree": {"type": "array", "items": {"$ref": "#"}}}},
+    {"type": "object", "properties": {"x": {"enum": [{"$ref": "not a schema, just data"}]},
+                                      "$ref": {"type": "string"}}},
+])
+def test_local_refs_are_accepted_and_validate(schema):
+    tool = _raw(schema)
+    out = validate_tool_arguments(tool, "{}")
+    assert out.ok, out.error
+
+
+def test_description_limit_is_checked_at_definition():
+    assert _raw({"type": "object"}, description="x" * 1024)
+    with pytest.raises(ToolDefinitionError) as err:
+        _raw({"type": "object"}, description="x" * 1025)
+    assert "1024" in str(err.value) and "1025" in str(err.value)

@@ -156,7 +156,6 @@ def _strict_tool(schema):
     ({"type": "object", "properties": {"v": {"description": "anything"}}}, "'v'", "any JSON value"),
     ({"type": "object", "$defs": {"S": {"type": "string"}},
       "properties": {"s": {"$ref": "#/$defs/S", "minLength": 2}}}, "'s'", "constraining sibling"),  # D3
-    ({"type": "object", "properties": {"s": {"$ref": "other.json#/S", "description": "x"}}}, "'s'", "non-local"),
     ({"type": "object", "properties": {"s": {"not": {"type": "string"}}}}, "'s'", "'not'"),
     ({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}], "type": "integer"}}}, "'a'", "conflict"),
 ])
@@ -165,6 +164,13 @@ def test_definition_time_errors_name_field_and_rule(schema, field, words):
         _strict_tool(schema)
     msg = str(err.value)
     assert field in msg and words in msg and "strict" in msg and "'t'" in msg
+
+
+def test_non_local_ref_is_refused_before_strict_conversion():
+    # checked for every raw-schema tool (tests/test_schemas.py), strict or not
+    with pytest.raises(ToolDefinitionError) as err:
+        _strict_tool({"type": "object", "properties": {"s": {"$ref": "other.json#/S", "description": "x"}}})
+    assert "'s'" in str(err.value) and "non-local" in str(err.value)
 
 
 @pytest.mark.parametrize("schema,words", [
@@ -210,3 +216,28 @@ def test_validation_uses_own_model_not_strict_copy():
     from worker.arguments import validate_tool_arguments
     out = validate_tool_arguments(tool, '{"name": "a", "tags": null}')
     assert out.ok and out.data == {"name": "a", "tags": []}
+
+
+# ---- regressions: no strict copy that the rules reject or that changes acceptance -------------
+
+@pytest.mark.parametrize("schema,words", [
+    ({"type": "object", "properties": {"t": {"type": "array", "prefixItems": [{"type": "integer"}], "items": False}}},
+     "D8"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "zzz"]}, "'zzz'"),
+    ({"type": "object", "properties": {"o": {"type": "object", "properties": {"a": {"type": "string"}},
+                                             "required": ["b"]}}}, "'b'"),
+])
+def test_strict_refuses_copies_that_would_not_be_faithful(schema, words):
+    with pytest.raises(ToolDefinitionError) as err:
+        to_strict_schema(schema, tool_name="t")
+    assert words in str(err.value) and "cannot be strict" in str(err.value)
+
+
+def test_strict_notes_never_push_a_description_over_the_limit():
+    for desc_len in (0, 500, 1000, 1020, 1024, 2000):
+        schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 1, "maxLength": 10 ** 9,
+                                                         "format": "x" * 3000, "description": "d" * desc_len}}}
+        out = to_strict_schema(schema, tool_name="t")
+        desc = out["properties"]["s"]["anyOf"][0].get("description") or out["properties"]["s"].get("description")
+        assert len(desc) <= max(1024, desc_len)
+        assert not strict_violations(out)

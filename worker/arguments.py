@@ -2,18 +2,28 @@
 
 ``validate_tool_arguments(tool, raw)`` never raises for bad input. Its steps:
 
-1. Happy path: a pydantic tool validates the raw string directly with
-   ``model_validate_json`` (one pass in pydantic-core); a raw-schema tool
-   parses with ``orjson`` and validates with a cached ``jsonschema``
-   validator. Nothing else runs when that succeeds.
+0. Nesting deeper than ``worker.repair.MAX_NESTING_DEPTH`` (128) is refused
+   first, by a linear count (two ``str.count`` calls unless the text has more
+   than 128 brackets), so no recursive parser or validator ever sees it.
+1. Happy path: the raw string is parsed with ``orjson`` (which refuses
+   ``NaN``, ``Infinity``, ``1e400`` and lone surrogate escapes that
+   pydantic-core would accept: those go to the ladder, which refuses them);
+   a repeated key in any object is refused (``duplicate_key_error``: a
+   ``:``-count comparison with ``orjson.dumps`` of the parse, an exact
+   re-decode only when it differs). Then a pydantic tool validates the raw
+   string directly with its validator's ``validate_json``; a raw-schema tool
+   validates the parsed object with a cached ``jsonschema`` validator.
 2. Otherwise: an empty string means ``{}``; a string that does not parse (or
    is a JSON string, i.e. double encoded) climbs the text repair ladder
-   (``worker.repair.repair_arguments``); valid JSON that is not an object is
-   refused; call envelopes (A18, A38) are refused.
+   (``worker.repair.repair_arguments``, which also refuses lone surrogates,
+   non-finite numbers and duplicate keys); valid JSON that is not an object
+   is refused; call envelopes (A18, A38) are refused.
 3. Strict tools: OpenAI strict mode makes optional fields required and
    nullable, so a ``null`` for a field the tool's own schema marks optional
    and not nullable means "omitted" and is dropped (named
-   ``null_as_omitted:<loc>`` in ``repairs``).
+   ``null_as_omitted:<loc>`` in ``repairs``), at any depth: through
+   ``anyOf``/``oneOf``/``allOf`` branches, array items, ``$ref`` targets and
+   ``additionalProperties`` schemas (``_omit_nulls``).
 4. Validation against the tool's own model or raw schema (never the strict
    copy). On failure, the schema-guided object rungs are tried (a field sent
    as a JSON-encoded array/object, A20; an undeclared wrapper key, A37), each
@@ -21,7 +31,8 @@
 
 When the response stopped at the output-token limit (``response_status ==
 "incomplete"``) a call that needs any repair is refused with a "cut off"
-error.
+error. ``validate_tool_arguments`` never raises: a validator failure (a
+broken schema, a ``RecursionError``) becomes an error output.
 """
 
 from __future__ import annotations
@@ -35,8 +46,12 @@ from pydantic import ValidationError
 from worker.contract import WorkerTool
 from worker.repair import (
     CUT_OFF_ERROR,
+    MAX_NESTING_DEPTH,
+    _too_deep_error,
+    check_depth,
     check_envelope,
     decode_encoded_fields,
+    duplicate_key_error,
     repair_arguments,
     unwrap_candidate,
 )
@@ -158,9 +173,16 @@ def validate_params(tool: WorkerTool, data: dict[str, Any]) -> tuple[Any, list[F
         except ValidationError as exc:
             return None, [FieldError(_loc(e["loc"]), e["msg"]) for e in exc.errors()]
     validator = validation_info(tool).validator
-    if validator.is_valid(data):
-        return data, []
-    return None, _jsonschema_errors(validator, data)
+    try:
+        if validator.is_valid(data):
+            return data, []
+        return None, _jsonschema_errors(validator, data)
+    except RecursionError:
+        return None, [FieldError("<root>", _too_deep_error())]
+    except Exception as exc:  # a schema that cannot be applied (e.g. a $ref that does not resolve)
+        return None, [FieldError("<root>", f"the tool's schema could not be applied "
+                                           f"({exc.__class__.__name__}: {str(exc)[:200]}); "
+                                           "this is a fault of the tool, not of your arguments")]
 
 
 def params_to_data(tool: WorkerTool, params: Any) -> dict[str, Any]:
@@ -192,41 +214,122 @@ def _failure(tool: WorkerTool, raw: str, kind: str, reason: str, cap: int, *,
                             error=text, error_kind=kind)
 
 
-def _omit_nulls(value: Any, schema: Any, resolve: Any, loc: str, dropped: list[str], depth: int = 0) -> Any:
-    """Drop ``null`` for optional, non-nullable properties (strict-mode "omitted"), recursively."""
-    schema = resolve(schema)
-    if depth > 64 or not isinstance(schema, dict):
+_MAX_NULL_WALK = 4 * 128
+"""Bound on schema steps of the null walk (``$ref``/composition chains without data descent)."""
+
+
+def _could_be(schema: dict[str, Any], kind: str) -> bool:
+    t = schema.get("type")
+    if t is not None:
+        return t == kind or (isinstance(t, list) and kind in t)
+    if any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref")):
+        return True
+    if kind == "object":
+        return "properties" in schema or "additionalProperties" in schema
+    return "items" in schema or "prefixItems" in schema
+
+
+def _pick_branch(value: Any, branches: list[Any], resolve: Any) -> Any:
+    """The ``anyOf``/``oneOf`` branch ``value`` was sent for, or ``None`` when none fits.
+
+    A branch fits when it can have the value's JSON type and, for an object,
+    declares every key the value has (the strict copy closes every object, so
+    the model only sends declared keys) and agrees with every ``const``/``enum``
+    property the value gives (discriminated unions). The first fitting branch wins.
+    """
+    kind = "object" if isinstance(value, dict) else "array"
+    for b in branches:
+        r = resolve(b)
+        if not isinstance(r, dict) or not _could_be(r, kind):
+            continue
+        if kind == "object":
+            props = r.get("properties")
+            if isinstance(props, dict) and props:
+                if not isinstance(r.get("additionalProperties"), dict) and any(k not in props for k in value):
+                    continue
+                clash = False
+                for k, v in value.items():
+                    sub = resolve(props.get(k))
+                    if v is None or not isinstance(sub, dict):
+                        continue
+                    if ("const" in sub and sub["const"] != v) or (
+                            isinstance(sub.get("enum"), list) and v not in sub["enum"]):
+                        clash = True
+                        break
+                if clash:
+                    continue
+        return b
+    return None
+
+
+def _omit_nulls(value: Any, schema: Any, resolve: Any, loc: str, dropped: list[str], steps: int = 0) -> Any:
+    """Drop ``null`` for optional, non-nullable properties (strict-mode "omitted"), at any depth.
+
+    The strict copy (``worker.strict``) makes every optional property required
+    and nullable in every object it closes: top-level, nested, inside
+    ``anyOf``/``oneOf``/``allOf`` branches, array ``items``/``prefixItems``,
+    ``$ref`` targets in ``$defs`` and ``additionalProperties`` schemas. This
+    walks the value next to the tool's own schema through all of those and
+    drops a ``null`` only where that schema marks the property optional and not
+    nullable (where the strict copy is what made it nullable). A union value
+    follows the branch it fits (``_pick_branch``). Returns the value unchanged
+    (same object) when nothing was dropped.
+    """
+    if steps > _MAX_NULL_WALK or not isinstance(value, (dict, list)):
         return value
+    schema = resolve(schema)
+    if not isinstance(schema, dict):
+        return value
+    all_of = schema.get("allOf")
+    if isinstance(all_of, list):
+        for sub in all_of:
+            value = _omit_nulls(value, sub, resolve, loc, dropped, steps + 1)
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list):
+            branch = _pick_branch(value, branches, resolve)
+            if branch is not None:
+                value = _omit_nulls(value, branch, resolve, loc, dropped, steps + 1)
     if isinstance(value, dict):
         props = schema.get("properties")
-        if not isinstance(props, dict):
+        props = props if isinstance(props, dict) else {}
+        extra = schema.get("additionalProperties")
+        extra = extra if isinstance(extra, dict) else None
+        if not props and extra is None:
             return value
         required = schema.get("required", ())
         out = None
         for key, v in value.items():
-            sub = props.get(key)
+            sub = props.get(key, extra if key not in props else None)
             if sub is None:
                 continue
             here = f"{loc}.{key}" if loc else key
             if v is None:
-                if key not in required and not _accepts_null(resolve(sub)):
+                if key in props and key not in required and not _accepts_null(resolve(sub)):
                     if out is None:
                         out = dict(value)
                     del out[key]
                     dropped.append(here)
             elif isinstance(v, (dict, list)):
-                nv = _omit_nulls(v, sub, resolve, here, dropped, depth + 1)
+                nv = _omit_nulls(v, sub, resolve, here, dropped, steps + 1)
                 if nv is not v:
                     if out is None:
                         out = dict(value)
                     out[key] = nv
         return value if out is None else out
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        items = schema["items"]
-        new = [_omit_nulls(v, items, resolve, f"{loc}[{i}]", dropped, depth + 1) if isinstance(v, (dict, list)) else v
-               for i, v in enumerate(value)]
-        return value if all(a is b for a, b in zip(new, value)) else new
-    return value
+    prefix = schema.get("prefixItems")
+    prefix = prefix if isinstance(prefix, list) else []
+    items = schema.get("items")
+    items = items if isinstance(items, dict) else None
+    if not prefix and items is None:
+        return value
+    new = []
+    for i, v in enumerate(value):
+        sub = prefix[i] if i < len(prefix) else items
+        if sub is not None and isinstance(v, (dict, list)):
+            v = _omit_nulls(v, sub, resolve, f"{loc}[{i}]", dropped, steps + 1)
+        new.append(v)
+    return value if all(a is b for a, b in zip(new, value)) else new
 
 
 def _validate(tool: WorkerTool, data: dict[str, Any], info: Any) -> tuple[Any, list[FieldError], dict[str, Any], list[str]]:
@@ -249,41 +352,74 @@ def validate_tool_arguments(tool: WorkerTool, raw: str, *, response_status: str 
     of the response that carried the call: ``"incomplete"`` (stopped at
     ``max_output_tokens``) refuses every repair with a "cut off" error.
     ``max_raw_echo`` caps the raw arguments quoted back in ``error``
-    (``settings.max_raw_arguments_echo``). Never raises for bad input; see
-    the module docstring for the steps and ``worker.repair`` for the ladder.
+    (``settings.max_raw_arguments_echo``). Never raises, for any input: see
+    the module docstring for the steps and ``worker.repair`` for the ladder;
+    an unexpected failure (a broken tool schema, a bug) becomes an error output.
     """
-    if not isinstance(raw, str):
-        raw = orjson.dumps(raw).decode()
+    try:
+        if not isinstance(raw, str):
+            raw = orjson.dumps(raw).decode()
+    except Exception:
+        raw = repr(raw)
+    try:
+        return _validate_tool_arguments(tool, raw, response_status, max_raw_echo)
+    except RecursionError:
+        return _failure(tool, raw, "parse", _too_deep_error(), max_raw_echo)
+    except Exception as exc:  # defence in depth: bad input never escapes as an exception
+        return _failure(tool, raw, "parse",
+                        f"the arguments could not be processed ({exc.__class__.__name__}); "
+                        "send a plain JSON object matching the tool's parameters", max_raw_echo)
+
+
+_UNPARSED = object()
+
+
+def _validate_tool_arguments(tool: WorkerTool, raw: str, response_status: str,
+                             max_raw_echo: int) -> ArgumentsOutcome:
+    if len(raw) > MAX_NESTING_DEPTH and raw.count("[") + raw.count("{") > MAX_NESTING_DEPTH:
+        depth = check_depth(raw)  # the exact, string-aware count (the test above is its cheap half)
+        if depth:
+            return _failure(tool, raw, "parse", depth, max_raw_echo)
     model = tool.input_model
-    if model is not None and raw:
-        try:
-            return ArgumentsOutcome(ok=True, params=model.model_validate_json(raw), tool=tool)
-        except ValidationError:
-            pass
+    try:
+        # orjson refuses what JSON does not allow but pydantic-core accepts (NaN,
+        # Infinity, 1e400, lone surrogate escapes): such text goes to the ladder, which
+        # refuses it. The parsed object also serves the duplicate-key test.
+        parsed: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        parsed = _UNPARSED
+    if type(parsed) is dict:
+        if "\\u" in raw or raw.count(":") != orjson.dumps(parsed).count(b":"):  # cheap half, inlined
+            dup = duplicate_key_error(raw, parsed)
+            if dup:
+                return _failure(tool, raw, "parse", dup, max_raw_echo)
+        if model is not None:
+            try:
+                return ArgumentsOutcome(True, model.__pydantic_validator__.validate_json(raw), None, None, None,
+                                        None, None, tool)
+            except ValidationError:
+                pass
     info = validation_info(tool)
     props = info.properties
     repairs: list[str] = []
-    if not raw or raw.isspace():
+    if parsed is _UNPARSED and (not raw or raw.isspace()):
         data: Any = {}
+    elif parsed is _UNPARSED or isinstance(parsed, str):
+        # not JSON, or a JSON string (double encoded): the ladder
+        rep = repair_arguments(raw, response_status=response_status, declared_properties=props)
+        if not rep.ok:
+            kind = "cut_off" if rep.error == CUT_OFF_ERROR else "parse"
+            return _failure(tool, raw, kind, rep.error or "not valid JSON", max_raw_echo)
+        data, repairs = rep.value, rep.repairs
+    elif not isinstance(parsed, dict):
+        kind = {type(None): "null", list: "an array", bool: "a boolean"}.get(type(parsed), "a number")
+        return _failure(tool, raw, "parse", f"arguments must be a JSON object, got {kind}; send a JSON object",
+                        max_raw_echo)
     else:
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            data = raw  # a str: handled by the ladder below, like a double-encoded string
-        if isinstance(data, str):
-            rep = repair_arguments(raw, response_status=response_status, declared_properties=props)
-            if not rep.ok:
-                kind = "cut_off" if rep.error == CUT_OFF_ERROR else "parse"
-                return _failure(tool, raw, kind, rep.error or "not valid JSON", max_raw_echo)
-            data, repairs = rep.value, rep.repairs
-        elif not isinstance(data, dict):
-            kind = {type(None): "null", list: "an array", bool: "a boolean"}.get(type(data), "a number")
-            return _failure(tool, raw, "parse", f"arguments must be a JSON object, got {kind}; send a JSON object",
-                            max_raw_echo)
-        else:
-            env = check_envelope(data, props)
-            if env:
-                return _failure(tool, raw, "parse", env, max_raw_echo)
+        data = parsed
+        env = check_envelope(data, props)
+        if env:
+            return _failure(tool, raw, "parse", env, max_raw_echo)
 
     params, errors, used, notes = _validate(tool, data, info)
     if not errors:

@@ -27,6 +27,9 @@ ExecutionMode = Literal["parallel", "sequential"]
 # (Responses API reference, FunctionTool.name).
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
+MAX_DESCRIPTION_CHARS = 1024
+"""OpenAI limit on a function tool's ``description`` (strict-mode-rules.json, D10)."""
+
 P = TypeVar("P")
 
 
@@ -226,8 +229,10 @@ def define_worker_tool(
     ``json_schema`` are given; the schema root is not an object ("function
     tool parameters must use a root object schema"); ``execution_mode`` is not
     ``parallel`` or ``sequential``; a tool is both read-only and destructive;
-    or ``strict`` is asked of a schema that OpenAI strict mode cannot express
-    (the error names the field and the rule).
+    ``strict`` is asked of a schema that OpenAI strict mode cannot express
+    (the error names the field and the rule); the description is empty or
+    longer than ``MAX_DESCRIPTION_CHARS`` (1024, the API's limit); or a raw
+    schema has a ``$ref`` that is not local or does not resolve.
     """
     if not TOOL_NAME_PATTERN.match(name or ""):
         raise ToolDefinitionError(
@@ -235,6 +240,12 @@ def define_worker_tool(
         )
     if not description or not description.strip():
         raise ToolDefinitionError(f"tool {name!r}: description must not be empty")
+    if len(description) > MAX_DESCRIPTION_CHARS:
+        raise ToolDefinitionError(
+            f"tool {name!r}: description is {len(description)} characters, the limit is {MAX_DESCRIPTION_CHARS} "
+            "(the API refuses the request: \"Invalid 'tools[n].function.description': string too long. "
+            f"Expected a string with maximum length {MAX_DESCRIPTION_CHARS}\", rule D10); shorten it"
+        )
     if input_model is not None and json_schema is not None:
         raise ToolDefinitionError(f"tool {name!r}: give either input_model or json_schema, not both")
     if input_model is not None and not (isinstance(input_model, type) and issubclass(input_model, BaseModel)):

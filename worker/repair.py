@@ -9,14 +9,23 @@ fails. Policy (``tests/fixtures/cases/README.md``, DESIGN-NOTES section 6):
   (``response_status == "incomplete"``): the model is told its arguments
   were cut off;
 - refuse non-objects, markup/prose instead of JSON, distinct concatenated
-  objects, duplicate keys, call envelopes (``{"function": {"name",
-  "arguments"}}``, A18) and the hallucinated ``multi_tool_use`` shape (A38).
+  objects, duplicate keys (on every path: ``worker.arguments`` refuses them
+  on the strict path too, ``duplicate_key_error``), call envelopes
+  (``{"function": {"name", "arguments"}}``, A18) and the hallucinated
+  ``multi_tool_use`` shape (A38);
+- refuse values JSON or storage cannot hold (``check_values``): lone UTF-16
+  surrogates (refused, not replaced with U+FFFD: the text would no longer be
+  what the model sent), ``NaN``/``Infinity``/``1e400``, integers beyond 64 bits;
+- refuse nesting deeper than ``MAX_NESTING_DEPTH`` (128), checked linearly
+  (``check_depth``) before any recursive decoder runs.
 
 Text rungs, in order (``repair_arguments``), each named in ``repairs`` when
 applied:
 
-1. ``code_fence`` / ``json_header``: one surrounding Markdown fence, or a
-   leaked leading ``json`` language tag (A01, A04).
+1. ``code_fence`` / ``json_header``: one surrounding Markdown fence (``` or
+   ~~~, optional tag, also ``"``` json"``), a closing fence alone after the
+   object, or a leaked leading ``json`` language tag (A01, A04). An opening
+   fence that is never closed is refused (the text may be cut).
 2. ``double_encoded``: the whole text is a JSON string whose content is a
    JSON *object*; decoded once (A21, A23). ``escaped_object``: the text is an
    object with every quote escaped one level (``{\\"a\\": 1}``).
@@ -28,31 +37,48 @@ applied:
    A30). After the first object: identical copies are collapsed (A25),
    distinct ones refused (A26), prose is dropped (``trailing_text``, A02).
 4. ``json_repair``: the ``json-repair`` package in strict mode, as a last
-   rung for unescaped inner quotes (A36), only when rung 3 saw balanced
-   delimiters, and only if its output passes ``_no_invention``: every key of
-   the input is kept and every value comes from the input text.
+   rung (unescaped inner quotes, A36; comments; tuples; curly quotes; missing
+   commas), only when rung 3 saw balanced delimiters, and only if its output
+   passes ``_no_invention``: walked in document order next to the input,
+   every token of the input (key, value, bare word, bracket) reappears in the
+   output and every output token is the input's own, with only whitespace,
+   commas, colons and comments between them. Kept (rather than removed)
+   because the rungs above do not cover those kinds and the check makes it
+   unable to drop or invent data.
 
 Object rungs (``repair_object``, need the tool's schema): ``decoded_field``
 for an array/object field sent as a JSON-encoded string (A20) and
 ``unwrapped:<key>`` for an undeclared single wrapper key (A37), each kept
 only when the result validates.
 
-Bounds: every rung is one or a few linear passes (compiled regexes, the json
-decoders); input above ``MAX_REPAIR_CHARS`` (1 MiB) is refused without
-trying, so the ladder costs O(n) with n <= 1 MiB.
+Bounds: every rung is one or a few linear passes (compiled regexes without
+backtracking over runs: possessive quantifiers for backslash runs and
+comments; plain string operations for fences; the json decoders); input above
+``MAX_REPAIR_CHARS`` (1 MiB) is refused without trying, so the ladder costs
+O(n) with n <= 1 MiB (``tests/test_repair_cases.py`` times adversarial shapes
+at 20k and 200k characters).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Callable
 
 import orjson
 
 MAX_REPAIR_CHARS = 1_048_576
 """Arguments longer than this (characters) are not repaired: the call is refused."""
+
+MAX_NESTING_DEPTH = 128
+"""Arguments nesting objects/arrays deeper than this are refused before any recursive parser runs.
+
+128 stays below every recursive consumer: pydantic-core's JSON parser (about 200
+levels), ``orjson.dumps`` (254, the turn store), ``jsonschema`` (its Python
+recursion overflows near 250 levels) and the ``json`` decoder of the ladder."""
 
 CUT_OFF_ERROR = (
     "your arguments were cut off at the output-token limit (the response is incomplete), "
@@ -78,7 +104,9 @@ class _Syntax(Exception):
     """The normalized text is still not JSON; a later rung may try."""
 
 
-_FENCE = re.compile(r"\A\s*```+[A-Za-z0-9_-]*[ \t]*\r?\n?(.*?)\r?\n?\s*```+\s*\Z", re.S)
+# An opening Markdown fence: ``` or ~~~ (3+), an optional language tag (also after a space:
+# "``` json"), then a newline or the start of the JSON text on the same line.
+_FENCE_OPEN = re.compile(r"(`{3,}+|~{3,}+)[ \t]*+[A-Za-z0-9_+.-]*+[ \t]*+(?:\r?\n|(?=[{\[\"]))")
 _JSON_HEADER = re.compile(r"\A\s*json\s*(?=[{\[\"])", re.I)
 _CTRL = re.compile(r"[\x00-\x1f]")
 
@@ -87,10 +115,11 @@ _CTRL = re.compile(r"[\x00-\x1f]")
 _TOKEN = re.compile(
     r"""
     (?P<dq>"(?:[^"\\]|\\.)*")
-  | (?P<esc>(\\+)"([^"\\]*)\3")
+  | (?P<esc>(\\++)"([^"\\]*)\3")
   | (?P<sq>'(?:[^'\\]|\\.)*')
   | (?P<cut>["'])
   | (?P<bsws>\\[nrt])
+  | (?P<bsrun>\\++)
   | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<num>-?[0-9][0-9.eE+\-]*)
   | (?P<comma>,)
@@ -123,6 +152,56 @@ def _no_constants(name: str) -> Any:
 
 
 _DECODER = json.JSONDecoder(strict=False, object_pairs_hook=_no_dup_pairs, parse_constant=_no_constants)
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _dup_only(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _Duplicate(k)
+            seen.add(k)
+    return out
+
+
+_DUP_DECODER = json.JSONDecoder(object_pairs_hook=_dup_only)
+
+
+def duplicate_key_error(raw: str, parsed: Any) -> str | None:
+    """An error text when the JSON text ``raw`` repeats a key inside one object, else ``None``.
+
+    ``parsed`` is ``orjson.loads(raw)``: orjson (like pydantic-core) keeps the last
+    value of a repeated key, so ``{"path": "a", "path": "/etc/x"}`` would run on
+    ``/etc/x``. Duplicate keys are always refused (the ladder's decoder refuses
+    them too). Cheap test first: every key contributes one ``:`` outside strings,
+    and string content keeps its ``:`` in ``orjson.dumps(parsed)``, so without
+    ``\\u`` escapes (``\\u003a``) equal ``:`` counts prove there is no duplicate
+    (two C-level passes). Only otherwise the text is decoded again with a
+    duplicate-detecting hook (Python ``json``; depth already bounded).
+    """
+    if "\\u" not in raw and raw.count(":") == orjson.dumps(parsed).count(b":"):
+        return None
+    try:
+        _DUP_DECODER.decode(raw)
+    except _Duplicate as exc:
+        return f"arguments repeat the key {exc.args[0]!r}; send one object with each key once"
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
+def _loads_once(text: str) -> Any:
+    """``orjson.loads`` that refuses repeated keys (``_Refused``); ``orjson.JSONDecodeError`` passes through."""
+    value = orjson.loads(text)
+    dup = duplicate_key_error(text, value)
+    if dup:
+        raise _Refused(dup)
+    return value
 
 
 def _normalize(text: str, start: int, repairs: list[str]) -> tuple[str, int, bool]:
@@ -198,7 +277,7 @@ def _normalize(text: str, start: int, repairs: list[str]) -> tuple[str, int, boo
                 "a string in your arguments is not closed (the text ends inside it); "
                 "nothing was run: send the complete value"
             )
-        else:  # other
+        else:  # other, bsrun (a backslash outside a string: not JSON, a later rung decides)
             out.append(tok)
         sig = [sig[1], kind]
     else:
@@ -306,54 +385,102 @@ def _tail(text: str, end: int, first: Any, repairs: list[str]) -> None:
 
 _KEY_RE = re.compile(r'"((?:[^"\\]|\\.){1,200})"\s*:')
 
+# What may sit between two tokens of a json-repair result in its input: whitespace, commas,
+# colons, comments and stray ``\n``/``\t`` escapes. Brackets and quotes are tokens themselves.
+_GAP = re.compile(r"(?:[\s:,]++|/\*[^*]*+\*++(?:[^/*][^*]*+\*++)*+/|//[^\n]*+|\\[nrt])*+")
+_NUMBER = re.compile(r"-?(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?")
+_QUOTE_PAIRS = (('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019"))
+_OPENERS = {"dict": "{", "list": "[("}
+_CLOSERS = {"dict": "}", "list": "])"}
+_LITERALS = {True: ("true", "True"), False: ("false", "False"), None: ("null", "None")}
+
+
+def _tokens(value: Any):
+    """The tokens of a JSON value in document order: ("open"/"close", kind) and ("key"/"leaf", v)."""
+    stack: list[Any] = [("value", value)]
+    while stack:
+        what, v = stack.pop()
+        if what != "value":
+            yield what, v
+        elif isinstance(v, dict):
+            yield "open", "dict"
+            stack.append(("close", "dict"))
+            for k, sub in reversed(list(v.items())):
+                stack.append(("value", sub))
+                stack.append(("key", k))
+        elif isinstance(v, list):
+            yield "open", "list"
+            stack.append(("close", "list"))
+            for sub in reversed(v):
+                stack.append(("value", sub))
+        else:
+            yield "leaf", v
+
+
+def _string_forms(s: str) -> list[str]:
+    escaped = json.dumps(s, ensure_ascii=False)[1:-1]
+    forms = ['"' + escaped + '"']
+    for q1, q2 in _QUOTE_PAIRS:
+        forms.append(q1 + s + q2)
+    forms.append('"' + json.dumps(s)[1:-1] + '"')
+    forms.append("'" + escaped.replace('\\"', '"').replace("'", "\\'") + "'")
+    return forms
+
 
 def _no_invention(source: str, value: Any) -> bool:
     """Check a json-repair result against its input: nothing dropped, nothing made up.
 
-    - every ``"key":`` of the input is a key somewhere in the output;
-    - every string value occurs in the input *between quotes* (raw or
-      JSON-escaped), so an unquoted token (``3,...``, ``undefined``) that the
-      library turned into a string is refused;
-    - numbers, booleans and null occur in the input as tokens.
+    The result is walked in document order next to the input, one token at a
+    time (``{``, ``[``, a key, a value, ``]``, ``}``); between two tokens the
+    input may only hold whitespace, ``,``, ``:``, comments and stray ``\\n``.
+    So every key, value and bare word of the input must reappear in the
+    output in the same order (nothing dropped: ``{"a": 1, "b"}``,
+    ``{"a": 12 34}``, ``{"a": 1 garbage}`` are refused), every string of the
+    output is a quoted string of the input (raw or JSON-escaped; an unquoted
+    word turned into a string, or an invented ``""``, is refused), and numbers,
+    booleans and null are the input's own tokens. One pass: O(len(source)).
     """
-    keys: set[str] = set()
-    leaves: list[Any] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, dict):
-            for k, sub in v.items():
-                keys.add(k)
-                walk(sub)
-        elif isinstance(v, list):
-            for sub in v:
-                walk(sub)
+    pos = 0
+    for kind, tok in _tokens(value):
+        pos = _GAP.match(source, pos).end()
+        if kind == "open" or kind == "close":
+            chars = (_OPENERS if kind == "open" else _CLOSERS)[tok]
+            if pos >= len(source) or source[pos] not in chars:
+                return False
+            pos += 1
+        elif isinstance(tok, str):
+            for form in _string_forms(tok):
+                if source.startswith(form, pos):
+                    pos += len(form)
+                    break
+            else:
+                return False
+        elif isinstance(tok, bool) or tok is None:
+            for lit in _LITERALS[tok]:
+                if source.startswith(lit, pos):
+                    pos += len(lit)
+                    break
+            else:
+                return False
+        elif isinstance(tok, (int, float)):
+            m = _NUMBER.match(source, pos)
+            if not m:
+                return False
+            text = m.group()
+            try:
+                if isinstance(tok, int):
+                    if any(c in text for c in ".eE") or int(text) != tok:
+                        return False
+                elif float(text) != tok:
+                    return False
+            except ValueError:
+                return False
+            pos = m.end()
+            if pos < len(source) and (source[pos].isalnum() or source[pos] in "._"):
+                return False
         else:
-            leaves.append(v)
-
-    walk(value)
-    for m in _KEY_RE.finditer(source):
-        try:
-            k = json.loads('"' + m.group(1) + '"')
-        except json.JSONDecodeError:
-            k = m.group(1)
-        if k not in keys:
             return False
-    for leaf in leaves:
-        if isinstance(leaf, str):
-            forms = {leaf, json.dumps(leaf, ensure_ascii=False)[1:-1]}
-            if not any(q + f + q in source for f in forms for q in ('"', "'")):
-                return False
-        elif isinstance(leaf, bool):
-            if str(leaf).lower() not in source.lower():
-                return False
-        elif leaf is None:
-            if "null" not in source and "None" not in source:
-                return False
-        elif isinstance(leaf, (int, float)):
-            if not re.search(r"(?<![\w.])" + re.escape(str(leaf)) + r"(?![\w.])", source) and \
-                    not (isinstance(leaf, float) and leaf.is_integer() and str(int(leaf)) in source):
-                return False
-    return True
+    return _GAP.match(source, pos).end() == len(source)
 
 
 def _json_repair_rung(text: str) -> Any:
@@ -361,10 +488,12 @@ def _json_repair_rung(text: str) -> Any:
 
     try:
         value = json_repair.repair_json(text, return_objects=True, skip_json_loads=True, strict=True)
+    except RecursionError:
+        raise
     except Exception as exc:  # json-repair strict mode raises ValueError for ambiguous input
         raise _Syntax(str(exc)) from exc
     if not isinstance(value, dict) or not value or not _no_invention(text, value):
-        raise _Syntax("json-repair output rejected (not an object, or values not found in the input)")
+        raise _Syntax("json-repair output rejected (not an object, or it drops or invents a token of the input)")
     return value
 
 
@@ -416,8 +545,13 @@ def repair_arguments(raw: str, *, tool: Any = None, response_status: str = "comp
         return RepairOutcome(ok=False, error=str(exc), repairs=repairs)
     except _Syntax:
         return RepairOutcome(ok=False, error=_not_json_error(raw), repairs=repairs)
+    except RecursionError:  # defence in depth: check_depth runs before every recursive decoder
+        return RepairOutcome(ok=False, error=_too_deep_error(), repairs=repairs)
     if not isinstance(value, dict):
         return RepairOutcome(ok=False, error=_non_object_error(value), repairs=repairs)
+    bad = check_values(value)
+    if bad:
+        return RepairOutcome(ok=False, error=bad, repairs=repairs)
     env = check_envelope(value, declared_properties)
     if env:
         return RepairOutcome(ok=False, error=env, repairs=repairs)
@@ -427,6 +561,11 @@ def repair_arguments(raw: str, *, tool: Any = None, response_status: str = "comp
 def _preview(raw: str, limit: int = 60) -> str:
     s = raw.strip()
     return repr(s[:limit] + ("..." if len(s) > limit else ""))
+
+
+def _too_deep_error() -> str:
+    return (f"arguments are nested too deeply (limit {MAX_NESTING_DEPTH} levels of objects/arrays); "
+            "nothing was run: send a flatter JSON object")
 
 
 def _not_json_error(raw: str) -> str:
@@ -440,11 +579,97 @@ def _non_object_error(value: Any) -> str:
     return f"arguments must be a JSON object, got {kind}; nothing was run: send a JSON object"
 
 
+def _strip_fence(text: str) -> str | None:
+    """The content of one surrounding Markdown fence, or ``None`` when ``text`` is not fenced.
+
+    Fences are ``` or ~~~ (three or more), with an optional language tag
+    (``json``, also ``" json"``). The closing run must be the same character.
+    An opening fence without a closing fence is refused (the block is
+    unterminated, the text may be cut); a closing fence alone after the
+    object (no opening) is dropped. Plain string operations: linear.
+    """
+    s = text.strip()
+    m = _FENCE_OPEN.match(s)
+    if m:
+        char = m.group(1)[0]
+        body = s[m.end():].rstrip()
+        if len(body) < 3 or not body.endswith(char * 3):
+            raise _Refused(
+                "your arguments open a Markdown code fence that is never closed (the text may be cut); "
+                "nothing was run: send only the JSON object, without a fence"
+            )
+        return body.rstrip(char).rstrip()
+    if s[:1] in ("{", "[") and (s.endswith("```") or s.endswith("~~~")) and not s.startswith(("```", "~~~")):
+        return s.rstrip(s[-1]).rstrip()
+    return None
+
+
+def check_depth(text: str) -> str | None:
+    """An error text when ``text`` nests arrays/objects deeper than ``MAX_NESTING_DEPTH``, else ``None``.
+
+    Linear and cheap: a text with at most ``MAX_NESTING_DEPTH`` ``[``/``{``
+    in all is accepted after two ``str.count`` calls; otherwise strings are
+    removed (one regex pass) and the running depth of the remaining brackets
+    is computed (C-level ``accumulate``). Brackets inside double-quoted
+    strings do not count; inside single-quoted ones they do (over-counting
+    only refuses, never crashes).
+    """
+    if len(text) <= MAX_NESTING_DEPTH or text.count("[") + text.count("{") <= MAX_NESTING_DEPTH:
+        return None
+    brackets = _NON_BRACKETS.sub("", _STRINGS.sub("", text))
+    if max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) <= MAX_NESTING_DEPTH:
+        return None
+    return _too_deep_error()
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]++|\\.)*+"?', re.S)
+_NON_BRACKETS = re.compile(r"[^\[\]{}]++")
+_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def check_values(value: Any) -> str | None:
+    """An error text when a decoded JSON value holds what JSON (and storage) cannot: a string
+    with a lone UTF-16 surrogate (``"\\ud800"``), a non-finite number (``NaN``,
+    ``Infinity``, ``1e400``) or an integer outside the 64-bit range; else ``None``.
+
+    Lone surrogates are refused, not replaced with U+FFFD: the replaced text would
+    not be what the model sent (a path or a key with a changed character). Iterative
+    (no recursion), O(size of the value).
+    """
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii() and _SURROGATE.search(v):
+                return ("a string in your arguments contains a lone UTF-16 surrogate (e.g. \\ud800), "
+                        "which is not valid Unicode; nothing was run: send the text without it "
+                        "(write characters outside the BMP as the character itself or as a full surrogate pair)")
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                return ("your arguments contain a number that is not a finite JSON number "
+                        "(NaN, Infinity, or too large such as 1e400); nothing was run: send a finite number")
+        elif isinstance(v, int) and not isinstance(v, bool) and not (-(2 ** 63) <= v < 2 ** 64):
+            return ("your arguments contain an integer outside the 64-bit range; nothing was run: "
+                    "send a smaller number, or a string if it is an identifier")
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _ladder(raw: str, repairs: list[str]) -> Any:
     text = raw
-    m = _FENCE.match(text)
-    if m:
-        text = m.group(1)
+    depth = check_depth(raw)
+    if depth:
+        raise _Refused(depth)
+    fenced = _strip_fence(text)
+    if fenced is not None:
+        text = fenced
         repairs.append("code_fence")
     else:
         h = _JSON_HEADER.match(text)
@@ -456,7 +681,7 @@ def _ladder(raw: str, repairs: list[str]) -> Any:
         return {}
     if text != raw:
         try:
-            return orjson.loads(text)
+            return _loads_once(text)
         except orjson.JSONDecodeError:
             pass
     first = text[0]
@@ -465,7 +690,10 @@ def _ladder(raw: str, repairs: list[str]) -> Any:
     if text.startswith('{\\"'):
         try:
             inner = json.loads('"' + text + '"')
-            value = orjson.loads(inner)
+            depth = check_depth(inner)
+            if depth:
+                raise _Refused(depth)
+            value = _loads_once(inner)
         except (json.JSONDecodeError, orjson.JSONDecodeError):
             pass
         else:
@@ -476,7 +704,7 @@ def _ladder(raw: str, repairs: list[str]) -> Any:
         if text in _PY_LITERALS:
             return None if text == "None" else text == "True"
         try:
-            return orjson.loads(text)
+            return _loads_once(text)
         except orjson.JSONDecodeError:
             raise _Syntax("not an object") from None
     scratch: list[str] = []
@@ -505,11 +733,14 @@ def _double_encoded(text: str, repairs: list[str]) -> Any:
         ) from None
     if not isinstance(inner, str):
         return inner
+    depth = check_depth(inner)
+    if depth:
+        raise _Refused(depth)
     try:
-        value = orjson.loads(inner)
+        value = _loads_once(inner)
     except orjson.JSONDecodeError:
         try:
-            value = json.loads(inner, strict=False)
+            value = _DECODER.decode(inner)
         except json.JSONDecodeError:
             raise _Refused(
                 "arguments are a JSON string, not a JSON object; send the object itself, not encoded as a string"
@@ -555,9 +786,11 @@ def decode_encoded_fields(data: dict[str, Any], properties: dict[str, Any],
         s = value.strip()
         if not s or s[0] not in "[{":
             continue
+        if check_depth(s):
+            continue
         try:
-            decoded = orjson.loads(s)
-        except orjson.JSONDecodeError:
+            decoded = _loads_once(s)
+        except (orjson.JSONDecodeError, _Refused):
             continue
         if (isinstance(decoded, list) and "array" in types) or (isinstance(decoded, dict) and "object" in types):
             changed[key] = decoded

@@ -7,6 +7,9 @@
   every other keyword intact) unless the tool asks for ``strict``, in which
   case the strict copy from ``worker.strict`` is sent. Validation always runs
   against the tool's own model or raw schema, never the strict copy.
+- A raw schema must be a valid JSON Schema and every ``$ref`` in it must be
+  local and resolve (``_check_refs``), checked at definition time: nothing
+  is ever fetched, so a remote or dangling ref could never validate a call.
 - ``strict`` is always sent explicitly: the Responses API treats a missing
   ``strict`` as true.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
+from urllib.parse import unquote, urljoin
 
 import jsonschema
 import orjson
@@ -74,6 +78,7 @@ def source_schema(tool: WorkerTool) -> dict[str, Any]:
             raise ToolDefinitionError(
                 f"tool {tool.name!r}: json_schema is not a valid JSON Schema: {exc.message}"
             ) from exc
+        _check_refs(schema, tool.name)
     else:
         schema = EMPTY_OBJECT_SCHEMA
     if schema.get("type") != "object":
@@ -85,6 +90,104 @@ def source_schema(tool: WorkerTool) -> dict[str, Any]:
         _PARAMS_CACHE.clear()
     _PARAMS_CACHE[key] = schema
     return schema
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "unevaluatedItems", "unevaluatedProperties",
+               "not", "if", "then", "else", "contains", "propertyNames", "contentSchema")
+
+
+def _schema_nodes(root: Any):
+    """Every sub-schema of ``root`` with its path (iterative; only schema positions, so a
+    ``$ref`` key inside ``enum``/``const``/``default``/``examples`` data is not taken for one)."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        yield node, path
+        for key in _SCHEMA_MAPS:
+            sub = node.get(key)
+            if isinstance(sub, dict):
+                stack.extend((v, path + (key, name)) for name, v in sub.items())
+        for key in _SCHEMA_LISTS:
+            sub = node.get(key)
+            if isinstance(sub, list):
+                stack.extend((v, path + (key, i)) for i, v in enumerate(sub))
+        for key in _SCHEMA_ONE:
+            sub = node.get(key)
+            if isinstance(sub, dict):
+                stack.append((sub, path + (key,)))
+            elif key == "items" and isinstance(sub, list):  # draft 4-7 tuple form
+                stack.extend((v, path + (key, i)) for i, v in enumerate(sub))
+
+
+def _pointer_target(root: Any, pointer: str) -> Any:
+    """The node at a JSON pointer (``/a/b``), or ``_MISSING``."""
+    node = root
+    if not pointer:
+        return node
+    if not pointer.startswith("/"):
+        return _MISSING
+    for part in pointer[1:].split("/"):
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+_MISSING = object()
+
+
+def _check_refs(schema: dict[str, Any], tool_name: str) -> None:
+    """Every ``$ref``/``$dynamicRef`` must be local and resolve, else ``ToolDefinitionError``.
+
+    Local means a fragment into this schema: ``#``, a JSON pointer ``#/...``, or
+    ``#name`` naming an ``$anchor``/``$dynamicAnchor`` (or a draft-7 ``$id: "#name"``);
+    a ref to the root's own ``$id`` with such a fragment also counts. Remote refs
+    (``other.json#/x``, ``http://...``) are refused: validation never fetches
+    anything, so such a tool could never validate a call.
+    """
+    from worker.strict import _field_name
+
+    nodes = list(_schema_nodes(schema))
+    anchors = set()
+    for node, _ in nodes:
+        for key in ("$anchor", "$dynamicAnchor"):
+            if isinstance(node.get(key), str):
+                anchors.add(node[key])
+        if isinstance(node.get("$id"), str) and node["$id"].startswith("#"):
+            anchors.add(node["$id"][1:])
+    root_id = schema.get("$id") if isinstance(schema.get("$id"), str) else None
+    for node, path in nodes:
+        for key in ("$ref", "$dynamicRef"):
+            ref = node.get(key)
+            if key not in node:
+                continue
+            where = f"tool {tool_name!r}: field {_field_name(path)!r} (schema path /{'/'.join(map(str, path))})"
+            if not isinstance(ref, str):
+                raise ToolDefinitionError(f"{where} has a {key} that is not a string")
+            base, _, fragment = ref.partition("#")
+            if base and not (root_id and urljoin(root_id, base) == root_id.partition("#")[0]):
+                raise ToolDefinitionError(
+                    f"{where} has the non-local {key} {ref!r}; only refs into the schema itself "
+                    "('#/$defs/...', '#anchor') are supported (nothing is fetched)")
+            fragment = unquote(fragment)
+            if fragment and not fragment.startswith("/"):
+                target = schema if fragment in anchors else _MISSING
+                if target is _MISSING:
+                    raise ToolDefinitionError(f"{where} has a {key} {ref!r} to an anchor that does not exist")
+                continue
+            target = _pointer_target(schema, fragment)
+            if target is _MISSING:
+                raise ToolDefinitionError(f"{where} has a {key} {ref!r} that does not resolve in the schema")
+            if not isinstance(target, (dict, bool)):
+                raise ToolDefinitionError(f"{where} has a {key} {ref!r} that points to a non-schema")
 
 
 def parameters_schema(tool: WorkerTool) -> dict[str, Any]:
@@ -206,6 +309,7 @@ def _resolver(root: dict[str, Any]) -> Callable[[Any], Any]:
             target: Any = root
             ref = node["$ref"]
             for part in ref[2:].split("/") if ref not in ("#", "#/") else []:
+                part = unquote(part).replace("~1", "/").replace("~0", "~")
                 if not isinstance(target, dict) or part not in target:
                     return node
                 target = target[part]

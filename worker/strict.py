@@ -38,7 +38,13 @@ refer to that file):
   any JSON value (no ``type``, ``enum``, ``const``, ``$ref`` or composition)
   cannot be expressed in strict mode and raises.
 - D10    guards: nesting depth 100 and 100,000 visited nodes (as
-  openai-agents-python), against ``$ref`` fan-out.
+  openai-agents-python), against ``$ref`` fan-out; a description grown by a
+  D7 note stays within 1024 characters (the note is shortened; the tool's own
+  description limit is checked by ``define_worker_tool``).
+- D8     also: ``items: false`` (a ``prefixItems`` tuple) raises: strict mode
+  has no tuples, and the copy would be an array that accepts nothing.
+- D1/D2  also: a ``required`` name that is not a declared property raises:
+  the closed strict copy could never carry it, so no call could succeed.
 """
 
 from __future__ import annotations
@@ -207,9 +213,7 @@ class _Converter:
         if "format" in out and out["format"] not in _SUPPORTED_FORMATS:
             notes.append(f"format={out.pop('format')}")
         if notes:
-            desc = out.get("description")
-            extra = ", ".join(notes)
-            out["description"] = f"{desc} ({extra})" if desc else f"({extra})"
+            out["description"] = _with_note(out.get("description"), ", ".join(notes))
 
         if "$defs" in out or "definitions" in out:
             for defs_key in ("$defs", "definitions"):
@@ -240,6 +244,11 @@ class _Converter:
             self.close_object(out, path, refs)
         if out.get("type") == "array" or (isinstance(out.get("type"), list) and "array" in out["type"]):
             items = out.get("items")
+            if items is False or (items is not None and not isinstance(items, dict) and items is not True):
+                self.fail(path, f"is an array with 'items': {items!r}"
+                          + (" (a fixed-length tuple through prefixItems)" if "prefixItems" in out else ""),
+                          "D8: OpenAI strict mode supports neither prefixItems nor a non-schema 'items'; "
+                          "an array must declare one typed 'items' schema")
             if items is None or items is True or items == {} or (
                 isinstance(items, dict) and not any(k in items for k in _TYPE_DEFINING)
             ):
@@ -267,6 +276,11 @@ class _Converter:
         out["type"] = out.get("type", "object")
         props = out["properties"]
         required = set(out.get("required", []))
+        undeclared = sorted(str(r) for r in required if r not in props)
+        if undeclared:
+            self.fail(path, f"requires {undeclared}, which are not among its properties",
+                      "D1/D2: strict mode closes every object (additionalProperties: false), so an undeclared "
+                      "required key could never be sent and no call could succeed")
         new_props = {}
         for name, sub in props.items():
             sub_path = path + ("properties", name)
@@ -277,6 +291,24 @@ class _Converter:
         out["properties"] = new_props
         out["additionalProperties"] = False
         out["required"] = list(new_props)
+
+
+MAX_DESCRIPTION_CHARS = 1024
+"""The strict copy never grows a description past this (the API's description limit, D10)."""
+
+
+def _with_note(desc: Any, note: str) -> Any:
+    """``desc`` with ``(note)`` appended (D7), the note shortened so the result stays within
+    ``MAX_DESCRIPTION_CHARS``; a description already at the limit is left as it is (the
+    dropped keywords still hold: validation uses the tool's own schema)."""
+    desc = desc if isinstance(desc, str) else ""
+    sep = " " if desc else ""
+    room = MAX_DESCRIPTION_CHARS - len(desc) - len(sep) - 2
+    if room <= 3:
+        return desc or None
+    if len(note) > room:
+        note = note[: room - 3] + "..."
+    return f"{desc}{sep}({note})"
 
 
 _ANNOTATIONS_OUTSIDE_ANYOF = ("description", "title", "default", "examples", "deprecated")
