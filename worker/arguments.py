@@ -5,14 +5,18 @@
 0. Nesting deeper than ``worker.repair.MAX_NESTING_DEPTH`` (128) is refused
    first, by a linear count (two ``str.count`` calls unless the text has more
    than 128 brackets), so no recursive parser or validator ever sees it.
-1. Happy path: the raw string is parsed with ``orjson`` (which refuses
-   ``NaN``, ``Infinity``, ``1e400`` and lone surrogate escapes that
-   pydantic-core would accept: those go to the ladder, which refuses them);
-   a repeated key in any object is refused (``duplicate_key_error``: a
-   ``:``-count comparison with ``orjson.dumps`` of the parse, an exact
-   re-decode only when it differs). Then a pydantic tool validates the raw
-   string directly with its validator's ``validate_json``; a raw-schema tool
+1. Happy path: a pydantic tool without float (or ``Any``) fields validates
+   text free of ``\\u`` escapes directly with its validator's ``validate_json``
+   (one pass; ``NaN``, ``Infinity`` and ``1e400`` cannot validate there).
+   Other text is parsed with ``orjson`` first, which refuses ``NaN``,
+   ``Infinity``, ``1e400`` and lone surrogate escapes that pydantic-core would
+   accept (those go to the ladder, which refuses them); a raw-schema tool
    validates the parsed object with a cached ``jsonschema`` validator.
+   Valid JSON as sent follows standard JSON semantics for a repeated key (the
+   last value wins, as in orjson, pydantic-core, ``json`` and every peer SDK:
+   the value validated is the value the tool receives, so nothing can be
+   smuggled past validation). Text that needs any repair is held to more:
+   there a repeated key is refused (``worker.repair``: merging guesses).
 2. Otherwise: an empty string means ``{}``; a string that does not parse (or
    is a JSON string, i.e. double encoded) climbs the text repair ladder
    (``worker.repair.repair_arguments``, which also refuses lone surrogates,
@@ -37,6 +41,7 @@ broken schema, a ``RecursionError``) becomes an error output.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -51,7 +56,6 @@ from worker.repair import (
     check_depth,
     check_envelope,
     decode_encoded_fields,
-    duplicate_key_error,
     repair_arguments,
     unwrap_candidate,
 )
@@ -356,6 +360,17 @@ def validate_tool_arguments(tool: WorkerTool, raw: str, *, response_status: str 
     the module docstring for the steps and ``worker.repair`` for the ladder;
     an unexpected failure (a broken tool schema, a bug) becomes an error output.
     """
+    model = tool.input_model
+    if (model is not None and type(raw) is str and "\\u" not in raw and _no_float_fields(model)
+            and (len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH)):
+        # Happy path: one pydantic-core pass over the text. With no field that takes a float,
+        # what JSON forbids but pydantic-core accepts (NaN, Infinity, 1e400) cannot validate;
+        # without ``\\u`` escapes there is no lone surrogate; the bracket count bounds nesting.
+        try:
+            return ArgumentsOutcome(True, model.__pydantic_validator__.validate_json(raw), None, None, None,
+                                    None, None, tool)
+        except ValidationError:
+            pass
     try:
         if not isinstance(raw, str):
             raw = orjson.dumps(raw).decode()
@@ -374,6 +389,35 @@ def validate_tool_arguments(tool: WorkerTool, raw: str, *, response_status: str 
 _UNPARSED = object()
 
 
+@functools.lru_cache(maxsize=1024)
+def _no_float_fields(model: type) -> bool:
+    """True when no field of ``model`` (at any depth) can take a float: no ``number``
+    type and no schema that accepts anything (``Any``, ``true``, open ``additionalProperties``).
+    Cached per model class."""
+    def walk(node: Any) -> bool:
+        if node is True:
+            return False  # accepts anything
+        if not isinstance(node, dict):
+            return True
+        t = node.get("type")
+        if t == "number" or (isinstance(t, list) and "number" in t):
+            return False
+        if t is None and not any(k in node for k in ("$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not")):
+            return False  # untyped: Any
+        for key in ("properties", "$defs", "definitions", "patternProperties"):
+            if not all(walk(v) for v in (node.get(key) or {}).values()):
+                return False
+        for key in ("items", "additionalProperties", "contains"):
+            if key in node and not walk(node[key]):
+                return False
+        return all(walk(v) for key in ("anyOf", "oneOf", "allOf", "prefixItems") for v in node.get(key) or [])
+
+    try:
+        return walk(model.model_json_schema())
+    except Exception:
+        return False
+
+
 def _validate_tool_arguments(tool: WorkerTool, raw: str, response_status: str,
                              max_raw_echo: int) -> ArgumentsOutcome:
     if len(raw) > MAX_NESTING_DEPTH and raw.count("[") + raw.count("{") > MAX_NESTING_DEPTH:
@@ -384,21 +428,16 @@ def _validate_tool_arguments(tool: WorkerTool, raw: str, response_status: str,
     try:
         # orjson refuses what JSON does not allow but pydantic-core accepts (NaN,
         # Infinity, 1e400, lone surrogate escapes): such text goes to the ladder, which
-        # refuses it. The parsed object also serves the duplicate-key test.
+        # refuses it.
         parsed: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
         parsed = _UNPARSED
-    if type(parsed) is dict:
-        if "\\u" in raw or raw.count(":") != orjson.dumps(parsed).count(b":"):  # cheap half, inlined
-            dup = duplicate_key_error(raw, parsed)
-            if dup:
-                return _failure(tool, raw, "parse", dup, max_raw_echo)
-        if model is not None:
-            try:
-                return ArgumentsOutcome(True, model.__pydantic_validator__.validate_json(raw), None, None, None,
-                                        None, None, tool)
-            except ValidationError:
-                pass
+    if type(parsed) is dict and model is not None:
+        try:
+            return ArgumentsOutcome(True, model.__pydantic_validator__.validate_json(raw), None, None, None,
+                                    None, None, tool)
+        except ValidationError:
+            pass
     info = validation_info(tool)
     props = info.properties
     repairs: list[str] = []

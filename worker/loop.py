@@ -289,7 +289,7 @@ class TurnEngine:
                 log.exception("validating arguments of %s in turn %s", name, turn_id)
                 outcome = ArgumentsOutcome(ok=False, error_kind="parse", error=(
                     f"Could not use the arguments for tool {name}: they could not be processed "
-                    f"({exc.__class__.__name__}). Send a corrected call with a plain JSON object."))
+                    f"({exc.__class__.__name__}: {str(exc)[:200]}). Send a corrected call with a plain JSON object."))
             if not outcome.ok:
                 # Every kind (cut off, unparseable, failing validation) spends the tool's retry budget.
                 invalid_counts[name] = invalid_counts.get(name, 0) + 1
