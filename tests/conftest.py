@@ -92,7 +92,9 @@ def start_worker_process(*extra: str, queues: str = "turns,tools,background,work
         if proc.poll() is not None:
             raise RuntimeError(f"worker exited early; see {log.name}")
         replies = app.control.ping(timeout=0.5) or []
-        if any(name.split("@")[0] in k for r in replies for k in r):
+        nodes = [k for r in replies for k in r if k.startswith(name.split("@")[0] + "@")]
+        if nodes:
+            proc.node_name = nodes[0]
             _state.setdefault("workers", []).append(proc)
             return proc
     _stop(proc)

@@ -41,7 +41,30 @@ from worker.tool_search import with_tool_search
 
 log = logging.getLogger("agent.loop")
 
-OWNER = f"{socket.gethostname()}:{os.getpid()}"
+HOST = socket.gethostname()
+
+
+def owner() -> str:
+    """This process as a claim owner: ``host:pid`` (computed per call: prefork children fork after import)."""
+    return f"{HOST}:{os.getpid()}"
+
+
+def owner_is_dead(claim_owner: str) -> bool:
+    """True when a claim's owner ran on this host and its process is gone (a killed pool child).
+
+    Its call is then redelivered at once (``task_reject_on_worker_lost``) and need not wait
+    for the lease to expire. Owners on other hosts are judged by their lease only.
+    """
+    host, _, pid = claim_owner.rpartition(":")
+    if host != HOST or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 class Dispatcher(Protocol):
@@ -344,16 +367,16 @@ class TurnEngine:
         """Claim and run the call. Returns ``(result, completed_event)``; ``(None, None)`` if another worker holds it."""
         lease = self.settings.tool_time_limit + 30
         started = {"step": step, "call_id": call.call_id, "name": call.name, "activity": call.activity}
-        won, claim = self.store.claim(turn_id, step, call.call_id, OWNER, lease, started_event=started)
+        won, claim = self.store.claim(turn_id, step, call.call_id, owner(), lease, started_event=started)
         if not won:
-            if claim and claim.get("lease_until", 0) > time.time():
+            if claim and claim.get("lease_until", 0) > time.time() and not owner_is_dead(claim.get("owner", "")):
                 return None, None
             if call.destructive:
                 # Never run a destructive tool twice for one call: report it instead.
                 return {"output": (f"Error: the outcome of this {call.name} call is unknown: the worker running it "
                                    "stopped before reporting. Check the current state before retrying."),
                         "is_error": True, "details": {"error": "outcome_unknown"}}, None
-            self.store.take_over_claim(turn_id, step, call.call_id, OWNER, lease)
+            self.store.take_over_claim(turn_id, step, call.call_id, owner(), lease)
         # A terminating result earlier in this step stops later batches (DESIGN-NOTES section 2).
         if cancelled or (state.terminate and batch_index > 0):
             reason = "the turn was cancelled" if cancelled else "the turn was terminated"

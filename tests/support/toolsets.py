@@ -55,6 +55,18 @@ def _big(params, ctx):
     return ToolResult(content="x" * 100_000)
 
 
+def _crash_once(params, ctx):
+    # The first run of each call kills its own process (a pool child dying mid-tool).
+    r = ctx.services["redis"]
+    if r.set(f"test:crash:{ctx.turn_id}:{ctx.call_id}", "1", nx=True):
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    r.incr(f"test:crash-ran:{ctx.turn_id}:{ctx.call_id}")
+    return ToolResult(content="survived")
+
+
 def testing_tools(ctx: TurnContext):
     return [
         define_worker_tool(name="read_thing", description="Read a thing (parallel).", input_model=SleepArgs,
@@ -70,4 +82,9 @@ def testing_tools(ctx: TurnContext):
                            execute=_logged("finish", _finish), execution_mode="sequential"),
         define_worker_tool(name="big_output", description="Returns 100k characters.", input_model=NoArgs,
                            execute=_big, is_read_only=True),
+        define_worker_tool(name="crash_read", description="Read-only; its process dies on the first run.",
+                           input_model=NoArgs, execute=_crash_once, is_read_only=True),
+        define_worker_tool(name="crash_write", description="Destructive; its process dies on the first run.",
+                           input_model=NoArgs, execute=_crash_once, is_destructive=True,
+                           execution_mode="sequential"),
     ]
