@@ -25,6 +25,7 @@ QUEUES = ("turns", "tools", "background", "workflow")
 
 
 def make_app() -> Celery:
+    """Build the Celery app from ``worker.settings`` (JSON/orjson only, queues, routes, reliability)."""
     settings = get_settings()
     register_orjson()
     app = Celery("agent_runtime", include=["tasks.turns", "tasks.watchdog", "tasks.health", "tasks.scheduler"])

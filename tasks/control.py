@@ -38,6 +38,7 @@ class TurnView:
 
     @property
     def done(self) -> bool:
+        """True once the turn reached a terminal status."""
         return self.status.terminal
 
 
@@ -65,6 +66,7 @@ class ControlPlane:
         return enqueue_turn(req, turn_id or uuid.uuid4().hex)
 
     def status(self, turn_id: str) -> TurnView:
+        """The turn's current view. Raises ``ControlPlaneError`` for an unknown turn."""
         state = self.store.load(turn_id)
         if state is None:
             raise ControlPlaneError(f"unknown turn {turn_id}")

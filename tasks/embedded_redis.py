@@ -38,6 +38,7 @@ def find_redis_server() -> str:
 
 
 def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound then released)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -56,6 +57,10 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> str:
+        """Start redis-server and wait until it answers PING (``timeout`` seconds). Returns the URL.
+
+        Raises ``EmbeddedRedisError`` if the binary is missing, exits or does not answer.
+        """
         exe = find_redis_server()
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -77,6 +82,7 @@ class EmbeddedRedis:
         raise EmbeddedRedisError(f"{exe} did not answer on port {self.port} within {timeout}s")
 
     def stop(self) -> None:
+        """Terminate the server (kill after 5 s) and remove its directory."""
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -39,11 +39,13 @@ class CeleryDispatcher:
         self._extra_services = extra_services
 
     def enqueue_step(self, turn_id: str, step: int, *, queue: str) -> None:
+        """Send ``turn_step(turn_id, step)`` to ``queue``."""
         from tasks.turns import turn_step
 
         turn_step.apply_async((turn_id, step), queue=queue)
 
     def dispatch_batch(self, turn_id: str, step: int, batch_index: int, batch: Batch, *, queue: str) -> None:
+        """Send the batch's ``tool_call`` tasks: one task, a group (parallel) or a chain (sequential)."""
         from tasks.turns import tool_call
 
         sigs = [tool_call.si(turn_id, step, cid).set(queue=queue) for cid in batch.call_ids]
@@ -55,17 +57,20 @@ class CeleryDispatcher:
             chain(*sigs).apply_async()
 
     def turn_finished(self, turn_id: str) -> None:
+        """Send ``turn_finished(turn_id)`` (the control-plane hooks) to ``turns``."""
         from tasks.turns import turn_finished
 
         turn_finished.apply_async((turn_id,), queue="turns")
 
     def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
+        """Turn-scoped callables for tool creators (``tasks.services.turn_services``)."""
         from tasks.services import turn_services
 
         return turn_services(request)
 
 
 def redis_client() -> redis.Redis:
+    """A Redis client for ``REDIS_URL`` with connect/read timeouts (seconds) and health checks."""
     settings = get_settings()
     return redis.Redis.from_url(settings.redis_url, socket_timeout=30, socket_connect_timeout=5,
                                 health_check_interval=30)

@@ -13,6 +13,7 @@ MAX_REDRIVES = 3
 
 @app.task(name="tasks.watchdog.sweep", acks_late=True)
 def sweep() -> dict:
+    """Re-drive every overdue turn once; returns ``{turn_id: action}``."""
     engine = get_engine()
     done = {}
     for turn_id in engine.store.overdue():

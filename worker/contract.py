@@ -62,11 +62,13 @@ class AbortSignal:
         self.reason: str | None = None
 
     def abort(self, reason: str = "cancelled") -> None:
+        """Abort locally (e.g. on a worker shutdown) with ``reason``."""
         self.reason = reason
         self._event.set()
 
     @property
     def aborted(self) -> bool:
+        """True once aborted locally or when the probe (rate-limited) reports cancellation."""
         if self._event.is_set():
             return True
         if self._probe is not None:
@@ -94,6 +96,7 @@ class AbortSignal:
             self._event.wait(min(left, self._probe_interval))
 
     def raise_if_aborted(self) -> None:
+        """Raise ``TurnAborted`` if aborted: a convenient check point inside long tools."""
         if self.aborted:
             raise TurnAborted(self.reason or "cancelled")
 
@@ -182,6 +185,7 @@ class WorkerTool(Generic[P]):
 
     @property
     def is_async(self) -> bool:
+        """True when ``execute`` is a coroutine function (run with ``asyncio.run``)."""
         return inspect.iscoroutinefunction(self.execute)
 
     def activity(self, params: P) -> str:

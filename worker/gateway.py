@@ -49,18 +49,22 @@ class ModelReply:
 
     @property
     def function_calls(self) -> list[dict[str, Any]]:
+        """The reply's ``function_call`` items in emitted order."""
         return function_calls(self.output)
 
     @property
     def text(self) -> str:
+        """The assistant's text (concatenated ``output_text`` parts)."""
         return assistant_text(self.output)
 
     def to_json(self) -> dict[str, Any]:
+        """JSON form for the per-step memo in Redis."""
         return {"id": self.id, "status": self.status, "output": self.output, "usage": self.usage,
                 "incomplete_reason": self.incomplete_reason}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "ModelReply":
+        """Parse a Responses API response body (or our memo) into a ``ModelReply``."""
         status = data.get("status") or "completed"
         reason = data.get("incomplete_reason")
         if reason is None and isinstance(data.get("incomplete_details"), dict):
@@ -90,6 +94,7 @@ class ResponsesClient:
         )
 
     def close(self) -> None:
+        """Close the pooled connections."""
         self._client.close()
 
     def build_request(self, *, model: str, input: list[dict[str, Any]], tools: list[dict[str, Any]],

@@ -70,13 +70,17 @@ def owner_is_dead(claim_owner: str) -> bool:
 class Dispatcher(Protocol):
     """How the engine hands work to the queue layer."""
 
-    def enqueue_step(self, turn_id: str, step: int, *, queue: str) -> None: ...
+    def enqueue_step(self, turn_id: str, step: int, *, queue: str) -> None:
+        """Run model step ``step`` of the turn later, on ``queue``."""
 
-    def dispatch_batch(self, turn_id: str, step: int, batch_index: int, batch: Batch, *, queue: str) -> None: ...
+    def dispatch_batch(self, turn_id: str, step: int, batch_index: int, batch: Batch, *, queue: str) -> None:
+        """Run the batch's calls: together (``parallel``) or one after another (``sequential``)."""
 
-    def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]: ...
+    def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
+        """Turn-scoped callables for tool creators (e.g. ``enqueue_turn``)."""
 
-    def turn_finished(self, turn_id: str) -> None: ...
+    def turn_finished(self, turn_id: str) -> None:
+        """Run the control-plane hooks of a turn that just ended."""
 
 
 Toolset = Callable[[TurnContext], list[WorkerTool]]
@@ -123,6 +127,7 @@ class TurnEngine:
 
     # ----- context and tools ----------------------------------------------
     def context(self, state: TurnState, request: TurnRequest, abort: AbortSignal | None = None) -> TurnContext:
+        """The ``TurnContext`` given to category creators (home created on first use)."""
         return TurnContext(
             turn_id=state.turn_id,
             agent_id=request.agent_id,
@@ -138,9 +143,11 @@ class TurnEngine:
         )
 
     def tools_for(self, ctx: TurnContext, request: TurnRequest) -> list[WorkerTool]:
+        """The turn's tool set: its toolset's assembly, plus ``tool_search`` when a tool is deferred."""
         return with_tool_search(self.resolve_toolset(request.toolset)(ctx))
 
     def instructions_for(self, ctx: TurnContext, request: TurnRequest) -> str | None:
+        """The request's instructions with the enabled skills projected into them."""
         parts = [request.instructions or ""]
         if ctx.skills:
             from worker.tools.skills import skills_instructions

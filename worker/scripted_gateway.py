@@ -115,13 +115,16 @@ class ScriptedGateway:
 
     @property
     def port(self) -> int:
+        """The TCP port served."""
         return self._server.server_address[1]
 
     @property
     def base_url(self) -> str:
+        """The ``OPENAI_BASE_URL`` to use, e.g. ``http://127.0.0.1:8089/v1``."""
         return f"http://127.0.0.1:{self.port}/v1"
 
     def add_script(self, name: str, steps: list[Step]) -> None:
+        """Register (or replace) the script served for model ``name``."""
         self.scripts[name] = steps
 
     def load_dir(self, folder: Path) -> None:
@@ -202,10 +205,12 @@ class ScriptedGateway:
         return self
 
     def stop(self) -> None:
+        """Stop serving and close the socket."""
         self._server.shutdown()
         self._server.server_close()
 
     def serve_forever(self) -> None:
+        """Serve in the calling thread (the CLI)."""
         self._server.serve_forever()
 
 

@@ -156,10 +156,12 @@ class TurnStore:
 
     # ----- reading ---------------------------------------------------------
     def load(self, turn_id: str) -> TurnState | None:
+        """The turn's state, or None for an unknown turn."""
         h = self.r.hgetall(_k(turn_id))
         return TurnState.from_hash(turn_id, h) if h else None
 
     def items(self, turn_id: str) -> list[dict[str, Any]]:
+        """The Responses input items recorded so far (user input, model output, outputs), in order."""
         return [orjson.loads(x) for x in self.r.lrange(_k(turn_id, "items"), 0, -1)]
 
     def events(self, turn_id: str, after: str = "0-0", count: int = 1000, block_ms: int | None = None
@@ -173,10 +175,12 @@ class TurnStore:
         return out
 
     def reply(self, turn_id: str, step: int) -> dict[str, Any] | None:
+        """The memoized model reply of ``step`` (``ModelReply.to_json`` shape), or None."""
         raw = self.r.get(_k(turn_id, "reply", step))
         return orjson.loads(raw) if raw else None
 
     def plan(self, turn_id: str, step: int) -> tuple[list[PlannedCall], list[Batch]] | None:
+        """The dispatch plan of ``step``: ``(calls, batches)``, or None before it is recorded."""
         cached = self._plans.get((turn_id, step))
         return cached if cached is not None else self._parse_plan(turn_id, step, self.r.get(_k(turn_id, "plan", step)))
 
@@ -205,20 +209,25 @@ class TurnStore:
         return CallView(state, plan, bool(has_result), bool(cancelled))
 
     def results(self, turn_id: str, step: int) -> dict[str, dict[str, Any]]:
+        """Results of ``step`` by ``call_id`` (``output``, ``details``, ``is_error``, ``terminate``...)."""
         return {k.decode(): orjson.loads(v) for k, v in self.r.hgetall(_k(turn_id, "results", step)).items()}
 
     def result(self, turn_id: str, step: int, call_id: str) -> dict[str, Any] | None:
+        """One call's result, or None while it has none."""
         raw = self.r.hget(_k(turn_id, "results", step), call_id)
         return orjson.loads(raw) if raw else None
 
     def is_cancelled(self, turn_id: str) -> bool:
+        """True once the control plane asked to cancel the turn."""
         return bool(self.r.exists(_k(turn_id, "cancel")))
 
     def find_by_idempotency_key(self, key: str) -> str | None:
+        """The turn id enqueued with this idempotency key, if any."""
         v = self.r.get(f"turn-idem:{key}")
         return v.decode() if v else None
 
     def agent_turns(self, agent_id: str, limit: int = 50) -> list[str]:
+        """The agent's most recent turn ids, newest first."""
         return [x.decode() for x in self.r.lrange(f"agent:{agent_id}:turns", 0, limit - 1)]
 
     def overdue(self, now: float | None = None, limit: int = 100) -> list[str]:
@@ -283,6 +292,7 @@ class TurnStore:
         pipe.zadd("turns:watch", {turn_id: now + self.progress_timeout})
 
     def mark_running(self, turn_id: str, step: int) -> None:
+        """``queued`` -> ``running`` at the first step (guarded; raises ``StaleStep`` if fenced out)."""
         def w(pipe: Any, h: dict) -> None:
             if h[b"status"] == b"queued":
                 self._touch(pipe, turn_id, {"status": TurnStatus.running.value})
@@ -339,6 +349,7 @@ class TurnStore:
         return False, orjson.loads(raw) if raw else None
 
     def take_over_claim(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> None:
+        """Replace an expired or dead owner's claim with ours (``lease`` seconds)."""
         self.r.hset(_k(turn_id, "claims", step), call_id,
                     orjson.dumps({"owner": owner, "lease_until": time.time() + lease, "takeover": True}))
 
@@ -446,9 +457,11 @@ class TurnStore:
             pipe.expire(key, RETENTION_SECONDS)
 
     def note_redrive(self, turn_id: str) -> int:
+        """Count a watchdog re-drive and push the progress deadline; returns the count."""
         n = self.r.hincrby(_k(turn_id), "redrives", 1)
         self.r.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout})
         return int(n)
 
     def request_cancel(self, turn_id: str) -> None:
+        """Set the cancel flag that steps and running tools observe."""
         self.r.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
