@@ -200,3 +200,26 @@ def test_unreachable_redis_gives_clear_error():
 
     with pytest.raises(ControlPlaneError, match="cannot reach Redis"):
         ControlPlane(f"redis://127.0.0.1:{free_port()}/0")
+
+
+def test_deferred_tool_is_loaded_by_tool_search_for_the_rest_of_the_turn(control, gateway, script_name):
+    steps = [
+        {"output": [fc("tool_search", '{"query": "archived record"}')]},
+        {"output": [fc("archive_lookup", '{"key": "k1"}')]},
+        {"output": [msg("found it")]},
+    ]
+    turn_id, view = run(control, gateway, script_name, steps)
+    assert view.status == TurnStatus.completed
+    bodies = [b for b in gateway.requests if b["model"] == script_name]
+
+    def names(body):
+        out = []
+        for t in body["tools"]:
+            out += [f"{t['name']}.{c['name']}" for c in t["tools"]] if t["type"] == "namespace" else [t["name"]]
+        return out
+
+    assert "archive.archive_lookup" not in names(bodies[0]) and "tool_search" in names(bodies[0])
+    assert "archive.archive_lookup" in names(bodies[1]) and "archive.archive_lookup" in names(bodies[2])
+    outs = outputs(control, turn_id)
+    assert "archive_lookup" in outs[0]["output"]
+    assert orjson.loads(outs[1]["output"])["record"] == "archived record k1"

@@ -67,6 +67,14 @@ def _crash_once(params, ctx):
     return ToolResult(content="survived")
 
 
+class Key(BaseModel):
+    key: str
+
+
+def _lookup(params: Key, ctx):
+    return ToolResult(content={"key": params.key, "record": f"archived record {params.key}"})
+
+
 def testing_tools(ctx: TurnContext):
     return [
         define_worker_tool(name="read_thing", description="Read a thing (parallel).", input_model=SleepArgs,
@@ -82,6 +90,9 @@ def testing_tools(ctx: TurnContext):
                            execute=_logged("finish", _finish), execution_mode="sequential"),
         define_worker_tool(name="big_output", description="Returns 100k characters.", input_model=NoArgs,
                            execute=_big, is_read_only=True),
+        define_worker_tool(name="archive_lookup", description="Look up an archived record by its key.",
+                           input_model=Key, execute=_lookup, is_read_only=True, defer_loading=True,
+                           namespace="archive", namespace_description="Tools over the record archive."),
         define_worker_tool(name="crash_read", description="Read-only; its process dies on the first run.",
                            input_model=NoArgs, execute=_crash_once, is_read_only=True),
         define_worker_tool(name="crash_write", description="Destructive; its process dies on the first run.",
