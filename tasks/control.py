@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
+import kombu.exceptions
 import redis
 
 from worker.turn import TurnRequest, TurnStatus
@@ -42,32 +44,53 @@ class TurnView:
         return self.status.terminal
 
 
+@contextmanager
+def _redis_errors(url: str) -> Iterator[None]:
+    try:
+        yield
+    except (redis.RedisError, kombu.exceptions.OperationalError) as exc:
+        raise ControlPlaneError(f"Redis at {url} failed: {exc.__class__.__name__}: {exc}") from exc
+
+
 class ControlPlane:
-    """Client for turns. ``redis_url`` defaults to the settings' ``REDIS_URL``."""
+    """Client for turns on the Redis at ``redis_url`` (default: the settings' ``REDIS_URL``),
+    used both as the turn store and as the Celery broker the workers consume.
+
+    Every method raises ``ControlPlaneError`` when Redis is unreachable or fails.
+    """
 
     def __init__(self, redis_url: str | None = None):
+        from tasks.runtime import CeleryDispatcher
+        from worker.loop import TurnEngine
         from worker.settings import get_settings
+        from worker.toolsets import toolset_resolver
 
-        url = redis_url or get_settings().redis_url
-        self.store = TurnStore(redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30))
+        settings = get_settings()
+        self.url = redis_url or settings.redis_url
+        self.store = TurnStore(redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=30),
+                               progress_timeout=max(settings.tool_time_limit, settings.model_timeout) + 120)
         try:
             self.store.r.ping()
         except redis.RedisError as exc:
-            raise ControlPlaneError(f"cannot reach Redis at {url}: {exc}") from exc
+            raise ControlPlaneError(f"cannot reach Redis at {self.url}: {exc}") from exc
+        # Enqueueing and ending turns only: this engine never calls a model.
+        self._engine = TurnEngine(self.store, settings, CeleryDispatcher(broker_url=self.url),
+                                  toolset_resolver(settings), client=None)  # type: ignore[arg-type]
 
     def enqueue(self, request: TurnRequest | dict[str, Any], turn_id: str | None = None) -> str:
-        """Validate the request, store the turn and enqueue its first step. Returns the turn id.
+        """Validate the request, store the turn and enqueue its first step. Returns the turn id
+        (an existing one when the request's idempotency key was used before).
 
         Raises ``pydantic.ValidationError`` for a bad request (nothing is stored).
         """
-        from tasks.services import enqueue_turn
-
         req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
-        return enqueue_turn(req, turn_id or uuid.uuid4().hex)
+        with _redis_errors(self.url):
+            return self._engine.create_turn(req, turn_id or uuid.uuid4().hex)[0]
 
     def status(self, turn_id: str) -> TurnView:
         """The turn's current view. Raises ``ControlPlaneError`` for an unknown turn."""
-        state = self.store.load(turn_id)
+        with _redis_errors(self.url):
+            state = self.store.load(turn_id)
         if state is None:
             raise ControlPlaneError(f"unknown turn {turn_id}")
         return TurnView(turn_id, state.status, state.step, state.model_calls, state.final_output, state.error)
@@ -83,16 +106,19 @@ class ControlPlane:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ControlPlaneError(f"turn {turn_id} still {view.status.value} after {timeout:.0f}s")
-            for eid, _ in self.store.events(turn_id, after=last, block_ms=int(min(left, 1.0) * 1000)):
-                last = eid
+            with _redis_errors(self.url):
+                for eid, _ in self.store.events(turn_id, after=last, block_ms=int(min(left, 1.0) * 1000)):
+                    last = eid
 
     def items(self, turn_id: str) -> list[dict[str, Any]]:
         """The turn's Responses input items so far (user input, model output, function_call_output)."""
-        return self.store.items(turn_id)
+        with _redis_errors(self.url):
+            return self.store.items(turn_id)
 
     def events(self, turn_id: str, after: str = "0-0") -> list[dict[str, Any]]:
         """Activity events (``kind``, ``at`` and fields) in order."""
-        return [e for _, e in self.store.events(turn_id, after=after)]
+        with _redis_errors(self.url):
+            return [e for _, e in self.store.events(turn_id, after=after)]
 
     def workflows(self) -> "WorkflowClient":
         """Workflow tasks and Brain pages (``tasks.workflow.WorkflowClient``)."""
@@ -108,11 +134,10 @@ class ControlPlane:
         view = self.status(turn_id)
         if view.done:
             return False
-        self.store.request_cancel(turn_id)
-        self.store.event(turn_id, "cancel_requested")
-        if view.status == TurnStatus.queued:
-            # Nothing runs yet: end it now; the queued step will be fenced out.
-            from tasks.runtime import get_engine
-
-            get_engine().fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
+        with _redis_errors(self.url):
+            self.store.request_cancel(turn_id)
+            self.store.event(turn_id, "cancel_requested")
+            if view.status == TurnStatus.queued:
+                # Nothing runs yet: end it now; the queued step will be fenced out.
+                self._engine.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
         return True

@@ -35,14 +35,25 @@ class CeleryDispatcher:
     No chord: the barrier is the turn store's (DESIGN-NOTES section 1).
     """
 
-    def __init__(self, extra_services: Callable[[TurnRequest], dict[str, Any]] | None = None):
-        self._extra_services = extra_services
+    def __init__(self, broker_url: str | None = None):
+        # A control plane may name its own Redis; workers use the app's broker.
+        self._broker_url = broker_url
+        self._conn: Any = None
+
+    def _options(self) -> dict[str, Any]:
+        from tasks.app import app
+
+        if not self._broker_url or self._broker_url == app.conf.broker_url:
+            return {}
+        if self._conn is None:
+            self._conn = app.connection_for_write(self._broker_url)
+        return {"connection": self._conn}
 
     def enqueue_step(self, turn_id: str, step: int, *, queue: str) -> None:
         """Send ``turn_step(turn_id, step)`` to ``queue``."""
         from tasks.turns import turn_step
 
-        turn_step.apply_async((turn_id, step), queue=queue)
+        turn_step.apply_async((turn_id, step), queue=queue, **self._options())
 
     def dispatch_batch(self, turn_id: str, step: int, batch_index: int, batch: Batch, *, queue: str) -> None:
         """Send the batch's ``tool_call`` tasks: one task, a group (parallel) or a chain (sequential)."""
@@ -60,7 +71,7 @@ class CeleryDispatcher:
         """Send ``turn_finished(turn_id)`` (the control-plane hooks) to ``turns``."""
         from tasks.turns import turn_finished
 
-        turn_finished.apply_async((turn_id,), queue="turns")
+        turn_finished.apply_async((turn_id,), queue="turns", **self._options())
 
     def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
         """Turn-scoped callables for tool creators (``tasks.services.turn_services``)."""
@@ -82,7 +93,8 @@ def get_engine() -> TurnEngine:
     with _lock:
         if _engine is None or _pid != os.getpid():
             settings = get_settings()
-            store = TurnStore(redis_client(), progress_timeout=settings.tool_time_limit + 120)
+            store = TurnStore(redis_client(),
+                              progress_timeout=max(settings.tool_time_limit, settings.model_timeout) + 120)
             client = ResponsesClient(settings.openai_base_url, settings.openai_api_key.get_secret_value(),
                                      timeout=settings.model_timeout, connect_timeout=settings.model_connect_timeout)
             _engine = TurnEngine(store, settings, CeleryDispatcher(), toolset_resolver(settings), client)

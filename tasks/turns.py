@@ -30,6 +30,8 @@ def turn_step(self, turn_id: str, step: int) -> dict:
         if self.request.retries < MAX_MODEL_RETRIES:
             delay = min(60, 2 ** self.request.retries)
             engine.store.event(turn_id, "model_retry", step=step, error=str(exc)[:300], in_s=delay)
+            # Still working: keep the watchdog from starting a second retry chain.
+            engine.store.push_deadline(turn_id, delay + engine.settings.model_timeout + 60)
             raise self.retry(exc=exc, countdown=delay)
         engine.fail_turn(turn_id, TurnStatus.failed, f"model gateway failed after retries: {exc}")
         return {"action": "failed"}
@@ -59,4 +61,6 @@ def turn_finished(turn_id: str) -> dict:
     state = engine.store.load(turn_id)
     if state is None or not state.status.terminal:
         return {"action": "dropped"}
-    return on_turn_finished(engine, state)
+    report = on_turn_finished(engine, state)  # idempotent: a re-sent hook changes nothing
+    engine.store.hooks_done(turn_id)
+    return report

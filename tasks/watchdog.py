@@ -1,5 +1,6 @@
 """The watchdog: re-drives turns whose progress deadline passed (lost message, crash
-between barrier and enqueue) and fails a turn after ``MAX_REDRIVES`` attempts.
+between barrier and enqueue), fails a turn after ``MAX_REDRIVES`` re-drives without
+progress, and re-sends the end hooks of ended turns whose hooks never reported done.
 Run by celery beat every 15 s (``beat_schedule`` in ``tasks.app``)."""
 
 from __future__ import annotations
@@ -18,4 +19,7 @@ def sweep() -> dict:
     done = {}
     for turn_id in engine.store.overdue():
         done[turn_id] = engine.redrive(turn_id, MAX_REDRIVES).action
+    for turn_id in engine.store.hooks_overdue():  # a lost turn_finished message
+        engine.dispatcher.turn_finished(turn_id)
+        done[turn_id] = "hooks re-sent"
     return done

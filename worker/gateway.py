@@ -130,7 +130,43 @@ class ResponsesClient:
             data = orjson.loads(resp.content)
         except orjson.JSONDecodeError as exc:
             raise GatewayError("model gateway sent a non-JSON body", retryable=True) from exc
-        if data.get("status") == "failed":
-            err = data.get("error") or {}
-            raise GatewayError(f"model response failed: {err.get('message', err)}", retryable=False)
-        return ModelReply.from_json(data)
+        return parse_response(data)
+
+
+_ITEM_FIELDS = {"function_call": ("call_id", "name", "arguments")}
+
+
+def parse_response(data: Any) -> ModelReply:
+    """Check a Responses API body's shape and parse it.
+
+    Raises ``GatewayError`` for ``status: failed`` (not retryable), and for a body that is
+    not a response object: not an object, ``output`` not a list of objects, a
+    ``function_call`` whose ``name`` / ``call_id`` / ``arguments`` are not strings (a
+    malformed 200 is retried like a 5xx: a gateway glitch, not the model's answer), or
+    ``status`` ``in_progress`` / ``queued`` (background mode is not used).
+    """
+    if not isinstance(data, dict):
+        raise GatewayError(f"model gateway sent a malformed response: a JSON {type(data).__name__}, "
+                           "not a response object", retryable=True)
+    status = data.get("status") or "completed"
+    if status == "failed":
+        err = data.get("error") or {}
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raise GatewayError(f"model response failed: {msg}", retryable=False)
+    if status in ("in_progress", "queued"):
+        raise GatewayError(f"model gateway sent an unfinished response (status {status})", retryable=True)
+    output = data.get("output")
+    if output is None:
+        output = []
+    if not isinstance(output, list) or not all(isinstance(i, dict) for i in output):
+        raise GatewayError("model gateway sent a malformed response: output is not a list of items",
+                           retryable=True)
+    for item in output:
+        for field in _ITEM_FIELDS.get(item.get("type"), ()):
+            value = item.get(field)
+            if field == "call_id" and value is None:
+                continue  # a missing call_id gets a placeholder (worker.items.normalize_reply_calls)
+            if not isinstance(value, str):
+                raise GatewayError(f"model gateway sent a malformed function_call: {field} is "
+                                   f"{type(value).__name__}, not a string", retryable=True)
+    return ModelReply.from_json(data)

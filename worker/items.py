@@ -91,7 +91,7 @@ _NAME_OK = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _NAME_BAD_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 
-def normalize_reply_calls(output_items: list[dict[str, Any]], history_call_ids: set[str]
+def normalize_reply_calls(output_items: list[dict[str, Any]], history_call_ids: set[str], step: int = 0
                           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Make a reply's ``function_call`` items safe to record and replay.
 
@@ -114,7 +114,8 @@ def normalize_reply_calls(output_items: list[dict[str, Any]], history_call_ids: 
             items.append(item)
             continue
         item = dict(item)
-        original = item.get("call_id") or f"call_missing_{len(calls)}"
+        # A call without call_id gets one unique in the turn (and the same on a redelivery).
+        original = item.get("call_id") or f"call_missing_s{step}_{len(calls)}"
         call_id, n = original, 1
         while call_id in seen:
             n += 1
@@ -145,3 +146,30 @@ def cut_replayed_arguments(items: list[dict[str, Any]], call_ids: set[str], max_
             item = {**item, "arguments": args[:max_chars] + f"...[cut: {len(args)} characters in all]"}
         out.append(item)
     return out
+
+
+def storable(value: Any) -> Any:
+    """``value`` made JSON-storable: returned as is when orjson can encode it; otherwise a copy
+    where strings with lone surrogates (e.g. file names that are not UTF-8) keep them as
+    ``\\udcff`` text, integers beyond 64 bits become strings, and other objects their ``str``.
+    """
+    try:
+        orjson.dumps(value)
+        return value
+    except TypeError:
+        pass
+
+    def fix(v: Any) -> Any:
+        if isinstance(v, str):
+            return v.encode("utf-8", "backslashreplace").decode("utf-8")
+        if isinstance(v, bool) or v is None or isinstance(v, float):
+            return v
+        if isinstance(v, int):
+            return v if -(2**63) <= v < 2**64 else str(v)
+        if isinstance(v, dict):
+            return {fix(str(k)): fix(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [fix(x) for x in v]
+        return fix(str(v))
+
+    return fix(value)

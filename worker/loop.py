@@ -30,7 +30,7 @@ from worker.contract import AbortSignal, ToolContext, ToolResult, TurnAborted, W
 from worker.dispatch import Batch, PlannedCall, plan_batches
 from worker.gateway import GatewayError, ModelReply, ResponsesClient
 from worker.items import (cap_output, cut_replayed_arguments, function_call_output, normalize_reply_calls,
-                          output_text, user_message)
+                          output_text, storable, user_message)
 from worker.schemas import collect_tool_definitions
 from worker.settings import Settings
 from worker.turn import TurnRequest, TurnStatus
@@ -186,6 +186,8 @@ class TurnEngine:
         tools = self.tools_for(ctx, request)
         reply_data = self.store.reply(turn_id, step)
         if reply_data is None:
+            # The model call may take up to model_timeout: no watchdog re-drive meanwhile.
+            self.store.push_deadline(turn_id, self.settings.model_timeout + 60)
             body = self.client.build_request(
                 model=request.model or self.settings.model,
                 input=self.store.items(turn_id),
@@ -205,17 +207,24 @@ class TurnEngine:
             self.store.event(turn_id, "model_reply", step=step, status=reply.status, text=reply.text[:1000],
                              calls=len(reply.function_calls), ms=round((time.perf_counter() - started) * 1000, 1))
         reply = ModelReply.from_json(reply_data)
+        if self.store.is_cancelled(turn_id):  # cancelled while the model was answering
+            self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
+            return StepOutcome("cancelled")
         history_ids = {i.get("call_id") for i in self.store.items(turn_id) if i.get("type") == "function_call"}
-        reply_items, calls = normalize_reply_calls([self._clean_item(i) for i in reply.output], history_ids)
+        reply_items, calls = normalize_reply_calls([self._clean_item(i) for i in reply.output], history_ids, step)
         if not calls and request.finish_tool:
             return self._prose_without_finish(turn_id, step, state, request, reply_items)
         if not calls:
+            # An answer cut at the output-token limit is not a completed turn: say so.
+            status = TurnStatus.incomplete if reply.status == "incomplete" else TurnStatus.completed
+            error = (f"the model's answer stopped at the output-token limit ({reply.incomplete_reason or 'incomplete'})"
+                     if status == TurnStatus.incomplete else None)
             try:
-                self.store.complete(turn_id, step, reply_items, TurnStatus.completed, final_output=reply.text)
+                self.store.complete(turn_id, step, reply_items, status, final_output=reply.text, error=error)
             except StaleStep:
                 return StepOutcome("dropped", "already completed")
-            self._finished(turn_id, TurnStatus.completed, final_output=reply.text)
-            return StepOutcome("completed")
+            self._finished(turn_id, status, final_output=reply.text, error=error)
+            return StepOutcome(status.value)
 
         planned, pre_results, invalid_counts = self._plan(turn_id, state, tools, calls, reply.status)
         batches = plan_batches(planned)
@@ -389,7 +398,12 @@ class TurnEngine:
             reason = "the turn was cancelled" if cancelled else "the turn was terminated"
             return {"output": f"Interrupted: the call did not run because {reason}.", "is_error": True,
                     "details": {"error": "interrupted"}}, None
-        result = self.execute_call(turn_id, call, state, request)
+        try:
+            result = storable(self.execute_call(turn_id, call, state, request))
+        except Exception as exc:  # whatever breaks around the tool, the call still gets an output
+            log.exception("call %s of turn %s failed outside the tool", call.call_id, turn_id)
+            result = {"output": f"Error: {call.name} failed: {exc.__class__.__name__}: {exc}", "is_error": True,
+                      "details": {"error": "exception", "type": exc.__class__.__name__}}
         event = {"step": step, "call_id": call.call_id, "name": call.name,
                  "activity": result.get("activity", call.activity), "is_error": result.get("is_error", False),
                  "ms": result.get("ms"), "terminate": result.get("terminate", False),

@@ -17,6 +17,7 @@ class TurnStatus(str, Enum):
     queued = "queued"
     running = "running"
     completed = "completed"  # the model answered without calling tools
+    incomplete = "incomplete"  # the model's answer stopped at the output-token limit
     terminated = "terminated"  # a tool result asked to end the turn
     max_model_calls = "max_model_calls"  # runaway turn stopped at the model-call cap
     invalid_arguments = "invalid_arguments"  # a tool's retry budget for invalid calls ran out

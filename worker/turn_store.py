@@ -23,6 +23,7 @@ Cluster slot):
 - ``turn:{id}:events`` stream: activity events for the control plane.
 - ``turn:{id}:cancel``: the cancel flag.
 - ``turns:watch`` sorted set: turn id scored by its progress deadline (watchdog).
+- ``turns:finishing`` sorted set: ended turns whose end hooks have not reported done.
 - ``turn-idem:<key>``: idempotency key -> turn id.
 """
 
@@ -36,9 +37,11 @@ import orjson
 import redis
 
 from worker.dispatch import Batch, PlannedCall
+from worker.items import unanswered_call_ids
 from worker.turn import TurnStatus
 
 EVENTS_MAXLEN = 2000
+HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
 RETENTION_SECONDS = 7 * 24 * 3600
 
 # Barrier: set the "advanced" key once, only when every call of the batch has a result.
@@ -287,8 +290,9 @@ class TurnStore:
         self.r.transaction(txn, key)
 
     def _touch(self, pipe: Any, turn_id: str, fields: dict[str, Any]) -> None:
+        # Progress: a new deadline, and the watchdog's re-drive count starts again.
         now = time.time()
-        pipe.hset(_k(turn_id), mapping={**fields, "updated_at": now})
+        pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
         pipe.zadd("turns:watch", {turn_id: now + self.progress_timeout})
 
     def mark_running(self, turn_id: str, step: int) -> None:
@@ -362,7 +366,7 @@ class TurnStore:
             p.expire(key, RETENTION_SECONDS)
             if result.get("terminate"):
                 p.hset(_k(turn_id), "terminate", "1")
-            p.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout})
+            p.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout}, xx=True)
             p.execute()
         return stored
 
@@ -378,7 +382,7 @@ class TurnStore:
                            _k(turn_id, "adv", step, batch_index)],
                      args=[call_id, orjson.dumps(result), RETENTION_SECONDS, "1" if result.get("terminate") else "0",
                            event, EVENTS_MAXLEN, *batch_call_ids], client=p)
-        p.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout})
+        p.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout}, xx=True)
         (stored, done), _ = p.execute()
         return bool(stored), bool(done)
 
@@ -434,7 +438,12 @@ class TurnStore:
         self._guarded(turn_id, step, "model", w)
 
     def fail(self, turn_id: str, status: TurnStatus, error: str) -> bool:
-        """End a non-terminal turn whatever its step (cancel, watchdog give-up). Returns False if already ended."""
+        """End a non-terminal turn whatever its step (cancel, gateway failure, watchdog give-up).
+
+        Every ``function_call`` still without an output gets one (DESIGN-NOTES section 2):
+        its stored result if the call finished, else an "Interrupted" output; the cancel
+        flag is set so tools still running stop. Returns False if the turn had already ended.
+        """
         key = _k(turn_id)
         ended = False
 
@@ -443,7 +452,22 @@ class TurnStore:
             h = pipe.hgetall(key)
             if not h or TurnStatus(h[b"status"].decode()).terminal:
                 return
+            items = [orjson.loads(x) for x in pipe.lrange(_k(turn_id, "items"), 0, -1)]
+            missing = unanswered_call_ids(items)
+            results = {}
+            if missing:
+                results = {k.decode(): orjson.loads(v)
+                           for k, v in pipe.hgetall(_k(turn_id, "results", int(h[b"step"]))).items()}
             pipe.multi()
+            outputs = []
+            for call_id in missing:
+                res = results.get(call_id)
+                text = res["output"] if res else (f"Interrupted: the turn ended ({status.value}) before this call "
+                                                  "finished; its outcome is unknown.")
+                outputs.append(orjson.dumps({"type": "function_call_output", "call_id": call_id, "output": text}))
+            if outputs:
+                pipe.rpush(_k(turn_id, "items"), *outputs)
+            pipe.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
             self._touch(pipe, turn_id, {"status": status.value, "error": error})
             self._retire(pipe, turn_id, h)
             ended = True
@@ -453,8 +477,26 @@ class TurnStore:
 
     def _retire(self, pipe: Any, turn_id: str, h: dict) -> None:
         pipe.zrem("turns:watch", turn_id)
+        # Until its control-plane hooks have run (``hooks_done``), the watchdog re-sends them.
+        pipe.zadd("turns:finishing", {turn_id: time.time() + HOOK_TIMEOUT})
         for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events"), _k(turn_id, "cancel")):
             pipe.expire(key, RETENTION_SECONDS)
+
+    def hooks_done(self, turn_id: str) -> None:
+        """The turn's end hooks ran: stop re-sending them."""
+        self.r.zrem("turns:finishing", turn_id)
+
+    def hooks_overdue(self, now: float | None = None, limit: int = 100) -> list[str]:
+        """Ended turns whose hooks did not report done in time; their deadline is pushed as they are returned."""
+        now = time.time() if now is None else now
+        ids = [x.decode() for x in self.r.zrangebyscore("turns:finishing", "-inf", now, start=0, num=limit)]
+        if ids:
+            self.r.zadd("turns:finishing", {i: now + HOOK_TIMEOUT for i in ids})
+        return ids
+
+    def push_deadline(self, turn_id: str, seconds: float) -> None:
+        """Push the turn's progress deadline to at least ``seconds`` from now (a long model call, a retry)."""
+        self.r.zadd("turns:watch", {turn_id: time.time() + max(seconds, self.progress_timeout)}, xx=True, gt=True)
 
     def note_redrive(self, turn_id: str) -> int:
         """Count a watchdog re-drive and push the progress deadline; returns the count."""
