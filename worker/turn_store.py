@@ -40,7 +40,7 @@ from worker.dispatch import Batch, PlannedCall
 from worker.items import unanswered_call_ids
 from worker.turn import TurnStatus
 
-EVENTS_MAXLEN = 2000
+EVENTS_MAXLEN = 10_000
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
 RETENTION_SECONDS = 7 * 24 * 3600
 
