@@ -150,7 +150,6 @@ def test_search_limit_enforced():
 
 # ---- regressions: hostile inputs never raise; storage-safe values; one duplicate-key rule ------
 
-import math  # noqa: E402
 from typing import Any, Literal  # noqa: E402
 
 import pytest  # noqa: E402

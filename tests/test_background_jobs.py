@@ -12,17 +12,7 @@ import pytest
 
 from worker.jobs import JobStore, job_id_for
 from worker.turn import TurnStatus
-
-
-def fc(name, arguments, call_id=None):
-    item = {"type": "function_call", "name": name, "arguments": orjson.dumps(arguments).decode()}
-    if call_id:
-        item["call_id"] = call_id
-    return item
-
-
-def msg(text):
-    return {"type": "message", "text": text}
+from tests.support.scripts import fc, msg
 
 
 def outputs(control, turn_id):

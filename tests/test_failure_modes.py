@@ -12,14 +12,7 @@ import pytest
 from worker.gateway import GatewayError, parse_response
 from worker.items import normalize_reply_calls, unanswered_call_ids
 from worker.turn import TurnStatus
-
-
-def fc(name, args="{}"):
-    return {"type": "function_call", "name": name, "arguments": args}
-
-
-def msg(text):
-    return {"type": "message", "text": text}
+from tests.support.scripts import fc, msg
 
 
 @pytest.mark.parametrize("body", [

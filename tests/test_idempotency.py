@@ -19,6 +19,7 @@ from worker.settings import Settings
 from worker.toolsets import toolset_resolver
 from worker.turn import TurnRequest, TurnStatus
 from worker.turn_store import TurnStore
+from tests.support.scripts import fc
 
 
 class RecordingDispatcher:
@@ -44,10 +45,6 @@ def engine(redis_url, gateway):
     store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=1.0)
     client = ResponsesClient(gateway.base_url)
     return TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client)
-
-
-def fc(name, args):
-    return {"type": "function_call", "name": name, "arguments": args}
 
 
 def start(engine, gateway, script_name, steps):

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from worker.turn import TurnStatus
+from tests.support.scripts import fc
 
 CASES = {c["id"]: c for c in json.loads(
     (Path(__file__).parent / "fixtures" / "cases" / "parallel-tool-calls.json").read_text())}
@@ -37,13 +38,6 @@ def test_every_case_is_covered_or_explained():
     assert set(CASES) == COVERED | set(NOT_APPLICABLE)
     for case in CASES.values():
         assert case["sources"] and case["runtime_rule"]
-
-
-def fc(name, args, call_id=None):
-    item = {"type": "function_call", "name": name, "arguments": args}
-    if call_id:
-        item["call_id"] = call_id
-    return item
 
 
 @pytest.fixture

@@ -25,19 +25,9 @@ from worker.schedules import (
     schedule_id_for,
 )
 from worker.turn import TurnStatus
+from tests.support.scripts import fc, msg
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def fc(name, arguments, call_id=None):
-    item = {"type": "function_call", "name": name, "arguments": orjson.dumps(arguments).decode()}
-    if call_id:
-        item["call_id"] = call_id
-    return item
-
-
-def msg(text):
-    return {"type": "message", "text": text}
 
 
 def outputs(control, turn_id):

@@ -9,10 +9,7 @@ import uuid
 import orjson
 
 from worker.turn import TurnStatus
-
-
-def fc(name, args):
-    return {"type": "function_call", "name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}
+from tests.support.scripts import fc
 
 
 def run(control, gateway, script_name, steps, agent_id):

@@ -6,14 +6,7 @@ import orjson
 import pytest
 
 from worker.turn import TurnStatus
-
-
-def fc(name, arguments):
-    return {"type": "function_call", "name": name, "arguments": arguments}
-
-
-def msg(text):
-    return {"type": "message", "text": text}
+from tests.support.scripts import fc, msg
 
 
 def run(control, gateway, script_name, steps, *, toolset="testing", timeout=60, **extra):

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from worker.turn import TurnStatus
+from tests.support.scripts import fc, msg
 
 SCHEMA = {
     "type": "object",
@@ -22,15 +23,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 GOOD = {"city": "Lyon", "population": 522_000}
-
-
-def fc(name, arguments):
-    return {"type": "function_call", "name": name,
-            "arguments": arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()}
-
-
-def msg(text):
-    return {"type": "message", "text": text}
 
 
 def submit(value):

@@ -162,11 +162,11 @@ def parse_response(data: Any) -> ModelReply:
         raise GatewayError("model gateway sent a malformed response: output is not a list of items",
                            retryable=True)
     for item in output:
-        for field in _ITEM_FIELDS.get(item.get("type"), ()):
-            value = item.get(field)
-            if field == "call_id" and value is None:
+        for key in _ITEM_FIELDS.get(item.get("type"), ()):
+            value = item.get(key)
+            if key == "call_id" and value is None:
                 continue  # a missing call_id gets a placeholder (worker.items.normalize_reply_calls)
             if not isinstance(value, str):
-                raise GatewayError(f"model gateway sent a malformed function_call: {field} is "
+                raise GatewayError(f"model gateway sent a malformed function_call: {key} is "
                                    f"{type(value).__name__}, not a string", retryable=True)
     return ModelReply.from_json(data)
