@@ -7,8 +7,6 @@ per turn"). A category whose prerequisites are absent contributes nothing.
 
 from __future__ import annotations
 
-import logging
-
 from worker.contract import WorkerTool
 from worker.tools.background_jobs import create_background_job_tools
 from worker.tools.brain import create_brain_tools
@@ -19,9 +17,6 @@ from worker.tools.todo import create_todo_tool
 from worker.tools.web import create_web_tools
 from worker.tools.workflow import create_workflow_tools
 from worker.turn_context import TurnContext
-
-log = logging.getLogger("agent.assembly")
-
 
 def text_turn_tools(ctx: TurnContext) -> list[WorkerTool]:
     """The main text-turn tool set, in the spec's order: todo, computer, web, schedule,
@@ -37,7 +32,6 @@ def text_turn_tools(ctx: TurnContext) -> list[WorkerTool]:
         *create_background_job_tools(ctx),
         *create_workflow_tools(ctx),
     ]
-    log.info("turn %s tools: %s", ctx.turn_id, ", ".join(t.name for t in tools))
     return tools
 
 
@@ -57,5 +51,4 @@ def workflow_task_tools(ctx: TurnContext) -> list[WorkerTool]:
         *create_brain_tools(ctx),
         create_submit_result_tool(ctx),
     ]
-    log.info("workflow task turn %s tools: %s", ctx.turn_id, ", ".join(t.name for t in tools))
     return tools

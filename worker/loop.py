@@ -184,6 +184,7 @@ class TurnEngine:
 
         ctx = self.context(state, request)
         tools = self.tools_for(ctx, request)
+        log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
         reply_data = self.store.reply(turn_id, step)
         if reply_data is None:
             # The model call may take up to model_timeout: no watchdog re-drive meanwhile.
