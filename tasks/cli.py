@@ -52,6 +52,7 @@ def enqueue(
     if not wait:
         print(turn_id)
         return
+    console.print(f"turn {turn_id} queued on {control.url}")
     from tasks.transcript import print_transcript
 
     final = print_transcript(control, turn_id, console)

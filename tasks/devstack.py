@@ -142,7 +142,8 @@ def run_basic_demo() -> bool:
 
 def serve(stack: Stack) -> None:
     """Keep the stack up for the CLI and the Python client until Ctrl-C."""
-    console.print("\n[bold]stack is up[/]; in another shell:\n")
+    home = seed_home("alice")  # the README's example agent, with the files the demo script reads
+    console.print(f"\n[bold]stack is up[/] (agent alice's home: {home}); in another shell:\n")
     print(f"  export REDIS_URL={os.environ['REDIS_URL']} OPENAI_BASE_URL={os.environ['OPENAI_BASE_URL']} "
           f"OPENAI_MODEL={os.environ.get('OPENAI_MODEL', '')}", flush=True)
     console.print("  .venv/bin/agent-runtime enqueue 'list my files' --agent alice --wait\n")
@@ -184,7 +185,7 @@ def run(demo: str = typer.Option("demo", help="demo to run: demo, workflow or jo
             console.print(f"[red]unknown demo {demo!r}[/]: use demo, workflow or jobs")
     finally:
         stack.close()
-        console.print("stopped everything started by make run")
+        console.print("stopped everything this command started")
     raise typer.Exit(0 if ok else 1)
 
 

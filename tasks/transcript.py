@@ -16,10 +16,20 @@ from rich.markup import escape
 from tasks.control import ControlPlane
 
 
-def _tail(control: ControlPlane, turn_id: str, timeout: float) -> Iterator[dict[str, Any]]:
+NO_WORKER_HINT_AFTER = 5.0  # seconds a turn may stay queued before the tail says why it may be stuck
+
+
+def _tail(control: ControlPlane, turn_id: str, timeout: float, console: Console) -> Iterator[dict[str, Any]]:
     last = "0-0"
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
+    hinted = False
     while time.monotonic() < deadline:
+        if not hinted and time.monotonic() - started > NO_WORKER_HINT_AFTER and \
+                control.status(turn_id).status.value == "queued":
+            hinted = True
+            console.print(f"[yellow]no worker has picked up the turn yet[/]: is a worker consuming the "
+                          f"'turns' queue on {control.url}? (REDIS_URL must name the stack's Redis)")
         for eid, event in control.store.events(turn_id, after=last, block_ms=500):
             last = eid
             yield event
@@ -39,7 +49,7 @@ def print_transcript(control: ControlPlane, turn_id: str, console: Console | Non
     batches_shown: set[tuple[int, int]] = set()
     planned_by_step: dict[int, list[dict[str, Any]]] = {}
     final = None
-    events = _tail(control, turn_id, timeout) if follow else iter(control.events(turn_id))
+    events = _tail(control, turn_id, timeout, console) if follow else iter(control.events(turn_id))
     for e in events:
         kind = e["kind"]
         if kind == "turn_started":

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.support.mcporter import ensure_mcporter
+from tests.support.mcporter import ensure_mcporter, node_path_dirs
 from worker.contract import AbortSignal, ToolContext
 from worker.settings import Settings
 from worker.tools.computer import create_computer_tools
@@ -61,9 +61,10 @@ def test_config_refuses_symlinked_config_dir(tmp_path):
 
 
 def test_mcp_skill_called_through_run_command(tmp_path, monkeypatch):
-    bin_dir = ensure_mcporter()
+    ensure_mcporter()
     # The worker's PATH is what commands get; deployments put mcporter's bin dir on it.
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    dirs = os.pathsep.join(str(d) for d in node_path_dirs())
+    monkeypatch.setenv("PATH", f"{dirs}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-never-visible-to-mcp")
     home = tmp_path / "agent-home"
     home.mkdir()
