@@ -160,6 +160,13 @@ def serve(stack: Stack) -> None:
 def run(demo: str = typer.Option("demo", help="demo to run: demo, workflow or jobs"),
         keep: bool = typer.Option(False, "--serve", help="start the stack and keep it up (no demo)")) -> None:
     """Start the stack, run the demo turn, print its transcript, stop everything (or keep it up with --serve)."""
+    # Ctrl-C and SIGTERM both stop everything cleanly, also when started in the background
+    # (where the shell sets SIGINT to ignored).
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     stack = Stack()
     ok = False
     try:
@@ -183,6 +190,8 @@ def run(demo: str = typer.Option("demo", help="demo to run: demo, workflow or jo
             ok = run_schedule_and_job_demo(ControlPlane(), console=console)
         else:
             console.print(f"[red]unknown demo {demo!r}[/]: use demo, workflow or jobs")
+    except KeyboardInterrupt:
+        console.print("interrupted")
     finally:
         stack.close()
         console.print("stopped everything this command started")

@@ -66,6 +66,7 @@ class EmbeddedRedis:
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--maxmemory-policy", "noeviction", "--dir", str(self.dir), "--protected-mode", "yes"],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C meant for the caller must not stop Redis before its clients
         )
         import redis
 
