@@ -1,4 +1,5 @@
-"""A pool child killed in the middle of a tool call (real prefork worker, real Redis).
+"""A real prefork worker (2 processes): a parallel group really runs concurrently, and a pool
+child killed in the middle of a tool call is recovered.
 
 With ``task_acks_late`` and ``task_reject_on_worker_lost`` the call's message comes back at
 once; the claim's owner is a dead process on this host, so the call is not left waiting for
@@ -11,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import _stop, start_worker_process
+from tests.support.scripts import fc, msg
 from worker.turn import TurnStatus
 
 QUEUES = ("turns", "tools", "background", "workflow")
@@ -24,11 +26,26 @@ def prefork_only(solo_worker):
     node = solo_worker.node_name
     for q in QUEUES:
         app.control.cancel_consumer(q, destination=[node], reply=True, timeout=5)
-    proc = start_worker_process("--pool", "prefork", "-c", "1")
+    proc = start_worker_process("--pool", "prefork", "-c", "2")
     yield proc
     _stop(proc)
     for q in QUEUES:
         app.control.add_consumer(q, destination=[node], reply=True, timeout=5)
+
+
+def test_parallel_group_runs_concurrently_and_the_barrier_holds(prefork_only, control, gateway, script_name):
+    import orjson
+
+    gateway.add_script(script_name, [
+        {"output": [fc("read_thing", '{"label": "a", "ms": 400}'), fc("read_thing", '{"label": "b", "ms": 400}'),
+                    fc("write_thing", '{"label": "w"}')]},
+        {"output": [msg("ok")]}])
+    turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
+    assert control.wait(turn_id, timeout=60).status == TurnStatus.completed
+    log = {e[4]: e for e in (orjson.loads(x) for x in control.store.r.lrange(f"test:log:{turn_id}", 0, -1))}
+    a, b, w = log["a"], log["b"], log["w"]
+    assert a[2] < b[3] and b[2] < a[3], "the two reads of one group overlap in time"
+    assert w[2] >= max(a[3], b[3]), "the sequential write starts after the group ended"
 
 
 def test_killed_child_read_only_call_runs_again(prefork_only, control, gateway, script_name):
