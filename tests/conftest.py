@@ -58,7 +58,7 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     for proc in _state.get("workers", []):
-        _stop(proc)
+        stop_process(proc)
     if "gateway" in _state:
         _state["gateway"].stop()
     if "web" in _state:
@@ -67,7 +67,7 @@ def pytest_unconfigure(config):
         _state["redis"].stop()
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -97,7 +97,7 @@ def start_worker_process(*extra: str, queues: str = "turns,tools,background,work
             proc.node_name = nodes[0]
             _state.setdefault("workers", []).append(proc)
             return proc
-    _stop(proc)
+    stop_process(proc)
     raise RuntimeError(f"worker did not come up; see {log.name}")
 
 
@@ -121,7 +121,7 @@ def solo_worker():
     """One worker process, ``--pool solo -c 1``, serving every queue."""
     proc = start_worker_process("--pool", "solo", "-c", "1")
     yield proc
-    _stop(proc)
+    stop_process(proc)
     _state["workers"].remove(proc)
 
 

@@ -12,21 +12,7 @@ import pytest
 
 from worker.jobs import JobStore, job_id_for
 from worker.turn import TurnStatus
-from tests.support.scripts import fc, msg
-
-
-def outputs(control, turn_id):
-    return [i["output"] for i in control.items(turn_id) if i["type"] == "function_call_output"]
-
-
-def wait_for(predicate, timeout=30.0, poll=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"condition not met within {timeout}s")
+from tests.support.scripts import fc, msg, output_texts as outputs, wait_for
 
 
 def tool_names(body):
@@ -110,11 +96,11 @@ def test_job_runs_on_background_queue_and_next_turn_reads_its_result(control, ga
 def second_worker():
     """A second solo worker on every queue (one worker deployment per queue, in miniature):
     one worker can run the job's blocking tool while the other runs the parent's job_cancel."""
-    from tests.conftest import _state, _stop, start_worker_process
+    from tests.conftest import _state, start_worker_process, stop_process
 
     proc = start_worker_process("--pool", "solo", "-c", "1")
     yield proc
-    _stop(proc)
+    stop_process(proc)
     _state["workers"].remove(proc)
 
 

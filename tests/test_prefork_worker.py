@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import _stop, start_worker_process
+from tests.conftest import stop_process, start_worker_process
 from tests.support.scripts import fc, msg
 from worker.turn import TurnStatus
 
@@ -28,7 +28,7 @@ def prefork_only(solo_worker):
         app.control.cancel_consumer(q, destination=[node], reply=True, timeout=5)
     proc = start_worker_process("--pool", "prefork", "-c", "2")
     yield proc
-    _stop(proc)
+    stop_process(proc)
     for q in QUEUES:
         app.control.add_consumer(q, destination=[node], reply=True, timeout=5)
 

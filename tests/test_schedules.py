@@ -25,29 +25,16 @@ from worker.schedules import (
     schedule_id_for,
 )
 from worker.turn import TurnStatus
-from tests.support.scripts import fc, msg
+from tests.conftest import stop_process
+from tests.support.scripts import fc, msg, output_texts as outputs, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def outputs(control, turn_id):
-    return [i["output"] for i in control.items(turn_id) if i["type"] == "function_call_output"]
 
 
 def start_turn(control, gateway, script, steps, *, agent_id, turn_id=None, **extra):
     gateway.add_script(script, steps)
     return control.enqueue({"agent_id": agent_id, "input": "go", "model": script, "toolset": "text", **extra},
                            turn_id=turn_id)
-
-
-def wait_for(predicate, timeout=30.0, poll=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def redbeat_key(sid):
@@ -78,12 +65,7 @@ def beat(solo_worker, redis_url):
         assert proc.poll() is None, f"beat exited early; see {log.name}"
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
 
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from worker.turn import TurnStatus
-from tests.support.scripts import fc, msg
+from tests.support.scripts import fc, msg, output_texts as outputs
 
 SCHEMA = {
     "type": "object",
@@ -46,10 +46,6 @@ def start(client, gateway, script_name, steps, agent, **kw):
     kw.setdefault("result_schema", SCHEMA)
     return client.start_workflow_task(agent_id=agent, title="Biggest city", instructions="Find it.",
                                       model=script_name, **kw)
-
-
-def outputs(control, turn_id):
-    return [i["output"] for i in control.items(turn_id) if i["type"] == "function_call_output"]
 
 
 def non_web(names):

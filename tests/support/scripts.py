@@ -19,3 +19,21 @@ def fc(name: str, arguments: Any = "{}", call_id: str | None = None) -> dict[str
 def msg(text: str) -> dict[str, Any]:
     """A scripted assistant message."""
     return {"type": "message", "text": text}
+
+
+def output_texts(control: Any, turn_id: str) -> list[str]:
+    """The ``output`` strings of a turn's ``function_call_output`` items, in order."""
+    return [i["output"] for i in control.items(turn_id) if i["type"] == "function_call_output"]
+
+
+def wait_for(predicate: Any, timeout: float = 30.0, poll: float = 0.1) -> Any:
+    """Poll ``predicate()`` until it returns something truthy (returned); AssertionError after ``timeout`` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"condition not met within {timeout}s")
