@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 
-from tasks.app import app
+import redis
 
+from tasks.app import app
 from tasks.runtime import get_engine
 from worker.gateway import GatewayError
 from worker.settings import get_settings
@@ -35,6 +36,13 @@ def turn_step(self, turn_id: str, step: int) -> dict:
             raise self.retry(exc=exc, countdown=delay)
         engine.fail_turn(turn_id, TurnStatus.failed, f"model gateway failed after retries: {exc}")
         return {"action": "failed"}
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        # Redis itself failed: the turn's state is fine, do not fail it. Retry; once retries are
+        # spent the watchdog re-drives the step when Redis is back.
+        log.warning("turn %s step %s: Redis failed (%s)", turn_id, step, exc)
+        if self.request.retries < MAX_MODEL_RETRIES:
+            raise self.retry(exc=exc, countdown=min(30, 2 ** self.request.retries))
+        raise
     except Exception as exc:  # never leave a turn hanging on a bug: end it with the reason
         log.exception("turn %s step %s crashed", turn_id, step)
         engine.fail_turn(turn_id, TurnStatus.failed, f"internal error in step {step}: {exc.__class__.__name__}: {exc}")
