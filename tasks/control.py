@@ -68,7 +68,7 @@ class ControlPlane:
         settings = get_settings()
         self.url = redis_url or settings.redis_url
         self.store = TurnStore(redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=30),
-                               progress_timeout=max(settings.tool_time_limit, settings.model_timeout) + 120)
+                               progress_timeout=settings.progress_timeout)
         try:
             self.store.r.ping()
         except redis.RedisError as exc:
@@ -127,17 +127,11 @@ class ControlPlane:
         return WorkflowClient(self)
 
     def cancel(self, turn_id: str) -> bool:
-        """Ask the turn to stop: running tools see the abort signal, the next step boundary ends it.
+        """Ask the turn to stop: running tools see the abort signal, the next step boundary ends it
+        (a still-queued turn ends at once). Returns False if the turn had already ended.
 
-        Returns False if the turn had already ended.
+        Raises ``ControlPlaneError`` for an unknown turn.
         """
-        view = self.status(turn_id)
-        if view.done:
-            return False
+        self.status(turn_id)
         with _redis_errors(self.url):
-            self.store.request_cancel(turn_id)
-            self.store.event(turn_id, "cancel_requested")
-            if view.status == TurnStatus.queued:
-                # Nothing runs yet: end it now; the queued step will be fenced out.
-                self._engine.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
-        return True
+            return self._engine.cancel(turn_id)

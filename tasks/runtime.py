@@ -94,7 +94,7 @@ def get_engine() -> TurnEngine:
         if _engine is None or _pid != os.getpid():
             settings = get_settings()
             store = TurnStore(redis_client(),
-                              progress_timeout=max(settings.tool_time_limit, settings.model_timeout) + 120)
+                              progress_timeout=settings.progress_timeout)
             client = ResponsesClient(settings.openai_base_url, settings.openai_api_key.get_secret_value(),
                                      timeout=settings.model_timeout, connect_timeout=settings.model_connect_timeout)
             _engine = TurnEngine(store, settings, CeleryDispatcher(), toolset_resolver(settings), client)

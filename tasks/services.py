@@ -25,23 +25,11 @@ def enqueue_turn(request: dict[str, Any] | TurnRequest, turn_id: str | None = No
 
 
 def cancel_turn(turn_id: str) -> bool:
-    """Ask a turn to stop (cancel flag + event); a still-queued turn is ended at once.
-
-    Same rules as ``tasks.control.ControlPlane.cancel``; returns False when the
-    turn is unknown or already ended. Used by ``workflow_cancel``.
-    """
+    """Ask a turn to stop (``TurnEngine.cancel``); False when it is unknown or already ended.
+    Used by ``workflow_cancel`` and ``job_cancel``."""
     from tasks.runtime import get_engine
-    from worker.turn import TurnStatus
 
-    engine = get_engine()
-    state = engine.store.load(turn_id)
-    if state is None or state.status.terminal:
-        return False
-    engine.store.request_cancel(turn_id)
-    engine.store.event(turn_id, "cancel_requested")
-    if state.status == TurnStatus.queued:
-        engine.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
-    return True
+    return get_engine().cancel(turn_id)
 
 
 def save_schedule_entry(record: dict[str, Any]) -> None:

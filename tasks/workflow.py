@@ -129,17 +129,6 @@ DEMO_PAGES = [
      "Lighthouse keepers tended the lamp, wound the clockwork and logged the weather. Most lights are now "
      "automated."),
 ]
-DEMO_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "answer": {"type": "string", "description": "One-paragraph answer."},
-        "highest_tide_place": {"type": "string"},
-        "tides_per_day": {"type": "integer", "minimum": 1, "maximum": 4},
-        "sources": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-    },
-    "required": ["answer", "highest_tide_place", "tides_per_day", "sources"],
-    "additionalProperties": False,
-}
 
 
 def load_demo_scripts(gateway: Any, folder: Path | None = None) -> None:

@@ -34,7 +34,7 @@ from worker.items import (cap_output, cut_replayed_arguments, function_call_outp
 from worker.schemas import collect_tool_definitions
 from worker.settings import Settings
 from worker.turn import TurnRequest, TurnStatus
-from worker.turn_context import Skill, TurnContext
+from worker.turn_context import TurnContext
 from worker.turn_store import StaleStep, TurnState, TurnStore
 
 from worker.tool_search import with_tool_search
@@ -136,7 +136,7 @@ class TurnEngine:
             abort=abort or AbortSignal(probe=lambda: self.store.is_cancelled(state.turn_id)),
             supports=request.supports,
             redis=self.store.r,
-            skills=tuple(Skill(**s.model_dump()) for s in request.skills),
+            skills=tuple(request.skills),
             services=self.dispatcher.services(request),
             metadata=dict(request.metadata),
             workflow_task=request.toolset == "workflow_task",
@@ -185,13 +185,14 @@ class TurnEngine:
         ctx = self.context(state, request)
         tools = self.tools_for(ctx, request)
         log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
+        history = self.store.items(turn_id)
         reply_data = self.store.reply(turn_id, step)
         if reply_data is None:
             # The model call may take up to model_timeout: no watchdog re-drive meanwhile.
             self.store.push_deadline(turn_id, self.settings.model_timeout + 60)
             body = self.client.build_request(
                 model=request.model or self.settings.model,
-                input=self.store.items(turn_id),
+                input=history,
                 tools=collect_tool_definitions(tools, loaded=state.loaded_tools),
                 instructions=self.instructions_for(ctx, request),
                 max_output_tokens=self.settings.max_output_tokens,
@@ -211,7 +212,7 @@ class TurnEngine:
         if self.store.is_cancelled(turn_id):  # cancelled while the model was answering
             self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
             return StepOutcome("cancelled")
-        history_ids = {i.get("call_id") for i in self.store.items(turn_id) if i.get("type") == "function_call"}
+        history_ids = {i.get("call_id") for i in history if i.get("type") == "function_call"}
         reply_items, calls = normalize_reply_calls([self._clean_item(i) for i in reply.output], history_ids, step)
         if not calls and request.finish_tool:
             return self._prose_without_finish(turn_id, step, state, request, reply_items)
@@ -236,11 +237,10 @@ class TurnEngine:
         except StaleStep:
             return StepOutcome("dropped", "plan already recorded")
         batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
-        for call in planned:
-            self.store.event(turn_id, "call_planned", step=step, call_id=call.call_id, name=call.name,
-                             activity=call.activity, mode=call.mode, repairs=call.repairs,
-                             error=call.error_kind, batch=batch_of.get(call.call_id),
-                             arguments=call.data if call.runnable else None)
+        self.store.add_events(turn_id, [("call_planned", {
+            "step": step, "call_id": call.call_id, "name": call.name, "activity": call.activity, "mode": call.mode,
+            "repairs": call.repairs, "error": call.error_kind, "batch": batch_of.get(call.call_id),
+            "arguments": call.data if call.runnable else None}) for call in planned])
         over = [n for n, c in invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool]
         if over or not batches:
             # Nothing to run (all calls failed validation): close the step now.
@@ -278,6 +278,21 @@ class TurnEngine:
         """Every terminal transition ends here: the event for tails, then the queue layer's hook."""
         self.store.event(turn_id, "turn_finished", status=status.value, error=error, final_output=final_output)
         self.dispatcher.turn_finished(turn_id)
+
+    def cancel(self, turn_id: str) -> bool:
+        """Ask a turn to stop: sets the cancel flag (running tools see their abort signal; the
+        next step boundary ends the turn) and ends a still-queued turn at once.
+
+        Returns False when the turn is unknown or already ended.
+        """
+        state = self.store.load(turn_id)
+        if state is None or state.status.terminal:
+            return False
+        self.store.request_cancel(turn_id)
+        self.store.event(turn_id, "cancel_requested")
+        if state.status == TurnStatus.queued:  # nothing runs yet; the queued step will be fenced out
+            self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
+        return True
 
     def fail_turn(self, turn_id: str, status: TurnStatus, error: str) -> bool:
         """End a non-terminal turn whatever its step (cancel, gateway failure, watchdog). False if already ended."""
@@ -465,8 +480,9 @@ class TurnEngine:
         if state is None or state.status.terminal:
             return
         over = sorted(n for n, c in state.invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool)
+        cancelled = self.store.is_cancelled(turn_id)
         nxt = done_index + 1
-        if nxt < len(batches) and not (state.terminate or over or self.store.is_cancelled(turn_id)):
+        if nxt < len(batches) and not (state.terminate or over or cancelled):
             self.dispatcher.dispatch_batch(turn_id, step, nxt, batches[nxt], queue="tools")
             return
         plan = self.store.plan(turn_id, step)
@@ -481,7 +497,7 @@ class TurnEngine:
             outputs.append(item)
         terminal: TurnStatus | None = None
         error = None
-        if self.store.is_cancelled(turn_id):
+        if cancelled:
             terminal, error = TurnStatus.cancelled, "cancelled by the control plane"
         elif state.terminate:
             terminal = TurnStatus.terminated

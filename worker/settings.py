@@ -37,7 +37,6 @@ class Settings(BaseSettings):
     max_raw_arguments_echo: int = 2_000
     # Arguments of a call that did not run are recorded cut to this many characters (case E16).
     max_replay_arguments: int = 20_000
-    turn_deadline: float = 900.0
     tool_time_limit: float = 300.0
 
     # Where agent homes live: <homes_root>/<agent_id>.
@@ -64,6 +63,12 @@ class Settings(BaseSettings):
 
     # Extra named toolsets "name=module:function,..." allowed for turns (tests, plugins).
     extra_toolsets: str = ""
+
+    @property
+    def progress_timeout(self) -> float:
+        """Seconds a turn may go without progress before the watchdog re-drives it: the longest
+        single wait (a tool call or a model call) plus two minutes of slack."""
+        return max(self.tool_time_limit, self.model_timeout) + 120
 
     @field_validator("max_model_calls", "max_output_chars", "max_invalid_calls_per_tool")
     @classmethod

@@ -29,10 +29,14 @@ class TurnStatus(str, Enum):
         return self not in (TurnStatus.queued, TurnStatus.running)
 
 
-class SkillSpec(BaseModel):
-    """An enabled skill of the agent; ``mcp_server`` names an MCP server configured for the agent."""
+class Skill(BaseModel):
+    """An enabled skill of the agent, projected into the turn's instructions.
 
-    model_config = ConfigDict(extra="forbid")
+    ``mcp_server`` names an MCP server configured for the agent (reached through the
+    command tool and the ``mcporter`` CLI).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
     description: str
     instructions: str = ""
@@ -68,7 +72,7 @@ class TurnRequest(BaseModel):
     model: str | None = None
     toolset: str = "text"
     supports: TurnSupports = Field(default_factory=TurnSupports)
-    skills: list[SkillSpec] = Field(default_factory=list)
+    skills: list[Skill] = Field(default_factory=list)
     max_model_calls: int | None = Field(default=None, ge=1, le=200)
     idempotency_key: str | None = Field(default=None, max_length=200)
     queue: Literal["turns", "background", "workflow"] = "turns"

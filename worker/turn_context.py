@@ -13,21 +13,7 @@ from typing import Any, Callable
 
 from worker.contract import AbortSignal
 from worker.settings import Settings
-from worker.turn import TurnSupports
-
-
-@dataclass(frozen=True)
-class Skill:
-    """An enabled skill projected into the turn's instructions.
-
-    ``mcp_server`` names an MCP server configured for the agent (reached via
-    the command tool and the ``mcporter`` CLI).
-    """
-
-    name: str
-    description: str
-    instructions: str = ""
-    mcp_server: str | None = None
+from worker.turn import Skill, TurnSupports
 
 
 @dataclass

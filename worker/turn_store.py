@@ -44,18 +44,6 @@ EVENTS_MAXLEN = 10_000
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
 RETENTION_SECONDS = 7 * 24 * 3600
 
-# Barrier: set the "advanced" key once, only when every call of the batch has a result.
-_BARRIER_LUA = """
-local results = KEYS[1]
-local adv = KEYS[2]
-for i, cid in ipairs(ARGV) do
-  if redis.call('HEXISTS', results, cid) == 0 then return 0 end
-end
-if redis.call('SET', adv, '1', 'NX', 'EX', 86400) then return 1 end
-return 0
-"""
-
-
 # Claim a call for execution and announce it in one round trip.
 _CLAIM_LUA = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
@@ -67,9 +55,12 @@ return {0, redis.call('HGET', KEYS[1], ARGV[1])}
 """
 
 # Store a call's result (first write wins), announce it, and pass the batch barrier, in one round trip.
-# KEYS: results, turn hash, events, adv; ARGV: call_id, result, ttl, terminate, event, maxlen, call_ids...
+# The barrier sets the "advanced" key once, only when every call of the batch has a result.
+# KEYS: results, turn hash, events, adv; ARGV: call_id, result ('' = only check the barrier), ttl,
+# terminate, event, maxlen, call_ids...
 _RECORD_LUA = """
-local stored = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+local stored = 0
+if ARGV[2] ~= '' then stored = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
 if stored == 1 then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   if ARGV[4] == '1' then redis.call('HSET', KEYS[2], 'terminate', '1') end
@@ -152,7 +143,6 @@ class TurnStore:
     def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0):
         self.r = client
         self.progress_timeout = progress_timeout
-        self._barrier = self.r.register_script(_BARRIER_LUA)
         self._claim = self.r.register_script(_CLAIM_LUA)
         self._record = self.r.register_script(_RECORD_LUA)
         self._plans: dict[tuple[str, int], tuple[list[PlannedCall], list[Batch]]] = {}
@@ -215,11 +205,6 @@ class TurnStore:
         """Results of ``step`` by ``call_id`` (``output``, ``details``, ``is_error``, ``terminate``...)."""
         return {k.decode(): orjson.loads(v) for k, v in self.r.hgetall(_k(turn_id, "results", step)).items()}
 
-    def result(self, turn_id: str, step: int, call_id: str) -> dict[str, Any] | None:
-        """One call's result, or None while it has none."""
-        raw = self.r.hget(_k(turn_id, "results", step), call_id)
-        return orjson.loads(raw) if raw else None
-
     def is_cancelled(self, turn_id: str) -> bool:
         """True once the control plane asked to cancel the turn."""
         return bool(self.r.exists(_k(turn_id, "cancel")))
@@ -241,8 +226,16 @@ class TurnStore:
     # ----- writing ---------------------------------------------------------
     def event(self, turn_id: str, kind: str, **data: Any) -> None:
         """Append an activity event (``kind`` plus JSON fields) to the turn's stream."""
-        payload = {"kind": kind, "at": round(time.time(), 3), **data}
-        self.r.xadd(_k(turn_id, "events"), {"e": orjson.dumps(payload)}, maxlen=EVENTS_MAXLEN, approximate=True)
+        self.add_events(turn_id, [(kind, data)])
+
+    def add_events(self, turn_id: str, events: list[tuple[str, dict[str, Any]]]) -> None:
+        """Append ``[(kind, fields)]`` events to the turn's stream in one round trip."""
+        if not events:
+            return
+        p = self.r.pipeline(transaction=False)
+        for kind, data in events:
+            p.xadd(_k(turn_id, "events"), {"e": self._event_json(kind, data)}, maxlen=EVENTS_MAXLEN, approximate=True)
+        p.execute()
 
     def create(self, turn_id: str, request: dict[str, Any], initial_items: list[dict[str, Any]],
                idempotency_key: str | None = None) -> tuple[str, bool]:
@@ -357,19 +350,6 @@ class TurnStore:
         self.r.hset(_k(turn_id, "claims", step), call_id,
                     orjson.dumps({"owner": owner, "lease_until": time.time() + lease, "takeover": True}))
 
-    def record_result(self, turn_id: str, step: int, call_id: str, result: dict[str, Any]) -> bool:
-        """Store a call's result; the first write wins (idempotency by ``call_id``). Returns True if stored."""
-        key = _k(turn_id, "results", step)
-        stored = bool(self.r.hsetnx(key, call_id, orjson.dumps(result)))
-        if stored:
-            p = self.r.pipeline(transaction=False)
-            p.expire(key, RETENTION_SECONDS)
-            if result.get("terminate"):
-                p.hset(_k(turn_id), "terminate", "1")
-            p.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout}, xx=True)
-            p.execute()
-        return stored
-
     def record_and_check(self, turn_id: str, step: int, call_id: str, result: dict[str, Any], batch_index: int,
                          batch_call_ids: list[str], completed_event: dict[str, Any] | None = None) -> tuple[bool, bool]:
         """Store a result (first write wins), append ``call_completed``, and pass the barrier.
@@ -387,9 +367,11 @@ class TurnStore:
         return bool(stored), bool(done)
 
     def batch_done(self, turn_id: str, step: int, batch_index: int, call_ids: list[str]) -> bool:
-        """The barrier: True exactly once, for the caller that sees the batch's last result."""
-        return bool(self._barrier(keys=[_k(turn_id, "results", step), _k(turn_id, "adv", step, batch_index)],
-                                  args=call_ids))
+        """The barrier alone: True exactly once, for the caller that sees the batch's last result."""
+        _, done = self._record(keys=[_k(turn_id, "results", step), _k(turn_id), _k(turn_id, "events"),
+                                     _k(turn_id, "adv", step, batch_index)],
+                               args=["", "", RETENTION_SECONDS, "0", "", EVENTS_MAXLEN, *call_ids])
+        return bool(done)
 
     def finish_tools(self, turn_id: str, step: int, output_items: list[dict[str, Any]],
                      terminal: TurnStatus | None = None, error: str | None = None,

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import orjson
 
 from worker.tools.confine import resolve_in_home
-from worker.turn_context import Skill
+from worker.turn import Skill
 
 MCPORTER_CONFIG = "config/mcporter.json"
 SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # no dots: the selector is <server>.<tool>
