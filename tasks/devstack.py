@@ -37,6 +37,7 @@ class Stack:
         self.logdir.mkdir(parents=True, exist_ok=True)
 
     def spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        """Start ``cmd`` in its own session with output to ``var/logs/<name>.log``; remembered for ``close``."""
         log = open(self.logdir / f"{name}.log", "w")
         proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -44,6 +45,7 @@ class Stack:
         return proc
 
     def close(self) -> None:
+        """Stop every started process (SIGTERM to its group, SIGKILL after 20 s), newest first, then the embedded Redis."""
         for name, proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -80,6 +82,8 @@ def _wait_worker(timeout: float = 40) -> None:
 
 
 def start_stack(stack: Stack, demo: str) -> None:
+    """Start what is missing: embedded Redis (unless ``REDIS_URL``), the scripted gateway (unless
+    ``OPENAI_BASE_URL``), one worker for every queue and beat. Raises ``RuntimeError`` if one does not come up."""
     from tasks.embedded_redis import EmbeddedRedis, free_port
 
     if not os.environ.get("REDIS_URL"):
@@ -111,6 +115,7 @@ def start_stack(stack: Stack, demo: str) -> None:
 
 
 def seed_home(agent_id: str) -> Path:
+    """Recreate ``<AGENT_HOMES_ROOT>/<agent_id>`` with the two files the demo script reads; returns the home."""
     home = Path(os.environ["AGENT_HOMES_ROOT"]) / agent_id
     if home.exists():
         shutil.rmtree(home)
@@ -121,6 +126,7 @@ def seed_home(agent_id: str) -> Path:
 
 
 def run_basic_demo() -> bool:
+    """Enqueue the demo turn, print its transcript live; True when it completed."""
     from tasks.control import ControlPlane
     from tasks.transcript import print_transcript
 

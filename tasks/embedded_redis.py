@@ -54,6 +54,7 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
+        """The ``redis://127.0.0.1:<port>/0`` URL of this server."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> str:

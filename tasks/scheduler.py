@@ -53,6 +53,7 @@ ENTRY_PREFIX = "agent-schedule:"
 
 
 def entry_name(schedule_id: str) -> str:
+    """The redbeat entry name of a schedule: ``agent-schedule:<schedule_id>``."""
     return ENTRY_PREFIX + schedule_id
 
 
@@ -180,6 +181,7 @@ class JobsDemoReport:
         return self.scheduled_turn["status"] == "completed" and self.job["status"] == "completed"
 
     def lines(self) -> list[str]:
+        """The report as printable lines."""
         s, j, m, st = self.schedule, self.job, self.main, self.scheduled_turn
         late = (parse_iso(s["last_run"]) - parse_iso(s["run_at"])).total_seconds() if s.get("last_run") else None
         return [

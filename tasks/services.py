@@ -47,5 +47,6 @@ def delete_schedule_entry(schedule_id: str) -> None:
 
 
 def turn_services(request: TurnRequest) -> dict[str, Callable[..., Any]]:
+    """The callables handed to tool creators for a turn (``TurnContext.services``)."""
     return {"enqueue_turn": enqueue_turn, "cancel_turn": cancel_turn,
             "save_schedule_entry": save_schedule_entry, "delete_schedule_entry": delete_schedule_entry}

@@ -83,15 +83,19 @@ class WorkflowClient:
         return task
 
     def show(self, task_id: str) -> WorkflowTask:
+        """The task with its attempts. Raises ``WorkflowError`` for an unknown task."""
         return self.service.show(task_id)
 
     def list(self, agent_id: str = "agent", limit: int = 50) -> list[WorkflowTask]:
+        """The agent's tasks, newest first (at most ``limit``)."""
         return self.service.list(agent_id, limit)
 
     def cancel(self, task_id: str) -> WorkflowTask:
+        """Cancel the task and its running attempt; returns the updated task."""
         return self.service.cancel(task_id, reason="cancelled by the control plane")
 
     def retry(self, task_id: str, max_model_calls: int | None = None) -> WorkflowTask:
+        """Start a new attempt (fresh conversation) of a failed or cancelled task; raises ``WorkflowError`` otherwise."""
         return self.service.retry(task_id, max_model_calls=max_model_calls)
 
     def wait(self, task_id: str, timeout: float = 60.0, poll: float = 0.05) -> WorkflowTask:
@@ -199,6 +203,7 @@ def run_workflow_demo(control: ControlPlane, *, agent_id: str | None = None, tim
 # ----- CLI -----------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point (``python -m tasks.workflow``)."""
     parser = argparse.ArgumentParser(prog="python -m tasks.workflow", description="Workflow tasks and Brain pages")
     sub = parser.add_subparsers(dest="cmd", required=True)
     add = sub.add_parser("brain-add", help="create or replace a Brain page")

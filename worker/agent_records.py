@@ -43,15 +43,19 @@ class AgentRecords:
         self._create = client.register_script(_CREATE_LUA)
 
     def key(self, record_id: str) -> str:
+        """Redis key of one record: ``<kind>:<id>``."""
         return f"{self.kind}:{record_id}"
 
     def all_key(self, agent_id: str) -> str:
+        """Sorted set of the agent's record ids by creation time."""
         return f"agent:{agent_id}:{self.kind}s"
 
     def active_key(self, agent_id: str) -> str:
+        """Set of the agent's active record ids (what the cap counts)."""
         return f"agent:{agent_id}:{self.kind}s:active"
 
     def get(self, record_id: str) -> dict[str, Any] | None:
+        """The record, or None."""
         raw = self.r.get(self.key(record_id))
         return orjson.loads(raw) if raw else None
 
@@ -63,6 +67,7 @@ class AgentRecords:
         return [orjson.loads(x) for x in self.r.mget([self.key(i) for i in ids]) if x]
 
     def active_count(self, agent_id: str) -> int:
+        """How many of the agent's records are active."""
         return int(self.r.scard(self.active_key(agent_id)))
 
     def create(self, record_id: str, agent_id: str, record: dict[str, Any], cap: int) -> int:

@@ -124,6 +124,7 @@ class ArgumentsOutcome:
 
     @data.setter
     def data(self, value: dict[str, Any] | None) -> None:
+        """The validated params as a JSON object (computed on first read for pydantic tools)."""
         self._data = value
 
     def __repr__(self) -> str:

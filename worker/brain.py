@@ -81,6 +81,7 @@ class Page:
     updated_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
+        """JSON form (id, title, text, timestamps)."""
         return {"id": self.id, "title": self.title, "text": self.text, "updated_at": self.updated_at}
 
 
@@ -96,6 +97,7 @@ class Hit:
     chars: int
 
     def to_json(self) -> dict[str, Any]:
+        """JSON form of a search hit (id, title, snippet, score)."""
         return {"id": self.id, "title": self.title, "score": round(self.score, 4), "matched": list(self.matched),
                 "snippet": self.snippet, "chars": self.chars}
 
@@ -175,6 +177,7 @@ class BrainStore:
         return sorted(out, key=lambda p: p.id)
 
     def count(self) -> int:
+        """How many pages the agent's Brain holds."""
         return int(self.r.hlen(self.key))
 
     def search(self, query: str, limit: int = 5) -> list[Hit]:

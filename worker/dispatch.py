@@ -37,13 +37,16 @@ class PlannedCall:
 
     @property
     def runnable(self) -> bool:
+        """True when the call will run (its output is not already known)."""
         return self.output is None
 
     def to_json(self) -> dict[str, Any]:
+        """JSON form for the plan stored in Redis."""
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "PlannedCall":
+        """Inverse of ``to_json``."""
         return cls(**data)
 
 

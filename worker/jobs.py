@@ -51,6 +51,7 @@ def _now_iso() -> str:
 
 
 def job_key(job_id: str) -> str:
+    """Redis key of a job record: ``job:<id>``."""
     return f"job:{job_id}"
 
 
@@ -67,6 +68,7 @@ class JobStore:
         self._records = AgentRecords(client, "job", lambda rec: rec["status"] not in FINISHED)
 
     def get(self, job_id: str) -> dict[str, Any] | None:
+        """The job record, or None."""
         return self._records.get(job_id)
 
     def list(self, agent_id: str, limit: int = 50) -> list[dict[str, Any]]:
@@ -74,6 +76,7 @@ class JobStore:
         return self._records.list(agent_id, limit)
 
     def active_count(self, agent_id: str) -> int:
+        """How many of the agent's jobs are unfinished (the cap is ``MAX_ACTIVE_JOBS_PER_AGENT``)."""
         return self._records.active_count(agent_id)
 
     def create(self, *, job_id: str, agent_id: str, title: str, instructions: str, input: str, turn_id: str,

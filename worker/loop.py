@@ -289,7 +289,6 @@ class TurnEngine:
         if state is None or state.status.terminal:
             return False
         self.store.request_cancel(turn_id)
-        self.store.event(turn_id, "cancel_requested")
         if state.status == TurnStatus.queued:  # nothing runs yet; the queued step will be fenced out
             self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
         return True

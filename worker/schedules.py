@@ -79,6 +79,7 @@ class ScheduleError(ValueError):
 
 
 def utcnow() -> datetime:
+    """The current time as an aware UTC datetime."""
     return datetime.now(timezone.utc)
 
 
@@ -90,6 +91,7 @@ def iso(dt: datetime | None) -> str | None:
 
 
 def parse_iso(value: str | None) -> datetime | None:
+    """An ISO 8601 string (``Z`` allowed) as an aware datetime; None for None or ""."""
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
@@ -175,6 +177,7 @@ def cron_slot(expr: str, at: datetime | None = None) -> datetime:
 
 # ----- the store ------------------------------------------------------------
 def schedule_key(schedule_id: str) -> str:
+    """Redis key of a schedule record: ``schedule:<id>``."""
     return f"schedule:{schedule_id}"
 
 
@@ -185,6 +188,7 @@ def schedule_id_for(turn_id: str, call_id: str) -> str:
 
 @dataclass
 class CreateOutcome:
+    """Result of ``ScheduleStore.create``: the record, and whether this call created it."""
     record: dict[str, Any]
     created: bool  # False when the same call had already created it
 
@@ -197,6 +201,7 @@ class ScheduleStore:
         self._records = AgentRecords(client, "schedule", lambda rec: rec["status"] == "active")
 
     def get(self, schedule_id: str) -> dict[str, Any] | None:
+        """The schedule record, or None."""
         return self._records.get(schedule_id)
 
     def list(self, agent_id: str, limit: int = 100) -> list[dict[str, Any]]:
@@ -204,6 +209,7 @@ class ScheduleStore:
         return self._records.list(agent_id, limit)
 
     def active_count(self, agent_id: str) -> int:
+        """How many of the agent's schedules are active (the cap is ``MAX_ACTIVE_PER_AGENT``)."""
         return self._records.active_count(agent_id)
 
     def create(self, record: dict[str, Any], cap: int = MAX_ACTIVE_PER_AGENT) -> CreateOutcome:

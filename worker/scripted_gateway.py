@@ -215,6 +215,7 @@ class ScriptedGateway:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """CLI entry point: serve the ``*.json`` scripts of ``--scripts`` on ``--host``/``--port``."""
     parser = argparse.ArgumentParser(description="Scripted Responses API gateway")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8089)

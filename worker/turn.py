@@ -26,6 +26,7 @@ class TurnStatus(str, Enum):
 
     @property
     def terminal(self) -> bool:
+        """True for every status but ``queued`` and ``running``."""
         return self not in (TurnStatus.queued, TurnStatus.running)
 
 
@@ -44,6 +45,7 @@ class Skill(BaseModel):
 
 
 class TurnSupports(BaseModel):
+    """What a turn may do: ``spawn_jobs`` offers background job tools; ``brain`` offers Brain tools in workflow task turns."""
     model_config = ConfigDict(extra="forbid")
     spawn_jobs: bool = False
     brain: bool = False

@@ -111,6 +111,7 @@ class TurnState:
 
     @classmethod
     def from_hash(cls, turn_id: str, h: dict[bytes, bytes]) -> "TurnState":
+        """Parse the ``turn:{id}`` hash (bytes keys and values)."""
         g = lambda k, d=None: h.get(k.encode(), d)  # noqa: E731
         dec = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
         return cls(
@@ -204,6 +205,11 @@ class TurnStore:
     def results(self, turn_id: str, step: int) -> dict[str, dict[str, Any]]:
         """Results of ``step`` by ``call_id`` (``output``, ``details``, ``is_error``, ``terminate``...)."""
         return {k.decode(): orjson.loads(v) for k, v in self.r.hgetall(_k(turn_id, "results", step)).items()}
+
+    def status(self, turn_id: str) -> TurnStatus | None:
+        """The turn's status alone (one field read), or None for an unknown turn."""
+        raw = self.r.hget(_k(turn_id), "status")
+        return TurnStatus(raw.decode() if isinstance(raw, bytes) else raw) if raw else None
 
     def is_cancelled(self, turn_id: str) -> bool:
         """True once the control plane asked to cancel the turn."""
@@ -486,6 +492,11 @@ class TurnStore:
         self.r.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout})
         return int(n)
 
-    def request_cancel(self, turn_id: str) -> None:
-        """Set the cancel flag that steps and running tools observe."""
-        self.r.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
+    def request_cancel(self, turn_id: str, by: str = "control plane") -> None:
+        """Set the cancel flag that steps and running tools observe, and note it in the event stream."""
+        p = self.r.pipeline(transaction=False)
+        p.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
+        p.xadd(_k(turn_id, "events"), {"e": self._event_json("cancel_requested", {"by": by})},
+               maxlen=EVENTS_MAXLEN, approximate=True)
+        p.execute()
+

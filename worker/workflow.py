@@ -64,6 +64,8 @@ import referencing.jsonschema
 from referencing import Registry
 
 from worker.contract import ToolDefinitionError
+from worker.turn import TurnStatus
+from worker.turn_store import TurnStore
 
 TOOLSET = "workflow_task"
 QUEUE = "workflow"
@@ -337,10 +339,12 @@ def result_errors(result_schema: dict[str, Any], value: Any) -> list[str]:
 # ----- records -------------------------------------------------------------------------------
 
 def task_key(task_id: str) -> str:
+    """Redis key of a workflow task: ``workflow:<task_id>``."""
     return f"workflow:{task_id}"
 
 
 def agent_index_key(agent_id: str) -> str:
+    """Sorted set of the agent's workflow task ids by creation time."""
     return f"workflows:agent:{agent_id}"
 
 
@@ -368,13 +372,16 @@ class WorkflowTask:
 
     @property
     def done(self) -> bool:
+        """True once the task succeeded, failed or was cancelled."""
         return self.status in TERMINAL
 
     @property
     def current(self) -> dict[str, Any] | None:
+        """The latest attempt, or None before the first."""
         return self.attempts[-1] if self.attempts else None
 
     def to_hash(self) -> dict[str, Any]:
+        """Redis hash form (JSON-encoded fields)."""
         h: dict[str, Any] = {
             "task_id": self.task_id, "agent_id": self.agent_id, "title": self.title,
             "instructions": self.instructions, "result_schema": orjson.dumps(self.result_schema),
@@ -389,6 +396,7 @@ class WorkflowTask:
 
     @classmethod
     def from_hash(cls, h: dict[bytes, bytes]) -> "WorkflowTask":
+        """Inverse of ``to_hash``."""
         s = lambda k, d="": h[k.encode()].decode() if k.encode() in h else d  # noqa: E731
         return cls(
             task_id=s("task_id"), agent_id=s("agent_id"), title=s("title"), instructions=s("instructions"),
@@ -421,22 +429,6 @@ class WorkflowTask:
         return out
 
 
-def _turn_status(r: Any, turn_id: str) -> str | None:
-    raw = r.hget(f"turn:{{{turn_id}}}", "status")
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
-def _request_turn_cancel(r: Any) -> Callable[[str], Any]:
-    """Default ``cancel_turn``: set the turn's cancel flag (the engine ends it at its next step boundary)."""
-    def cancel(turn_id: str) -> None:
-        from worker.turn_store import TurnStore
-
-        store = TurnStore(r)
-        store.request_cancel(turn_id)
-        store.event(turn_id, "cancel_requested", by="workflow")
-    return cancel
-
-
 class WorkflowService:
     """Workflow operations over Redis.
 
@@ -444,18 +436,19 @@ class WorkflowService:
     - ``enqueue_turn(request_dict, turn_id) -> turn_id``: starts a turn (the
       ``enqueue_turn`` turn service, ``tasks.services.enqueue_turn``); needed by
       ``start`` and ``retry`` only;
-    - ``cancel_turn(turn_id)``: stops a running attempt's turn (default: the
-      turn's Redis cancel flag).
+    - ``cancel_turn(turn_id)``: stops a running attempt's turn (default:
+      ``TurnStore.request_cancel``, the turn's Redis cancel flag).
     """
 
     def __init__(self, redis: Any, enqueue_turn: Callable[..., str] | None = None,
                  cancel_turn: Callable[[str], Any] | None = None):
         self.r = redis
         self.enqueue_turn = enqueue_turn
-        self.cancel_turn = cancel_turn or _request_turn_cancel(redis)
+        self.cancel_turn = cancel_turn or (lambda turn_id: TurnStore(redis).request_cancel(turn_id, by="workflow"))
 
     # ----- storage ----------------------------------------------------------
     def load(self, task_id: str) -> WorkflowTask | None:
+        """The task, or None if unknown."""
         h = self.r.hgetall(task_key(task_id))
         return WorkflowTask.from_hash(h) if h else None
 
@@ -592,8 +585,8 @@ class WorkflowService:
         att = task.current
         if task.status != "queued" or att is None or att["status"] != "queued":
             return task
-        turn_status = _turn_status(self.r, att["turn_id"])
-        if turn_status in (None, "queued"):
+        turn_status = TurnStore(self.r).status(att["turn_id"])
+        if turn_status in (None, TurnStatus.queued):
             return task
 
         def running(t: WorkflowTask) -> Any:

@@ -55,6 +55,7 @@ class JobIdParams(BaseModel):
 
 
 class NoParams(BaseModel):
+    """Input of tools that take no arguments."""
     pass
 
 
@@ -150,9 +151,7 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
         if "cancel_turn" in tctx.services:  # flag + event, and a still-queued turn ends at once
             tctx.services["cancel_turn"](rec["turn_id"])
         else:
-            turns = TurnStore(tctx.services["redis"])
-            turns.request_cancel(rec["turn_id"])
-            turns.event(rec["turn_id"], "cancel_requested")
+            TurnStore(tctx.services["redis"]).request_cancel(rec["turn_id"], by="job_cancel")
         return ToolResult(content={"job_id": p.job_id, "status": "cancel_requested",
                                    "note": "The job stops at its next step boundary; its running tools see the abort."},
                           details={"outcome": "cancel_requested"})

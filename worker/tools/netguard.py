@@ -207,6 +207,8 @@ class GuardedNetworkBackend(httpcore.SyncBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
+        """Resolve ``host``, refuse it if any address is blocked, and connect to the vetted IPs in turn
+        (no second lookup). Raises ``BlockedAddressError``, ``FetchCancelled`` or the last connect error."""
         if self.cancelled:
             raise FetchCancelled("the fetch was cancelled")
         addrs = resolve_vetted(host, port, allow_loopback=self.allow_loopback)
@@ -226,6 +228,7 @@ class GuardedNetworkBackend(httpcore.SyncBackend):
         raise last
 
     def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None):
+        """Always refused: fetches never use local sockets."""
         raise BlockedAddressError("unix sockets are not allowed")
 
 
@@ -251,6 +254,7 @@ class GuardedTransport(httpx.BaseTransport):
         self._backend.cancel()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Send the request through the guarded backend (the httpx transport interface)."""
         req = httpcore.Request(
             method=request.method,
             url=httpcore.URL(
@@ -281,6 +285,7 @@ class GuardedTransport(httpx.BaseTransport):
         )
 
     def close(self) -> None:
+        """Close the pool; cancels in-flight connections."""
         self._pool.close()
 
 

@@ -59,6 +59,7 @@ class TodoStore:
 
     @property
     def file(self) -> Path:
+        """The file holding the list when no Redis is given: ``<home>/.agent/todos.json``."""
         return home_root(self.home) / TODO_FILE
 
     def load(self) -> list[dict[str, Any]]:
@@ -73,6 +74,7 @@ class TodoStore:
         return orjson.loads(raw) if raw else []
 
     def save(self, items: list[dict[str, Any]]) -> None:
+        """Replace the stored list (Redis key or an atomic file write)."""
         data = orjson.dumps(items)
         if self.redis is not None:
             self.redis.set(todo_key(self.agent_id), data)
