@@ -16,6 +16,7 @@ keyed by ``call_id``.
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import worker_init
 from kombu import Queue
 
 from tasks.serialization import SERIALIZER, register_orjson
@@ -71,3 +72,15 @@ def make_app() -> Celery:
 
 
 app = make_app()
+
+
+@worker_init.connect
+def _check_configuration(**_: object) -> None:
+    # Fail at start, naming the variable, rather than on every turn. SystemExit, because
+    # Celery logs and swallows ordinary exceptions raised by signal handlers.
+    from worker.toolsets import check_toolsets
+
+    try:
+        check_toolsets(get_settings())
+    except ValueError as exc:
+        raise SystemExit(f"worker not started: {exc}") from exc

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 import orjson
 import typer
@@ -19,14 +21,26 @@ console = Console()
 err = Console(stderr=True)
 
 
-def _control():
-    from tasks.control import ControlPlane, ControlPlaneError
+@contextmanager
+def _exit_on_errors() -> Iterator[None]:
+    """Control-plane errors (Redis unreachable, unknown turn, timeout) and bad requests: message, exit 2."""
+    from tasks.control import ControlPlaneError
 
     try:
-        return ControlPlane()
+        yield
     except ControlPlaneError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2)
+    except ValidationError as exc:
+        err.print(f"[red]invalid turn request:[/]\n{exc}")
+        raise typer.Exit(2)
+
+
+def _control():
+    from tasks.control import ControlPlane
+
+    with _exit_on_errors():
+        return ControlPlane()
 
 
 @app.command()
@@ -42,33 +56,26 @@ def enqueue(
 ) -> None:
     """Enqueue a turn and print its id (or follow it with --wait)."""
     control = _control()
-    try:
+    with _exit_on_errors():
         turn_id = control.enqueue({"agent_id": agent, "input": text, "toolset": toolset, "model": model,
                                    "instructions": instructions, "idempotency_key": idempotency_key,
                                    "supports": {"spawn_jobs": spawn_jobs}})
-    except ValidationError as exc:
-        err.print(f"[red]invalid turn request:[/]\n{exc}")
-        raise typer.Exit(2)
     if not wait:
         print(turn_id)
         return
     console.print(f"turn {turn_id} queued on {control.url}")
     from tasks.transcript import print_transcript
 
-    final = print_transcript(control, turn_id, console)
+    with _exit_on_errors():
+        final = print_transcript(control, turn_id, console)
     raise typer.Exit(0 if final and final.get("status") == "completed" else 1)
 
 
 @app.command()
 def status(turn_id: str) -> None:
     """Print the turn's status as JSON."""
-    from tasks.control import ControlPlaneError
-
-    try:
+    with _exit_on_errors():
         v = _control().status(turn_id)
-    except ControlPlaneError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2)
     print(json.dumps({"turn_id": v.turn_id, "status": v.status.value, "step": v.step,
                       "model_calls": v.model_calls, "final_output": v.final_output, "error": v.error}))
 
@@ -76,13 +83,8 @@ def status(turn_id: str) -> None:
 @app.command("wait")
 def wait_cmd(turn_id: str, timeout: float = typer.Option(120.0, help="seconds")) -> None:
     """Block until the turn ends; print its final status as JSON."""
-    from tasks.control import ControlPlaneError
-
-    try:
+    with _exit_on_errors():
         v = _control().wait(turn_id, timeout)
-    except ControlPlaneError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2)
     print(json.dumps({"turn_id": v.turn_id, "status": v.status.value, "final_output": v.final_output,
                       "error": v.error}))
     raise typer.Exit(0 if v.status.value == "completed" else 1)
@@ -91,8 +93,11 @@ def wait_cmd(turn_id: str, timeout: float = typer.Option(120.0, help="seconds"))
 @app.command()
 def items(turn_id: str) -> None:
     """Print the turn's Responses input items (JSON lines)."""
-    for item in _control().items(turn_id):
-        sys.stdout.write(orjson.dumps(item).decode() + "\n")
+    control = _control()
+    with _exit_on_errors():
+        control.status(turn_id)  # an unknown turn is an error, not an empty list
+        for item in control.items(turn_id):
+            sys.stdout.write(orjson.dumps(item).decode() + "\n")
 
 
 @app.command()
@@ -100,13 +105,18 @@ def transcript(turn_id: str, follow: bool = typer.Option(False, help="keep taili
     """Print the turn's transcript (activity labels, batches, repairs, final answer)."""
     from tasks.transcript import print_transcript
 
-    print_transcript(_control(), turn_id, console, follow=follow)
+    control = _control()
+    with _exit_on_errors():
+        control.status(turn_id)
+        print_transcript(control, turn_id, console, follow=follow)
 
 
 @app.command()
 def cancel(turn_id: str) -> None:
     """Cancel a turn (running tools see the abort signal; the next step boundary ends it)."""
-    print("cancelling" if _control().cancel(turn_id) else "already ended")
+    control = _control()
+    with _exit_on_errors():
+        print("cancelling" if control.cancel(turn_id) else "already ended")
 
 
 @app.command()

@@ -63,7 +63,7 @@ class ControlPlane:
         from tasks.runtime import CeleryDispatcher
         from worker.loop import TurnEngine
         from worker.settings import get_settings
-        from worker.toolsets import toolset_resolver
+        from worker.toolsets import toolset_names, toolset_resolver
 
         settings = get_settings()
         self.url = redis_url or settings.redis_url
@@ -73,7 +73,8 @@ class ControlPlane:
             self.store.r.ping()
         except redis.RedisError as exc:
             raise ControlPlaneError(f"cannot reach Redis at {self.url}: {exc}") from exc
-        # Enqueueing and ending turns only: this engine never calls a model.
+        self._toolsets = toolset_names(settings)
+        # Enqueueing and ending turns only: this engine never calls a model nor imports tool code.
         self._engine = TurnEngine(self.store, settings, CeleryDispatcher(broker_url=self.url),
                                   toolset_resolver(settings), client=None)  # type: ignore[arg-type]
 
@@ -81,9 +82,13 @@ class ControlPlane:
         """Validate the request, store the turn and enqueue its first step. Returns the turn id
         (an existing one when the request's idempotency key was used before).
 
-        Raises ``pydantic.ValidationError`` for a bad request (nothing is stored).
+        Raises ``pydantic.ValidationError`` for a bad request and ``ControlPlaneError`` for a
+        toolset not configured here (nothing is stored).
         """
         req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
+        if req.toolset not in self._toolsets:
+            raise ControlPlaneError(f"unknown toolset {req.toolset!r}; configured: {', '.join(self._toolsets)} "
+                                    "(extra toolsets come from AGENT_EXTRA_TOOLSETS, as on the workers)")
         with _redis_errors(self.url):
             return self._engine.create_turn(req, turn_id or uuid.uuid4().hex)[0]
 

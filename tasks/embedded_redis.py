@@ -63,6 +63,9 @@ class EmbeddedRedis:
         Raises ``EmbeddedRedisError`` if the binary is missing, exits or does not answer.
         """
         exe = find_redis_server()
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                raise EmbeddedRedisError(f"port {self.port} is already in use (another Redis still running?)")
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--maxmemory-policy", "noeviction", "--dir", str(self.dir), "--protected-mode", "yes"],
@@ -74,6 +77,7 @@ class EmbeddedRedis:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.stop()
                 raise EmbeddedRedisError(f"{exe} exited with code {self.proc.returncode}")
             try:
                 redis.Redis(port=self.port, socket_connect_timeout=0.2).ping()
@@ -109,8 +113,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--port", type=int, default=6390)
     args = parser.parse_args()
+    import signal
+    import sys
+
+    def _stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a closed terminal must not leave Redis behind
+        signal.signal(sig, _stop)
     srv = EmbeddedRedis(args.port)
-    print(f"export REDIS_URL={srv.start()}", flush=True)
+    try:
+        print(f"export REDIS_URL={srv.start()}", flush=True)
+    except EmbeddedRedisError as exc:
+        sys.exit(f"error: {exc}")
     try:
         srv.proc.wait()
     except KeyboardInterrupt:

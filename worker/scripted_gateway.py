@@ -225,7 +225,12 @@ def main(argv: list[str] | None = None) -> None:
     gw.load_dir(args.scripts)
     print(f"scripted gateway on http://{args.host}:{gw.port}/v1 with scripts: {', '.join(sorted(gw.scripts))}",
           flush=True)
-    gw.serve_forever()
+    try:
+        gw.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        gw._server.server_close()
 
 
 if __name__ == "__main__":
