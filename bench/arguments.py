@@ -22,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pydantic import BaseModel, Field, TypeAdapter  # noqa: E402
+from pydantic import BaseModel, Field, TypeAdapter
 
-from worker.arguments import validate_tool_arguments  # noqa: E402
-from worker.contract import ToolResult, define_worker_tool  # noqa: E402
-from worker.repair import repair_arguments  # noqa: E402
-from worker.schemas import collect_tool_definitions  # noqa: E402
+from worker.tooling.arguments import validate_tool_arguments
+from worker.tooling.contract import ToolResult, define_worker_tool
+from worker.tooling.repair import repair_arguments
+from worker.tooling.schemas import collect_tool_definitions
 
 
 class Todo(BaseModel):
@@ -52,12 +52,19 @@ def best_of(fn, repeat=5):
 
 def main() -> None:
     inputs = [
-        json.dumps({"todos": [{"content": f"task {i} {j}", "status": "pending", "priority": (j % 5) + 1}
-                              for j in range(i % 6 + 1)], "note": None if i % 2 else "n"})
+        json.dumps(
+            {
+                "todos": [
+                    {"content": f"task {i} {j}", "status": "pending", "priority": (j % 5) + 1} for j in range(i % 6 + 1)
+                ],
+                "note": None if i % 2 else "n",
+            }
+        )
         for i in range(200)
     ]
-    tool = define_worker_tool(name="write_todos", description="d", execute=lambda p, c: ToolResult("ok"),
-                              input_model=WriteTodos)
+    tool = define_worker_tool(
+        name="write_todos", description="d", execute=lambda p, c: ToolResult("ok"), input_model=WriteTodos
+    )
     adapter = TypeAdapter(WriteTodos)
     rounds = 50
     n = len(inputs) * rounds
@@ -86,8 +93,12 @@ def main() -> None:
     print(f"validate_tool_arguments         : {n / t_ours:>10,.0f} calls/s ({t_ours / n * 1e6:.2f} us/call)")
     print(f"ratio ours/floor                : {ratio:.2f}x median of paired samples (target <= 1.5x)")
 
-    raw_tool = define_worker_tool(name="write_todos_raw", description="d", execute=lambda p, c: ToolResult("ok"),
-                                  json_schema=WriteTodos.model_json_schema())
+    raw_tool = define_worker_tool(
+        name="write_todos_raw",
+        description="d",
+        execute=lambda p, c: ToolResult("ok"),
+        json_schema=WriteTodos.model_json_schema(),
+    )
 
     def raw_path():
         for _ in range(rounds // 5):
@@ -104,21 +115,30 @@ def main() -> None:
     for label, size in (("1 KB", 1_000), ("100 KB", 100_000), ("1 MB", 1_000_000)):
         count = max(1, (size - 20) // (len(item) + 2))
         raw = '{"todos": [' + ", ".join([item] * count)
-        raw = raw[: size] if len(raw) > size else raw
+        raw = raw[:size] if len(raw) > size else raw
         # cut after a complete item so the repair applies
         raw = raw[: raw.rfind("}") + 1]
         out = repair_arguments(raw)
         assert out.ok and out.repairs == ["closed_delimiters"], out.error
-        t = best_of(lambda: repair_arguments(raw), 3 if size > 100_000 else 5)
+        t = best_of(lambda raw=raw: repair_arguments(raw), 3 if size > 100_000 else 5)
         full = validate_tool_arguments(tool, raw)
         assert full.ok
-        print(f"{label:>6}: {len(raw):>9,} chars  {t * 1e3:9.3f} ms  "
-              f"({t / (len(raw) / 1000) * 1e6:.1f} us per 1000 chars)")
+        print(
+            f"{label:>6}: {len(raw):>9,} chars  {t * 1e3:9.3f} ms  "
+            f"({t / (len(raw) / 1000) * 1e6:.1f} us per 1000 chars)"
+        )
 
     print("\n## assembling 50 tools for a turn (cached definitions)")
-    tools = [define_worker_tool(name=f"tool_{i}", description="d", execute=lambda p, c: ToolResult("ok"),
-                                json_schema={"type": "object", "properties": {"q": {"type": "string"}}},
-                                namespace="ns" if i % 5 == 0 else None) for i in range(50)]
+    tools = [
+        define_worker_tool(
+            name=f"tool_{i}",
+            description="d",
+            execute=lambda p, c: ToolResult("ok"),
+            json_schema={"type": "object", "properties": {"q": {"type": "string"}}},
+            namespace="ns" if i % 5 == 0 else None,
+        )
+        for i in range(50)
+    ]
     collect_tool_definitions(tools)
     reps = 2000
     t = best_of(lambda: [collect_tool_definitions(tools) for _ in range(reps)], 3)

@@ -37,25 +37,49 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     args = parser.parse_args()
 
-    from tasks.embedded_redis import EmbeddedRedis
-    from worker.scripted_gateway import ScriptedGateway
+    from devtools.embedded_redis import EmbeddedRedis
+    from worker.model.scripted_gateway import ScriptedGateway
 
     redis_srv = EmbeddedRedis()
     url = redis_srv.start()
     gw = ScriptedGateway().start()
-    os.environ.update({
-        "REDIS_URL": url, "OPENAI_BASE_URL": gw.base_url, "OPENAI_MODEL": "x",
-        "AGENT_HOMES_ROOT": tempfile.mkdtemp(prefix="bench-homes-"),
-        "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
-        "AGENT_MAX_MODEL_CALLS": str(args.steps + 5),
-    })
+    os.environ.update(
+        {
+            "REDIS_URL": url,
+            "OPENAI_BASE_URL": gw.base_url,
+            "OPENAI_MODEL": "x",
+            "AGENT_HOMES_ROOT": tempfile.mkdtemp(prefix="bench-homes-"),
+            "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
+            "AGENT_MAX_MODEL_CALLS": str(args.steps + 5),
+        }
+    )
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-Q", "turns,tools,background,workflow",
-         "--pool", args.pool, "-c", str(args.concurrency), "-l", "ERROR", "--without-gossip", "--without-mingle"],
-        cwd=ROOT, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks.app",
+            "worker",
+            "-Q",
+            "turns,tools,background,workflow",
+            "--pool",
+            args.pool,
+            "-c",
+            str(args.concurrency),
+            "-l",
+            "ERROR",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        cwd=ROOT,
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
+        from control.client import ControlPlane
         from tasks.app import app
-        from tasks.control import ControlPlane
         from tasks.health import ping
 
         while not app.control.ping(timeout=0.5):
@@ -93,15 +117,23 @@ def main() -> None:
 
         fan = []
         for _ in range(3):
-            fan.append(run_turn([{"output": [fc(f"g{i}") for i in range(args.group)]},
-                                 {"output": [{"type": "message", "text": "done"}]}]))
+            fan.append(
+                run_turn(
+                    [
+                        {"output": [fc(f"g{i}") for i in range(args.group)]},
+                        {"output": [{"type": "message", "text": "done"}]},
+                    ]
+                )
+            )
         fan_total = statistics.median(fan)
 
         print(f"worker pool: {args.pool} -c {args.concurrency}")
         print(f"floor: bare Celery task round trip        {floor * 1000:8.2f} ms")
         print(f"turn step (model call + 1 tool call)     {per_step * 1000:8.2f} ms  = {per_step / floor:5.2f}x floor")
-        print(f"turn with a group of {args.group} parallel calls   {fan_total * 1000:8.2f} ms  = "
-              f"{fan_total / floor:5.2f}x floor ({fan_total / args.group * 1000:.2f} ms per call)")
+        print(
+            f"turn with a group of {args.group} parallel calls   {fan_total * 1000:8.2f} ms  = "
+            f"{fan_total / floor:5.2f}x floor ({fan_total / args.group * 1000:.2f} ms per call)"
+        )
     finally:
         worker.terminate()
         worker.wait(20)

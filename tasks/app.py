@@ -63,9 +63,7 @@ def make_app() -> Celery:
         beat_max_loop_interval=5,  # seconds: a new schedule fires at most ~5 s late
         redbeat_redis_url=settings.redis_url,
         redbeat_redis_options={"socket_connect_timeout": 5, "socket_timeout": 30},
-        beat_schedule={
-            "watchdog-sweep": {"task": "tasks.watchdog.sweep", "schedule": 15.0},
-        },
+        beat_schedule={"watchdog-sweep": {"task": "tasks.watchdog.sweep", "schedule": 15.0}},
         timezone="UTC",
     )
     return app
@@ -78,7 +76,7 @@ app = make_app()
 def _check_configuration(**_: object) -> None:
     # Fail at start, naming the variable, rather than on every turn. SystemExit, because
     # Celery logs and swallows ordinary exceptions raised by signal handlers.
-    from worker.toolsets import check_toolsets
+    from worker.tools.toolsets import check_toolsets
 
     try:
         check_toolsets(get_settings())

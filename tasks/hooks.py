@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.loop import TurnEngine
-from worker.turn_store import TurnState
+from worker.turn.engine import TurnEngine
+from worker.turn.store import TurnState
 
 
 def on_turn_finished(engine: TurnEngine, state: TurnState) -> dict[str, Any]:
@@ -25,26 +25,29 @@ def on_turn_finished(engine: TurnEngine, state: TurnState) -> dict[str, Any]:
 
 
 def _workflow_attempt_finished(engine: TurnEngine, state: TurnState, meta: dict[str, Any]) -> dict[str, Any]:
-    """Commit or fail a workflow task attempt (DESIGN-NOTES section 7; ``worker.workflow``).
+    """Commit or fail a workflow task attempt (DESIGN-NOTES section 7; ``worker.records.workflow``).
 
     A turn that terminated through ``submit_result`` commits only if the
     submitted value validates again against the schema persisted on the task
     (not the one in the turn's metadata); any other ending fails the attempt
     with the turn's status and error. Idempotent under redelivery.
     """
-    from worker.workflow import WorkflowService, find_submission
+    from worker.records.workflow import WorkflowService, find_submission
 
     submission = find_submission(engine.store, state.turn_id, state.step - 1)
-    return WorkflowService(engine.store.r).commit_turn(
-        state.turn_id, state.status.value, state.error, meta, submission)
+    return WorkflowService(engine.store.r).commit_turn(state.turn_id, state.status.value, state.error, meta, submission)
 
 
 def _background_job_finished(engine: TurnEngine, state: TurnState, meta: dict[str, Any]) -> dict[str, Any]:
-    """Record a background agent job's outcome (``worker.jobs``): the turn's terminal status,
+    """Record a background agent job's outcome (``worker.records.jobs``): the turn's terminal status,
     final output and error. The first report wins, so a redelivered hook changes nothing."""
-    from worker.jobs import JobStore
+    from worker.records.jobs import JobStore
 
-    rec = JobStore(engine.store.r).record_finished(meta["background_job_id"], state.status.value,
-                                                   state.final_output, state.error)
-    return {"action": "job_recorded" if rec else "job_already_recorded", "job_id": meta["background_job_id"],
-            "status": state.status.value}
+    rec = JobStore(engine.store.r).record_finished(
+        meta["background_job_id"], state.status.value, state.final_output, state.error
+    )
+    return {
+        "action": "job_recorded" if rec else "job_already_recorded",
+        "job_id": meta["background_job_id"],
+        "status": state.status.value,
+    }

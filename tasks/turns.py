@@ -12,9 +12,9 @@ import redis
 
 from tasks.app import app
 from tasks.runtime import get_engine
-from worker.gateway import GatewayError
+from worker.model.client import GatewayError
 from worker.settings import get_settings
-from worker.turn import TurnStatus
+from worker.turn.request import TurnStatus
 
 log = logging.getLogger("agent.tasks")
 
@@ -29,11 +29,11 @@ def turn_step(self, turn_id: str, step: int) -> dict:
         outcome = engine.run_step(turn_id, step)
     except GatewayError as exc:
         if self.request.retries < MAX_MODEL_RETRIES:
-            delay = min(60, 2 ** self.request.retries)
+            delay = min(60, 2**self.request.retries)
             engine.store.event(turn_id, "model_retry", step=step, error=str(exc)[:300], in_s=delay)
             # Still working: keep the watchdog from starting a second retry chain.
             engine.store.push_deadline(turn_id, delay + engine.settings.model_timeout + 60)
-            raise self.retry(exc=exc, countdown=delay)
+            raise self.retry(exc=exc, countdown=delay) from exc
         engine.fail_turn(turn_id, TurnStatus.failed, f"model gateway failed after retries: {exc}")
         return {"action": "failed"}
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -41,7 +41,7 @@ def turn_step(self, turn_id: str, step: int) -> dict:
         # spent the watchdog re-drives the step when Redis is back.
         log.warning("turn %s step %s: Redis failed (%s)", turn_id, step, exc)
         if self.request.retries < MAX_MODEL_RETRIES:
-            raise self.retry(exc=exc, countdown=min(30, 2 ** self.request.retries))
+            raise self.retry(exc=exc, countdown=min(30, 2**self.request.retries)) from exc
         raise
     except Exception as exc:  # never leave a turn hanging on a bug: end it with the reason
         log.exception("turn %s step %s crashed", turn_id, step)

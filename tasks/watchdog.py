@@ -6,7 +6,6 @@ Run by celery beat every 15 s (``beat_schedule`` in ``tasks.app``)."""
 from __future__ import annotations
 
 from tasks.app import app
-
 from tasks.runtime import get_engine
 
 MAX_REDRIVES = 3

@@ -22,8 +22,8 @@ _state: dict = {}
 
 
 def pytest_configure(config):
-    from tasks.embedded_redis import EmbeddedRedis
-    from worker.scripted_gateway import ScriptedGateway
+    from devtools.embedded_redis import EmbeddedRedis
+    from worker.model.scripted_gateway import ScriptedGateway
 
     url = os.environ.get("TEST_REDIS_URL")
     if not url:
@@ -37,22 +37,24 @@ def pytest_configure(config):
     web = WebServer()
     _state["web"] = web
     homes = Path(tempfile.mkdtemp(prefix="agent-homes-"))
-    os.environ.update({
-        "REDIS_URL": url,
-        "OPENAI_BASE_URL": gw.base_url,
-        "OPENAI_API_KEY": "sk-test-secret-never-logged",
-        "OPENAI_MODEL": "unset-script",
-        "AGENT_HOMES_ROOT": str(homes),
-        "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
-        "AGENT_TOOL_TIME_LIMIT": "60",
-        "AGENT_MAX_MODEL_CALLS": "8",
-        # Web provider profiles bound to a local server; loopback allowed for it only
-        # (private, link-local and metadata ranges stay refused).
-        "AGENT_WEB_SEARCH_URL": f"{web.base_url}/search",
-        "AGENT_WEB_SEARCH_KEY": "search-key-never-shown",
-        "AGENT_WEB_FETCH_ENABLED": "1",
-        "AGENT_WEB_FETCH_ALLOW_LOOPBACK": "1",
-    })
+    os.environ.update(
+        {
+            "REDIS_URL": url,
+            "OPENAI_BASE_URL": gw.base_url,
+            "OPENAI_API_KEY": "sk-test-secret-never-logged",
+            "OPENAI_MODEL": "unset-script",
+            "AGENT_HOMES_ROOT": str(homes),
+            "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
+            "AGENT_TOOL_TIME_LIMIT": "60",
+            "AGENT_MAX_MODEL_CALLS": "8",
+            # Web provider profiles bound to a local server; loopback allowed for it only
+            # (private, link-local and metadata ranges stay refused).
+            "AGENT_WEB_SEARCH_URL": f"{web.base_url}/search",
+            "AGENT_WEB_SEARCH_KEY": "search-key-never-shown",
+            "AGENT_WEB_FETCH_ENABLED": "1",
+            "AGENT_WEB_FETCH_ALLOW_LOOPBACK": "1",
+        }
+    )
     _state["homes"] = homes
 
 
@@ -77,12 +79,28 @@ def stop_process(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def start_worker_process(*extra: str, queues: str = "turns,tools,background,workflow",
-                         env: dict | None = None) -> subprocess.Popen:
+def start_worker_process(
+    *extra: str, queues: str = "turns,tools,background,workflow", env: dict | None = None
+) -> subprocess.Popen:
     """Start ``celery worker`` as a subprocess and wait until it answers a ping."""
     name = f"test-{uuid.uuid4().hex[:6]}@%h"
-    cmd = [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-Q", queues, "-n", name,
-           "-l", "WARNING", "--without-gossip", "--without-mingle", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks.app",
+        "worker",
+        "-Q",
+        queues,
+        "-n",
+        name,
+        "-l",
+        "WARNING",
+        "--without-gossip",
+        "--without-mingle",
+        *extra,
+    ]
     log = open(Path(tempfile.gettempdir()) / f"worker-{uuid.uuid4().hex[:6]}.log", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
     from tasks.app import app
@@ -127,7 +145,7 @@ def solo_worker():
 
 @pytest.fixture(scope="session")
 def control(solo_worker):
-    from tasks.control import ControlPlane
+    from control.client import ControlPlane
 
     return ControlPlane()
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from worker.arguments import DEFAULT_MAX_RAW_ECHO, FieldError, validate_params, validate_tool_arguments
-from worker.contract import AbortSignal, ToolContext, ToolResult, define_worker_tool
-from worker.schemas import collect_tool_definitions
-from worker.tool_search import make_tool_search_tool, rank_tools, with_tool_search
+from worker.tooling.arguments import DEFAULT_MAX_RAW_ECHO, FieldError, validate_params, validate_tool_arguments
+from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, define_worker_tool
+from worker.tooling.schemas import collect_tool_definitions
+from worker.tooling.tool_search import make_tool_search_tool, rank_tools, with_tool_search
 
 
 class Todo(BaseModel):
@@ -24,8 +24,12 @@ class TodoArgs(BaseModel):
 
 
 def _tool(**kw):
-    return define_worker_tool(name=kw.pop("name", "todowrite"), description=kw.pop("description", "write todos"),
-                              execute=lambda p, c: ToolResult("ok"), **kw)
+    return define_worker_tool(
+        name=kw.pop("name", "todowrite"),
+        description=kw.pop("description", "write todos"),
+        execute=lambda p, c: ToolResult("ok"),
+        **kw,
+    )
 
 
 def _ctx():
@@ -73,8 +77,9 @@ def test_non_string_arguments_are_encoded():
 
 
 def test_validate_params_public_shape():
-    tool = _tool(json_schema={"type": "object", "properties": {"a": {"type": "integer", "minimum": 2}},
-                              "required": ["a"]})
+    tool = _tool(
+        json_schema={"type": "object", "properties": {"a": {"type": "integer", "minimum": 2}}, "required": ["a"]}
+    )
     assert validate_params(tool, {"a": 3}) == ({"a": 3}, [])
     params, errors = validate_params(tool, {"a": 1})
     assert params is None and errors == [FieldError("a", errors[0].msg)] and "minimum" in errors[0].msg
@@ -91,10 +96,16 @@ def test_repaired_pydantic_call_reports_repairs():
 
 # ---- tool search ------------------------------------------------------------------------------
 
+
 def _deferred(name, description, namespace=None):
-    return define_worker_tool(name=name, description=description, execute=lambda p, c: ToolResult("ok"),
-                              json_schema={"type": "object", "properties": {"q": {"type": "string"}}},
-                              defer_loading=True, namespace=namespace)
+    return define_worker_tool(
+        name=name,
+        description=description,
+        execute=lambda p, c: ToolResult("ok"),
+        json_schema={"type": "object", "properties": {"q": {"type": "string"}}},
+        defer_loading=True,
+        namespace=namespace,
+    )
 
 
 CATALOGUE = [
@@ -154,8 +165,8 @@ from typing import Any, Literal  # noqa: E402
 
 import pytest  # noqa: E402
 
-from worker.contract import WorkerTool  # noqa: E402
-from worker.repair import MAX_NESTING_DEPTH  # noqa: E402
+from worker.tooling.contract import WorkerTool  # noqa: E402
+from worker.tooling.repair import MAX_NESTING_DEPTH  # noqa: E402
 
 
 class AnyData(BaseModel):
@@ -174,41 +185,65 @@ def _nest(depth):
     return "[" * depth + "]" * depth
 
 
-@pytest.mark.parametrize("raw,model", [
-    ('{"a": ' + _nest(1000) + ',}', None),                      # ladder (trailing comma) on deep input
-    ('{"a": ' + _nest(1100) + '}', None),                       # valid JSON beyond orjson's limit
-    ('{"a": ' + _nest(300) + '}', None),                        # valid JSON that jsonschema would recurse on
-    ('{"data": ' + _nest(1100) + '}', AnyData),                 # pydantic dict[str, Any]
-    ('{"data": {"x": ' + _nest(150) + '}}', AnyData),           # within pydantic's own limit, over ours
-    ('"{\\"a\\": ' + '[' * 1100 + ']' * 1100 + '}"', None),     # double encoded
-    ('```json\n{"a": ' + '{"b": ' * 600 + '1' + '}' * 600 + ',}\n```', None),
-])
+@pytest.mark.parametrize(
+    "raw,model",
+    [
+        ('{"a": ' + _nest(1000) + ",}", None),  # ladder (trailing comma) on deep input
+        ('{"a": ' + _nest(1100) + "}", None),  # valid JSON beyond orjson's limit
+        ('{"a": ' + _nest(300) + "}", None),  # valid JSON that jsonschema would recurse on
+        ('{"data": ' + _nest(1100) + "}", AnyData),  # pydantic dict[str, Any]
+        ('{"data": {"x": ' + _nest(150) + "}}", AnyData),  # within pydantic's own limit, over ours
+        ('"{\\"a\\": ' + "[" * 1100 + "]" * 1100 + '}"', None),  # double encoded
+        ('```json\n{"a": ' + '{"b": ' * 600 + "1" + "}" * 600 + ",}\n```", None),
+    ],
+)
 def test_deep_nesting_is_refused_with_the_limit_never_raises(raw, model):
-    tool = _tool(input_model=model) if model else _raw_tool(
-        {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}},
-         "$defs": {"n": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/n"}}, {"type": "object"},
-                                   {"type": "integer"}]}}})
+    tool = (
+        _tool(input_model=model)
+        if model
+        else _raw_tool(
+            {
+                "type": "object",
+                "properties": {"a": {"$ref": "#/$defs/n"}},
+                "$defs": {
+                    "n": {
+                        "anyOf": [
+                            {"type": "array", "items": {"$ref": "#/$defs/n"}},
+                            {"type": "object"},
+                            {"type": "integer"},
+                        ]
+                    }
+                },
+            }
+        )
+    )
     out = validate_tool_arguments(tool, raw)
     assert not out.ok and out.error_kind == "parse"
     assert f"nested too deeply (limit {MAX_NESTING_DEPTH}" in out.error
 
 
 def test_nesting_up_to_the_limit_is_accepted_and_brackets_in_strings_do_not_count():
-    out = validate_tool_arguments(_raw_tool(), '{"a": ' + _nest(MAX_NESTING_DEPTH - 1) + '}')
+    out = validate_tool_arguments(_raw_tool(), '{"a": ' + _nest(MAX_NESTING_DEPTH - 1) + "}")
     assert out.ok
     out = validate_tool_arguments(_tool(input_model=AnyData), '{"data": {"s": "' + "[" * 5000 + '"}}')
     assert out.ok and out.data == {"data": {"s": "[" * 5000}}
 
 
-@pytest.mark.parametrize("raw", [
-    '{"label": "\\ud800"}', '{"label": "\\udfff x"}', '{"label": "a\\ud83d"}', '{"\\ud800": 1}',
-    "{'label': '\\ud800'}",                                     # through the ladder
-    '{"label": "\ud800"}',                                      # a raw surrogate code point in the str
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"label": "\\ud800"}',
+        '{"label": "\\udfff x"}',
+        '{"label": "a\\ud83d"}',
+        '{"\\ud800": 1}',
+        "{'label': '\\ud800'}",  # through the ladder
+        '{"label": "\ud800"}',  # a raw surrogate code point in the str
+    ],
+)
 @pytest.mark.parametrize("model", [None, AnyData])
 def test_lone_surrogates_are_refused(raw, model):
     if model is not None:
-        raw = '{"data": ' + raw + '}'
+        raw = '{"data": ' + raw + "}"
     tool = _tool(input_model=model) if model else _raw_tool()
     out = validate_tool_arguments(tool, raw)
     assert not out.ok and "surrogate" in out.error
@@ -216,16 +251,20 @@ def test_lone_surrogates_are_refused(raw, model):
 
 def test_surrogate_pair_is_accepted_and_storable():
     out = validate_tool_arguments(_tool(input_model=AnyData), '{"data": {"l": "\\ud83d\\ude00"}}')
-    assert out.ok and out.data == {"data": {"l": "\U0001F600"}}
+    assert out.ok and out.data == {"data": {"l": "\U0001f600"}}
     import orjson
+
     orjson.dumps(out.data)
 
 
-@pytest.mark.parametrize("raw", [
-    '```json\n{"path": "a", "path": "b"}\n```',                 # fenced
-    '"{\\"path\\": \\"a\\", \\"path\\": \\"b\\"}"',             # double encoded
-    "{'path': 'a', 'path': 'b'}",                                # single quotes
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '```json\n{"path": "a", "path": "b"}\n```',  # fenced
+        '"{\\"path\\": \\"a\\", \\"path\\": \\"b\\"}"',  # double encoded
+        "{'path': 'a', 'path': 'b'}",  # single quotes
+    ],
+)
 @pytest.mark.parametrize("model", [None, AnyData])
 def test_duplicate_keys_are_refused_in_text_that_needs_repair(raw, model):
     tool = _tool(input_model=model) if model else _raw_tool()
@@ -233,11 +272,14 @@ def test_duplicate_keys_are_refused_in_text_that_needs_repair(raw, model):
     assert not out.ok and "repeat the key" in out.error
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ('{"data": {"a": 1, "a": 2}}', {"data": {"a": 2}}),
-    ('{"data": {"l": [{"k": 1}, {"k": 2, "k": 3}]}}', {"data": {"l": [{"k": 1}, {"k": 3}]}}),
-    ('{"data": {"a": 1, "\\u0061": 2}}', {"data": {"a": 2}}),     # same key, one of them escaped
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ('{"data": {"a": 1, "a": 2}}', {"data": {"a": 2}}),
+        ('{"data": {"l": [{"k": 1}, {"k": 2, "k": 3}]}}', {"data": {"l": [{"k": 1}, {"k": 3}]}}),
+        ('{"data": {"a": 1, "\\u0061": 2}}', {"data": {"a": 2}}),  # same key, one of them escaped
+    ],
+)
 @pytest.mark.parametrize("model", [None, AnyData])
 def test_valid_json_keeps_standard_semantics_for_a_repeated_key(raw, expected, model):
     # the last value wins, as in every JSON parser; the value validated is the value executed
@@ -251,8 +293,9 @@ def test_repeated_keys_in_different_objects_are_fine():
     assert validate_tool_arguments(_tool(input_model=TodoArgs), raw).ok
 
 
-@pytest.mark.parametrize("raw", ['{"x": NaN}', '{"x": Infinity}', '{"x": -Infinity}', '{"x": 1e400}',
-                                 '{"x": -1e999}', "{'x': 1e400}"])
+@pytest.mark.parametrize(
+    "raw", ['{"x": NaN}', '{"x": Infinity}', '{"x": -Infinity}', '{"x": 1e400}', '{"x": -1e999}', "{'x': 1e400}"]
+)
 @pytest.mark.parametrize("model", [None, Num])
 def test_non_json_numbers_are_refused_for_both_kinds_of_tools(raw, model):
     tool = _tool(input_model=model) if model else _raw_tool({"type": "object", "properties": {"x": {"type": "number"}}})
@@ -263,10 +306,35 @@ def test_non_json_numbers_are_refused_for_both_kinds_of_tools(raw, model):
 
 
 HOSTILE = [
-    "", " ", "null", "[]", '"x"', "{", "}", "{{{{", "]]]]", '{"a": "\\', "\\" * 5000, '{"a": 1, ' + "\\" * 5000 + "}",
-    "\x00", '{"a": "\x00"}', "```", "~~~", "```json", '{"a": 1}```', '{"a": ' + "[" * 5000, "{" * 5000,
-    '{"a": 1}' * 3000, "{'a': " + "'" * 3000, '{"a": ' + "/*" * 3000, '{"a": 123456789012345678901234567890}',
-    '{"a": 1' + "0" * 5000 + '}', '{"a": 1' + "0" * 5000, '{"a": -}', '{"\\ud800": "\\udc00"}', "\ud800",
+    "",
+    " ",
+    "null",
+    "[]",
+    '"x"',
+    "{",
+    "}",
+    "{{{{",
+    "]]]]",
+    '{"a": "\\',
+    "\\" * 5000,
+    '{"a": 1, ' + "\\" * 5000 + "}",
+    "\x00",
+    '{"a": "\x00"}',
+    "```",
+    "~~~",
+    "```json",
+    '{"a": 1}```',
+    '{"a": ' + "[" * 5000,
+    "{" * 5000,
+    '{"a": 1}' * 3000,
+    "{'a': " + "'" * 3000,
+    '{"a": ' + "/*" * 3000,
+    '{"a": 123456789012345678901234567890}',
+    '{"a": 1' + "0" * 5000 + "}",
+    '{"a": 1' + "0" * 5000,
+    '{"a": -}',
+    '{"\\ud800": "\\udc00"}',
+    "\ud800",
 ]
 
 
@@ -284,18 +352,24 @@ def test_validate_tool_arguments_never_raises(raw, kind):
         assert out.ok or out.error
         if out.ok:
             import orjson
+
             orjson.dumps(out.data)  # what the turn store does
 
 
 def test_a_broken_schema_at_validation_time_is_an_error_output_not_an_exception():
     # bypasses define_worker_tool (which refuses such a schema) to prove the validation path never raises
-    tool = WorkerTool(name="broken", description="d", execute=lambda p, c: ToolResult("ok"),
-                      json_schema={"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}})
+    tool = WorkerTool(
+        name="broken",
+        description="d",
+        execute=lambda p, c: ToolResult("ok"),
+        json_schema={"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}},
+    )
     out = validate_tool_arguments(tool, '{"a": 1}')
     assert not out.ok and "schema could not be applied" in out.error
 
 
 # ---- strict: null-as-omitted reaches every optional the strict copy made nullable -------------
+
 
 class Sub(BaseModel):
     a: int
@@ -323,30 +397,60 @@ class Nested(BaseModel):
 
 def test_strict_nulls_are_dropped_through_unions_lists_and_refs():
     tool = _tool(input_model=Nested, strict=True)
-    raw = json.dumps({"sub": {"a": 1, "b": None}, "subs": [{"a": 2, "b": None}], "pet": {"kind": "dog", "lives": None,
-                      "bark": None}, "plain": {"a": 3, "b": None}, "keep": None})
+    raw = json.dumps(
+        {
+            "sub": {"a": 1, "b": None},
+            "subs": [{"a": 2, "b": None}],
+            "pet": {"kind": "dog", "lives": None, "bark": None},
+            "plain": {"a": 3, "b": None},
+            "keep": None,
+        }
+    )
     out = validate_tool_arguments(tool, raw)
     assert out.ok, out.error
     assert out.params.sub == Sub(a=1) and out.params.subs == [Sub(a=2)] and out.params.plain == Sub(a=3)
     assert out.params.pet == Dog(kind="dog", lives=1, bark=None)  # bark accepts null: kept
     assert out.params.keep is None  # a nullable field keeps its null
-    assert sorted(out.repairs) == ["null_as_omitted:pet.lives", "null_as_omitted:plain.b",
-                                   "null_as_omitted:sub.b", "null_as_omitted:subs[0].b"]
+    assert sorted(out.repairs) == [
+        "null_as_omitted:pet.lives",
+        "null_as_omitted:plain.b",
+        "null_as_omitted:sub.b",
+        "null_as_omitted:subs[0].b",
+    ]
     out = validate_tool_arguments(tool, json.dumps({"pet": {"kind": "cat", "lives": None}, "sub": None}))
     assert out.ok and out.params.pet == Cat(kind="cat") and out.params.sub is None
 
 
 def test_strict_nulls_raw_schema_refs_and_maps_and_required_nulls_still_fail():
-    schema = {"type": "object", "$defs": {"S": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                                           "b": {"type": "string"}},
-                                                "required": ["a"]}},
-              "properties": {"s": {"$ref": "#/$defs/S"}, "xs": {"type": "array", "items": {"$ref": "#/$defs/S"}},
-                             "o": {"oneOf": [{"$ref": "#/$defs/S"}, {"type": "string"}]},
-                             "all": {"allOf": [{"$ref": "#/$defs/S"}]}},
-              "required": ["s"]}
+    schema = {
+        "type": "object",
+        "$defs": {
+            "S": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                "required": ["a"],
+            }
+        },
+        "properties": {
+            "s": {"$ref": "#/$defs/S"},
+            "xs": {"type": "array", "items": {"$ref": "#/$defs/S"}},
+            "o": {"oneOf": [{"$ref": "#/$defs/S"}, {"type": "string"}]},
+            "all": {"allOf": [{"$ref": "#/$defs/S"}]},
+        },
+        "required": ["s"],
+    }
     tool = _raw_tool(schema, strict=True)
-    out = validate_tool_arguments(tool, json.dumps({"s": {"a": 1, "b": None}, "xs": [{"a": 1, "b": None}],
-                                                    "o": {"a": 1, "b": None}, "all": {"a": 1, "b": None}}))
+    out = validate_tool_arguments(
+        tool,
+        json.dumps(
+            {
+                "s": {"a": 1, "b": None},
+                "xs": [{"a": 1, "b": None}],
+                "o": {"a": 1, "b": None},
+                "all": {"a": 1, "b": None},
+            }
+        ),
+    )
     assert out.ok, out.error
     assert out.data == {"s": {"a": 1}, "xs": [{"a": 1}], "o": {"a": 1}, "all": {"a": 1}}
     out = validate_tool_arguments(tool, json.dumps({"s": {"a": None}}))

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-
 import pytest
 import redis as redis_lib
 
-from worker.assembly import text_turn_tools, workflow_task_tools
 from worker.settings import Settings
-from worker.turn import TurnSupports
-from worker.turn_context import TurnContext
+from worker.tools.assembly import text_turn_tools, workflow_task_tools
+from worker.turn.context import TurnContext
+from worker.turn.request import TurnSupports
 
 WEB = {"web_search_url": "http://search.invalid/search", "web_fetch_enabled": True}
 NO_WEB = {"web_search_url": None, "web_fetch_enabled": False}
-SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
-          "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 COMPUTER = {"run_command", "read_file", "write_file", "edit_file", "list_files", "search_files"}
 JOBS = {"job_start", "job_status", "job_list", "job_cancel"}
 SCHEDULES = {"schedule_create", "schedule_list", "schedule_cancel"}
@@ -25,11 +28,22 @@ WORKFLOW = {"workflow_start", "workflow_show", "workflow_list", "workflow_cancel
 def ctx(tmp_path, redis_url):
     def make(*, web=False, spawn_jobs=False, brain=False, workflow_task=False):
         return TurnContext(
-            turn_id="t", agent_id="a", home=tmp_path, settings=Settings(**(WEB if web else NO_WEB)),
-            supports=TurnSupports(spawn_jobs=spawn_jobs, brain=brain), redis=redis_lib.Redis.from_url(redis_url),
-            services={"enqueue_turn": lambda request: "turn-id", "cancel_turn": lambda turn_id: True,
-                      "save_schedule_entry": lambda *a, **k: None, "delete_schedule_entry": lambda *a, **k: None},
-            metadata={"result_schema": SCHEMA, "workflow_task_id": "w1"}, workflow_task=workflow_task)
+            turn_id="t",
+            agent_id="a",
+            home=tmp_path,
+            settings=Settings(**(WEB if web else NO_WEB)),
+            supports=TurnSupports(spawn_jobs=spawn_jobs, brain=brain),
+            redis=redis_lib.Redis.from_url(redis_url),
+            services={
+                "enqueue_turn": lambda request: "turn-id",
+                "cancel_turn": lambda turn_id: True,
+                "save_schedule_entry": lambda *a, **k: None,
+                "delete_schedule_entry": lambda *a, **k: None,
+            },
+            metadata={"result_schema": SCHEMA, "workflow_task_id": "w1"},
+            workflow_task=workflow_task,
+        )
+
     return make
 
 
@@ -39,10 +53,20 @@ def names(tools):
 
 def test_full_text_catalog_is_in_the_spec_order(ctx):
     got = names(text_turn_tools(ctx(web=True, spawn_jobs=True)))
-    order = ["todo_write", *["run_command", "read_file", "write_file", "edit_file", "list_files", "search_files"],
-             "web_search", "web_fetch", *sorted(SCHEDULES), *sorted(JOBS), *sorted(WORKFLOW)]
-    category = {n: i for i, group in enumerate([["todo_write"], COMPUTER, {"web_search", "web_fetch"}, SCHEDULES,
-                                                 JOBS, WORKFLOW]) for n in group}
+    order = [
+        "todo_write",
+        *["run_command", "read_file", "write_file", "edit_file", "list_files", "search_files"],
+        "web_search",
+        "web_fetch",
+        *sorted(SCHEDULES),
+        *sorted(JOBS),
+        *sorted(WORKFLOW),
+    ]
+    category = {
+        n: i
+        for i, group in enumerate([["todo_write"], COMPUTER, {"web_search", "web_fetch"}, SCHEDULES, JOBS, WORKFLOW])
+        for n in group
+    }
     assert sorted(got) == sorted(order)
     assert [category[n] for n in got] == sorted(category[n] for n in got), got
 
@@ -60,14 +84,20 @@ def test_no_job_tools_unless_the_turn_may_spawn_jobs(ctx):
 def test_workflow_task_turn_has_its_fixed_catalog_only(ctx):
     assert names(workflow_task_tools(ctx(workflow_task=True))) == ["submit_result"]
     assert names(workflow_task_tools(ctx(web=True, brain=True, workflow_task=True, spawn_jobs=True))) == [
-        "web_search", "web_fetch", "recall", "get_page", "submit_result"]
+        "web_search",
+        "web_fetch",
+        "recall",
+        "get_page",
+        "submit_result",
+    ]
     # the main catalog inside a workflow task turn never offers workflow tools
     assert not WORKFLOW & set(names(text_turn_tools(ctx(workflow_task=True))))
 
 
 def test_every_tool_has_modes_flags_and_labels(ctx):
     tools = text_turn_tools(ctx(web=True, spawn_jobs=True)) + workflow_task_tools(
-        ctx(web=True, brain=True, workflow_task=True))
+        ctx(web=True, brain=True, workflow_task=True)
+    )
     for t in tools:
         assert t.describe_activity is not None, t.name
         if t.is_read_only:

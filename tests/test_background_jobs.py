@@ -10,9 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from worker.jobs import JobStore, job_id_for
-from worker.turn import TurnStatus
-from tests.support.scripts import fc, msg, output_texts as outputs, wait_for
+from tests.support.scripts import fc, msg, wait_for
+from tests.support.scripts import output_texts as outputs
+from worker.records.jobs import JobStore, job_id_for
+from worker.turn.request import TurnStatus
 
 
 def tool_names(body):
@@ -26,23 +27,50 @@ def agent_id():
 
 def parent_turn(control, gateway, script, steps, *, agent_id, turn_id=None, spawn_jobs=True, **meta):
     gateway.add_script(script, steps)
-    return control.enqueue({"agent_id": agent_id, "input": "go", "model": script, "toolset": "text",
-                            "supports": {"spawn_jobs": spawn_jobs}, "metadata": meta}, turn_id=turn_id)
+    return control.enqueue(
+        {
+            "agent_id": agent_id,
+            "input": "go",
+            "model": script,
+            "toolset": "text",
+            "supports": {"spawn_jobs": spawn_jobs},
+            "metadata": meta,
+        },
+        turn_id=turn_id,
+    )
 
 
 def test_job_runs_on_background_queue_and_next_turn_reads_its_result(control, gateway, script_name, agent_id):
     job_script = script_name + "-job"
-    gateway.add_script(job_script, [
-        {"output": [fc("todo_write", {"todos": [{"id": "1", "content": "count", "status": "completed"}]})]},
-        {"output": [msg("the answer is 42")]},
-    ])
+    gateway.add_script(
+        job_script,
+        [
+            {"output": [fc("todo_write", {"todos": [{"id": "1", "content": "count", "status": "completed"}]})]},
+            {"output": [msg("the answer is 42")]},
+        ],
+    )
     parent_id = uuid.uuid4().hex
     job_id = job_id_for(parent_id, "c-start")
-    parent_turn(control, gateway, script_name, [
-        {"output": [fc("job_start", {"title": "count things", "instructions": "You count things.",
-                                     "input": "Count to 42."}, "c-start")]},
-        {"output": [msg("started it")]},
-    ], agent_id=agent_id, turn_id=parent_id, job_model=job_script)
+    parent_turn(
+        control,
+        gateway,
+        script_name,
+        [
+            {
+                "output": [
+                    fc(
+                        "job_start",
+                        {"title": "count things", "instructions": "You count things.", "input": "Count to 42."},
+                        "c-start",
+                    )
+                ]
+            },
+            {"output": [msg("started it")]},
+        ],
+        agent_id=agent_id,
+        turn_id=parent_id,
+        job_model=job_script,
+    )
     assert control.wait(parent_id, timeout=30).status == TurnStatus.completed
     started = orjson.loads(outputs(control, parent_id)[0])
     assert started["job_id"] == job_id and started["status"] == "queued"
@@ -72,11 +100,22 @@ def test_job_runs_on_background_queue_and_next_turn_reads_its_result(control, ga
     assert {"job_start", "job_status", "job_list", "job_cancel"} <= parent_names
 
     # A second parent turn reads the result.
-    second = parent_turn(control, gateway, script_name + "-2", [
-        {"output": [fc("job_status", {"job_id": job_id}), fc("job_list", {}),
-                    fc("job_status", {"job_id": "job_unknown"})]},
-        {"output": [msg("read it")]},
-    ], agent_id=agent_id)
+    second = parent_turn(
+        control,
+        gateway,
+        script_name + "-2",
+        [
+            {
+                "output": [
+                    fc("job_status", {"job_id": job_id}),
+                    fc("job_list", {}),
+                    fc("job_status", {"job_id": "job_unknown"}),
+                ]
+            },
+            {"output": [msg("read it")]},
+        ],
+        agent_id=agent_id,
+    )
     assert control.wait(second, timeout=30).status == TurnStatus.completed
     status, listing, unknown = outputs(control, second)
     status = orjson.loads(status)
@@ -86,8 +125,13 @@ def test_job_runs_on_background_queue_and_next_turn_reads_its_result(control, ga
     assert unknown.startswith("Error: no background job 'job_unknown'")
 
     # Another agent cannot see it.
-    other = parent_turn(control, gateway, script_name + "-3", [
-        {"output": [fc("job_status", {"job_id": job_id})]}, {"output": [msg("x")]}], agent_id=agent_id + "-other")
+    other = parent_turn(
+        control,
+        gateway,
+        script_name + "-3",
+        [{"output": [fc("job_status", {"job_id": job_id})]}, {"output": [msg("x")]}],
+        agent_id=agent_id + "-other",
+    )
     control.wait(other, timeout=30)
     assert outputs(control, other)[0].startswith("Error: no background job")
 
@@ -106,10 +150,13 @@ def second_worker():
 
 def test_job_cancel_stops_a_running_job(control, gateway, script_name, agent_id, second_worker):
     job_script = script_name + "-job"
-    gateway.add_script(job_script, [
-        {"output": [fc("run_command", {"command": "sleep 30", "timeout_seconds": 55})]},
-        {"output": [msg("never reached")]},
-    ])
+    gateway.add_script(
+        job_script,
+        [
+            {"output": [fc("run_command", {"command": "sleep 30", "timeout_seconds": 55})]},
+            {"output": [msg("never reached")]},
+        ],
+    )
     parent_id = uuid.uuid4().hex
     job_id = job_id_for(parent_id, "c-start")
     store = JobStore(control.store.r)
@@ -121,13 +168,24 @@ def test_job_cancel_stops_a_running_job(control, gateway, script_name, agent_id,
         return {"output": [fc("job_cancel", {"job_id": job_id}), fc("job_status", {"job_id": job_id})]}
 
     started = time.monotonic()
-    parent_turn(control, gateway, script_name, [
-        {"output": [fc("job_start", {"title": "slow", "instructions": "Work slowly.", "input": "Sleep."},
-                       "c-start")]},
-        cancel_once_running,
-        {"output": [fc("job_cancel", {"job_id": job_id})]},
-        {"output": [msg("cancelled it")]},
-    ], agent_id=agent_id, turn_id=parent_id, job_model=job_script)
+    parent_turn(
+        control,
+        gateway,
+        script_name,
+        [
+            {
+                "output": [
+                    fc("job_start", {"title": "slow", "instructions": "Work slowly.", "input": "Sleep."}, "c-start")
+                ]
+            },
+            cancel_once_running,
+            {"output": [fc("job_cancel", {"job_id": job_id})]},
+            {"output": [msg("cancelled it")]},
+        ],
+        agent_id=agent_id,
+        turn_id=parent_id,
+        job_model=job_script,
+    )
     assert control.wait(parent_id, timeout=60).status == TurnStatus.completed
     outs = outputs(control, parent_id)
     assert orjson.loads(outs[1])["status"] == "cancel_requested"
@@ -146,17 +204,27 @@ def test_job_cancel_stops_a_running_job(control, gateway, script_name, agent_id,
 
 
 def test_job_tools_absent_without_spawn_jobs(control, gateway, script_name, agent_id, homes_root):
-    from worker.assembly import text_turn_tools
     from worker.settings import get_settings
-    from worker.turn import TurnSupports
-    from worker.turn_context import TurnContext
+    from worker.tools.assembly import text_turn_tools
+    from worker.turn.context import TurnContext
+    from worker.turn.request import TurnSupports
 
-    services = {"enqueue_turn": lambda *a: "t", "save_schedule_entry": lambda r: None,
-                "delete_schedule_entry": lambda s: None}
+    services = {
+        "enqueue_turn": lambda *a: "t",
+        "save_schedule_entry": lambda r: None,
+        "delete_schedule_entry": lambda s: None,
+    }
 
     def names(spawn):
-        ctx = TurnContext(turn_id="t", agent_id=agent_id, home=Path(homes_root), settings=get_settings(),
-                          supports=TurnSupports(spawn_jobs=spawn), redis=control.store.r, services=services)
+        ctx = TurnContext(
+            turn_id="t",
+            agent_id=agent_id,
+            home=Path(homes_root),
+            settings=get_settings(),
+            supports=TurnSupports(spawn_jobs=spawn),
+            redis=control.store.r,
+            services=services,
+        )
         return [t.name for t in text_turn_tools(ctx)]
 
     with_jobs, without = names(True), names(False)
@@ -168,9 +236,14 @@ def test_job_tools_absent_without_spawn_jobs(control, gateway, script_name, agen
     assert "schedule_create" in without
 
     # Through a real turn: the model's job_start is an unknown tool, nothing starts.
-    turn_id = parent_turn(control, gateway, script_name, [
-        {"output": [fc("job_start", {"title": "x", "instructions": "x", "input": "x"})]},
-        {"output": [msg("ok")]}], agent_id=agent_id, spawn_jobs=False)
+    turn_id = parent_turn(
+        control,
+        gateway,
+        script_name,
+        [{"output": [fc("job_start", {"title": "x", "instructions": "x", "input": "x"})]}, {"output": [msg("ok")]}],
+        agent_id=agent_id,
+        spawn_jobs=False,
+    )
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     out = outputs(control, turn_id)[0]
     assert "unknown tool 'job_start'" in out and "schedule_create" in out

@@ -9,12 +9,12 @@ import orjson
 import pytest
 import redis
 
-from worker.brain import BrainError, BrainStore, Page, rank, snippet, tokenize
-from worker.contract import AbortSignal, ToolContext
+from worker.records.brain import BrainError, BrainStore, Page, rank, snippet, tokenize
 from worker.settings import Settings
+from worker.tooling.contract import AbortSignal, ToolContext
 from worker.tools.brain import GetPageParams, RecallParams, create_brain_tools
-from worker.turn import TurnSupports
-from worker.turn_context import TurnContext
+from worker.turn.context import TurnContext
+from worker.turn.request import TurnSupports
 
 
 @pytest.fixture
@@ -30,14 +30,16 @@ def agent():
 
 
 def tools(brain: bool = True):
-    ctx = TurnContext(turn_id="t", agent_id="a", home=Path("/tmp"), settings=Settings(),
-                      supports=TurnSupports(brain=brain))
+    ctx = TurnContext(
+        turn_id="t", agent_id="a", home=Path("/tmp"), settings=Settings(), supports=TurnSupports(brain=brain)
+    )
     return {t.name: t for t in create_brain_tools(ctx)}
 
 
 def tctx(r, agent):
-    return ToolContext(turn_id="t1", call_id="c1", home=Path("/tmp"), abort=AbortSignal(), agent_id=agent,
-                       services={"redis": r})
+    return ToolContext(
+        turn_id="t1", call_id="c1", home=Path("/tmp"), abort=AbortSignal(), agent_id=agent, services={"redis": r}
+    )
 
 
 def test_tokenize_lowercases_and_drops_stop_words():
@@ -88,10 +90,10 @@ def test_store_add_get_replace_and_isolation(r, agent):
     assert store.delete_page("tides") is True and store.get("tides") is None
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"page_id": "../x", "title": "t", "text": ""}, "page id"),
-    ({"title": "  ", "text": "x"}, "title"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"page_id": "../x", "title": "t", "text": ""}, "page id"), ({"title": "  ", "text": "x"}, "title")],
+)
 def test_store_refuses_bad_pages(r, agent, kwargs, match):
     with pytest.raises(BrainError, match=match):
         BrainStore(r, agent).add_page(**kwargs)
@@ -127,15 +129,18 @@ def test_get_page_pages_long_text_and_says_what_remains(r, agent):
     tool = tools()["get_page"]
     first = tool.execute(GetPageParams(page_id="long", limit=4000), tctx(r, agent))
     header, body = first.content.split("\n\n", 1)
-    assert header == ("Page long: Long\nCharacters 0-4000 of 10000; 6000 remaining "
-                      "(call get_page with offset=4000 to continue).")
+    assert header == (
+        "Page long: Long\nCharacters 0-4000 of 10000; 6000 remaining (call get_page with offset=4000 to continue)."
+    )
     assert body == text[:4000]
     second = tool.execute(GetPageParams(page_id="long", offset=4000, limit=4000), tctx(r, agent))
     assert second.details == {"page_id": "long", "offset": 4000, "end": 8000, "total": 10000, "remaining": 2000}
     last = tool.execute(GetPageParams(page_id="long", offset=8000, limit=4000), tctx(r, agent))
     assert "End of page." in last.content and last.content.endswith(text[8000:])
-    assert first.content.split("\n\n", 1)[1] + second.content.split("\n\n", 1)[1] + \
-        last.content.split("\n\n", 1)[1] == text
+    assert (
+        first.content.split("\n\n", 1)[1] + second.content.split("\n\n", 1)[1] + last.content.split("\n\n", 1)[1]
+        == text
+    )
     past = tool.execute(GetPageParams(page_id="long", offset=10_000), tctx(r, agent))
     assert past.is_error and "past the end" in past.content
     missing = tool.execute(GetPageParams(page_id="nope"), tctx(r, agent))

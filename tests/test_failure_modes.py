@@ -9,18 +9,24 @@ import uuid
 import orjson
 import pytest
 
-from worker.gateway import GatewayError, parse_response
-from worker.items import normalize_reply_calls, unanswered_call_ids
-from worker.turn import TurnStatus
 from tests.support.scripts import fc, msg
+from worker.model.client import GatewayError, parse_response
+from worker.model.items import normalize_reply_calls, unanswered_call_ids
+from worker.turn.request import TurnStatus
 
 
-@pytest.mark.parametrize("body", [
-    [], "str", {"output": {"type": "message"}}, {"output": ["x"]},
-    {"output": [{"type": "function_call", "call_id": "c", "name": ["a"], "arguments": "{}"}]},
-    {"output": [{"type": "function_call", "call_id": "c", "name": "a", "arguments": {"x": 1}}]},
-    {"status": "in_progress", "output": []},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        [],
+        "str",
+        {"output": {"type": "message"}},
+        {"output": ["x"]},
+        {"output": [{"type": "function_call", "call_id": "c", "name": ["a"], "arguments": "{}"}]},
+        {"output": [{"type": "function_call", "call_id": "c", "name": "a", "arguments": {"x": 1}}]},
+        {"status": "in_progress", "output": []},
+    ],
+)
 def test_malformed_responses_are_gateway_errors_not_crashes(body):
     with pytest.raises(GatewayError) as exc:
         parse_response(body)
@@ -76,21 +82,24 @@ def test_cancel_while_the_model_answers_ends_cancelled(control, gateway, script_
 
 
 def test_give_up_answers_every_call_and_hooks_are_resent(redis_url, gateway, script_name):
-    from tests.test_idempotency import RecordingDispatcher
     import redis as redis_lib
-    from worker.gateway import ResponsesClient
-    from worker.loop import TurnEngine
+
+    from tests.test_idempotency import RecordingDispatcher
+    from worker.model.client import ResponsesClient
     from worker.settings import Settings
-    from worker.toolsets import toolset_resolver
-    from worker.turn import TurnRequest
-    from worker.turn_store import TurnStore
+    from worker.tools.toolsets import toolset_resolver
+    from worker.turn.engine import TurnEngine
+    from worker.turn.request import TurnRequest
+    from worker.turn.store import TurnStore
 
     settings = Settings()
     store = TurnStore(redis_lib.Redis.from_url(redis_url), progress_timeout=1.0)
-    engine = TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings),
-                        ResponsesClient(gateway.base_url))
-    gateway.add_script(script_name, [{"output": [fc("read_thing", '{"label": "a"}'),
-                                                 fc("write_thing", '{"label": "w"}')]}])
+    engine = TurnEngine(
+        store, settings, RecordingDispatcher(), toolset_resolver(settings), ResponsesClient(gateway.base_url)
+    )
+    gateway.add_script(
+        script_name, [{"output": [fc("read_thing", '{"label": "a"}'), fc("write_thing", '{"label": "w"}')]}]
+    )
     turn_id = uuid.uuid4().hex
     engine.create_turn(TurnRequest(input="go", model=script_name, toolset="testing"), turn_id)
     engine.run_step(turn_id, 0)
@@ -115,8 +124,8 @@ def test_give_up_answers_every_call_and_hooks_are_resent(redis_url, gateway, scr
 
 
 def test_control_plane_uses_its_own_redis(control, gateway, script_name):
-    from tasks.control import ControlPlane
-    from tasks.embedded_redis import EmbeddedRedis
+    from control.client import ControlPlane
+    from devtools.embedded_redis import EmbeddedRedis
 
     with EmbeddedRedis() as other:
         cp = ControlPlane(other.url)
@@ -129,8 +138,8 @@ def test_control_plane_uses_its_own_redis(control, gateway, script_name):
 
 
 def test_dead_redis_after_connect_is_a_control_plane_error():
-    from tasks.control import ControlPlane, ControlPlaneError
-    from tasks.embedded_redis import EmbeddedRedis
+    from control.client import ControlPlane, ControlPlaneError
+    from devtools.embedded_redis import EmbeddedRedis
 
     srv = EmbeddedRedis()
     cp = ControlPlane(srv.start())

@@ -13,13 +13,13 @@ import orjson
 import pytest
 import redis
 
-from worker.gateway import ResponsesClient
-from worker.loop import TurnEngine
-from worker.settings import Settings
-from worker.toolsets import toolset_resolver
-from worker.turn import TurnRequest, TurnStatus
-from worker.turn_store import TurnStore
 from tests.support.scripts import fc
+from worker.model.client import ResponsesClient
+from worker.settings import Settings
+from worker.tools.toolsets import toolset_resolver
+from worker.turn.engine import TurnEngine
+from worker.turn.request import TurnRequest, TurnStatus
+from worker.turn.store import TurnStore
 
 
 class RecordingDispatcher:
@@ -91,8 +91,9 @@ def test_destructive_call_whose_worker_died_is_reported_not_rerun(engine, gatewa
     engine.run_step(turn_id, 0)
     call_id = engine.dispatcher.sent[0][4][0]
     # a worker claimed the call and died: its lease has expired, no result was stored
-    engine.store.r.hset(f"turn:{{{turn_id}}}:claims:0", call_id,
-                        orjson.dumps({"owner": "dead:1", "lease_until": time.time() - 1}))
+    engine.store.r.hset(
+        f"turn:{{{turn_id}}}:claims:0", call_id, orjson.dumps({"owner": "dead:1", "lease_until": time.time() - 1})
+    )
     assert engine.run_call(turn_id, 0, call_id).action == "advanced"
     assert tool_log(engine, turn_id) == []
     out = [i for i in engine.store.items(turn_id) if i["type"] == "function_call_output"][0]["output"]
@@ -103,8 +104,9 @@ def test_read_only_call_whose_worker_died_runs_again(engine, gateway, script_nam
     turn_id = start(engine, gateway, script_name, [{"output": [fc("read_thing", '{"label": "r"}')]}])
     engine.run_step(turn_id, 0)
     call_id = engine.dispatcher.sent[0][4][0]
-    engine.store.r.hset(f"turn:{{{turn_id}}}:claims:0", call_id,
-                        orjson.dumps({"owner": "dead:1", "lease_until": time.time() - 1}))
+    engine.store.r.hset(
+        f"turn:{{{turn_id}}}:claims:0", call_id, orjson.dumps({"owner": "dead:1", "lease_until": time.time() - 1})
+    )
     engine.run_call(turn_id, 0, call_id)
     assert len(tool_log(engine, turn_id)) == 1
 
@@ -119,8 +121,12 @@ def test_call_running_elsewhere_is_not_duplicated(engine, gateway, script_name):
 
 
 def test_barrier_advances_exactly_once(engine, gateway, script_name):
-    turn_id = start(engine, gateway, script_name, [
-        {"output": [fc("read_thing", '{"label": "a"}'), fc("read_thing", '{"label": "b"}')]}])
+    turn_id = start(
+        engine,
+        gateway,
+        script_name,
+        [{"output": [fc("read_thing", '{"label": "a"}'), fc("read_thing", '{"label": "b"}')]}],
+    )
     engine.run_step(turn_id, 0)
     a, b = engine.dispatcher.sent[0][4]
     assert engine.run_call(turn_id, 0, a).action == "ran"
@@ -130,8 +136,12 @@ def test_barrier_advances_exactly_once(engine, gateway, script_name):
 
 
 def test_watchdog_redrives_lost_messages_then_gives_up(engine, gateway, script_name):
-    turn_id = start(engine, gateway, script_name, [
-        {"output": [fc("read_thing", '{"label": "a"}'), fc("write_thing", '{"label": "w"}')]}])
+    turn_id = start(
+        engine,
+        gateway,
+        script_name,
+        [{"output": [fc("read_thing", '{"label": "a"}'), fc("write_thing", '{"label": "w"}')]}],
+    )
     engine.run_step(turn_id, 0)
     first = engine.dispatcher.sent[0]
     engine.run_call(turn_id, 0, first[4][0])  # batch 0 done; batch 1's message is "lost"

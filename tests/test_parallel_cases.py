@@ -13,11 +13,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from worker.turn import TurnStatus
 from tests.support.scripts import fc
+from worker.turn.request import TurnStatus
 
-CASES = {c["id"]: c for c in json.loads(
-    (Path(__file__).parent / "fixtures" / "cases" / "parallel-tool-calls.json").read_text())}
+CASES = {
+    c["id"]: c
+    for c in json.loads((Path(__file__).parent / "fixtures" / "cases" / "parallel-tool-calls.json").read_text())
+}
 
 NOT_APPLICABLE = {
     "E02-missing-output-chat": "Chat Completions wire; the runtime speaks Responses only (E01 covers the rule)",
@@ -27,10 +29,19 @@ NOT_APPLICABLE = {
     "E15-output-too-large-assistants": "Assistants API; per-output caps (E14) apply on Responses",
 }
 COVERED = {
-    "E01-missing-output-responses", "E06-duplicate-call-id", "E07-duplicate-call-id-silent",
-    "E08-wrong-id-prefix", "E09-order-anthropic", "E10-order-gemini", "E11-order-silent",
-    "E12-output-not-string-dict", "E13-output-python-repr", "E14-output-too-large-chat",
-    "E16-arguments-too-large-replay", "E17-concatenated-parallel", "E18-hallucinated-parallel-wrapper",
+    "E01-missing-output-responses",
+    "E06-duplicate-call-id",
+    "E07-duplicate-call-id-silent",
+    "E08-wrong-id-prefix",
+    "E09-order-anthropic",
+    "E10-order-gemini",
+    "E11-order-silent",
+    "E12-output-not-string-dict",
+    "E13-output-python-repr",
+    "E14-output-too-large-chat",
+    "E16-arguments-too-large-replay",
+    "E17-concatenated-parallel",
+    "E18-hallucinated-parallel-wrapper",
 }
 
 
@@ -49,6 +60,7 @@ def turn(control, gateway, script_name):
         # the gateway answers 400 like the API if any call lacks its output: completing proves E01
         assert view.status == TurnStatus.completed, view
         return control.items(turn_id)
+
     return run
 
 
@@ -59,11 +71,17 @@ def pairs(items):
 
 
 def test_E01_E17_E18_every_call_gets_one_output_even_when_refused(turn):
-    items = turn([{"output": [
-        fc("read_thing", '{"label": "a"}{"label": "b"}'),  # E17: distinct glued objects: refused
-        fc("multi_tool_use.parallel", '{"tool_uses": [{"recipient_name": "functions.read_thing"}]}'),  # E18
-        fc("read_thing", '{"label": "ok"}'),
-    ]}])
+    items = turn(
+        [
+            {
+                "output": [
+                    fc("read_thing", '{"label": "a"}{"label": "b"}'),  # E17: distinct glued objects: refused
+                    fc("multi_tool_use.parallel", '{"tool_uses": [{"recipient_name": "functions.read_thing"}]}'),  # E18
+                    fc("read_thing", '{"label": "ok"}'),
+                ]
+            }
+        ]
+    )
     got = pairs(items)
     assert len(got) == 3
     assert "several different JSON objects" in got[0][1] and "corrected call" in got[0][1]
@@ -73,11 +91,17 @@ def test_E01_E17_E18_every_call_gets_one_output_even_when_refused(turn):
 
 
 def test_E06_E07_duplicate_call_ids_are_renamed_pairwise(turn):
-    items = turn([
-        {"output": [fc("read_thing", '{"label": "first"}', "call_same"),
-                    fc("read_thing", '{"label": "second"}', "call_same")]},
-        {"output": [fc("read_thing", '{"label": "third"}', "call_same")]},
-    ])
+    items = turn(
+        [
+            {
+                "output": [
+                    fc("read_thing", '{"label": "first"}', "call_same"),
+                    fc("read_thing", '{"label": "second"}', "call_same"),
+                ]
+            },
+            {"output": [fc("read_thing", '{"label": "third"}', "call_same")]},
+        ]
+    )
     got = pairs(items)
     ids = [c["call_id"] for c, _ in got]
     assert len(set(ids)) == 3 and ids[0] == "call_same"
@@ -87,9 +111,17 @@ def test_E06_E07_duplicate_call_ids_are_renamed_pairwise(turn):
 
 
 def test_E08_to_E11_outputs_pair_by_call_id_in_call_order(turn):
-    items = turn([{"output": [fc("read_thing", '{"label": "slow", "ms": 150}'),
-                              fc("read_thing", '{"label": "fast"}'),
-                              fc("read_thing", '{"label": "mid", "ms": 40}')]}])
+    items = turn(
+        [
+            {
+                "output": [
+                    fc("read_thing", '{"label": "slow", "ms": 150}'),
+                    fc("read_thing", '{"label": "fast"}'),
+                    fc("read_thing", '{"label": "mid", "ms": 40}'),
+                ]
+            }
+        ]
+    )
     calls = [i for i in items if i["type"] == "function_call"]
     outs = [i for i in items if i["type"] == "function_call_output"]
     assert [o["call_id"] for o in outs] == [c["call_id"] for c in calls]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import stop_process, start_worker_process
+from tests.conftest import start_worker_process, stop_process
 from tests.support.scripts import fc, msg
-from worker.turn import TurnStatus
+from worker.turn.request import TurnStatus
 
 QUEUES = ("turns", "tools", "background", "workflow")
 
@@ -36,10 +36,19 @@ def prefork_only(solo_worker):
 def test_parallel_group_runs_concurrently_and_the_barrier_holds(prefork_only, control, gateway, script_name):
     import orjson
 
-    gateway.add_script(script_name, [
-        {"output": [fc("read_thing", '{"label": "a", "ms": 400}'), fc("read_thing", '{"label": "b", "ms": 400}'),
-                    fc("write_thing", '{"label": "w"}')]},
-        {"output": [msg("ok")]}])
+    gateway.add_script(
+        script_name,
+        [
+            {
+                "output": [
+                    fc("read_thing", '{"label": "a", "ms": 400}'),
+                    fc("read_thing", '{"label": "b", "ms": 400}'),
+                    fc("write_thing", '{"label": "w"}'),
+                ]
+            },
+            {"output": [msg("ok")]},
+        ],
+    )
     turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
     assert control.wait(turn_id, timeout=60).status == TurnStatus.completed
     log = {e[4]: e for e in (orjson.loads(x) for x in control.store.r.lrange(f"test:log:{turn_id}", 0, -1))}
@@ -49,8 +58,13 @@ def test_parallel_group_runs_concurrently_and_the_barrier_holds(prefork_only, co
 
 
 def test_killed_child_read_only_call_runs_again(prefork_only, control, gateway, script_name):
-    gateway.add_script(script_name, [{"output": [{"type": "function_call", "name": "crash_read", "arguments": "{}"}]},
-                                     {"output": [{"type": "message", "text": "ok"}]}])
+    gateway.add_script(
+        script_name,
+        [
+            {"output": [{"type": "function_call", "name": "crash_read", "arguments": "{}"}]},
+            {"output": [{"type": "message", "text": "ok"}]},
+        ],
+    )
     turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
     view = control.wait(turn_id, timeout=60)
     assert view.status == TurnStatus.completed
@@ -61,8 +75,13 @@ def test_killed_child_read_only_call_runs_again(prefork_only, control, gateway, 
 
 
 def test_killed_child_destructive_call_is_not_run_twice(prefork_only, control, gateway, script_name):
-    gateway.add_script(script_name, [{"output": [{"type": "function_call", "name": "crash_write", "arguments": "{}"}]},
-                                     {"output": [{"type": "message", "text": "ok"}]}])
+    gateway.add_script(
+        script_name,
+        [
+            {"output": [{"type": "function_call", "name": "crash_write", "arguments": "{}"}]},
+            {"output": [{"type": "message", "text": "ok"}]},
+        ],
+    )
     turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
     view = control.wait(turn_id, timeout=60)
     assert view.status == TurnStatus.completed

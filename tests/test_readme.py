@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from worker.arguments import validate_tool_arguments
-from worker.contract import AbortSignal, ToolContext
 from worker.settings import Settings
-from worker.turn_context import TurnContext
+from worker.tooling.arguments import validate_tool_arguments
+from worker.tooling.contract import AbortSignal, ToolContext
+from worker.turn.context import TurnContext
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.arguments import validate_tool_arguments
-from worker.contract import ToolResult, define_worker_tool
-from worker.repair import MAX_REPAIR_CHARS, repair_arguments
+from worker.tooling.arguments import validate_tool_arguments
+from worker.tooling.contract import ToolResult, define_worker_tool
+from worker.tooling.repair import MAX_REPAIR_CHARS, repair_arguments
 
 CASES_DIR = Path(__file__).parent / "fixtures" / "cases"
 MALFORMED = json.loads((CASES_DIR / "malformed-arguments.json").read_text())
@@ -20,7 +20,9 @@ TABLES = json.loads((CASES_DIR / "json-repair-tables.json").read_text())
 
 def _tool(schema=None, name="case_tool"):
     return define_worker_tool(
-        name=name, description="test tool", execute=lambda p, c: ToolResult("ok"),
+        name=name,
+        description="test tool",
+        execute=lambda p, c: ToolResult("ok"),
         json_schema=schema or {"type": "object"},
     )
 
@@ -99,8 +101,9 @@ def test_incomplete_refuses_schema_guided_repairs_too():
 
 
 def test_empty_string_with_required_field_is_a_field_error():
-    out = validate_tool_arguments(_tool({"type": "object", "properties": {"q": {"type": "string"}},
-                                         "required": ["q"]}), "")
+    out = validate_tool_arguments(
+        _tool({"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}), ""
+    )
     assert not out.ok and out.error_kind == "validation"
     assert [e.loc for e in out.errors] == ["q"]
 
@@ -133,7 +136,10 @@ def test_ladder_time_is_linear():
 # Each pair runs through our ladder. It either matches the library's output (or its refusal),
 # or our policy refuses it: those are listed here with the reason (no blanket skip).
 REFUSED_BY_POLICY = {
-    ("python_json_repair", 2): "leading prose before the object is not repaired (only a fence or a 'json' tag), and the string is cut",
+    (
+        "python_json_repair",
+        2,
+    ): "leading prose before the object is not repaired (only a fence or a 'json' tag), and the string is cut",
     ("python_json_repair", 3): "several top-level values: the library keeps one of them",
     ("python_json_repair", 4): "distinct concatenated objects are refused, never one picked",
     ("python_json_repair", 5): "several top-level values (arrays): non-object and one picked",
@@ -150,7 +156,7 @@ REFUSED_BY_POLICY = {
     ("python_json_repair", 20): "an unquoted value ('unquoted') becomes a string only by guessing",
     ("python_json_repair", 22): "'New York, \"gender' : the quote structure is ambiguous; refused",
     ("python_json_repair", 24): "a raw newline inside a key is refused; the library silently deletes it",
-    ("python_json_repair", 25): "a key without a value: the library invents \"\"",
+    ("python_json_repair", 25): 'a key without a value: the library invents ""',
     ("python_json_repair", 26): "more keys after the object closed: the library merges them by guessing",
     ("python_json_repair", 27): "non-object (array) arguments are refused",
     ("python_json_repair", 28): "a set literal is not an object; the library turns it into an array",
@@ -167,9 +173,9 @@ REFUSED_BY_POLICY = {
     ("js_jsonrepair", 12): "JSONP wrapper is code, not arguments",
     ("js_jsonrepair", 13): "string concatenation is code, and not an object",
     ("partial_json_parser", 0): "non-object and cut string",
-    ("partial_json_parser", 1): "non-object and cut string (the library invents \"\")",
+    ("partial_json_parser", 1): 'non-object and cut string (the library invents "")',
     ("partial_json_parser", 2): "a cut string is never completed",
-    ("partial_json_parser", 3): "a cut string is never completed (the library invents \"\")",
+    ("partial_json_parser", 3): 'a cut string is never completed (the library invents "")',
     ("partial_json_parser", 5): "NaN is not JSON and not an object",
     ("partial_json_parser", 6): "-Infinity is not JSON and not an object",
     ("partial_json_parser", 7): "a number cut at the exponent is never completed",
@@ -223,24 +229,44 @@ def test_policy_tables_cover_only_real_rows():
 
 # ---- regressions: the json-repair rung may neither drop nor invent a token ------------------
 
-@pytest.mark.parametrize("raw", [
-    '{"a": 1, "b"}', '{"a": 1, "b": 2 "c"}', '{"a": 12 34}', '{"a": "x" "y"}', '{"a": True False}',
-    '{"a": 1 garbage}', '{"a": 1, garbage, "b": 2}', '{"a": 1, ' + "\\" * 10000 + "}",
-    '{"a": [1, 2] 3}', '{"a": {"b": 1} "c"}', '{"a": "x", "a": "y" "z"}', '{"a": 1, "": }',
-    '{"a": unquoted}', '{"a": 1, /* c */ junk}',
-])
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"a": 1, "b"}',
+        '{"a": 1, "b": 2 "c"}',
+        '{"a": 12 34}',
+        '{"a": "x" "y"}',
+        '{"a": True False}',
+        '{"a": 1 garbage}',
+        '{"a": 1, garbage, "b": 2}',
+        '{"a": 1, ' + "\\" * 10000 + "}",
+        '{"a": [1, 2] 3}',
+        '{"a": {"b": 1} "c"}',
+        '{"a": "x", "a": "y" "z"}',
+        '{"a": 1, "": }',
+        '{"a": unquoted}',
+        '{"a": 1, /* c */ junk}',
+    ],
+)
 def test_json_repair_rung_refuses_when_a_token_would_be_lost(raw):
     out = repair_arguments(raw)
     assert not out.ok, (raw, out.value, out.repairs)
     assert "json_repair" not in out.repairs
 
 
-@pytest.mark.parametrize("raw,expected", [
-    ('{"path": "a.py", "content": "env.get("KEY", "default")"}', {"path": "a.py", "content": 'env.get("KEY", "default")'}),
-    ('{"a":"foo",/*hello*/"b":"bar"}', {"a": "foo", "b": "bar"}),
-    ('{"coords": (1, 2), "ok": true}', {"coords": [1, 2], "ok": True}),
-    ('{"a": [1, 2 3]}', {"a": [1, 2, 3]}),  # a missing comma: every token kept
-])
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        (
+            '{"path": "a.py", "content": "env.get("KEY", "default")"}',
+            {"path": "a.py", "content": 'env.get("KEY", "default")'},
+        ),
+        ('{"a":"foo",/*hello*/"b":"bar"}', {"a": "foo", "b": "bar"}),
+        ('{"coords": (1, 2), "ok": true}', {"coords": [1, 2], "ok": True}),
+        ('{"a": [1, 2 3]}', {"a": [1, 2, 3]}),  # a missing comma: every token kept
+    ],
+)
 def test_json_repair_rung_keeps_what_accounts_for_every_token(raw, expected):
     out = repair_arguments(raw)
     assert out.ok and out.value == expected and out.repairs == ["json_repair"]
@@ -248,8 +274,17 @@ def test_json_repair_rung_keeps_what_accounts_for_every_token(raw, expected):
 
 # ---- regressions: fences ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw", ['``` json\n{"a": 1}\n```', '~~~json\n{"a": 1}\n~~~', '````\n{"a": 1}\n````',
-                                 '```json {"a": 1} ```', '{"a": 1}\n```'])
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '``` json\n{"a": 1}\n```',
+        '~~~json\n{"a": 1}\n~~~',
+        '````\n{"a": 1}\n````',
+        '```json {"a": 1} ```',
+        '{"a": 1}\n```',
+    ],
+)
 def test_fence_variants(raw):
     out = repair_arguments(raw)
     assert out.ok and out.value == {"a": 1} and out.repairs == ["code_fence"]

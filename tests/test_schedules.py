@@ -15,7 +15,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from worker.schedules import (
+from tests.conftest import stop_process
+from tests.support.scripts import fc, msg, wait_for
+from tests.support.scripts import output_texts as outputs
+from worker.records.schedules import (
     MAX_ACTIVE_PER_AGENT,
     MAX_CHAIN_DEPTH,
     ScheduleStore,
@@ -24,21 +27,20 @@ from worker.schedules import (
     parse_iso,
     schedule_id_for,
 )
-from worker.turn import TurnStatus
-from tests.conftest import stop_process
-from tests.support.scripts import fc, msg, output_texts as outputs, wait_for
+from worker.turn.request import TurnStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_turn(control, gateway, script, steps, *, agent_id, turn_id=None, **extra):
     gateway.add_script(script, steps)
-    return control.enqueue({"agent_id": agent_id, "input": "go", "model": script, "toolset": "text", **extra},
-                           turn_id=turn_id)
+    return control.enqueue(
+        {"agent_id": agent_id, "input": "go", "model": script, "toolset": "text", **extra}, turn_id=turn_id
+    )
 
 
 def redbeat_key(sid):
-    from tasks.scheduler import entry_key
+    from tasks.schedule_entries import entry_key
 
     return entry_key(sid)
 
@@ -53,9 +55,25 @@ def beat(solo_worker, redis_url):
     """``celery beat`` with the redbeat scheduler, ticking at least every second; stopped after the module."""
     log = open(Path(tempfile.gettempdir()) / f"beat-{uuid.uuid4().hex[:6]}.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tasks.app", "beat", "-S", "redbeat.RedBeatScheduler",
-         "--max-interval", "1", "-l", "INFO"],
-        cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks.app",
+            "beat",
+            "-S",
+            "redbeat.RedBeatScheduler",
+            "--max-interval",
+            "1",
+            "-l",
+            "INFO",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     import redis
 
     r = redis.Redis.from_url(redis_url)
@@ -73,14 +91,24 @@ def test_create_list_cancel_through_a_turn(control, gateway, script_name, agent_
     turn_id = uuid.uuid4().hex
     weekly = schedule_id_for(turn_id, "c-cron")
     steps = [
-        {"output": [fc("schedule_create", {"title": "weekday report", "input": "Write the weekday report.",
-                                            "cron": "0 9 * * 1-5"}, "c-cron"),
-                    fc("schedule_create", {"title": "reminder", "input": "Remind me.", "at": "in 10 minutes"},
-                       "c-once")]},
+        {
+            "output": [
+                fc(
+                    "schedule_create",
+                    {"title": "weekday report", "input": "Write the weekday report.", "cron": "0 9 * * 1-5"},
+                    "c-cron",
+                ),
+                fc("schedule_create", {"title": "reminder", "input": "Remind me.", "at": "in 10 minutes"}, "c-once"),
+            ]
+        },
         {"output": [fc("schedule_list", {})]},
-        {"output": [fc("schedule_cancel", {"schedule_id": weekly}),
-                    fc("schedule_cancel", {"schedule_id": weekly}),
-                    fc("schedule_cancel", {"schedule_id": "sch_nope"})]},
+        {
+            "output": [
+                fc("schedule_cancel", {"schedule_id": weekly}),
+                fc("schedule_cancel", {"schedule_id": weekly}),
+                fc("schedule_cancel", {"schedule_id": "sch_nope"}),
+            ]
+        },
         {"output": [fc("schedule_list", {"include_finished": True})]},
         {"output": [msg("done")]},
     ]
@@ -128,20 +156,22 @@ def test_create_list_cancel_through_a_turn(control, gateway, script_name, agent_
 
     # Clean up the still-active entry so the module's beat never fires it.
     store.cancel(once_id, agent_id)
-    from tasks.scheduler import delete_schedule_entry
+    from tasks.schedule_entries import delete_schedule_entry
 
     delete_schedule_entry(once_id)
 
 
-@pytest.mark.parametrize("cron, expect", [
-    ("61 * * * *", "out of range"),
-    ("* * * *", "has 4 fields, expected 5"),
-    ("0 0 L * *", "no 'L', '#' or '?'"),
-    ("0 9 1 * 1", "either day-of-month or day-of-week"),
-])
+@pytest.mark.parametrize(
+    "cron, expect",
+    [
+        ("61 * * * *", "out of range"),
+        ("* * * *", "has 4 fields, expected 5"),
+        ("0 0 L * *", "no 'L', '#' or '?'"),
+        ("0 9 1 * 1", "either day-of-month or day-of-week"),
+    ],
+)
 def test_bad_cron_is_refused_with_a_clear_output(control, gateway, script_name, agent_id, cron, expect):
-    steps = [{"output": [fc("schedule_create", {"title": "bad", "input": "x", "cron": cron})]},
-             {"output": [msg("ok")]}]
+    steps = [{"output": [fc("schedule_create", {"title": "bad", "input": "x", "cron": cron})]}, {"output": [msg("ok")]}]
     turn_id = start_turn(control, gateway, script_name, steps, agent_id=agent_id)
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     out = outputs(control, turn_id)[0]
@@ -153,13 +183,18 @@ def test_bad_cron_is_refused_with_a_clear_output(control, gateway, script_name, 
 
 
 def test_bad_times_and_both_or_neither_are_refused(control, gateway, script_name, agent_id):
-    steps = [{"output": [
-        fc("schedule_create", {"title": "a", "input": "x", "at": "2026-01-01T09:00:00"}),
-        fc("schedule_create", {"title": "b", "input": "x", "at": "2001-01-01T09:00:00Z"}),
-        fc("schedule_create", {"title": "c", "input": "x", "at": "tomorrow-ish"}),
-        fc("schedule_create", {"title": "d", "input": "x"}),
-        fc("schedule_create", {"title": "e", "input": "x", "at": "in 5 minutes", "cron": "* * * * *"}),
-    ]}, {"output": [msg("ok")]}]
+    steps = [
+        {
+            "output": [
+                fc("schedule_create", {"title": "a", "input": "x", "at": "2026-01-01T09:00:00"}),
+                fc("schedule_create", {"title": "b", "input": "x", "at": "2001-01-01T09:00:00Z"}),
+                fc("schedule_create", {"title": "c", "input": "x", "at": "tomorrow-ish"}),
+                fc("schedule_create", {"title": "d", "input": "x"}),
+                fc("schedule_create", {"title": "e", "input": "x", "at": "in 5 minutes", "cron": "* * * * *"}),
+            ]
+        },
+        {"output": [msg("ok")]},
+    ]
     turn_id = start_turn(control, gateway, script_name, steps, agent_id=agent_id)
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     outs = outputs(control, turn_id)
@@ -173,10 +208,19 @@ def test_bad_times_and_both_or_neither_are_refused(control, gateway, script_name
 def test_active_schedule_cap_and_chain_depth(control, gateway, script_name, agent_id):
     store = ScheduleStore(control.store.r)
     for i in range(MAX_ACTIVE_PER_AGENT):
-        store.create(new_record(schedule_id=f"sch_{agent_id}_{i}", agent_id=agent_id, title=f"s{i}",
-                                request={"input": "x"}, cron="0 0 1 1 *"))
-    steps = [{"output": [fc("schedule_create", {"title": "one too many", "input": "x", "cron": "0 0 * * *"})]},
-             {"output": [msg("ok")]}]
+        store.create(
+            new_record(
+                schedule_id=f"sch_{agent_id}_{i}",
+                agent_id=agent_id,
+                title=f"s{i}",
+                request={"input": "x"},
+                cron="0 0 1 1 *",
+            )
+        )
+    steps = [
+        {"output": [fc("schedule_create", {"title": "one too many", "input": "x", "cron": "0 0 * * *"})]},
+        {"output": [msg("ok")]},
+    ]
     turn_id = start_turn(control, gateway, script_name, steps, agent_id=agent_id)
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     out = outputs(control, turn_id)[0]
@@ -185,8 +229,14 @@ def test_active_schedule_cap_and_chain_depth(control, gateway, script_name, agen
 
     # A turn at the end of a chain of scheduled turns may not schedule again.
     other = agent_id + "-deep"
-    turn_id = start_turn(control, gateway, script_name + "-deep", steps, agent_id=other,
-                         metadata={"schedule_id": "sch_x", "schedule_depth": MAX_CHAIN_DEPTH})
+    turn_id = start_turn(
+        control,
+        gateway,
+        script_name + "-deep",
+        steps,
+        agent_id=other,
+        metadata={"schedule_id": "sch_x", "schedule_depth": MAX_CHAIN_DEPTH},
+    )
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     out = outputs(control, turn_id)[0]
     assert "chain of 11 schedules" in out and f"the limit is {MAX_CHAIN_DEPTH}" in out
@@ -198,11 +248,33 @@ def test_one_off_schedule_fires_and_runs_a_real_turn(control, gateway, script_na
     gateway.add_script(scheduled_script, [{"output": [msg("good morning from the schedule")]}])
     turn_id = uuid.uuid4().hex
     sid = schedule_id_for(turn_id, "c1")
-    steps = [{"output": [fc("schedule_create", {"title": "wake up", "input": "Say good morning.",
-                                                 "instructions": "Be brief.", "at": "in 2 seconds"}, "c1")]},
-             {"output": [msg("scheduled")]}]
-    start_turn(control, gateway, script_name, steps, agent_id=agent_id, turn_id=turn_id,
-               instructions="You are Ada.", metadata={"schedule_model": scheduled_script})
+    steps = [
+        {
+            "output": [
+                fc(
+                    "schedule_create",
+                    {
+                        "title": "wake up",
+                        "input": "Say good morning.",
+                        "instructions": "Be brief.",
+                        "at": "in 2 seconds",
+                    },
+                    "c1",
+                )
+            ]
+        },
+        {"output": [msg("scheduled")]},
+    ]
+    start_turn(
+        control,
+        gateway,
+        script_name,
+        steps,
+        agent_id=agent_id,
+        turn_id=turn_id,
+        instructions="You are Ada.",
+        metadata={"schedule_model": scheduled_script},
+    )
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     store = ScheduleStore(control.store.r)
     run_at = parse_iso(store.get(sid)["run_at"])
@@ -248,10 +320,19 @@ def test_fire_task_is_idempotent_per_slot_and_skips_cancelled(control, gateway, 
     gateway.add_script(script_name, [{"output": [msg("recurring run")]}])
     store = ScheduleStore(control.store.r)
     # No redbeat entry here: this test sends the fire task itself.
-    rec = new_record(schedule_id=f"sch_{agent_id}", agent_id=agent_id, title="every minute",
-                     request={"agent_id": agent_id, "input": "tick", "model": script_name, "toolset": "text",
-                              "metadata": {"schedule_id": f"sch_{agent_id}", "schedule_depth": 0}},
-                     cron="* * * * *")
+    rec = new_record(
+        schedule_id=f"sch_{agent_id}",
+        agent_id=agent_id,
+        title="every minute",
+        request={
+            "agent_id": agent_id,
+            "input": "tick",
+            "model": script_name,
+            "toolset": "text",
+            "metadata": {"schedule_id": f"sch_{agent_id}", "schedule_depth": 0},
+        },
+        cron="* * * * *",
+    )
     store.create(rec)
     sid = rec["schedule_id"]
     if datetime.now(timezone.utc).second > 45:  # keep both firings inside one cron minute
@@ -277,7 +358,7 @@ def test_fire_task_is_idempotent_per_slot_and_skips_cancelled(control, gateway, 
 def test_jobs_demo_runs_end_to_end(control, gateway, beat):
     """``make run DEMO=jobs``'s function with the JSON scripts in scripts/: the scheduled turn fires and
     completes, the background job completes, and the report says so."""
-    from tasks.scheduler import run_schedule_and_job_demo
+    from devtools.jobs_demo import run_schedule_and_job_demo
 
     gateway.load_dir(ROOT / "scripts")
     lines: list[str] = []

@@ -14,11 +14,11 @@ from openai.types.responses import FunctionTool, NamespaceTool
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
-from worker.arguments import validate_tool_arguments
-from worker.contract import ToolContext, ToolDefinitionError, ToolResult, define_worker_tool, AbortSignal
-from worker.function_tools import call_arguments, function_input_model, function_tool
-from worker.schemas import collect_tool_definitions, function_definition
-from worker.strict import strict_violations
+from worker.tooling.arguments import validate_tool_arguments
+from worker.tooling.contract import AbortSignal, ToolContext, ToolDefinitionError, ToolResult, define_worker_tool
+from worker.tooling.function_tools import call_arguments, function_input_model, function_tool
+from worker.tooling.schemas import collect_tool_definitions, function_definition
+from worker.tooling.strict import strict_violations
 
 CASES_DIR = Path(__file__).parent / "fixtures" / "cases"
 PYDANTIC_CASES = {c["id"]: c for c in json.loads((CASES_DIR / "pydantic-model-cases.json").read_text())}
@@ -26,6 +26,7 @@ SCHEMA_FILES = sorted((CASES_DIR / "schemas").glob("*.json"))
 
 
 # ---- the signatures of pydantic-model-cases.json ---------------------------------------------
+
 
 def simple_function(a: int, b: int = 5):
     """Adds two numbers.
@@ -189,7 +190,7 @@ def test_call_arguments_expands_varargs():
 
 # Which schemas cannot be strict, and why (the rest must convert).
 NOT_STRICT = {
-    "projects_write": "updated_field<anyOf[0]>.value",  # "Any JSON value": untyped subschema
+    "projects_write": "updated_field<anyOf[0]>.value"  # "Any JSON value": untyped subschema
 }
 
 
@@ -202,8 +203,12 @@ def _load(path):
 def test_raw_schema_sent_intact_when_not_strict(path):
     doc = _load(path)
     assert doc["_source"]
-    tool = define_worker_tool(name=doc["name"], description=doc["description"] or doc["name"],
-                              execute=lambda p, c: ToolResult("ok"), json_schema=doc["parameters"])
+    tool = define_worker_tool(
+        name=doc["name"],
+        description=doc["description"] or doc["name"],
+        execute=lambda p, c: ToolResult("ok"),
+        json_schema=doc["parameters"],
+    )
     definition = function_definition(tool)
     assert definition["parameters"] == doc["parameters"]
     assert definition["strict"] is False
@@ -216,8 +221,13 @@ def test_raw_schema_strict_converts_or_fails_clearly(path):
     original = json.loads(json.dumps(doc["parameters"]))
 
     def make():
-        return define_worker_tool(name=doc["name"], description=doc["description"] or doc["name"],
-                                  execute=lambda p, c: ToolResult("ok"), json_schema=doc["parameters"], strict=True)
+        return define_worker_tool(
+            name=doc["name"],
+            description=doc["description"] or doc["name"],
+            execute=lambda p, c: ToolResult("ok"),
+            json_schema=doc["parameters"],
+            strict=True,
+        )
 
     if doc["name"] in NOT_STRICT:
         with pytest.raises(ToolDefinitionError) as err:
@@ -234,8 +244,13 @@ def test_raw_schema_strict_converts_or_fails_clearly(path):
 
 def _tool_for(stem, strict=False):
     doc = _load(CASES_DIR / "schemas" / f"{stem}.json")
-    return define_worker_tool(name=doc["name"], description=doc["description"] or doc["name"],
-                              execute=lambda p, c: ToolResult("ok"), json_schema=doc["parameters"], strict=strict)
+    return define_worker_tool(
+        name=doc["name"],
+        description=doc["description"] or doc["name"],
+        execute=lambda p, c: ToolResult("ok"),
+        json_schema=doc["parameters"],
+        strict=strict,
+    )
 
 
 @pytest.mark.parametrize("strict", [False, True])
@@ -253,8 +268,11 @@ def test_raw_schema_min_items_and_nested_paths():
     doc = _load(CASES_DIR / "schemas" / "github-mcp__set_issue_fields.json")
     props = doc["parameters"]["properties"]
     arr = next(k for k, v in props.items() if v.get("minItems"))
-    base = {k: ("o" if v.get("type") == "string" else 1) for k, v in props.items()
-            if k in doc["parameters"].get("required", []) and k != arr}
+    base = {
+        k: ("o" if v.get("type") == "string" else 1)
+        for k, v in props.items()
+        if k in doc["parameters"].get("required", []) and k != arr
+    }
     out = validate_tool_arguments(tool, json.dumps({**base, arr: []}))
     assert not out.ok and [e.loc for e in out.errors] == [arr]
     out = validate_tool_arguments(tool, json.dumps({**base, arr: [{}]}))
@@ -262,9 +280,20 @@ def test_raw_schema_min_items_and_nested_paths():
 
 
 def test_raw_schema_pattern_and_required_location():
-    schema = {"type": "object", "properties": {"files": {"type": "array", "items": {
-        "type": "object", "properties": {"path": {"type": "string", "pattern": "^[a-z/]+$"}},
-        "required": ["path"]}}}, "required": ["files"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "files": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string", "pattern": "^[a-z/]+$"}},
+                    "required": ["path"],
+                },
+            }
+        },
+        "required": ["files"],
+    }
     tool = define_worker_tool(name="p", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema)
     out = validate_tool_arguments(tool, '{"files": [{"path": "A.TXT"}, {}]}')
     assert not out.ok
@@ -286,14 +315,24 @@ def test_edit_file_strict_optional_default_and_null():
 
 # ---- namespaces, deferred loading, caching ---------------------------------------------------
 
+
 def _simple(name, **kw):
-    return define_worker_tool(name=name, description=f"{name} tool", execute=lambda p, c: ToolResult("ok"),
-                              json_schema={"type": "object", "properties": {"q": {"type": "string"}}}, **kw)
+    return define_worker_tool(
+        name=name,
+        description=f"{name} tool",
+        execute=lambda p, c: ToolResult("ok"),
+        json_schema={"type": "object", "properties": {"q": {"type": "string"}}},
+        **kw,
+    )
 
 
 def test_namespaces_grouped_and_conform_to_openai_types():
-    tools = [_simple("a"), _simple("gh_issue", namespace="github", namespace_description="GitHub tools"),
-             _simple("b"), _simple("gh_pr", namespace="github")]
+    tools = [
+        _simple("a"),
+        _simple("gh_issue", namespace="github", namespace_description="GitHub tools"),
+        _simple("b"),
+        _simple("gh_pr", namespace="github"),
+    ]
     defs = collect_tool_definitions(tools)
     assert [d.get("name") for d in defs] == ["a", "github", "b"]
     ns = defs[1]
@@ -326,23 +365,41 @@ def test_assembling_50_tools_is_cached():
 
 # ---- regressions: $ref checked at definition time; description limit --------------------------
 
+
 def _raw(schema, **kw):
-    return define_worker_tool(name="reftool", description=kw.pop("description", "d"),
-                              execute=lambda p, c: ToolResult("ok"), json_schema=schema, **kw)
+    return define_worker_tool(
+        name="reftool",
+        description=kw.pop("description", "d"),
+        execute=lambda p, c: ToolResult("ok"),
+        json_schema=schema,
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("schema,field,words", [
-    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}}, "'a'", "does not resolve"),
-    ({"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}}, "'a'", "non-local"),
-    ({"type": "object", "properties": {"a": {"$ref": "http://example.com/s.json"}}}, "'a'", "non-local"),
-    ({"type": "object", "properties": {"a": {"type": "array", "items": {"$ref": "#/definitions/X"}}}},
-     "'a[]'", "does not resolve"),
-    ({"type": "object", "$defs": {"S": {"$ref": "#/$defs/T"}}, "properties": {"a": {"$ref": "#/$defs/S"}}},
-     "$defs.S", "does not resolve"),
-    ({"type": "object", "properties": {"a": {"anyOf": [{"$ref": "#nowhere"}, {"type": "null"}]}}}, "'a", "anchor"),
-    ({"type": "object", "properties": {"a": {"$ref": "#/properties/b/type"}, "b": {"type": "string"}}},
-     "'a'", "non-schema"),
-])
+@pytest.mark.parametrize(
+    "schema,field,words",
+    [
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}}, "'a'", "does not resolve"),
+        ({"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}}, "'a'", "non-local"),
+        ({"type": "object", "properties": {"a": {"$ref": "http://example.com/s.json"}}}, "'a'", "non-local"),
+        (
+            {"type": "object", "properties": {"a": {"type": "array", "items": {"$ref": "#/definitions/X"}}}},
+            "'a[]'",
+            "does not resolve",
+        ),
+        (
+            {"type": "object", "$defs": {"S": {"$ref": "#/$defs/T"}}, "properties": {"a": {"$ref": "#/$defs/S"}}},
+            "$defs.S",
+            "does not resolve",
+        ),
+        ({"type": "object", "properties": {"a": {"anyOf": [{"$ref": "#nowhere"}, {"type": "null"}]}}}, "'a", "anchor"),
+        (
+            {"type": "object", "properties": {"a": {"$ref": "#/properties/b/type"}, "b": {"type": "string"}}},
+            "'a'",
+            "non-schema",
+        ),
+    ],
+)
 def test_unresolvable_or_remote_refs_fail_at_definition(schema, field, words):
     for strict in (False, True):
         with pytest.raises(ToolDefinitionError) as err:
@@ -350,16 +407,31 @@ def test_unresolvable_or_remote_refs_fail_at_definition(schema, field, words):
         assert field in str(err.value) and words in str(err.value) and "'reftool'" in str(err.value)
 
 
-@pytest.mark.parametrize("schema", [
-    {"type": "object", "$defs": {"a/b": {"type": "string"}, "c~d": {"type": "integer"}},
-     "properties": {"x": {"$ref": "#/$defs/a~1b"}, "y": {"$ref": "#/$defs/c~0d"}}},
-    {"type": "object", "$defs": {"S": {"$anchor": "str", "type": "string"}}, "properties": {"x": {"$ref": "#str"}}},
-    {"$id": "https://example.com/tool.json", "type": "object", "$defs": {"S": {"type": "string"}},
-     "properties": {"x": {"$ref": "tool.json#/$defs/S"}, "y": {"$ref": "https://example.com/tool.json#/$defs/S"}}},
-    {"type": "object", "properties": {"tree": {"type": "array", "items": {"$ref": "#"}}}},
-    {"type": "object", "properties": {"x": {"enum": [{"$ref": "not a schema, just data"}]},
-                                      "$ref": {"type": "string"}}},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {
+            "type": "object",
+            "$defs": {"a/b": {"type": "string"}, "c~d": {"type": "integer"}},
+            "properties": {"x": {"$ref": "#/$defs/a~1b"}, "y": {"$ref": "#/$defs/c~0d"}},
+        },
+        {"type": "object", "$defs": {"S": {"$anchor": "str", "type": "string"}}, "properties": {"x": {"$ref": "#str"}}},
+        {
+            "$id": "https://example.com/tool.json",
+            "type": "object",
+            "$defs": {"S": {"type": "string"}},
+            "properties": {
+                "x": {"$ref": "tool.json#/$defs/S"},
+                "y": {"$ref": "https://example.com/tool.json#/$defs/S"},
+            },
+        },
+        {"type": "object", "properties": {"tree": {"type": "array", "items": {"$ref": "#"}}}},
+        {
+            "type": "object",
+            "properties": {"x": {"enum": [{"$ref": "not a schema, just data"}]}, "$ref": {"type": "string"}},
+        },
+    ],
+)
 def test_local_refs_are_accepted_and_validate(schema):
     tool = _raw(schema)
     out = validate_tool_arguments(tool, "{}")

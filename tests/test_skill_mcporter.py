@@ -11,12 +11,12 @@ import orjson
 import pytest
 
 from tests.support.mcporter import ensure_mcporter, node_path_dirs
-from worker.contract import AbortSignal, ToolContext
 from worker.settings import Settings
-from worker.tools.computer import create_computer_tools
-from worker.tools.confine import ConfinementError
+from worker.tooling.contract import AbortSignal, ToolContext
+from worker.tools.computer.catalog import create_computer_tools
+from worker.tools.computer.confine import ConfinementError
 from worker.tools.skills import skills_instructions, write_mcporter_config
-from worker.turn_context import Skill, TurnContext
+from worker.turn.context import Skill, TurnContext
 
 ECHO_SERVER = Path(__file__).parent / "support" / "mcp_echo_server.py"
 
@@ -70,7 +70,10 @@ def test_mcp_skill_called_through_run_command(tmp_path, monkeypatch):
     home.mkdir()
     write_mcporter_config(home, {"echo": {"command": sys.executable, "args": [str(ECHO_SERVER)]}})
     ctx = TurnContext(
-        turn_id="t", agent_id="a", home=home, settings=Settings(command_timeout=120),
+        turn_id="t",
+        agent_id="a",
+        home=home,
+        settings=Settings(command_timeout=120),
         skills=(Skill(name="echo", description="Echo", mcp_server="echo"),),
     )
     assert "mcporter call echo." in skills_instructions(ctx.skills)

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from worker.contract import ToolDefinitionError, ToolResult, define_worker_tool
-from worker.schemas import function_definition
-from worker.strict import strict_violations, to_strict_schema
+from worker.tooling.contract import ToolDefinitionError, ToolResult, define_worker_tool
+from worker.tooling.schemas import function_definition
+from worker.tooling.strict import strict_violations, to_strict_schema
 
 RULES = json.loads((Path(__file__).parent / "fixtures" / "cases" / "strict-mode-rules.json").read_text())
 
@@ -42,8 +42,11 @@ def _ours(name, out):
     return out
 
 
-@pytest.mark.parametrize("example", RULES["openai_agents_examples"],
-                         ids=[e["source"].split("::")[-1] for e in RULES["openai_agents_examples"]])
+@pytest.mark.parametrize(
+    "example",
+    RULES["openai_agents_examples"],
+    ids=[e["source"].split("::")[-1] for e in RULES["openai_agents_examples"]],
+)
 def test_openai_agents_examples(example):
     name = example["source"].split("::")[-1]
     schema = example["in"]
@@ -70,41 +73,73 @@ def test_array_items_default_null_removed():
 
 
 def test_d1_d2_close_objects_and_require_all_with_nullable_optionals():
-    out = conv({"type": "object", "properties": {
-        "a": {"type": "string", "description": "A"},
-        "b": {"type": "integer", "default": 3},
-        "c": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
-        "d": {"type": "object", "properties": {"e": {"enum": ["x", "y"]}}, "required": ["e"]},
-    }, "required": ["a"]})
-    assert out == {"type": "object", "additionalProperties": False, "required": ["a", "b", "c", "d"], "properties": {
-        "a": {"type": "string", "description": "A"},
-        "b": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": 3},
-        "c": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-        "d": {"anyOf": [{"type": "object", "properties": {"e": {"enum": ["x", "y"]}}, "required": ["e"],
-                         "additionalProperties": False}, {"type": "null"}]},
-    }}
+    out = conv(
+        {
+            "type": "object",
+            "properties": {
+                "a": {"type": "string", "description": "A"},
+                "b": {"type": "integer", "default": 3},
+                "c": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+                "d": {"type": "object", "properties": {"e": {"enum": ["x", "y"]}}, "required": ["e"]},
+            },
+            "required": ["a"],
+        }
+    )
+    assert out == {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["a", "b", "c", "d"],
+        "properties": {
+            "a": {"type": "string", "description": "A"},
+            "b": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": 3},
+            "c": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "d": {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {"e": {"enum": ["x", "y"]}},
+                        "required": ["e"],
+                        "additionalProperties": False,
+                    },
+                    {"type": "null"},
+                ]
+            },
+        },
+    }
     assert strict_violations(out) == []
 
 
 def test_d3_ref_with_sibling_is_inlined_bare_ref_kept():
-    schema = {"type": "object", "$defs": {"Star": {"type": "object", "properties": {"n": {"type": "string"}},
-                                                   "required": ["n"]}},
-              "properties": {"star": {"$ref": "#/$defs/Star", "description": "the star"},
-                             "other": {"$ref": "#/$defs/Star"}},
-              "required": ["star", "other"]}
+    schema = {
+        "type": "object",
+        "$defs": {"Star": {"type": "object", "properties": {"n": {"type": "string"}}, "required": ["n"]}},
+        "properties": {"star": {"$ref": "#/$defs/Star", "description": "the star"}, "other": {"$ref": "#/$defs/Star"}},
+        "required": ["star", "other"],
+    }
     out = conv(schema)
-    assert out["properties"]["star"] == {"type": "object", "properties": {"n": {"type": "string"}}, "required": ["n"],
-                                         "additionalProperties": False, "description": "the star"}
+    assert out["properties"]["star"] == {
+        "type": "object",
+        "properties": {"n": {"type": "string"}},
+        "required": ["n"],
+        "additionalProperties": False,
+        "description": "the star",
+    }
     assert out["properties"]["other"] == {"$ref": "#/$defs/Star"}
     assert out["$defs"]["Star"]["additionalProperties"] is False
     assert strict_violations(out) == []
 
 
 def test_d4_oneof_to_anyof_and_single_allof_merged():
-    out = conv({"type": "object", "properties": {
-        "v": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
-        "w": {"allOf": [{"type": "string", "enum": ["a"]}], "description": "W"},
-    }, "required": ["v", "w"]})
+    out = conv(
+        {
+            "type": "object",
+            "properties": {
+                "v": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                "w": {"allOf": [{"type": "string", "enum": ["a"]}], "description": "W"},
+            },
+            "required": ["v", "w"],
+        }
+    )
     assert out["properties"]["v"] == {"anyOf": [{"type": "string"}, {"type": "integer"}]}
     assert out["properties"]["w"] == {"type": "string", "enum": ["a"], "description": "W"}
 
@@ -120,13 +155,18 @@ def test_d6_only_null_default_dropped():
 
 
 def test_d7_unsupported_keywords_moved_to_description_but_still_validated():
-    schema = {"type": "object", "properties": {"name": {"type": "string", "minLength": 3, "format": "uri",
-                                                        "description": "Name"}}, "required": ["name"]}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "minLength": 3, "format": "uri", "description": "Name"}},
+        "required": ["name"],
+    }
     out = conv(schema)
     assert out["properties"]["name"] == {"type": "string", "description": "Name (minLength=3, format=uri)"}
-    from worker.arguments import validate_tool_arguments
-    tool = define_worker_tool(name="t", description="d", execute=lambda p, c: ToolResult("ok"),
-                              json_schema=schema, strict=True)
+    from worker.tooling.arguments import validate_tool_arguments
+
+    tool = define_worker_tool(
+        name="t", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema, strict=True
+    )
     assert not validate_tool_arguments(tool, '{"name": "ab"}').ok  # the tool's own schema still holds
 
 
@@ -140,25 +180,48 @@ def test_conversion_does_not_modify_input_and_is_idempotent():
 
 # ---- definition-time errors ---------------------------------------------------------------
 
+
 def _strict_tool(schema):
-    return define_worker_tool(name="t", description="d", execute=lambda p, c: ToolResult("ok"),
-                              json_schema=schema, strict=True)
+    return define_worker_tool(
+        name="t", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema, strict=True
+    )
 
 
-@pytest.mark.parametrize("schema,field,words", [
-    ({"type": "object", "properties": {"m": {"type": "object", "additionalProperties": {"type": "integer"}}}},
-     "'m'", "open map"),  # D9 dict[str, int]
-    ({"type": "object", "properties": {"m": {"type": "object", "additionalProperties": True}}}, "'m'", "open map"),
-    ({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": {}}, "'<root>'", "open map"),
-    ({"type": "object", "properties": {"m": {"type": "object"}}}, "'m'", "without declared properties"),
-    ({"type": "object", "properties": {"xs": {"type": "array"}}}, "'xs'", "array without a typed 'items'"),  # D8
-    ({"type": "object", "properties": {"xs": {"type": "array", "items": {}}}}, "'xs'", "array without"),
-    ({"type": "object", "properties": {"v": {"description": "anything"}}}, "'v'", "any JSON value"),
-    ({"type": "object", "$defs": {"S": {"type": "string"}},
-      "properties": {"s": {"$ref": "#/$defs/S", "minLength": 2}}}, "'s'", "constraining sibling"),  # D3
-    ({"type": "object", "properties": {"s": {"not": {"type": "string"}}}}, "'s'", "'not'"),
-    ({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}], "type": "integer"}}}, "'a'", "conflict"),
-])
+@pytest.mark.parametrize(
+    "schema,field,words",
+    [
+        (
+            {"type": "object", "properties": {"m": {"type": "object", "additionalProperties": {"type": "integer"}}}},
+            "'m'",
+            "open map",
+        ),  # D9 dict[str, int]
+        ({"type": "object", "properties": {"m": {"type": "object", "additionalProperties": True}}}, "'m'", "open map"),
+        (
+            {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": {}},
+            "'<root>'",
+            "open map",
+        ),
+        ({"type": "object", "properties": {"m": {"type": "object"}}}, "'m'", "without declared properties"),
+        ({"type": "object", "properties": {"xs": {"type": "array"}}}, "'xs'", "array without a typed 'items'"),  # D8
+        ({"type": "object", "properties": {"xs": {"type": "array", "items": {}}}}, "'xs'", "array without"),
+        ({"type": "object", "properties": {"v": {"description": "anything"}}}, "'v'", "any JSON value"),
+        (
+            {
+                "type": "object",
+                "$defs": {"S": {"type": "string"}},
+                "properties": {"s": {"$ref": "#/$defs/S", "minLength": 2}},
+            },
+            "'s'",
+            "constraining sibling",
+        ),  # D3
+        ({"type": "object", "properties": {"s": {"not": {"type": "string"}}}}, "'s'", "'not'"),
+        (
+            {"type": "object", "properties": {"a": {"allOf": [{"type": "string"}], "type": "integer"}}},
+            "'a'",
+            "conflict",
+        ),
+    ],
+)
 def test_definition_time_errors_name_field_and_rule(schema, field, words):
     with pytest.raises(ToolDefinitionError) as err:
         _strict_tool(schema)
@@ -173,10 +236,13 @@ def test_non_local_ref_is_refused_before_strict_conversion():
     assert "'s'" in str(err.value) and "non-local" in str(err.value)
 
 
-@pytest.mark.parametrize("schema,words", [
-    ({"type": ["object", "null"], "properties": {"a": {"type": "string"}}}, "non-nullable object"),  # D5
-    ({"anyOf": [{"properties": {"a": {"type": "string"}}}, {"type": "null"}]}, "anyOf"),  # D4 root
-])
+@pytest.mark.parametrize(
+    "schema,words",
+    [
+        ({"type": ["object", "null"], "properties": {"a": {"type": "string"}}}, "non-nullable object"),  # D5
+        ({"anyOf": [{"properties": {"a": {"type": "string"}}}, {"type": "null"}]}, "anyOf"),  # D4 root
+    ],
+)
 def test_root_errors(schema, words):
     with pytest.raises(ToolDefinitionError) as err:
         to_strict_schema(schema, tool_name="t")
@@ -184,8 +250,11 @@ def test_root_errors(schema, words):
 
 
 def test_circular_ref_with_siblings_and_size_guard():
-    schema = {"type": "object", "$defs": {"N": {"type": "object", "properties": {
-        "next": {"$ref": "#/$defs/N", "description": "next"}}}}, "properties": {"n": {"$ref": "#/$defs/N"}}}
+    schema = {
+        "type": "object",
+        "$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N", "description": "next"}}}},
+        "properties": {"n": {"$ref": "#/$defs/N"}},
+    }
     with pytest.raises(ToolDefinitionError, match="circular"):
         to_strict_schema(schema, tool_name="t")
     deep: dict[str, Any] = {"type": "string"}
@@ -200,8 +269,9 @@ def test_recursive_bare_ref_is_fine():
         value: int
         children: list["Node"]
 
-    tool = define_worker_tool(name="tree", description="d", execute=lambda p, c: ToolResult("ok"),
-                              input_model=Node, strict=True)
+    tool = define_worker_tool(
+        name="tree", description="d", execute=lambda p, c: ToolResult("ok"), input_model=Node, strict=True
+    )
     params = function_definition(tool)["parameters"]
     assert strict_violations(params) == []
 
@@ -211,22 +281,38 @@ def test_validation_uses_own_model_not_strict_copy():
         name: str
         tags: list[str] = []
 
-    tool = define_worker_tool(name="m", description="d", execute=lambda p, c: ToolResult("ok"),
-                              input_model=M, strict=True)
-    from worker.arguments import validate_tool_arguments
+    tool = define_worker_tool(
+        name="m", description="d", execute=lambda p, c: ToolResult("ok"), input_model=M, strict=True
+    )
+    from worker.tooling.arguments import validate_tool_arguments
+
     out = validate_tool_arguments(tool, '{"name": "a", "tags": null}')
     assert out.ok and out.data == {"name": "a", "tags": []}
 
 
 # ---- regressions: no strict copy that the rules reject or that changes acceptance -------------
 
-@pytest.mark.parametrize("schema,words", [
-    ({"type": "object", "properties": {"t": {"type": "array", "prefixItems": [{"type": "integer"}], "items": False}}},
-     "D8"),
-    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "zzz"]}, "'zzz'"),
-    ({"type": "object", "properties": {"o": {"type": "object", "properties": {"a": {"type": "string"}},
-                                             "required": ["b"]}}}, "'b'"),
-])
+
+@pytest.mark.parametrize(
+    "schema,words",
+    [
+        (
+            {
+                "type": "object",
+                "properties": {"t": {"type": "array", "prefixItems": [{"type": "integer"}], "items": False}},
+            },
+            "D8",
+        ),
+        ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "zzz"]}, "'zzz'"),
+        (
+            {
+                "type": "object",
+                "properties": {"o": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}},
+            },
+            "'b'",
+        ),
+    ],
+)
 def test_strict_refuses_copies_that_would_not_be_faithful(schema, words):
     with pytest.raises(ToolDefinitionError) as err:
         to_strict_schema(schema, tool_name="t")
@@ -235,8 +321,18 @@ def test_strict_refuses_copies_that_would_not_be_faithful(schema, words):
 
 def test_strict_notes_never_push_a_description_over_the_limit():
     for desc_len in (0, 500, 1000, 1020, 1024, 2000):
-        schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 1, "maxLength": 10 ** 9,
-                                                         "format": "x" * 3000, "description": "d" * desc_len}}}
+        schema = {
+            "type": "object",
+            "properties": {
+                "s": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 10**9,
+                    "format": "x" * 3000,
+                    "description": "d" * desc_len,
+                }
+            },
+        }
         out = to_strict_schema(schema, tool_name="t")
         desc = out["properties"]["s"]["anyOf"][0].get("description") or out["properties"]["s"].get("description")
         assert len(desc) <= max(1024, desc_len)

@@ -8,8 +8,8 @@ import uuid
 
 import orjson
 
-from worker.turn import TurnStatus
 from tests.support.scripts import fc
+from worker.turn.request import TurnStatus
 
 
 def run(control, gateway, script_name, steps, agent_id):
@@ -23,13 +23,24 @@ def run(control, gateway, script_name, steps, agent_id):
 
 def test_computer_tools_in_a_turn(control, gateway, script_name, homes_root):
     agent = f"a-{uuid.uuid4().hex[:6]}"
-    turn_id, view, outs = run(control, gateway, script_name, [
-        {"output": [fc("write_file", {"path": "src/app.py", "content": "print('hello')\nX = 1\n"})]},
-        {"output": [fc("edit_file", {"path": "src/app.py", "old_string": "X = 1", "new_string": "X = 2"})]},
-        {"output": [fc("read_file", {"path": "src/app.py"}), fc("list_files", {"path": "src"}),
-                    fc("search_files", {"pattern": "X = ", "path": "."})]},
-        {"output": [fc("run_command", {"command": "python3 src/app.py && echo secret=${OPENAI_API_KEY:-none}"})]},
-    ], agent)
+    turn_id, view, outs = run(
+        control,
+        gateway,
+        script_name,
+        [
+            {"output": [fc("write_file", {"path": "src/app.py", "content": "print('hello')\nX = 1\n"})]},
+            {"output": [fc("edit_file", {"path": "src/app.py", "old_string": "X = 1", "new_string": "X = 2"})]},
+            {
+                "output": [
+                    fc("read_file", {"path": "src/app.py"}),
+                    fc("list_files", {"path": "src"}),
+                    fc("search_files", {"pattern": "X = ", "path": "."}),
+                ]
+            },
+            {"output": [fc("run_command", {"command": "python3 src/app.py && echo secret=${OPENAI_API_KEY:-none}"})]},
+        ],
+        agent,
+    )
     assert view.status == TurnStatus.completed
     assert (homes_root / agent / "src" / "app.py").read_text() == "print('hello')\nX = 2\n"
     assert "X = 2" in outs[2] and "app.py" in outs[3] and "X = 2" in outs[4]
@@ -44,11 +55,23 @@ def test_file_confinement_refusals_through_the_worker(control, gateway, script_n
     home = homes_root / agent
     home.mkdir(parents=True)
     os.symlink("/etc", home / "etc-link")
-    turn_id, view, outs = run(control, gateway, script_name, [
-        {"output": [fc("read_file", {"path": "../../../etc/passwd"}), fc("read_file", {"path": "/etc/passwd"}),
-                    fc("read_file", {"path": "etc-link/passwd"}), fc("list_files", {"path": ".."})]},
-        {"output": [fc("write_file", {"path": "../escape.txt", "content": "x"})]},
-    ], agent)
+    turn_id, view, outs = run(
+        control,
+        gateway,
+        script_name,
+        [
+            {
+                "output": [
+                    fc("read_file", {"path": "../../../etc/passwd"}),
+                    fc("read_file", {"path": "/etc/passwd"}),
+                    fc("read_file", {"path": "etc-link/passwd"}),
+                    fc("list_files", {"path": ".."}),
+                ]
+            },
+            {"output": [fc("write_file", {"path": "../escape.txt", "content": "x"})]},
+        ],
+        agent,
+    )
     assert view.status == TurnStatus.completed
     for out in outs:
         assert "root:" not in out
@@ -58,25 +81,39 @@ def test_file_confinement_refusals_through_the_worker(control, gateway, script_n
 
 def test_todo_tool_keeps_the_list_in_redis(control, gateway, script_name):
     agent = f"a-{uuid.uuid4().hex[:6]}"
-    todos = [{"id": "1", "content": "write tests", "status": "in_progress"},
-             {"id": "2", "content": "ship", "status": "pending", "priority": "high"}]
+    todos = [
+        {"id": "1", "content": "write tests", "status": "in_progress"},
+        {"id": "2", "content": "ship", "status": "pending", "priority": "high"},
+    ]
     turn_id, view, outs = run(control, gateway, script_name, [{"output": [fc("todo_write", {"todos": todos})]}], agent)
     assert view.status == TurnStatus.completed
     stored = control.store.r.get(f"agent:{agent}:todos")
     assert stored is not None
-    assert [(t["content"], t["status"]) for t in orjson.loads(stored)] == [("write tests", "in_progress"),
-                                                                             ("ship", "pending")]
+    assert [(t["content"], t["status"]) for t in orjson.loads(stored)] == [
+        ("write tests", "in_progress"),
+        ("ship", "pending"),
+    ]
 
 
 def test_web_tools_search_fetch_and_refuse_metadata(control, gateway, script_name, web_server):
     agent = f"a-{uuid.uuid4().hex[:6]}"
-    turn_id, view, outs = run(control, gateway, script_name, [
-        {"output": [fc("web_search", {"query": "celery barrier"}),
+    turn_id, view, outs = run(
+        control,
+        gateway,
+        script_name,
+        [
+            {
+                "output": [
+                    fc("web_search", {"query": "celery barrier"}),
                     fc("web_fetch", {"url": f"{web_server.base_url}/article"}),
                     fc("web_fetch", {"url": "http://169.254.169.254/latest/meta-data/"}),
                     fc("web_fetch", {"url": f"{web_server.base_url}/to-metadata"}),
-                    fc("web_fetch", {"url": "http://10.1.2.3/"})]},
-    ], agent)
+                    fc("web_fetch", {"url": "http://10.1.2.3/"}),
+                ]
+            }
+        ],
+        agent,
+    )
     assert view.status == TurnStatus.completed
     assert "Result 0 for celery barrier" in outs[0] and "search-key-never-shown" not in outs[0]
     assert web_server.queries[-1]["auth"] == "Bearer search-key-never-shown"

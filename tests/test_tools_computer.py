@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from worker.contract import AbortSignal, ToolContext, ToolResult, WorkerTool
 from worker.settings import Settings
-from worker.tools import computer
-from worker.tools.computer import create_computer_tools
-from worker.turn_context import TurnContext
+from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, WorkerTool
+from worker.tools.computer import search as computer_search
+from worker.tools.computer.catalog import create_computer_tools
+from worker.turn.context import TurnContext
 
 
 @pytest.fixture
@@ -222,12 +222,7 @@ def test_abort_kills_process_group(home):
     threading.Timer(1.0, abort.abort).start()
     t0 = time.monotonic()
     # A grandchild in the background plus a foreground sleep: both must die.
-    r = call(
-        tools["run_command"],
-        home,
-        abort=abort,
-        command="sleep 45 & echo $! > bg.pid; sleep 50",
-    )
+    r = call(tools["run_command"], home, abort=abort, command="sleep 45 & echo $! > bg.pid; sleep 50")
     assert time.monotonic() - t0 < 10
     assert r.is_error and "aborted" in r.content
     bg = int((home / "bg.pid").read_text())
@@ -381,7 +376,7 @@ def call_bounded(tool: WorkerTool, home: Path, seconds: float = 5.0, **params) -
     def run() -> None:
         try:
             box["r"] = call(tool, home, **params)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             box["e"] = exc
 
     t = threading.Thread(target=run, daemon=True)
@@ -480,7 +475,7 @@ def test_overlong_paths_are_error_results(home, path):
 
 
 def test_search_pattern_timeout_gives_clear_error(home, monkeypatch):
-    monkeypatch.setattr(computer, "SEARCH_PATTERN_TIMEOUT", 0.5)
+    monkeypatch.setattr(computer_search, "SEARCH_PATTERN_TIMEOUT", 0.5)
     (home / "evil.txt").write_text("a" * 40 + "!\n")
     t0 = time.monotonic()
     r = call_bounded(make_tools(home)["search_files"], home, seconds=20, pattern="(a|aa)+$")
@@ -497,7 +492,7 @@ def _slow_lines(home: Path) -> None:
 
 
 def test_search_budget_bounds_slow_patterns(home, monkeypatch):
-    monkeypatch.setattr(computer, "SEARCH_TIME_BUDGET", 1.0)
+    monkeypatch.setattr(computer_search, "SEARCH_TIME_BUDGET", 1.0)
     _slow_lines(home)
     t0 = time.monotonic()
     r = call_bounded(make_tools(home)["search_files"], home, seconds=20, pattern="(a|aa)+$")

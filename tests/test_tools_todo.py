@@ -6,11 +6,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from pydantic import ValidationError
 
-from worker.contract import AbortSignal, ToolContext, ToolResult, WorkerTool
 from worker.settings import Settings
+from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, WorkerTool
 from worker.tools.todo import create_todo_tool, todo_key
-from worker.turn_context import TurnContext
+from worker.turn.context import TurnContext
 
 ITEMS = [
     {"id": "1", "content": "Read the spec", "status": "completed", "priority": "high"},
@@ -62,7 +63,7 @@ def test_duplicate_ids_refused(tmp_path):
 
 def test_bad_status_rejected_by_schema(tmp_path):
     tool = make(tmp_path)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         tool.input_model.model_validate({"todos": [{"id": "1", "content": "x", "status": "done"}]})
 
 

@@ -13,19 +13,19 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
-from pathlib import Path
 import orjson
 import pytest
 
-from worker.contract import AbortSignal, ToolContext, ToolResult, WorkerTool
 from worker.settings import Settings
-from worker.tools import netguard
-from worker.tools.netguard import BlockedAddressError, GuardedTransport, block_reason
-from worker.tools.web import create_web_tools
-from worker.turn_context import TurnContext
+from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, WorkerTool
+from worker.tools.web import address_guard as netguard
+from worker.tools.web.address_guard import BlockedAddressError, GuardedTransport, block_reason
+from worker.tools.web.catalog import create_web_tools
+from worker.turn.context import TurnContext
 
 ARTICLE = """<!doctype html><html><head><title>Otters of the River</title></head><body>
 <nav>Home | About | Contact</nav>
@@ -162,8 +162,12 @@ def server():
 
 
 # Explicit values: the suite's environment binds web profiles for the worker tests.
-UNBOUND = {"web_search_url": None, "web_search_key": None, "web_fetch_enabled": False,
-           "web_fetch_allow_loopback": False}
+UNBOUND = {
+    "web_search_url": None,
+    "web_search_key": None,
+    "web_fetch_enabled": False,
+    "web_fetch_allow_loopback": False,
+}
 
 
 def tools_for(**settings) -> dict[str, WorkerTool]:
@@ -199,9 +203,25 @@ def test_tools_absent_without_profiles():
 @pytest.mark.parametrize(
     "ip",
     [
-        "127.0.0.1", "::1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "100.64.0.1", "169.254.169.254",
-        "169.254.1.1", "fd00:ec2::254", "fe80::1", "224.0.0.1", "ff02::1", "0.0.0.0", "240.0.0.1",
-        "::ffff:10.0.0.1", "::ffff:127.0.0.1", "64:ff9b::a00:1", "2002:a00:1::", "100.100.100.200",
+        "127.0.0.1",
+        "::1",
+        "10.1.2.3",
+        "172.16.0.1",
+        "192.168.1.1",
+        "100.64.0.1",
+        "169.254.169.254",
+        "169.254.1.1",
+        "fd00:ec2::254",
+        "fe80::1",
+        "224.0.0.1",
+        "ff02::1",
+        "0.0.0.0",
+        "240.0.0.1",
+        "::ffff:10.0.0.1",
+        "::ffff:127.0.0.1",
+        "64:ff9b::a00:1",
+        "2002:a00:1::",
+        "100.100.100.200",
     ],
 )
 def test_block_reason_refuses(ip):

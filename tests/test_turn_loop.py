@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from worker.turn import TurnStatus
 from tests.support.scripts import fc, msg
+from worker.turn.request import TurnStatus
 
 
 def run(control, gateway, script_name, steps, *, toolset="testing", timeout=60, **extra):
@@ -48,12 +48,14 @@ def test_multi_step_turn_runs_on_one_solo_worker(control, gateway, script_name):
 
 def test_outputs_keep_emitted_order_and_sequential_call_is_a_barrier(control, gateway, script_name):
     steps = [
-        {"output": [
-            fc("read_thing", '{"label": "slow", "ms": 120}'),
-            fc("read_thing", '{"label": "fast", "ms": 1}'),
-            fc("write_thing", '{"label": "barrier", "ms": 1}'),
-            fc("read_thing", '{"label": "after", "ms": 1}'),
-        ]},
+        {
+            "output": [
+                fc("read_thing", '{"label": "slow", "ms": 120}'),
+                fc("read_thing", '{"label": "fast", "ms": 1}'),
+                fc("write_thing", '{"label": "barrier", "ms": 1}'),
+                fc("read_thing", '{"label": "after", "ms": 1}'),
+            ]
+        },
         {"output": [msg("ok")]},
     ]
     turn_id, view = run(control, gateway, script_name, steps)
@@ -156,8 +158,9 @@ def test_stale_step_message_is_dropped(control, gateway, script_name):
 
 
 def test_cancel_interrupts_a_running_tool(control, gateway, script_name):
-    gateway.add_script(script_name, [{"output": [fc("read_thing", '{"label": "long", "ms": 5000}')]},
-                                     {"output": [msg("never")]}])
+    gateway.add_script(
+        script_name, [{"output": [fc("read_thing", '{"label": "long", "ms": 5000}')]}, {"output": [msg("never")]}]
+    )
     turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
     import time
 
@@ -188,8 +191,8 @@ def test_bad_request_is_refused_before_anything_is_stored(control):
 
 
 def test_unreachable_redis_gives_clear_error():
-    from tasks.control import ControlPlane, ControlPlaneError
-    from tasks.embedded_redis import free_port
+    from control.client import ControlPlane, ControlPlaneError
+    from devtools.embedded_redis import free_port
 
     with pytest.raises(ControlPlaneError, match="cannot reach Redis"):
         ControlPlane(f"redis://127.0.0.1:{free_port()}/0")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from worker.turn import TurnRequest
+from worker.turn.request import TurnRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,13 +18,16 @@ def test_published_schema_is_current():
     assert published == TurnRequest.model_json_schema(), "run: agent-runtime schema > docs/turn-request.schema.json"
 
 
-@pytest.mark.parametrize("bad, field", [
-    ({"input": "x", "agent_id": "../../etc"}, "agent_id"),
-    ({"input": "x", "max_model_calls": 0}, "max_model_calls"),
-    ({"input": "x", "queue": "default"}, "queue"),
-    ({"input": "x", "unknown": 1}, "unknown"),
-    ({}, "input"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"input": "x", "agent_id": "../../etc"}, "agent_id"),
+        ({"input": "x", "max_model_calls": 0}, "max_model_calls"),
+        ({"input": "x", "queue": "default"}, "queue"),
+        ({"input": "x", "unknown": 1}, "unknown"),
+        ({}, "input"),
+    ],
+)
 def test_bad_requests_name_the_field(bad, field):
     with pytest.raises(ValidationError) as exc:
         TurnRequest.model_validate(bad)
@@ -33,7 +36,7 @@ def test_bad_requests_name_the_field(bad, field):
 
 def test_worker_refuses_a_toolset_it_cannot_import():
     from worker.settings import Settings
-    from worker.toolsets import check_toolsets
+    from worker.tools.toolsets import check_toolsets
 
     with pytest.raises(ValueError, match="AGENT_EXTRA_TOOLSETS: toolset 'mine' cannot be loaded"):
         check_toolsets(Settings(extra_toolsets="mine=no_such_module:tools"))
@@ -43,7 +46,7 @@ def test_worker_refuses_a_toolset_it_cannot_import():
 
 
 def test_control_plane_refuses_an_unknown_toolset(control):
-    from tasks.control import ControlPlaneError
+    from control.client import ControlPlaneError
 
     with pytest.raises(ControlPlaneError, match="unknown toolset 'nope'"):
         control.enqueue({"input": "x", "toolset": "nope"})
@@ -55,8 +58,26 @@ def test_worker_process_exits_at_start_with_a_broken_toolset():
     import sys
 
     env = {**os.environ, "AGENT_EXTRA_TOOLSETS": "mine=no_such_module:tools"}
-    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-Q", "unused-queue",
-                           "--pool", "solo", "-l", "WARNING"], env=env, capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks.app",
+            "worker",
+            "-Q",
+            "unused-queue",
+            "--pool",
+            "solo",
+            "-l",
+            "WARNING",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert proc.returncode != 0
     assert "worker not started: AGENT_EXTRA_TOOLSETS: toolset 'mine' cannot be loaded" in proc.stdout + proc.stderr

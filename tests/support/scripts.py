@@ -9,8 +9,11 @@ import orjson
 
 def fc(name: str, arguments: Any = "{}", call_id: str | None = None) -> dict[str, Any]:
     """A scripted ``function_call``; ``arguments`` is sent as given when a string, else JSON-encoded."""
-    item = {"type": "function_call", "name": name,
-            "arguments": arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()}
+    item = {
+        "type": "function_call",
+        "name": name,
+        "arguments": arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode(),
+    }
     if call_id:
         item["call_id"] = call_id
     return item

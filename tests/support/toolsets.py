@@ -11,8 +11,8 @@ import time
 import orjson
 from pydantic import BaseModel, Field
 
-from worker.contract import ToolResult, define_worker_tool
-from worker.turn_context import TurnContext
+from worker.tooling.contract import ToolResult, define_worker_tool
+from worker.turn.context import TurnContext
 
 
 class SleepArgs(BaseModel):
@@ -32,9 +32,12 @@ def _logged(name: str, fn):
     def execute(params, ctx):
         start = time.time()
         result = fn(params, ctx)
-        ctx.services["redis"].rpush(f"test:log:{ctx.turn_id}",
-                                    orjson.dumps([name, ctx.call_id, start, time.time(), getattr(params, "label", "")]))
+        ctx.services["redis"].rpush(
+            f"test:log:{ctx.turn_id}",
+            orjson.dumps([name, ctx.call_id, start, time.time(), getattr(params, "label", "")]),
+        )
         return result
+
     return execute
 
 
@@ -77,25 +80,65 @@ def _lookup(params: Key, ctx):
 
 def testing_tools(ctx: TurnContext):
     return [
-        define_worker_tool(name="read_thing", description="Read a thing (parallel).", input_model=SleepArgs,
-                           execute=_logged("read_thing", _sleep), execution_mode="parallel", is_read_only=True,
-                           describe_activity=lambda p: f"Reading {p.label}",
-                           describe_completed_activity=lambda p, r: f"Read {p.label}"),
-        define_worker_tool(name="write_thing", description="Write a thing (sequential).", input_model=SleepArgs,
-                           execute=_logged("write_thing", _sleep), execution_mode="sequential",
-                           is_destructive=True, describe_activity=lambda p: f"Writing {p.label}"),
-        define_worker_tool(name="boom", description="Always raises.", input_model=NoArgs,
-                           execute=_logged("boom", _boom)),
-        define_worker_tool(name="finish", description="Ends the turn.", input_model=Reason,
-                           execute=_logged("finish", _finish), execution_mode="sequential"),
-        define_worker_tool(name="big_output", description="Returns 100k characters.", input_model=NoArgs,
-                           execute=_big, is_read_only=True),
-        define_worker_tool(name="archive_lookup", description="Look up an archived record by its key.",
-                           input_model=Key, execute=_lookup, is_read_only=True, defer_loading=True,
-                           namespace="archive", namespace_description="Tools over the record archive."),
-        define_worker_tool(name="crash_read", description="Read-only; its process dies on the first run.",
-                           input_model=NoArgs, execute=_crash_once, is_read_only=True),
-        define_worker_tool(name="crash_write", description="Destructive; its process dies on the first run.",
-                           input_model=NoArgs, execute=_crash_once, is_destructive=True,
-                           execution_mode="sequential"),
+        define_worker_tool(
+            name="read_thing",
+            description="Read a thing (parallel).",
+            input_model=SleepArgs,
+            execute=_logged("read_thing", _sleep),
+            execution_mode="parallel",
+            is_read_only=True,
+            describe_activity=lambda p: f"Reading {p.label}",
+            describe_completed_activity=lambda p, r: f"Read {p.label}",
+        ),
+        define_worker_tool(
+            name="write_thing",
+            description="Write a thing (sequential).",
+            input_model=SleepArgs,
+            execute=_logged("write_thing", _sleep),
+            execution_mode="sequential",
+            is_destructive=True,
+            describe_activity=lambda p: f"Writing {p.label}",
+        ),
+        define_worker_tool(
+            name="boom", description="Always raises.", input_model=NoArgs, execute=_logged("boom", _boom)
+        ),
+        define_worker_tool(
+            name="finish",
+            description="Ends the turn.",
+            input_model=Reason,
+            execute=_logged("finish", _finish),
+            execution_mode="sequential",
+        ),
+        define_worker_tool(
+            name="big_output",
+            description="Returns 100k characters.",
+            input_model=NoArgs,
+            execute=_big,
+            is_read_only=True,
+        ),
+        define_worker_tool(
+            name="archive_lookup",
+            description="Look up an archived record by its key.",
+            input_model=Key,
+            execute=_lookup,
+            is_read_only=True,
+            defer_loading=True,
+            namespace="archive",
+            namespace_description="Tools over the record archive.",
+        ),
+        define_worker_tool(
+            name="crash_read",
+            description="Read-only; its process dies on the first run.",
+            input_model=NoArgs,
+            execute=_crash_once,
+            is_read_only=True,
+        ),
+        define_worker_tool(
+            name="crash_write",
+            description="Destructive; its process dies on the first run.",
+            input_model=NoArgs,
+            execute=_crash_once,
+            is_destructive=True,
+            execution_mode="sequential",
+        ),
     ]

@@ -33,9 +33,18 @@ class WebServer:
                 if parts.path == "/search":
                     q = parse_qs(parts.query)
                     server.queries.append({"q": q.get("q", [""])[0], "auth": self.headers.get("Authorization")})
-                    body = orjson.dumps({"results": [
-                        {"title": f"Result {i} for {q.get('q', [''])[0]}", "url": f"https://example.org/{i}",
-                         "content": f"snippet {i}"} for i in range(3)]})
+                    body = orjson.dumps(
+                        {
+                            "results": [
+                                {
+                                    "title": f"Result {i} for {q.get('q', [''])[0]}",
+                                    "url": f"https://example.org/{i}",
+                                    "content": f"snippet {i}",
+                                }
+                                for i in range(3)
+                            ]
+                        }
+                    )
                     self._send(200, body, "application/json")
                 elif parts.path == "/article":
                     self._send(200, ARTICLE.encode(), "text/html; charset=utf-8")

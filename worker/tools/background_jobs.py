@@ -10,7 +10,7 @@ cancel flag (``services["cancel_turn"]`` when present, which also ends a
 still-queued turn at once; else ``TurnStore.request_cancel``); the job turn
 stops at its next step boundary and the hook records ``cancelled``.
 
-``job_start`` writes a ``queued`` job record (``worker.jobs``) and enqueues
+``job_start`` writes a ``queued`` job record (``worker.records.jobs``) and enqueues
 the job's own turn:
 
     TurnRequest(agent_id=<same agent>, input=<call input>, instructions=<call instructions>,
@@ -31,9 +31,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from worker.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
-from worker.jobs import MAX_ACTIVE_JOBS_PER_AGENT, JobError, JobStore, live_status
-from worker.turn_context import TurnContext
+from worker.records.jobs import MAX_ACTIVE_JOBS_PER_AGENT, JobError, JobStore, live_status
+from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
+from worker.turn.context import TurnContext
 
 CARRIED_METADATA = ("schedule_model", "job_model", "schedule_depth")
 PREVIEW_CHARS = 300
@@ -43,9 +43,15 @@ class JobStartParams(BaseModel):
     """Input of ``job_start``."""
 
     title: str = Field(..., min_length=1, max_length=120, description="Short name of the job, e.g. 'summarize logs'.")
-    instructions: str = Field(..., min_length=1, max_length=20_000,
-                              description="System instructions for the background agent: its role and how to report.")
-    input: str = Field(..., min_length=1, max_length=20_000, description="The task message the background agent receives.")
+    instructions: str = Field(
+        ...,
+        min_length=1,
+        max_length=20_000,
+        description="System instructions for the background agent: its role and how to report.",
+    )
+    input: str = Field(
+        ..., min_length=1, max_length=20_000, description="The task message the background agent receives."
+    )
 
 
 class JobIdParams(BaseModel):
@@ -56,6 +62,7 @@ class JobIdParams(BaseModel):
 
 class NoParams(BaseModel):
     """Input of tools that take no arguments."""
+
     pass
 
 
@@ -69,7 +76,7 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
         return []
 
     def turn_status(tctx: ToolContext, turn_id: str | None) -> str | None:
-        from worker.turn_store import TurnStore
+        from worker.turn.store import TurnStore
 
         st = TurnStore(tctx.services["redis"]).load(turn_id) if turn_id else None
         return st.status.value if st else None
@@ -78,18 +85,23 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
         out = rec.get("output")
         if preview and out and len(out) > PREVIEW_CHARS:
             out = out[:PREVIEW_CHARS] + f"... [{len(rec['output']) - PREVIEW_CHARS} more characters: job_status]"
-        return {"job_id": rec["job_id"], "title": rec["title"],
-                "status": live_status(rec, turn_status(tctx, rec.get("turn_id"))),
-                "output": out, "error": rec.get("error"), "created_at": rec["created_at"],
-                "finished_at": rec.get("finished_at")}
+        return {
+            "job_id": rec["job_id"],
+            "title": rec["title"],
+            "status": live_status(rec, turn_status(tctx, rec.get("turn_id"))),
+            "output": out,
+            "error": rec.get("error"),
+            "created_at": rec["created_at"],
+            "finished_at": rec.get("finished_at"),
+        }
 
     def own(tctx: ToolContext, job_id: str) -> dict[str, Any] | None:
         rec = JobStore(tctx.services["redis"]).get(job_id)
         return rec if rec is not None and rec.get("agent_id") == tctx.agent_id else None
 
     def start(p: JobStartParams, tctx: ToolContext) -> ToolResult:
-        from worker.jobs import job_id_for
-        from worker.turn_store import TurnStore
+        from worker.records.jobs import job_id_for
+        from worker.turn.store import TurnStore
 
         state = TurnStore(tctx.services["redis"]).load(tctx.turn_id)
         parent = state.request if state is not None else {}
@@ -98,9 +110,15 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
         job_turn_id = f"{job_id}-turn"
         store = JobStore(tctx.services["redis"])
         try:
-            rec, created = store.create(job_id=job_id, agent_id=tctx.agent_id, title=p.title,
-                                        instructions=p.instructions, input=p.input, turn_id=job_turn_id,
-                                        parent_turn_id=tctx.turn_id)
+            rec, created = store.create(
+                job_id=job_id,
+                agent_id=tctx.agent_id,
+                title=p.title,
+                instructions=p.instructions,
+                input=p.input,
+                turn_id=job_turn_id,
+                parent_turn_id=tctx.turn_id,
+            )
         except JobError as exc:
             return _error(str(exc), "limit")
         request = {
@@ -111,8 +129,11 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
             "toolset": "text",
             "queue": "background",
             "supports": {"spawn_jobs": False, "brain": bool((parent.get("supports") or {}).get("brain", False))},
-            "metadata": {"background_job_id": job_id, "parent_turn_id": tctx.turn_id,
-                         **{k: meta[k] for k in CARRIED_METADATA if k in meta}},
+            "metadata": {
+                "background_job_id": job_id,
+                "parent_turn_id": tctx.turn_id,
+                **{k: meta[k] for k in CARRIED_METADATA if k in meta},
+            },
             "idempotency_key": f"background-job:{job_id}",
         }
         try:
@@ -121,9 +142,15 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
             if created:
                 store.remove(job_id)
             return _error(f"could not start the job: {exc.__class__.__name__}: {exc}", "enqueue_failed")
-        return ToolResult(content={"job_id": job_id, "status": rec["status"], "title": p.title,
-                                   "note": "The job runs in the background; check it later with job_status."},
-                          details={"job_id": job_id, "turn_id": job_turn_id, "created": created})
+        return ToolResult(
+            content={
+                "job_id": job_id,
+                "status": rec["status"],
+                "title": p.title,
+                "note": "The job runs in the background; check it later with job_status.",
+            },
+            details={"job_id": job_id, "turn_id": job_turn_id, "created": created},
+        )
 
     def status(p: JobIdParams, tctx: ToolContext) -> ToolResult:
         rec = own(tctx, p.job_id)
@@ -135,50 +162,79 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
     def list_(p: NoParams, tctx: ToolContext) -> ToolResult:
         store = JobStore(tctx.services["redis"])
         rows = [view(tctx, r, preview=True) for r in store.list(tctx.agent_id)]
-        return ToolResult(content={"jobs": rows, "unfinished": store.active_count(tctx.agent_id),
-                                   "max_unfinished": MAX_ACTIVE_JOBS_PER_AGENT}, details={"count": len(rows)})
+        return ToolResult(
+            content={
+                "jobs": rows,
+                "unfinished": store.active_count(tctx.agent_id),
+                "max_unfinished": MAX_ACTIVE_JOBS_PER_AGENT,
+            },
+            details={"count": len(rows)},
+        )
 
     def cancel(p: JobIdParams, tctx: ToolContext) -> ToolResult:
-        from worker.turn_store import TurnStore
+        from worker.turn.store import TurnStore
 
         rec = own(tctx, p.job_id)
         if rec is None:
             return _error(f"no background job {p.job_id!r} for this agent; call job_list to see the ids.", "not_found")
         new = JobStore(tctx.services["redis"]).request_cancel(p.job_id)
         if new is None:
-            return ToolResult(content=f"Job {p.job_id} ('{rec['title']}') already finished with status "
-                                      f"{rec['status']}; nothing to cancel.", details={"outcome": "already_finished"})
+            return ToolResult(
+                content=f"Job {p.job_id} ('{rec['title']}') already finished with status "
+                f"{rec['status']}; nothing to cancel.",
+                details={"outcome": "already_finished"},
+            )
         if "cancel_turn" in tctx.services:  # flag + event, and a still-queued turn ends at once
             tctx.services["cancel_turn"](rec["turn_id"])
         else:
             TurnStore(tctx.services["redis"]).request_cancel(rec["turn_id"], by="job_cancel")
-        return ToolResult(content={"job_id": p.job_id, "status": "cancel_requested",
-                                   "note": "The job stops at its next step boundary; its running tools see the abort."},
-                          details={"outcome": "cancel_requested"})
+        return ToolResult(
+            content={
+                "job_id": p.job_id,
+                "status": "cancel_requested",
+                "note": "The job stops at its next step boundary; its running tools see the abort.",
+            },
+            details={"outcome": "cancel_requested"},
+        )
 
     return [
         define_worker_tool(
             name="job_start",
-            description=("Start a background agent job: a separate agent with its own instructions works on 'input' "
-                         "while you continue. It cannot start jobs itself. Read its result later with job_status. "
-                         f"At most {MAX_ACTIVE_JOBS_PER_AGENT} unfinished jobs."),
-            input_model=JobStartParams, execute=start, execution_mode="sequential",
+            description=(
+                "Start a background agent job: a separate agent with its own instructions works on 'input' "
+                "while you continue. It cannot start jobs itself. Read its result later with job_status. "
+                f"At most {MAX_ACTIVE_JOBS_PER_AGENT} unfinished jobs."
+            ),
+            input_model=JobStartParams,
+            execute=start,
+            execution_mode="sequential",
             describe_activity=lambda p: f"Starting background job '{p.title}'",
             describe_completed_activity=lambda p, r: (
-                f"Could not start job '{p.title}'" if r.is_error else f"Started background job '{p.title}'")),
+                f"Could not start job '{p.title}'" if r.is_error else f"Started background job '{p.title}'"
+            ),
+        ),
         define_worker_tool(
             name="job_status",
             description="Status and output of one of your background jobs.",
-            input_model=JobIdParams, execute=status, is_read_only=True,
-            describe_activity=lambda p: f"Checking background job {p.job_id}"),
+            input_model=JobIdParams,
+            execute=status,
+            is_read_only=True,
+            describe_activity=lambda p: f"Checking background job {p.job_id}",
+        ),
         define_worker_tool(
             name="job_list",
             description="List your background jobs, newest first, with status and an output preview.",
-            input_model=NoParams, execute=list_, is_read_only=True,
-            describe_activity=lambda p: "Listing background jobs"),
+            input_model=NoParams,
+            execute=list_,
+            is_read_only=True,
+            describe_activity=lambda p: "Listing background jobs",
+        ),
         define_worker_tool(
             name="job_cancel",
             description="Cancel one of your unfinished background jobs.",
-            input_model=JobIdParams, execute=cancel, execution_mode="sequential",
-            describe_activity=lambda p: f"Cancelling background job {p.job_id}"),
+            input_model=JobIdParams,
+            execute=cancel,
+            execution_mode="sequential",
+            describe_activity=lambda p: f"Cancelling background job {p.job_id}",
+        ),
     ]

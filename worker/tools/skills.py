@@ -21,7 +21,7 @@ mcporter facts (README of mcporter 0.9, checked against the CLI):
   and parameters.
 
 mcporter itself must be on the command ``PATH`` (see
-``worker.tools.computer.command_env``); the worker does not use ``npx`` at
+``worker.tools.computer.catalog.command_env``); the worker does not use ``npx`` at
 run time, which would download an unpinned package.
 """
 
@@ -34,8 +34,8 @@ from typing import Any, Sequence
 
 import orjson
 
-from worker.tools.confine import resolve_in_home
-from worker.turn import Skill
+from worker.tools.computer.confine import resolve_in_home
+from worker.turn.request import Skill
 
 MCPORTER_CONFIG = "config/mcporter.json"
 SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # no dots: the selector is <server>.<tool>
@@ -51,10 +51,7 @@ def skills_instructions(skills: Sequence[Skill], *, mcporter: str = "mcporter") 
     """
     if not skills:
         return ""
-    parts = [
-        "# Skills",
-        "These skills are enabled for you. When a task matches a skill, follow its instructions.",
-    ]
+    parts = ["# Skills", "These skills are enabled for you. When a task matches a skill, follow its instructions."]
     mcp_servers = []
     for skill in skills:
         block = [f"## {skill.name}", skill.description.strip()]
@@ -90,7 +87,7 @@ def write_mcporter_config(home: Path | str, servers: dict[str, dict[str, Any]]) 
     Commands run without the worker's environment: put the values a server
     needs in its ``env``. The file is written atomically with mode 0600 (it
     may hold tokens). Raises ``ValueError`` for a bad name or entry and
-    ``worker.tools.confine.ConfinementError`` if ``config/`` escapes the home.
+    ``worker.tools.computer.confine.ConfinementError`` if ``config/`` escapes the home.
     """
     for name, entry in servers.items():
         if not SERVER_NAME.match(name):

@@ -1,9 +1,9 @@
 """``submit_result``: the only way a workflow task turn ends.
 
 Built per turn from the turn's metadata (``metadata.result_schema`` and
-``metadata.workflow_task_id``, set by ``worker.workflow.WorkflowService``).
+``metadata.workflow_task_id``, set by ``worker.records.workflow.WorkflowService``).
 Its parameters are a RAW JSON Schema wrapping the task's result schema
-(``worker.workflow.submit_result_schema``: ``{"result": <task schema>}``,
+(``worker.records.workflow.submit_result_schema``: ``{"result": <task schema>}``,
 ``additionalProperties: false``; a task schema that refers to its own root,
 such as a recursive ``{"$ref": "#"}``, is moved to the wrapper's
 ``$defs.result`` with its refs rewritten, so the wrapper accepts exactly what
@@ -15,12 +15,12 @@ tool falls back to ``strict: false``; the reason is recorded on the task at
 start (``strict_note``) and logged here.
 
 The loop validates the arguments against the wrapper (the task schema with
-every keyword) before ``execute`` runs (``worker.arguments``): a rejected
+every keyword) before ``execute`` runs (``worker.tooling.arguments``): a rejected
 submission is an error output naming each failing field and the turn goes
 on. An accepted one returns ``ToolResult(terminate=True, details={"submitted":
 value})`` and is kept on the task's attempt; the control plane validates it
 again against the persisted schema itself, unwrapped, before it commits
-(``tasks.hooks``, ``worker.workflow.result_errors``).
+(``tasks.hooks``, ``worker.records.workflow.result_errors``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from worker.contract import ToolContext, ToolDefinitionError, ToolResult, WorkerTool, define_worker_tool
-from worker.turn_context import TurnContext
-from worker.workflow import FINISH_TOOL, WorkflowService, submit_result_schema
+from worker.records.result_schema import FINISH_TOOL, submit_result_schema
+from worker.records.workflow import WorkflowService
+from worker.tooling.contract import ToolContext, ToolDefinitionError, ToolResult, WorkerTool, define_worker_tool
+from worker.turn.context import TurnContext
 
 log = logging.getLogger("agent.workflow")
 
@@ -47,8 +48,12 @@ def _execute(task_id: str | None) -> Any:
         redis = ctx.services.get("redis")
         if redis is not None and task_id:
             WorkflowService(redis).record_submission(task_id, ctx.turn_id, value)
-        return ToolResult(content="Result accepted. The task is complete; no further action is needed.",
-                          details={"submitted": value, "workflow_task_id": task_id}, terminate=True)
+        return ToolResult(
+            content="Result accepted. The task is complete; no further action is needed.",
+            details={"submitted": value, "workflow_task_id": task_id},
+            terminate=True,
+        )
+
     return execute
 
 
@@ -65,7 +70,10 @@ def create_submit_result_tool(ctx: TurnContext) -> WorkerTool:
     task_id = ctx.metadata.get("workflow_task_id")
     params = submit_result_schema(schema)
     common: dict[str, Any] = dict(
-        name=FINISH_TOOL, description=DESCRIPTION, json_schema=params, execute=_execute(task_id),
+        name=FINISH_TOOL,
+        description=DESCRIPTION,
+        json_schema=params,
+        execute=_execute(task_id),
         execution_mode="sequential",
         describe_activity=lambda p: "Submitting the task result",
         describe_completed_activity=lambda p, r: "Submitted the task result",

@@ -20,9 +20,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, Field
 
-from worker.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
-from worker.tools.confine import home_root
-from worker.turn_context import TurnContext
+from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
+from worker.tools.computer.confine import home_root
+from worker.turn.context import TurnContext
 
 TODO_FILE = ".agent/todos.json"
 MAX_ITEMS = 100
@@ -92,7 +92,9 @@ def render_todos(items: list[dict[str, Any]]) -> str:
         return "Todo list is empty."
     done = sum(i["status"] == "completed" for i in items)
     doing = sum(i["status"] == "in_progress" for i in items)
-    lines = [f"Todo list ({len(items)} items: {done} completed, {doing} in progress, {len(items) - done - doing} pending)"]
+    lines = [
+        f"Todo list ({len(items)} items: {done} completed, {doing} in progress, {len(items) - done - doing} pending)"
+    ]
     for i in items:
         lines.append(f"{STATUS_MARK[i['status']]} {i['id']}. {i['content']} ({i['priority']})")
     return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""``agent-runtime``: the control-plane CLI (enqueue, wait, status, items, transcript, cancel, schema).
+
+Reads ``REDIS_URL`` like the workers. Exit codes: 0 success, 1 turn ended
+without completing, 2 bad input or unreachable Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+import orjson
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+
+
+@contextmanager
+def _exit_on_errors() -> Iterator[None]:
+    """Control-plane errors (Redis unreachable, unknown turn, timeout) and bad requests: message, exit 2."""
+    from control.client import ControlPlaneError
+
+    try:
+        yield
+    except ControlPlaneError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    except ValidationError as exc:
+        err.print(f"[red]invalid turn request:[/]\n{exc}")
+        raise typer.Exit(2) from exc
+
+
+def _control():
+    from control.client import ControlPlane
+
+    with _exit_on_errors():
+        return ControlPlane()
+
+
+@app.command()
+def enqueue(
+    text: str = typer.Argument(..., help="the user's message"),
+    agent: str = typer.Option("agent", help="agent id (its home is <homes_root>/<agent>)"),
+    toolset: str = typer.Option("text", help="toolset: text, workflow_task or a configured extra"),
+    model: str = typer.Option(None, help="model name (default: OPENAI_MODEL)"),
+    instructions: str = typer.Option(None, help="system instructions"),
+    idempotency_key: str = typer.Option(None, help="enqueue at most once per key"),
+    spawn_jobs: bool = typer.Option(False, help="offer background job tools"),
+    wait: bool = typer.Option(False, help="follow the transcript until the turn ends"),
+) -> None:
+    """Enqueue a turn and print its id (or follow it with --wait)."""
+    control = _control()
+    with _exit_on_errors():
+        turn_id = control.enqueue(
+            {
+                "agent_id": agent,
+                "input": text,
+                "toolset": toolset,
+                "model": model,
+                "instructions": instructions,
+                "idempotency_key": idempotency_key,
+                "supports": {"spawn_jobs": spawn_jobs},
+            }
+        )
+    if not wait:
+        print(turn_id)
+        return
+    console.print(f"turn {turn_id} queued on {control.url}")
+    from control.transcript import print_transcript
+
+    with _exit_on_errors():
+        final = print_transcript(control, turn_id, console)
+    raise typer.Exit(0 if final and final.get("status") == "completed" else 1)
+
+
+@app.command()
+def status(turn_id: str) -> None:
+    """Print the turn's status as JSON."""
+    with _exit_on_errors():
+        v = _control().status(turn_id)
+    print(
+        json.dumps(
+            {
+                "turn_id": v.turn_id,
+                "status": v.status.value,
+                "step": v.step,
+                "model_calls": v.model_calls,
+                "final_output": v.final_output,
+                "error": v.error,
+            }
+        )
+    )
+
+
+@app.command("wait")
+def wait_cmd(turn_id: str, timeout: float = typer.Option(120.0, help="seconds")) -> None:
+    """Block until the turn ends; print its final status as JSON."""
+    with _exit_on_errors():
+        v = _control().wait(turn_id, timeout)
+    print(
+        json.dumps({"turn_id": v.turn_id, "status": v.status.value, "final_output": v.final_output, "error": v.error})
+    )
+    raise typer.Exit(0 if v.status.value == "completed" else 1)
+
+
+@app.command()
+def items(turn_id: str) -> None:
+    """Print the turn's Responses input items (JSON lines)."""
+    control = _control()
+    with _exit_on_errors():
+        control.status(turn_id)  # an unknown turn is an error, not an empty list
+        for item in control.items(turn_id):
+            sys.stdout.write(orjson.dumps(item).decode() + "\n")
+
+
+@app.command()
+def transcript(turn_id: str, follow: bool = typer.Option(False, help="keep tailing until the turn ends")) -> None:
+    """Print the turn's transcript (activity labels, batches, repairs, final answer)."""
+    from control.transcript import print_transcript
+
+    control = _control()
+    with _exit_on_errors():
+        control.status(turn_id)
+        print_transcript(control, turn_id, console, follow=follow)
+
+
+@app.command()
+def cancel(turn_id: str) -> None:
+    """Cancel a turn (running tools see the abort signal; the next step boundary ends it)."""
+    control = _control()
+    with _exit_on_errors():
+        print("cancelling" if control.cancel(turn_id) else "already ended")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of a turn request."""
+    from worker.turn.request import TurnRequest
+
+    print(json.dumps(TurnRequest.model_json_schema(), indent=2))
+
+
+if __name__ == "__main__":
+    app()

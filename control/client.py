@@ -1,0 +1,141 @@
+"""The control-plane client: enqueue a turn, wait for it, read its items and events, cancel it.
+
+Usable from any Python process that can reach the Redis broker; it never
+imports tool code. ``ControlPlane(redis_url)`` raises ``ControlPlaneError``
+with a clear message when Redis is unreachable.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+import kombu.exceptions
+import redis
+
+from control.errors import ControlPlaneError
+from tasks.dispatcher import CeleryDispatcher
+from worker.settings import get_settings
+from worker.tools.toolsets import toolset_names
+from worker.turn.engine import TurnEngine
+from worker.turn.request import TurnRequest, TurnStatus
+from worker.turn.store import TurnStore
+
+if TYPE_CHECKING:
+    from control.workflow import WorkflowClient
+
+
+@dataclass
+class TurnView:
+    """What the control plane sees of a turn."""
+
+    turn_id: str
+    status: TurnStatus
+    step: int
+    model_calls: int
+    final_output: str | None
+    error: str | None
+
+    @property
+    def done(self) -> bool:
+        """True once the turn reached a terminal status."""
+        return self.status.terminal
+
+
+@contextmanager
+def _redis_errors(url: str) -> Iterator[None]:
+    try:
+        yield
+    except (redis.RedisError, kombu.exceptions.OperationalError) as exc:
+        raise ControlPlaneError(f"Redis at {url} failed: {exc.__class__.__name__}: {exc}") from exc
+
+
+class ControlPlane:
+    """Client for turns on the Redis at ``redis_url`` (default: the settings' ``REDIS_URL``),
+    used both as the turn store and as the Celery broker the workers consume.
+
+    Every method raises ``ControlPlaneError`` when Redis is unreachable or fails.
+    """
+
+    def __init__(self, redis_url: str | None = None):
+        settings = get_settings()
+        self.url = redis_url or settings.redis_url
+        self.store = TurnStore(
+            redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=30),
+            progress_timeout=settings.progress_timeout,
+        )
+        try:
+            self.store.r.ping()
+        except redis.RedisError as exc:
+            raise ControlPlaneError(f"cannot reach Redis at {self.url}: {exc}") from exc
+        self._toolsets = toolset_names(settings)
+        # Enqueueing and ending turns only: this engine never calls a model nor imports tool code.
+        self._engine = TurnEngine(self.store, settings, CeleryDispatcher(broker_url=self.url))
+
+    def enqueue(self, request: TurnRequest | dict[str, Any], turn_id: str | None = None) -> str:
+        """Validate the request, store the turn and enqueue its first step. Returns the turn id
+        (an existing one when the request's idempotency key was used before).
+
+        Raises ``pydantic.ValidationError`` for a bad request and ``ControlPlaneError`` for a
+        toolset not configured here (nothing is stored).
+        """
+        req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
+        if req.toolset not in self._toolsets:
+            raise ControlPlaneError(
+                f"unknown toolset {req.toolset!r}; configured: {', '.join(self._toolsets)} "
+                "(extra toolsets come from AGENT_EXTRA_TOOLSETS, as on the workers)"
+            )
+        with _redis_errors(self.url):
+            return self._engine.create_turn(req, turn_id or uuid.uuid4().hex)[0]
+
+    def status(self, turn_id: str) -> TurnView:
+        """The turn's current view. Raises ``ControlPlaneError`` for an unknown turn."""
+        with _redis_errors(self.url):
+            state = self.store.load(turn_id)
+        if state is None:
+            raise ControlPlaneError(f"unknown turn {turn_id}")
+        return TurnView(turn_id, state.status, state.step, state.model_calls, state.final_output, state.error)
+
+    def wait(self, turn_id: str, timeout: float = 60.0) -> TurnView:
+        """Block until the turn ends (tails its event stream). Raises ``ControlPlaneError`` on timeout."""
+        deadline = time.monotonic() + timeout
+        last = "0-0"
+        while True:
+            view = self.status(turn_id)
+            if view.done:
+                return view
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ControlPlaneError(f"turn {turn_id} still {view.status.value} after {timeout:.0f}s")
+            with _redis_errors(self.url):
+                for eid, _ in self.store.events(turn_id, after=last, block_ms=int(min(left, 1.0) * 1000)):
+                    last = eid
+
+    def items(self, turn_id: str) -> list[dict[str, Any]]:
+        """The turn's Responses input items so far (user input, model output, function_call_output)."""
+        with _redis_errors(self.url):
+            return self.store.items(turn_id)
+
+    def events(self, turn_id: str, after: str = "0-0") -> list[dict[str, Any]]:
+        """Activity events (``kind``, ``at`` and fields) in order."""
+        with _redis_errors(self.url):
+            return [e for _, e in self.store.events(turn_id, after=after)]
+
+    def workflows(self) -> "WorkflowClient":
+        """Workflow tasks and Brain pages (``control.workflow.WorkflowClient``)."""
+        from control.workflow import WorkflowClient
+
+        return WorkflowClient(self)
+
+    def cancel(self, turn_id: str) -> bool:
+        """Ask the turn to stop: running tools see the abort signal, the next step boundary ends it
+        (a still-queued turn ends at once). Returns False if the turn had already ended.
+
+        Raises ``ControlPlaneError`` for an unknown turn.
+        """
+        self.status(turn_id)
+        with _redis_errors(self.url):
+            return self._engine.cancel(turn_id)

@@ -1,0 +1,66 @@
+"""How the engine's decisions become Celery messages (the ``Dispatcher`` of ``worker.turn.engine``).
+
+Tasks are named, not imported (``tasks.turns`` imports the engine that holds this
+dispatcher), so the names below must match the ``@app.task(name=...)`` in ``tasks.turns``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from celery import chain, group
+
+from tasks.app import app
+from tasks.services import turn_services
+from worker.turn.dispatch import Batch
+from worker.turn.request import TurnRequest
+
+TURN_STEP = "tasks.turns.turn_step"
+TOOL_CALL = "tasks.turns.tool_call"
+TURN_FINISHED = "tasks.turns.turn_finished"
+
+
+class CeleryDispatcher:
+    """Turns engine decisions into Celery messages.
+
+    - a model step: ``turn_step`` on the turn's queue (``turns``, ``background`` or ``workflow``);
+    - a parallel batch: a ``group`` of ``tool_call`` tasks on ``tools``;
+    - a sequential batch: a ``chain`` of ``tool_call`` tasks on ``tools`` (one after another).
+    No chord: the barrier is the turn store's (DESIGN-NOTES section 1).
+    """
+
+    def __init__(self, broker_url: str | None = None):
+        # A control plane may name its own Redis; workers use the app's broker.
+        self._broker_url = broker_url
+        self._conn: Any = None
+
+    def _options(self) -> dict[str, Any]:
+        if not self._broker_url or self._broker_url == app.conf.broker_url:
+            return {}
+        if self._conn is None:
+            self._conn = app.connection_for_write(self._broker_url)
+        return {"connection": self._conn}
+
+    def enqueue_step(self, turn_id: str, step: int, *, queue: str) -> None:
+        """Send ``turn_step(turn_id, step)`` to ``queue``."""
+        app.signature(TURN_STEP, (turn_id, step)).apply_async(queue=queue, **self._options())
+
+    def dispatch_batch(self, turn_id: str, step: int, batch_index: int, batch: Batch, *, queue: str) -> None:
+        """Send the batch's ``tool_call`` tasks: one task, a group (parallel) or a chain (sequential)."""
+        sigs = [
+            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(queue=queue) for cid in batch.call_ids
+        ]
+        if len(sigs) == 1:
+            sigs[0].apply_async()
+        elif batch.mode == "parallel":
+            group(sigs).apply_async()
+        else:
+            chain(*sigs).apply_async()
+
+    def turn_finished(self, turn_id: str) -> None:
+        """Send ``turn_finished(turn_id)`` (the control-plane hooks) to ``turns``."""
+        app.signature(TURN_FINISHED, (turn_id,)).apply_async(queue="turns", **self._options())
+
+    def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
+        """Turn-scoped callables for tool creators (``tasks.services.turn_services``)."""
+        return turn_services(request)

@@ -1,0 +1,251 @@
+"""A scripted model gateway speaking the OpenAI Responses wire format over HTTP.
+
+``POST /v1/responses`` answers with the next step of a scripted conversation.
+The script is chosen by the request's ``model`` field. The step is derived
+from the request itself (stateless): every output item the gateway emits has
+an ``id`` like ``fc_s3_0``; the next step is one past the highest step found
+in the request's ``input``. Retried or duplicated requests therefore get the
+same answer, as a memoizing client expects.
+
+Like the real API, the gateway answers HTTP 400 when a ``function_call`` in
+the input has no ``function_call_output`` ("No tool output found for function
+call ..."), when an output has no call, or when an output is not a string.
+
+Script format (JSON file or Python list): a list of steps, each
+``{"output": [item, ...], "status": "completed" | "incomplete"}``. Items:
+``{"type": "function_call", "name": ..., "arguments": "<raw string>"}`` or
+``{"type": "message", "text": ...}``. A step may also be a callable
+``(request_body) -> step dict`` (in-process scripts for tests).
+
+Run: ``python -m worker.model.scripted_gateway --port 8089 --scripts scripts/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+Step = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
+
+_ID_STEP = re.compile(r"^(?:fc|msg)_s(\d+)_")
+
+
+def _check_history(items: list[dict[str, Any]]) -> str | None:
+    calls = [it.get("call_id") for it in items if isinstance(it, dict) and it.get("type") == "function_call"]
+    outputs = [it for it in items if isinstance(it, dict) and it.get("type") == "function_call_output"]
+    answered = {}
+    for out in outputs:
+        cid = out.get("call_id")
+        if cid not in calls:
+            return f"No tool call found for function call output with call_id {cid}."
+        if not isinstance(out.get("output"), str):
+            return f"Invalid type for 'input.output': expected a string for call_id {cid}."
+        if cid in answered:
+            return f"Duplicate function call output for call_id {cid}."
+        answered[cid] = True
+    for cid in calls:
+        if cid not in answered:
+            return f"No tool output found for function call {cid}."
+    return None
+
+
+def _next_step(items: list[dict[str, Any]]) -> int:
+    highest = -1
+    for it in items:
+        if isinstance(it, dict):
+            m = _ID_STEP.match(str(it.get("id", "")))
+            if m:
+                highest = max(highest, int(m.group(1)))
+    return highest + 1
+
+
+class ScriptedGateway:
+    """Holds scripts and serves them over HTTP on ``127.0.0.1:port`` (0 picks a free port).
+
+    ``requests`` keeps every request body received (for tests), newest last.
+    """
+
+    def __init__(self, scripts: dict[str, list[Step]] | None = None, port: int = 0, host: str = "127.0.0.1"):
+        self.scripts: dict[str, list[Step]] = dict(scripts or {})
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/") in ("/health", "/v1/health"):
+                    self._send(200, {"ok": True, "scripts": sorted(gateway.scripts)})
+                else:
+                    self._send(404, {"error": {"message": "not found"}})
+
+            def do_POST(self) -> None:
+                if not self.path.rstrip("/").endswith("/responses"):
+                    self._send(404, {"error": {"message": f"unknown path {self.path}"}})
+                    return
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    body = orjson.loads(self.rfile.read(length))
+                except orjson.JSONDecodeError:
+                    self._send(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
+                    return
+                status, payload = gateway.respond(body)
+                self._send(status, payload)
+
+            def _send(self, status: int, payload: dict[str, Any]) -> None:
+                data = orjson.dumps(payload)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The TCP port served."""
+        return self._server.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        """The ``OPENAI_BASE_URL`` to use, e.g. ``http://127.0.0.1:8089/v1``."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def add_script(self, name: str, steps: list[Step]) -> None:
+        """Register (or replace) the script served for model ``name``."""
+        self.scripts[name] = steps
+
+    def load_dir(self, folder: Path) -> None:
+        """Load every ``*.json`` script in ``folder`` (name = file stem, or the file's ``name``)."""
+        for path in sorted(Path(folder).glob("*.json")):
+            data = orjson.loads(path.read_bytes())
+            self.scripts[data.get("name", path.stem)] = data["steps"]
+
+    def respond(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Answer one request body: ``(http_status, json_payload)``."""
+        with self._lock:
+            self.requests.append(body)
+        items = body.get("input")
+        if isinstance(items, str):
+            items = [{"type": "message", "role": "user", "content": items}]
+        if not isinstance(items, list):
+            return 400, {"error": {"message": "input must be a string or a list", "type": "invalid_request_error"}}
+        problem = _check_history(items)
+        if problem:
+            return 400, {"error": {"message": problem, "type": "invalid_request_error", "param": "input", "code": None}}
+        model = body.get("model", "")
+        script = self.scripts.get(model)
+        if script is None:
+            return 404, {
+                "error": {
+                    "message": f"The model `{model}` does not exist",
+                    "type": "invalid_request_error",
+                    "code": "model_not_found",
+                }
+            }
+        n = _next_step(items)
+        if n >= len(script):
+            step: dict[str, Any] = {"output": [{"type": "message", "text": "(script finished)"}]}
+        else:
+            step = script[n]
+            if callable(step):
+                step = step(body)
+        return 200, self._render(model, n, step)
+
+    def _render(self, model: str, n: int, step: dict[str, Any]) -> dict[str, Any]:
+        seed = hashlib.sha1(orjson.dumps([model, n])).hexdigest()[:8]
+        output: list[dict[str, Any]] = []
+        for i, item in enumerate(step.get("output", [])):
+            if item.get("type") == "function_call":
+                output.append(
+                    {
+                        "type": "function_call",
+                        "id": f"fc_s{n}_{i}",
+                        "call_id": item.get("call_id") or f"call_{seed}_{n}_{i}",
+                        "name": item["name"],
+                        "arguments": item.get("arguments", "{}"),
+                        "status": "completed",
+                    }
+                )
+            else:
+                output.append(
+                    {
+                        "type": "message",
+                        "id": f"msg_s{n}_{i}",
+                        "role": "assistant",
+                        "status": "completed",
+                        "content": [{"type": "output_text", "text": item.get("text", ""), "annotations": []}],
+                    }
+                )
+        status = step.get("status", "completed")
+        payload: dict[str, Any] = {
+            "id": f"resp_{seed}",
+            "object": "response",
+            "created_at": 0,
+            "model": model,
+            "status": status,
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "total_tokens": 0,
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+        }
+        payload["incomplete_details"] = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return payload
+
+    def start(self) -> "ScriptedGateway":
+        """Serve in a daemon thread; returns self."""
+        self._thread = threading.Thread(target=self._server.serve_forever, name="scripted-gateway", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self._server.shutdown()
+        self._server.server_close()
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread (the CLI)."""
+        self._server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point: serve the ``*.json`` scripts of ``--scripts`` on ``--host``/``--port``."""
+    parser = argparse.ArgumentParser(description="Scripted Responses API gateway")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8089)
+    parser.add_argument("--scripts", type=Path, required=True, help="folder of *.json scripts")
+    args = parser.parse_args(argv)
+    gw = ScriptedGateway(port=args.port, host=args.host)
+    gw.load_dir(args.scripts)
+    print(
+        f"scripted gateway on http://{args.host}:{gw.port}/v1 with scripts: {', '.join(sorted(gw.scripts))}", flush=True
+    )
+    try:
+        gw.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        gw._server.server_close()
+
+
+if __name__ == "__main__":
+    main()

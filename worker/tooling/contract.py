@@ -1,0 +1,284 @@
+"""The tool contract: ``WorkerTool`` and ``define_worker_tool``.
+
+A ``WorkerTool`` is everything the runtime needs to offer a tool to the model
+and to run it: its name and description, its input schema (a pydantic model or
+a raw JSON Schema), provider flags (``strict``, namespace, ``defer_loading``),
+its execution mode, safety metadata, activity labels and ``execute``.
+
+``execute(params, ctx)`` only ever receives validated params: an instance of
+the tool's pydantic model, or a ``dict`` that passed ``jsonschema`` validation
+against the raw schema. It returns a ``ToolResult``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Generic, Literal, TypeVar
+
+from pydantic import BaseModel
+
+from worker.tooling.errors import ToolDefinitionError
+from worker.tooling.schemas import function_definition
+
+ExecutionMode = Literal["parallel", "sequential"]
+
+# OpenAI function names: "a-z, A-Z, 0-9, underscores and dashes, max length 64"
+# (Responses API reference, FunctionTool.name).
+TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+MAX_DESCRIPTION_CHARS = 1024
+"""OpenAI limit on a function tool's ``description`` (strict-mode-rules.json, D10)."""
+
+P = TypeVar("P")
+
+
+class TurnAborted(Exception):
+    """Raised by ``AbortSignal.raise_if_aborted`` when the turn was cancelled."""
+
+
+class AbortSignal:
+    """Cancellation seen by running tools.
+
+    ``aborted`` turns true when ``abort()`` is called locally or when the
+    optional ``probe`` callable (for instance a Redis cancel-flag check)
+    returns true. Probing is rate-limited to once per ``probe_interval``
+    seconds so that tight loops stay cheap.
+    """
+
+    def __init__(self, probe: Callable[[], bool] | None = None, probe_interval: float = 0.25):
+        self._event = threading.Event()
+        self._probe = probe
+        self._probe_interval = probe_interval
+        self._last_probe = 0.0
+        self.reason: str | None = None
+
+    def abort(self, reason: str = "cancelled") -> None:
+        """Abort locally (e.g. on a worker shutdown) with ``reason``."""
+        self.reason = reason
+        self._event.set()
+
+    @property
+    def aborted(self) -> bool:
+        """True once aborted locally or when the probe (rate-limited) reports cancellation."""
+        if self._event.is_set():
+            return True
+        if self._probe is not None:
+            import time
+
+            now = time.monotonic()
+            if now - self._last_probe >= self._probe_interval:
+                self._last_probe = now
+                if self._probe():
+                    self.abort("cancelled")
+                    return True
+        return False
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds; return True early if aborted."""
+        import time
+
+        end = time.monotonic() + timeout
+        while True:
+            if self.aborted:
+                return True
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            self._event.wait(min(left, self._probe_interval))
+
+    def raise_if_aborted(self) -> None:
+        """Raise ``TurnAborted`` if aborted: a convenient check point inside long tools."""
+        if self.aborted:
+            raise TurnAborted(self.reason or "cancelled")
+
+
+@dataclass(frozen=True)
+class PresentationEvent:
+    """A reply presentation event for the user-facing surface (not seen by the model).
+
+    ``kind`` is a short type tag (``"file"``, ``"link"``, ``"table"``...);
+    ``data`` is a JSON-serialisable dict.
+    """
+
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ToolResult:
+    """What ``execute`` returns.
+
+    - ``content``: the text the model sees as the ``function_call_output``
+      (a ``str``; a dict/list is JSON-encoded by the runtime).
+    - ``details``: structured data for logs and the transcript (JSON-serialisable).
+    - ``presentation_events``: optional events for the reply surface.
+    - ``terminate``: when true, the turn ends after the current batch of
+      calls without another model call.
+    - ``is_error``: marks the output as a failure (recorded in details).
+    """
+
+    content: Any
+    details: dict[str, Any] = field(default_factory=dict)
+    presentation_events: list[PresentationEvent] = field(default_factory=list)
+    terminate: bool = False
+    is_error: bool = False
+
+
+@dataclass
+class ToolContext:
+    """What a running tool may use besides its params.
+
+    - ``turn_id`` / ``call_id``: identify the turn and the function call
+      (``call_id`` scoped by turn is the call's idempotency key).
+    - ``home``: the agent's home directory; file and command tools are
+      confined to it.
+    - ``abort``: the turn's ``AbortSignal``.
+    - ``agent_id``: the agent the turn belongs to.
+    - ``services``: turn-scoped handles (Redis client, settings, enqueue
+      callbacks) given by the layer that runs the tool.
+    """
+
+    turn_id: str
+    call_id: str
+    home: Path
+    abort: AbortSignal
+    agent_id: str = "agent"
+    services: dict[str, Any] = field(default_factory=dict)
+
+
+def _default_describe(name: str) -> Callable[[Any], str]:
+    return lambda params: f"Running {name}"
+
+
+@dataclass(frozen=True, eq=False)
+class WorkerTool(Generic[P]):
+    """A tool the runtime can offer and run. Build it with ``define_worker_tool``.
+
+    Fields mirror the spec's contract table. ``input_model`` and
+    ``json_schema`` are mutually exclusive; with neither the tool takes no
+    arguments (an empty object schema).
+    """
+
+    name: str
+    description: str
+    execute: Callable[[P, ToolContext], ToolResult]
+    input_model: type[BaseModel] | None = None
+    json_schema: dict[str, Any] | None = None
+    strict: bool = False
+    namespace: str | None = None
+    namespace_description: str | None = None
+    defer_loading: bool = False
+    execution_mode: ExecutionMode = "parallel"
+    is_read_only: bool = False
+    is_destructive: bool = False
+    describe_activity: Callable[[P], str] | None = None
+    describe_completed_activity: Callable[[P, ToolResult], str] | None = None
+
+    @property
+    def is_async(self) -> bool:
+        """True when ``execute`` is a coroutine function (run with ``asyncio.run``)."""
+        return inspect.iscoroutinefunction(self.execute)
+
+    def activity(self, params: P) -> str:
+        """Short label for progress, e.g. ``"Reading src/app.py"``. Never raises."""
+        fn = self.describe_activity or _default_describe(self.name)
+        try:
+            return str(fn(params))
+        except Exception:  # a label must never break a call
+            return f"Running {self.name}"
+
+    def completed_activity(self, params: P, result: ToolResult) -> str:
+        """Label after completion, e.g. ``"Read 120 lines of src/app.py"``. Never raises."""
+        if self.describe_completed_activity is None:
+            return self.activity(params)
+        try:
+            return str(self.describe_completed_activity(params, result))
+        except Exception:
+            return self.activity(params)
+
+
+def define_worker_tool(
+    *,
+    name: str,
+    description: str,
+    execute: Callable[[Any, ToolContext], ToolResult],
+    input_model: type[BaseModel] | None = None,
+    json_schema: dict[str, Any] | None = None,
+    strict: bool = False,
+    namespace: str | None = None,
+    namespace_description: str | None = None,
+    defer_loading: bool = False,
+    execution_mode: ExecutionMode = "parallel",
+    is_read_only: bool = False,
+    is_destructive: bool = False,
+    describe_activity: Callable[[Any], str] | None = None,
+    describe_completed_activity: Callable[[Any, ToolResult], str] | None = None,
+) -> WorkerTool[Any]:
+    """Build a ``WorkerTool`` and check it can be offered to a model.
+
+    The parameters schema is generated (or taken raw), checked and cached
+    here, so a broken tool fails when it is defined, not mid-turn.
+
+    Raises ``ToolDefinitionError`` when: the name breaks the OpenAI function
+    name rule (``^[A-Za-z0-9_-]{1,64}$``); both ``input_model`` and
+    ``json_schema`` are given; the schema root is not an object ("function
+    tool parameters must use a root object schema"); ``execution_mode`` is not
+    ``parallel`` or ``sequential``; a tool is both read-only and destructive;
+    ``strict`` is asked of a schema that OpenAI strict mode cannot express
+    (the error names the field and the rule); the description is empty or
+    longer than ``MAX_DESCRIPTION_CHARS`` (1024, the API's limit); or a raw
+    schema has a ``$ref`` that is not local or does not resolve.
+    """
+    if not TOOL_NAME_PATTERN.match(name or ""):
+        raise ToolDefinitionError(
+            f"tool name {name!r} is invalid: OpenAI function names must match ^[A-Za-z0-9_-]{{1,64}}$"
+        )
+    if not description or not description.strip():
+        raise ToolDefinitionError(f"tool {name!r}: description must not be empty")
+    if len(description) > MAX_DESCRIPTION_CHARS:
+        raise ToolDefinitionError(
+            f"tool {name!r}: description is {len(description)} characters, the limit is {MAX_DESCRIPTION_CHARS} "
+            "(the API refuses the request: \"Invalid 'tools[n].function.description': string too long. "
+            f'Expected a string with maximum length {MAX_DESCRIPTION_CHARS}", rule D10); shorten it'
+        )
+    if input_model is not None and json_schema is not None:
+        raise ToolDefinitionError(f"tool {name!r}: give either input_model or json_schema, not both")
+    if input_model is not None and not (isinstance(input_model, type) and issubclass(input_model, BaseModel)):
+        raise ToolDefinitionError(f"tool {name!r}: input_model must be a pydantic BaseModel subclass")
+    if execution_mode not in ("parallel", "sequential"):
+        raise ToolDefinitionError(
+            f"tool {name!r}: execution_mode must be 'parallel' or 'sequential', got {execution_mode!r}"
+        )
+    if is_read_only and is_destructive:
+        raise ToolDefinitionError(f"tool {name!r}: a tool cannot be both read-only and destructive")
+    if namespace is not None and not TOOL_NAME_PATTERN.match(namespace):
+        raise ToolDefinitionError(f"tool {name!r}: namespace {namespace!r} must match ^[A-Za-z0-9_-]{{1,64}}$")
+    if not callable(execute):
+        raise ToolDefinitionError(f"tool {name!r}: execute must be callable")
+    tool = WorkerTool(
+        name=name,
+        description=description,
+        execute=execute,
+        input_model=input_model,
+        json_schema=json_schema,
+        strict=bool(strict),
+        namespace=namespace,
+        namespace_description=namespace_description,
+        defer_loading=bool(defer_loading),
+        execution_mode=execution_mode,
+        is_read_only=bool(is_read_only),
+        is_destructive=bool(is_destructive),
+        describe_activity=describe_activity,
+        describe_completed_activity=describe_completed_activity,
+    )
+    try:
+        function_definition(tool)  # generates, checks and caches the parameters schema
+    except ToolDefinitionError:
+        raise
+    except Exception as exc:  # pydantic schema generation errors, bad raw schemas
+        raise ToolDefinitionError(f"tool {name!r}: cannot build its parameters schema: {exc}") from exc
+    return tool

@@ -1,0 +1,9 @@
+"""The tool runtime's definition error (at the bottom of ``worker.tooling``: every module may raise it)."""
+
+
+class ToolDefinitionError(ValueError):
+    """A tool definition the runtime cannot offer to a model.
+
+    Raised at definition time (``define_worker_tool``), naming the tool and,
+    where it applies, the schema field and the rule that was broken.
+    """

@@ -1,0 +1,352 @@
+"""Schema collection: from ``WorkerTool`` to OpenAI Responses tool definitions.
+
+- A pydantic ``input_model`` becomes its ``model_json_schema()``; the root must
+  be an object (OpenAI: "function tool parameters must use a root object
+  schema").
+- A raw ``json_schema`` is sent exactly as given (``minimum``, ``maximum`` and
+  every other keyword intact) unless the tool asks for ``strict``, in which
+  case the strict copy from ``worker.tooling.strict`` is sent. Validation always runs
+  against the tool's own model or raw schema, never the strict copy.
+- A raw schema must be a valid JSON Schema and every ``$ref`` in it must be
+  local and resolve (``_check_refs``), checked at definition time: nothing
+  is ever fetched, so a remote or dangling ref could never validate a call.
+- ``strict`` is always sent explicitly: the Responses API treats a missing
+  ``strict`` as true.
+
+Definitions are cached per tool definition (name, description, flags and
+schema identity), so re-assembling the same tools every turn is cheap.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+from urllib.parse import unquote, urljoin
+
+import jsonschema
+import orjson
+
+from worker.tooling.errors import ToolDefinitionError
+from worker.tooling.strict import field_name, to_strict_schema
+
+if TYPE_CHECKING:
+    from worker.tooling.contract import WorkerTool
+
+_PARAMS_CACHE: dict[Any, dict[str, Any]] = {}
+_DEF_CACHE: dict[Any, dict[str, Any]] = {}
+_CACHE_LIMIT = 4096
+# Per tool object (WorkerTool is frozen and hashed by identity): the definition and the
+# validation info, so a turn that re-assembles the same tools does dict lookups only.
+# A raw ``json_schema`` must not be mutated after ``define_worker_tool``.
+_DEF_BY_TOOL: "weakref.WeakKeyDictionary[WorkerTool, dict[str, Any]]" = weakref.WeakKeyDictionary()
+_INFO_BY_TOOL: "weakref.WeakKeyDictionary[WorkerTool, ValidationInfo]" = weakref.WeakKeyDictionary()
+
+EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def _schema_key(tool: WorkerTool) -> Any:
+    if tool.input_model is not None:
+        return ("model", tool.input_model)
+    if tool.json_schema is not None:
+        # The raw dict may be a shared constant or built per turn: key on content.
+        return ("raw", orjson.dumps(tool.json_schema, option=orjson.OPT_SORT_KEYS))
+    return ("empty",)
+
+
+def source_schema(tool: WorkerTool) -> dict[str, Any]:
+    """The tool's own parameters schema (before any strict projection).
+
+    Returns a dict; raises ``ToolDefinitionError`` if the root is not an
+    object or a raw schema is not a valid JSON Schema (Draft 2020-12 meta-schema).
+    """
+    key = (_schema_key(tool), tool.name)
+    cached = _PARAMS_CACHE.get(key)
+    if cached is not None:
+        return cached
+    if tool.input_model is not None:
+        schema = tool.input_model.model_json_schema()
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/") and set(schema) <= {"$ref", "$defs"}:
+            # a self-referencing model: pydantic puts the root behind a $ref; the root must be an object
+            defs = schema.get("$defs", {})
+            schema = {**defs.get(ref[len("#/$defs/") :], {}), "$defs": defs}
+    elif tool.json_schema is not None:
+        schema = tool.json_schema
+        if not isinstance(schema, dict):
+            raise ToolDefinitionError(f"tool {tool.name!r}: json_schema must be a JSON object")
+        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        try:
+            validator_cls.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ToolDefinitionError(
+                f"tool {tool.name!r}: json_schema is not a valid JSON Schema: {exc.message}"
+            ) from exc
+        _check_refs(schema, tool.name)
+    else:
+        schema = EMPTY_OBJECT_SCHEMA
+    if schema.get("type") != "object":
+        raise ToolDefinitionError(
+            f"tool {tool.name!r}: function tool parameters must use a root object schema "
+            f"(got type {schema.get('type')!r})"
+        )
+    if len(_PARAMS_CACHE) > _CACHE_LIMIT:
+        _PARAMS_CACHE.clear()
+    _PARAMS_CACHE[key] = schema
+    return schema
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONE = (
+    "items",
+    "additionalItems",
+    "additionalProperties",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "contentSchema",
+)
+
+
+def _schema_nodes(root: Any):
+    """Every sub-schema of ``root`` with its path (iterative; only schema positions, so a
+    ``$ref`` key inside ``enum``/``const``/``default``/``examples`` data is not taken for one)."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        yield node, path
+        for key in _SCHEMA_MAPS:
+            sub = node.get(key)
+            if isinstance(sub, dict):
+                stack.extend((v, path + (key, name)) for name, v in sub.items())
+        for key in _SCHEMA_LISTS:
+            sub = node.get(key)
+            if isinstance(sub, list):
+                stack.extend((v, path + (key, i)) for i, v in enumerate(sub))
+        for key in _SCHEMA_ONE:
+            sub = node.get(key)
+            if isinstance(sub, dict):
+                stack.append((sub, path + (key,)))
+            elif key == "items" and isinstance(sub, list):  # draft 4-7 tuple form
+                stack.extend((v, path + (key, i)) for i, v in enumerate(sub))
+
+
+def _pointer_target(root: Any, pointer: str) -> Any:
+    """The node at a JSON pointer (``/a/b``), or ``_MISSING``."""
+    node = root
+    if not pointer:
+        return node
+    if not pointer.startswith("/"):
+        return _MISSING
+    for part in pointer[1:].split("/"):
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+_MISSING = object()
+
+
+def _check_refs(schema: dict[str, Any], tool_name: str) -> None:
+    """Every ``$ref``/``$dynamicRef`` must be local and resolve, else ``ToolDefinitionError``.
+
+    Local means a fragment into this schema: ``#``, a JSON pointer ``#/...``, or
+    ``#name`` naming an ``$anchor``/``$dynamicAnchor`` (or a draft-7 ``$id: "#name"``);
+    a ref to the root's own ``$id`` with such a fragment also counts. Remote refs
+    (``other.json#/x``, ``http://...``) are refused: validation never fetches
+    anything, so such a tool could never validate a call.
+    """
+    nodes = list(_schema_nodes(schema))
+    anchors = set()
+    for node, _ in nodes:
+        for key in ("$anchor", "$dynamicAnchor"):
+            if isinstance(node.get(key), str):
+                anchors.add(node[key])
+        if isinstance(node.get("$id"), str) and node["$id"].startswith("#"):
+            anchors.add(node["$id"][1:])
+    root_id = schema.get("$id") if isinstance(schema.get("$id"), str) else None
+    for node, path in nodes:
+        for key in ("$ref", "$dynamicRef"):
+            ref = node.get(key)
+            if key not in node:
+                continue
+            where = f"tool {tool_name!r}: field {field_name(path)!r} (schema path /{'/'.join(map(str, path))})"
+            if not isinstance(ref, str):
+                raise ToolDefinitionError(f"{where} has a {key} that is not a string")
+            base, _, fragment = ref.partition("#")
+            if base and not (root_id and urljoin(root_id, base) == root_id.partition("#")[0]):
+                raise ToolDefinitionError(
+                    f"{where} has the non-local {key} {ref!r}; only refs into the schema itself "
+                    "('#/$defs/...', '#anchor') are supported (nothing is fetched)"
+                )
+            fragment = unquote(fragment)
+            if fragment and not fragment.startswith("/"):
+                target = schema if fragment in anchors else _MISSING
+                if target is _MISSING:
+                    raise ToolDefinitionError(f"{where} has a {key} {ref!r} to an anchor that does not exist")
+                continue
+            target = _pointer_target(schema, fragment)
+            if target is _MISSING:
+                raise ToolDefinitionError(f"{where} has a {key} {ref!r} that does not resolve in the schema")
+            if not isinstance(target, (dict, bool)):
+                raise ToolDefinitionError(f"{where} has a {key} {ref!r} that points to a non-schema")
+
+
+def parameters_schema(tool: WorkerTool) -> dict[str, Any]:
+    """The ``parameters`` sent to the provider: the source schema, or its strict copy."""
+    schema = source_schema(tool)
+    if not tool.strict:
+        return schema
+    key = ("strict", _schema_key(tool), tool.name)
+    cached = _PARAMS_CACHE.get(key)
+    if cached is None:
+        cached = to_strict_schema(schema, tool_name=tool.name)
+        _PARAMS_CACHE[key] = cached
+    return cached
+
+
+def function_definition(tool: WorkerTool) -> dict[str, Any]:
+    """The Responses API function tool for ``tool``.
+
+    Shape: ``{"type": "function", "name", "description", "parameters",
+    "strict"}`` plus ``"defer_loading": true`` for deferred tools. The dict is
+    cached and shared: callers must not mutate it.
+    """
+    cached = _DEF_BY_TOOL.get(tool)
+    if cached is not None:
+        return cached
+    key = (_schema_key(tool), tool.name, tool.description, tool.strict, tool.defer_loading)
+    cached = _DEF_CACHE.get(key)
+    if cached is not None:
+        _DEF_BY_TOOL[tool] = cached
+        return cached
+    definition: dict[str, Any] = {
+        "type": "function",
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": parameters_schema(tool),
+        "strict": tool.strict,
+    }
+    if tool.defer_loading:
+        definition["defer_loading"] = True
+    if len(_DEF_CACHE) > _CACHE_LIMIT:
+        _DEF_CACHE.clear()
+    _DEF_CACHE[key] = definition
+    _DEF_BY_TOOL[tool] = definition
+    return definition
+
+
+def collect_tool_definitions(tools: Iterable[WorkerTool], *, loaded: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The ``tools`` array of a Responses request, in assembly order.
+
+    - Tools without a namespace become function tools.
+    - Tools sharing a namespace are grouped into one
+      ``{"type": "namespace", "name", "description", "tools": [...]}`` entry,
+      placed where the first of them stands.
+    - Deferred tools (``defer_loading``) are left out unless their name is in
+      ``loaded`` (chosen by the tool-search tool earlier in the turn).
+
+    Raises ``ToolDefinitionError`` on duplicate tool names.
+    """
+    loaded_set = set(loaded)
+    out: list[dict[str, Any]] = []
+    namespaces: dict[str, dict[str, Any]] = {}
+    seen: set[str] = set()
+    for tool in tools:
+        if tool.name in seen:
+            raise ToolDefinitionError(f"duplicate tool name {tool.name!r} in the turn's tool set")
+        seen.add(tool.name)
+        if tool.defer_loading and tool.name not in loaded_set:
+            continue
+        definition = function_definition(tool)
+        if tool.defer_loading:
+            definition = {k: v for k, v in definition.items() if k != "defer_loading"}
+        if tool.namespace:
+            ns = namespaces.get(tool.namespace)
+            if ns is None:
+                ns = {
+                    "type": "namespace",
+                    "name": tool.namespace,
+                    "description": tool.namespace_description or tool.namespace,
+                    "tools": [],
+                }
+                namespaces[tool.namespace] = ns
+                out.append(ns)
+            elif tool.namespace_description and ns["description"] == tool.namespace:
+                ns["description"] = tool.namespace_description
+            ns["tools"].append(definition)
+        else:
+            out.append(definition)
+    return out
+
+
+# ---- validation info -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ValidationInfo:
+    """What argument validation needs about a tool, computed once per tool object.
+
+    - ``schema``: the tool's own (source) parameters schema.
+    - ``properties``: its top-level ``properties`` (``{}`` when none).
+    - ``validator``: a ``jsonschema`` validator for raw-schema tools (``None``
+      for pydantic tools, which validate with their model).
+    - ``resolve``: returns a sub-schema with a local ``$ref`` resolved.
+    """
+
+    schema: dict[str, Any]
+    properties: dict[str, Any]
+    validator: Any
+    resolve: Callable[[Any], Any]
+
+
+def _resolver(root: dict[str, Any]) -> Callable[[Any], Any]:
+    def resolve(node: Any) -> Any:
+        seen = 0
+        while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#"):
+            seen += 1
+            if seen > 32:
+                break
+            target: Any = root
+            ref = node["$ref"]
+            for part in ref[2:].split("/") if ref not in ("#", "#/") else []:
+                part = unquote(part).replace("~1", "/").replace("~0", "~")
+                if not isinstance(target, dict) or part not in target:
+                    return node
+                target = target[part]
+            node = target
+        return node
+
+    return resolve
+
+
+def validation_info(tool: WorkerTool) -> ValidationInfo:
+    """Cached ``ValidationInfo`` for ``tool`` (see the class docstring)."""
+    info = _INFO_BY_TOOL.get(tool)
+    if info is not None:
+        return info
+    if tool.input_model is not None:
+        schema = source_schema(tool)
+        validator = None
+    else:
+        # no schema: any object validates, as before (the definition sends EMPTY_OBJECT_SCHEMA)
+        schema = tool.json_schema if tool.json_schema is not None else {"type": "object"}
+        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        validator = validator_cls(schema, format_checker=validator_cls.FORMAT_CHECKER)
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    info = ValidationInfo(schema=schema, properties=props, validator=validator, resolve=_resolver(schema))
+    _INFO_BY_TOOL[tool] = info
+    return info

@@ -1,0 +1,88 @@
+"""Path confinement to the agent's home directory.
+
+Every file and command tool resolves the paths the model gives through
+``resolve_in_home``. The rule:
+
+- a relative path resolves under the home; ``~`` and ``~/x`` mean the home;
+- an absolute path is accepted only if it lies inside the home;
+- ``..`` may not climb out of the home (checked lexically first);
+- symlinks are resolved (``os.path.realpath`` on the final path, which also
+  resolves every parent) and the *real* location must still lie inside the
+  home. A symlink inside the home that points inside the home is fine; one
+  that points outside (or a symlinked parent directory that does) is refused
+  instead of being followed. A dangling symlink is judged by its target.
+
+Refusals raise ``ConfinementError`` whose message is fit to show the model.
+A check-then-use race (a symlink swapped in after the check) is narrowed by
+the callers opening files with ``O_NOFOLLOW`` on the final component.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class ConfinementError(ValueError):
+    """A path the agent may not use: outside its home, or not a usable path."""
+
+
+def home_root(home: Path | str) -> Path:
+    """The real (symlink-free, absolute) path of the home; created if missing."""
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    return Path(os.path.realpath(home))
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def resolve_in_home(home: Path | str, path: str | os.PathLike[str] | None) -> Path:
+    """Resolve ``path`` (as given by the model) to a real path inside ``home``.
+
+    Returns an absolute ``Path`` with every symlink resolved. The target need
+    not exist (so that writes can create it). Raises ``ConfinementError`` when
+    the path is empty of meaning (NUL bytes), escapes the home lexically
+    (``..``, an absolute path elsewhere), or resolves through a symlink to a
+    place outside the home.
+    """
+    raw = "." if path is None else os.fspath(path)
+    if "\x00" in raw:
+        raise ConfinementError("path contains a NUL byte")
+    raw = raw.strip() or "."
+    root = home_root(home)
+    given_home = os.path.abspath(os.fspath(home))
+    if raw == "~" or raw.startswith("~/"):
+        raw = "." + raw[1:]
+    if os.path.isabs(raw):
+        lexical = os.path.normpath(raw)
+        # Accept the home spelled either way (as configured or as its real path).
+        if _within(lexical, given_home) and not _within(lexical, str(root)):
+            lexical = str(root) + lexical[len(given_home) :]
+        if not _within(lexical, str(root)):
+            raise ConfinementError(f"{raw} is outside the agent home; use a path relative to the home")
+    else:
+        lexical = os.path.normpath(os.path.join(str(root), raw))
+        if not _within(lexical, str(root)):
+            raise ConfinementError(f"{raw} escapes the agent home (no '..' above the home)")
+    real = os.path.realpath(lexical)
+    if not _within(real, str(root)):
+        raise ConfinementError(f"{raw} resolves through a symlink to a location outside the agent home; refused")
+    return Path(real)
+
+
+def display_path(home: Path | str, real: Path | str) -> str:
+    """``real`` relative to the home's real path, for labels and outputs ("." for the home)."""
+    root = str(home_root(home))
+    real = os.fspath(real)
+    if real == root:
+        return "."
+    if _within(real, root):
+        return real[len(root.rstrip(os.sep)) + 1 :]
+    return real
+
+
+def is_inside_home(home: Path | str, candidate: Path | str) -> bool:
+    """True when ``candidate``'s real path (symlinks resolved) lies inside the home."""
+    return _within(os.path.realpath(os.fspath(candidate)), str(home_root(home)))

@@ -1,0 +1,351 @@
+"""The file tools: ``read_file``, ``write_file``, ``edit_file`` and ``list_files``, confined to the agent home."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from worker.settings import Settings
+from worker.tooling.contract import ToolContext, ToolResult
+from worker.tools.computer.common import (
+    NotRegularFile,
+    count_lines,
+    fail,
+    is_binary,
+    kind,
+    not_regular_reason,
+    open_regular,
+    os_reason,
+    plural,
+)
+from worker.tools.computer.confine import ConfinementError, display_path, is_inside_home, resolve_in_home
+
+# Reads: default/maximum lines per call, longest line kept, bytes sniffed for binary.
+READ_DEFAULT_LINES = 2000
+READ_MAX_LINE_CHARS = 2000
+# Listing and search caps.
+LIST_DEFAULT_ENTRIES = 200
+LIST_MAX_ENTRIES = 2000
+SEARCH_DEFAULT_RESULTS = 100
+SEARCH_MAX_RESULTS = 1000
+SEARCH_MAX_FILE_BYTES = 2_000_000
+SEARCH_MAX_LINE_CHARS = 300
+SEARCH_TIME_BUDGET = 20.0  # seconds
+# Longest one regex search over one line may take (also bounded by what is left of the budget).
+SEARCH_PATTERN_TIMEOUT = 2.0  # seconds
+# Directories skipped by recursive listing and search (noise, not secrets).
+SKIP_DIRS = frozenset({".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache"})
+
+# --------------------------------------------------------------------------- read_file
+
+
+class ReadFileParams(BaseModel):
+    """Input of ``read_file``."""
+
+    path: str = Field(..., min_length=1, description="File path relative to the agent home.")
+    offset: int = Field(1, ge=1, description="First line to read (1-based).")
+    limit: int = Field(READ_DEFAULT_LINES, ge=1, le=READ_DEFAULT_LINES, description="Maximum number of lines to read.")
+    line_numbers: bool = Field(True, description="Prefix each line with its number.")
+
+
+def _read_file(params: ReadFileParams, ctx: ToolContext, settings: Settings) -> ToolResult:
+    try:
+        path = resolve_in_home(ctx.home, params.path)
+    except ConfinementError as exc:
+        return fail(str(exc))
+    shown = display_path(ctx.home, path)
+    if not path.exists():
+        return fail(f"{shown}: no such file")
+    if path.is_dir():
+        return fail(f"{shown} is a directory; use list_files")
+    special = not_regular_reason(path)
+    if special:
+        return fail(f"{shown} is {special}, not a regular file; not read")
+    try:
+        if is_binary(path):
+            return fail(f"{shown} looks like a binary file; not shown")
+        char_cap = settings.max_output_chars
+        out: list[str] = []
+        size = 0
+        last = params.offset - 1
+        total = 0
+        stopped_at_cap = False
+        end = params.offset + params.limit - 1
+        with open_regular(path, "r", encoding="utf-8", errors="replace", newline=None) as fh:
+            for n, line in enumerate(fh, start=1):
+                total = n
+                if n < params.offset or n > end or stopped_at_cap:
+                    continue
+                text = line.rstrip("\n")
+                if len(text) > READ_MAX_LINE_CHARS:
+                    text = text[:READ_MAX_LINE_CHARS] + f" [... line cut at {READ_MAX_LINE_CHARS} chars]"
+                rendered = f"{n:>6}\t{text}" if params.line_numbers else text
+                if size + len(rendered) + 1 > char_cap and out:
+                    stopped_at_cap = True
+                    continue
+                out.append(rendered)
+                size += len(rendered) + 1
+                last = n
+    except NotRegularFile as exc:
+        return fail(f"{shown} is {exc.strerror}; not read")
+    except OSError as exc:
+        return fail(f"{shown}: cannot read ({os_reason(exc)})")
+    lines_read = len(out)
+    details = {"path": shown, "lines_read": lines_read, "total_lines": total, "first_line": params.offset}
+    if total == 0:
+        return ToolResult(content=f"{shown} is empty", details=details)
+    if params.offset > total:
+        return fail(f"{shown} has {plural(total, 'line')}; offset {params.offset} is past the end", **details)
+    text = "\n".join(out)
+    if last < total:
+        why = "output size cap" if stopped_at_cap else "line limit"
+        text += f"\n[... showed lines {params.offset}-{last} of {total} ({why}); read on with offset={last + 1}]"
+    return ToolResult(content=text, details=details)
+
+
+def _describe_read(p: ReadFileParams) -> str:
+    return f"Reading {p.path}"
+
+
+def _describe_read_done(p: ReadFileParams, r: ToolResult) -> str:
+    if r.is_error:
+        return f"Could not read {p.path}"
+    return f"Read {plural(r.details.get('lines_read', 0), 'line')} of {r.details.get('path', p.path)}"
+
+
+# --------------------------------------------------------------------------- write_file / edit_file
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` without following a symlink at the final component.
+
+    Only a regular file (new or existing) is written: the open is
+    non-blocking (a FIFO without a reader fails at once instead of hanging)
+    and the opened file is checked with ``fstat`` before anything is written;
+    otherwise ``NotRegularFile`` is raised. ``O_TRUNC`` is applied only after
+    that check, so a special file is never truncated.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO with no reader
+            raise NotRegularFile(errno.ENXIO, "a FIFO (named pipe), not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, f"{kind(st.st_mode)}, not a regular file")
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+        fh = os.fdopen(fd, "w", encoding="utf-8", newline="")
+    except BaseException:
+        os.close(fd)
+        raise
+    with fh:
+        fh.write(text)
+
+
+class WriteFileParams(BaseModel):
+    """Input of ``write_file``."""
+
+    path: str = Field(..., min_length=1, description="File path relative to the agent home.")
+    content: str = Field(..., description="The full new content of the file (UTF-8 text).")
+
+
+def _write_file(params: WriteFileParams, ctx: ToolContext) -> ToolResult:
+    try:
+        path = resolve_in_home(ctx.home, params.path)
+    except ConfinementError as exc:
+        return fail(str(exc))
+    shown = display_path(ctx.home, path)
+    if path.is_dir():
+        return fail(f"{shown} is a directory")
+    special = not_regular_reason(path)
+    if special:
+        return fail(f"{shown} is {special}, not a regular file; not written")
+    try:
+        existed = path.exists()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # mkdir followed no symlink out (the resolved parent is real), but re-check the result.
+        if not is_inside_home(ctx.home, path.parent):
+            return fail(f"{params.path} resolves outside the agent home; refused")
+        _write_text(path, params.content)
+    except NotRegularFile as exc:
+        return fail(f"{shown} is {exc.strerror}; not written")
+    except OSError as exc:
+        return fail(f"{shown}: cannot write ({os_reason(exc)})")
+    lines = count_lines(params.content)
+    size = len(params.content.encode("utf-8"))
+    verb = "Overwrote" if existed else "Created"
+    return ToolResult(
+        content=f"{verb} {shown} ({plural(lines, 'line')}, {size:,} bytes)",
+        details={"path": shown, "lines": lines, "bytes": size, "created": not existed},
+    )
+
+
+def _describe_write(p: WriteFileParams) -> str:
+    return f"Writing {p.path}"
+
+
+def _describe_write_done(p: WriteFileParams, r: ToolResult) -> str:
+    if r.is_error:
+        return f"Could not write {p.path}"
+    return f"Wrote {plural(r.details.get('lines', 0), 'line')} to {r.details.get('path', p.path)}"
+
+
+class EditFileParams(BaseModel):
+    """Input of ``edit_file``."""
+
+    path: str = Field(..., min_length=1, description="File path relative to the agent home.")
+    old_string: str = Field(..., min_length=1, description="Exact text to replace (must occur exactly once).")
+    new_string: str = Field(..., description="Replacement text.")
+    replace_all: bool = Field(False, description="Replace every occurrence instead of requiring exactly one.")
+
+
+def _edit_file(params: EditFileParams, ctx: ToolContext) -> ToolResult:
+    try:
+        path = resolve_in_home(ctx.home, params.path)
+    except ConfinementError as exc:
+        return fail(str(exc))
+    shown = display_path(ctx.home, path)
+    if not path.is_file():
+        if not path.exists():
+            return fail(f"{shown}: no such file")
+        return fail(f"{shown} is {not_regular_reason(path) or 'a special file'}, not a regular file; not edited")
+    if params.old_string == params.new_string:
+        return fail("old_string and new_string are identical; nothing to change")
+    try:
+        if is_binary(path):
+            return fail(f"{shown} looks like a binary file; not edited")
+        with open_regular(path, "r", encoding="utf-8", newline="") as fh:  # newline="": keep CRLF as is
+            text = fh.read()
+    except UnicodeDecodeError:
+        return fail(f"{shown} is not valid UTF-8 text; not edited")
+    except NotRegularFile as exc:
+        return fail(f"{shown} is {exc.strerror}; not edited")
+    except OSError as exc:
+        return fail(f"{shown}: cannot read ({os_reason(exc)})")
+    count = text.count(params.old_string)
+    if count == 0:
+        return fail(f"old_string was not found in {shown}; read the file and copy the text exactly")
+    if count > 1 and not params.replace_all:
+        return fail(
+            f"old_string occurs {count} times in {shown}; include more surrounding text to make it "
+            f"unique, or set replace_all=true"
+        )
+    new_text = (
+        text.replace(params.old_string, params.new_string)
+        if params.replace_all
+        else text.replace(params.old_string, params.new_string, 1)
+    )
+    try:
+        _write_text(path, new_text)
+    except NotRegularFile as exc:
+        return fail(f"{shown} is {exc.strerror}; not edited")
+    except OSError as exc:
+        return fail(f"{shown}: cannot write ({os_reason(exc)})")
+    replaced = count if params.replace_all else 1
+    return ToolResult(
+        content=f"Edited {shown}: {plural(replaced, 'replacement')}", details={"path": shown, "replacements": replaced}
+    )
+
+
+def _describe_edit(p: EditFileParams) -> str:
+    return f"Editing {p.path}"
+
+
+def _describe_edit_done(p: EditFileParams, r: ToolResult) -> str:
+    if r.is_error:
+        return f"Could not edit {p.path}"
+    return f"Edited {r.details.get('path', p.path)} ({plural(r.details.get('replacements', 0), 'replacement')})"
+
+
+# --------------------------------------------------------------------------- list_files
+
+
+class ListFilesParams(BaseModel):
+    """Input of ``list_files``."""
+
+    path: str = Field(".", description="Directory relative to the agent home (default: the home).")
+    recursive: bool = Field(False, description="List subdirectories too (skips .git, node_modules and the like).")
+    include_hidden: bool = Field(False, description="Include names starting with a dot.")
+    max_entries: int = Field(
+        LIST_DEFAULT_ENTRIES, ge=1, le=LIST_MAX_ENTRIES, description="Stop after this many entries."
+    )
+
+
+def _entry_line(home: Path, full: Path, rel: str) -> str:
+    try:
+        if full.is_symlink():
+            target = os.readlink(full)
+            where = "" if is_inside_home(home, full) else " (outside the home: not accessible)"
+            return f"{rel} -> {target}{where}"
+        if full.is_dir():
+            return rel + "/"
+        return f"{rel}  ({full.stat().st_size:,} bytes)"
+    except OSError:
+        return rel
+
+
+def _list_files(params: ListFilesParams, ctx: ToolContext) -> ToolResult:
+    try:
+        root = resolve_in_home(ctx.home, params.path)
+    except ConfinementError as exc:
+        return fail(str(exc))
+    shown = display_path(ctx.home, root)
+    if not root.exists():
+        return fail(f"{shown}: no such directory")
+    if not root.is_dir():
+        return fail(f"{shown} is a file, not a directory; use read_file")
+    lines: list[str] = []
+    truncated = False
+
+    def visible(name: str) -> bool:
+        return params.include_hidden or not name.startswith(".")
+
+    try:
+        if params.recursive:
+            for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+                dirnames[:] = sorted(d for d in dirnames if visible(d) and d not in SKIP_DIRS)
+                base = Path(dirpath)
+                for name in sorted(dirnames + [f for f in filenames if visible(f)]):
+                    if len(lines) >= params.max_entries:
+                        truncated = True
+                        break
+                    full = base / name
+                    lines.append(_entry_line(ctx.home, full, str(full.relative_to(root))))
+                if truncated:
+                    break
+        else:
+            with os.scandir(root) as it:
+                names = sorted(e.name for e in it if visible(e.name))
+            for name in names:
+                if len(lines) >= params.max_entries:
+                    truncated = True
+                    break
+                lines.append(_entry_line(ctx.home, root / name, name))
+    except OSError as exc:
+        return fail(f"{shown}: cannot list ({os_reason(exc)})")
+    header = f"{shown}/" if shown != "." else "./ (agent home)"
+    body = "\n".join(lines) if lines else "(empty)"
+    if truncated:
+        body += f"\n[... listing stopped at {params.max_entries} entries; narrow the path or raise max_entries]"
+    return ToolResult(
+        content=f"{header}\n{body}", details={"path": shown, "entries": len(lines), "truncated": truncated}
+    )
+
+
+def _describe_list(p: ListFilesParams) -> str:
+    return f"Listing {p.path}" + (" recursively" if p.recursive else "")
+
+
+def _describe_list_done(p: ListFilesParams, r: ToolResult) -> str:
+    if r.is_error:
+        return f"Could not list {p.path}"
+    more = "+" if r.details.get("truncated") else ""
+    return f"Listed {r.details.get('entries', 0)}{more} entries in {r.details.get('path', p.path)}"

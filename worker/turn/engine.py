@@ -1,0 +1,698 @@
+"""The agent loop, as steps over state kept in Redis.
+
+``TurnEngine.run_step(turn_id, n)`` calls the model once (memoized per step),
+validates every function call, records the plan, and hands the first batch to
+the dispatcher. ``TurnEngine.run_call(turn_id, n, call_id)`` runs one tool
+call, stores its result keyed by ``call_id``, and whoever completes a batch
+(the Redis barrier) dispatches the next batch or, after the last, records the
+outputs in emitted order and enqueues step ``n + 1``. Nothing ever waits on
+another task, so one solo worker serving every queue finishes a turn.
+
+This module has no Celery import: the ``Dispatcher`` given to the engine
+turns "dispatch this batch" into a Celery group or chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import orjson
+
+from worker.model.client import GatewayError, ModelReply, ResponsesClient
+from worker.model.items import (
+    cap_output,
+    cut_replayed_arguments,
+    function_call_output,
+    normalize_reply_calls,
+    output_text,
+    storable,
+    user_message,
+)
+from worker.settings import Settings
+from worker.tooling.arguments import ArgumentsOutcome, validate_params, validate_tool_arguments
+from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, TurnAborted, WorkerTool
+from worker.tooling.schemas import collect_tool_definitions
+from worker.tooling.tool_search import with_tool_search
+from worker.turn.context import TurnContext
+from worker.turn.dispatch import Batch, PlannedCall, plan_batches
+from worker.turn.liveness import owner, owner_is_dead
+from worker.turn.request import Skill, TurnRequest, TurnStatus
+from worker.turn.store import StaleStep, TurnState, TurnStore
+
+log = logging.getLogger("agent.loop")
+
+
+class Dispatcher(Protocol):
+    """How the engine hands work to the queue layer."""
+
+    def enqueue_step(self, turn_id: str, step: int, *, queue: str) -> None:
+        """Run model step ``step`` of the turn later, on ``queue``."""
+
+    def dispatch_batch(self, turn_id: str, step: int, batch_index: int, batch: Batch, *, queue: str) -> None:
+        """Run the batch's calls: together (``parallel``) or one after another (``sequential``)."""
+
+    def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
+        """Turn-scoped callables for tool creators (e.g. ``enqueue_turn``)."""
+
+    def turn_finished(self, turn_id: str) -> None:
+        """Run the control-plane hooks of a turn that just ended."""
+
+
+Toolset = Callable[[TurnContext], list[WorkerTool]]
+
+
+def _no_toolsets(name: str) -> Toolset:
+    raise LookupError(f"this engine runs no tools (toolset {name!r})")
+
+
+@dataclass
+class StepOutcome:
+    """What a step or call did, for logs and tests: ``action`` plus a short detail."""
+
+    action: str
+    detail: str = ""
+
+
+def _agent_home(settings: Settings, agent_id: str) -> Path:
+    home = (Path(settings.homes_root) / agent_id).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+class TurnEngine:
+    """Runs turn steps and tool calls against a ``TurnStore``.
+
+    ``resolve_toolset(name)`` returns the category assembly for a turn's
+    ``toolset``; ``client`` is the Responses client (shared per process).
+    """
+
+    def __init__(
+        self,
+        store: TurnStore,
+        settings: Settings,
+        dispatcher: Dispatcher,
+        resolve_toolset: Callable[[str], Toolset] | None = None,
+        client: ResponsesClient | None = None,
+        project_skills: Callable[[tuple[Skill, ...]], str] | None = None,
+    ):
+        # A control plane passes neither toolsets nor a client: it only enqueues and ends turns.
+        self.store = store
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.resolve_toolset = resolve_toolset or _no_toolsets
+        self.client = client
+        self.project_skills = project_skills
+
+    # ----- enqueueing ------------------------------------------------------
+    def create_turn(self, request: TurnRequest, turn_id: str) -> tuple[str, bool]:
+        """Store a new turn and enqueue its first step. Returns ``(turn_id, created)``."""
+        items = [user_message(request.input)] if isinstance(request.input, str) else list(request.input)
+        tid, created = self.store.create(
+            turn_id, request.model_dump(mode="json"), items, idempotency_key=request.idempotency_key
+        )
+        if created:
+            self.dispatcher.enqueue_step(tid, 0, queue=request.queue)
+        return tid, created
+
+    def enqueue_turn(self, request: dict[str, Any] | TurnRequest, turn_id: str | None = None) -> str:
+        """The ``enqueue_turn`` turn service: validate ``request`` and start a turn; returns its id
+        (an existing one for a reused idempotency key). Raises ``pydantic.ValidationError``."""
+        req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
+        return self.create_turn(req, turn_id or uuid.uuid4().hex)[0]
+
+    # ----- context and tools ----------------------------------------------
+    def context(self, state: TurnState, request: TurnRequest, abort: AbortSignal | None = None) -> TurnContext:
+        """The ``TurnContext`` given to category creators (home created on first use)."""
+        return TurnContext(
+            turn_id=state.turn_id,
+            agent_id=request.agent_id,
+            home=_agent_home(self.settings, request.agent_id),
+            settings=self.settings,
+            abort=abort or AbortSignal(probe=lambda: self.store.is_cancelled(state.turn_id)),
+            supports=request.supports,
+            redis=self.store.r,
+            skills=tuple(request.skills),
+            services={
+                "enqueue_turn": self.enqueue_turn,
+                "cancel_turn": self.cancel,
+                **self.dispatcher.services(request),
+            },
+            metadata=dict(request.metadata),
+            workflow_task=request.toolset == "workflow_task",
+        )
+
+    def tools_for(self, ctx: TurnContext, request: TurnRequest) -> list[WorkerTool]:
+        """The turn's tool set: its toolset's assembly, plus ``tool_search`` when a tool is deferred."""
+        return with_tool_search(self.resolve_toolset(request.toolset)(ctx))
+
+    def instructions_for(self, ctx: TurnContext, request: TurnRequest) -> str | None:
+        """The request's instructions with the enabled skills projected into them."""
+        parts = [request.instructions or ""]
+        if ctx.skills and self.project_skills is not None:
+            parts.append(self.project_skills(ctx.skills))
+        text = "\n\n".join(p for p in parts if p)
+        return text or None
+
+    # ----- a model step ----------------------------------------------------
+    def run_step(self, turn_id: str, step: int) -> StepOutcome:
+        """Run model step ``step`` of the turn. Stale or duplicate deliveries are dropped.
+
+        Raises ``GatewayError`` (retryable) for the queue layer to retry with backoff.
+        """
+        state = self.store.load(turn_id)
+        if state is None:
+            return StepOutcome("dropped", "unknown turn")
+        if state.status.terminal:
+            return StepOutcome("dropped", f"turn already {state.status.value}")
+        if state.step != step or state.phase != "model":
+            return StepOutcome("dropped", f"stale step {step}; turn at {state.step}/{state.phase}")
+        request = TurnRequest.model_validate(state.request)
+        if state.status == TurnStatus.queued:
+            self.store.mark_running(turn_id, step)
+            self.store.event(turn_id, "turn_started", agent_id=request.agent_id)
+        if self.store.is_cancelled(turn_id):
+            self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
+            return StepOutcome("cancelled")
+        max_calls = request.max_model_calls or self.settings.max_model_calls
+        if state.model_calls >= max_calls:
+            self._end(
+                turn_id,
+                step,
+                TurnStatus.max_model_calls,
+                error=f"stopped after {state.model_calls} model calls (max_model_calls={max_calls})",
+            )
+            return StepOutcome("ended", "max_model_calls")
+
+        ctx = self.context(state, request)
+        tools = self.tools_for(ctx, request)
+        log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
+        history = self.store.items(turn_id)
+        reply_data = self.store.reply(turn_id, step)
+        if reply_data is None:
+            if self.client is None:
+                raise RuntimeError("this engine has no Responses client: it cannot run model steps")
+            # The model call may take up to model_timeout: no watchdog re-drive meanwhile.
+            self.store.push_deadline(turn_id, self.settings.model_timeout + 60)
+            body = self.client.build_request(
+                model=request.model or self.settings.model,
+                input=history,
+                tools=collect_tool_definitions(tools, loaded=state.loaded_tools),
+                instructions=self.instructions_for(ctx, request),
+                max_output_tokens=self.settings.max_output_tokens,
+            )
+            started = time.perf_counter()
+            try:
+                reply = self.client.create(body)
+            except GatewayError as exc:
+                if exc.retryable:
+                    raise
+                self._end(turn_id, step, TurnStatus.failed, error=str(exc))
+                return StepOutcome("ended", "model request rejected")
+            reply_data = self.store.save_reply(turn_id, step, reply.to_json())
+            self.store.event(
+                turn_id,
+                "model_reply",
+                step=step,
+                status=reply.status,
+                text=reply.text[:1000],
+                calls=len(reply.function_calls),
+                ms=round((time.perf_counter() - started) * 1000, 1),
+            )
+        reply = ModelReply.from_json(reply_data)
+        if self.store.is_cancelled(turn_id):  # cancelled while the model was answering
+            self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
+            return StepOutcome("cancelled")
+        history_ids = {i.get("call_id") for i in history if i.get("type") == "function_call"}
+        reply_items, calls = normalize_reply_calls([self._clean_item(i) for i in reply.output], history_ids, step)
+        if not calls and request.finish_tool:
+            return self._prose_without_finish(turn_id, step, state, request, reply_items)
+        if not calls:
+            # An answer cut at the output-token limit is not a completed turn: say so.
+            status = TurnStatus.incomplete if reply.status == "incomplete" else TurnStatus.completed
+            error = (
+                f"the model's answer stopped at the output-token limit ({reply.incomplete_reason or 'incomplete'})"
+                if status == TurnStatus.incomplete
+                else None
+            )
+            try:
+                self.store.complete(turn_id, step, reply_items, status, final_output=reply.text, error=error)
+            except StaleStep:
+                return StepOutcome("dropped", "already completed")
+            self._finished(turn_id, status, final_output=reply.text, error=error)
+            return StepOutcome(status.value)
+
+        planned, pre_results, invalid_counts = self._plan(turn_id, state, tools, calls, reply.status)
+        batches = plan_batches(planned)
+        reply_items = cut_replayed_arguments(
+            reply_items, {c.call_id for c in planned if not c.runnable}, self.settings.max_replay_arguments
+        )
+        try:
+            self.store.begin_tools(turn_id, step, reply_items, planned, batches, pre_results, invalid_counts)
+        except StaleStep:
+            return StepOutcome("dropped", "plan already recorded")
+        batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
+        self.store.add_events(
+            turn_id,
+            [
+                (
+                    "call_planned",
+                    {
+                        "step": step,
+                        "call_id": call.call_id,
+                        "name": call.name,
+                        "activity": call.activity,
+                        "mode": call.mode,
+                        "repairs": call.repairs,
+                        "error": call.error_kind,
+                        "batch": batch_of.get(call.call_id),
+                        "arguments": call.data if call.runnable else None,
+                    },
+                )
+                for call in planned
+            ],
+        )
+        over = [n for n, c in invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool]
+        if over or not batches:
+            # Nothing to run (all calls failed validation): close the step now.
+            self._advance(turn_id, step, request, batches, -1)
+        else:
+            self.dispatcher.dispatch_batch(turn_id, step, 0, batches[0], queue="tools")
+        return StepOutcome("dispatched", f"{len(planned)} calls in {len(batches)} batches")
+
+    def _prose_without_finish(
+        self, turn_id: str, step: int, state: TurnState, request: TurnRequest, reply_items: list[dict[str, Any]]
+    ) -> StepOutcome:
+        # Spec, "Workflow task tools": prose without submitting gets one bounded repair
+        # instruction; a second miss fails the task.
+        tool = request.finish_tool
+        if state.finish_misses >= 1:
+            error = f"the model replied without calling {tool} twice; the task must end through {tool}"
+            try:
+                self.store.complete(turn_id, step, reply_items, TurnStatus.failed, error=error)
+            except StaleStep:
+                return StepOutcome("dropped", "already ended")
+            self._finished(turn_id, TurnStatus.failed, error=error)
+            return StepOutcome("ended", "no submission")
+        instruction = user_message(
+            f"You replied without calling `{tool}`. This task can only end by calling `{tool}` with a value "
+            f"that matches its schema. Call `{tool}` now; do not answer in prose."
+        )
+        try:
+            self.store.continue_after_reply(turn_id, step, reply_items + [instruction], {"finish_misses": 1})
+        except StaleStep:
+            return StepOutcome("dropped", "already continued")
+        self.store.event(turn_id, "repair_instruction", step=step, tool=tool)
+        self.dispatcher.enqueue_step(turn_id, step + 1, queue=request.queue)
+        return StepOutcome("repair_instruction")
+
+    def _finished(
+        self, turn_id: str, status: TurnStatus, *, error: str | None = None, final_output: str | None = None
+    ) -> None:
+        """Every terminal transition ends here: the event for tails, then the queue layer's hook."""
+        self.store.event(turn_id, "turn_finished", status=status.value, error=error, final_output=final_output)
+        self.dispatcher.turn_finished(turn_id)
+
+    def cancel(self, turn_id: str) -> bool:
+        """Ask a turn to stop: sets the cancel flag (running tools see their abort signal; the
+        next step boundary ends the turn) and ends a still-queued turn at once.
+
+        Returns False when the turn is unknown or already ended.
+        """
+        state = self.store.load(turn_id)
+        if state is None or state.status.terminal:
+            return False
+        self.store.request_cancel(turn_id)
+        if state.status == TurnStatus.queued:  # nothing runs yet; the queued step will be fenced out
+            self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
+        return True
+
+    def fail_turn(self, turn_id: str, status: TurnStatus, error: str) -> bool:
+        """End a non-terminal turn whatever its step (cancel, gateway failure, watchdog). False if already ended."""
+        if not self.store.fail(turn_id, status, error):
+            return False
+        self._finished(turn_id, status, error=error)
+        return True
+
+    @staticmethod
+    def _clean_item(item: dict[str, Any]) -> dict[str, Any]:
+        # Keep only what the Responses API accepts back as input for our item types.
+        if item.get("type") == "function_call":
+            # ``namespace`` must go back unchanged or the API answers 400 "Missing namespace for function_call".
+            return {
+                k: item[k] for k in ("type", "id", "call_id", "name", "namespace", "arguments", "status") if k in item
+            }
+        return item
+
+    def _plan(
+        self, turn_id: str, state: TurnState, tools: list[WorkerTool], calls: list[dict[str, Any]], reply_status: str
+    ) -> tuple[list[PlannedCall], dict[str, dict[str, Any]], dict[str, int]]:
+        by_name = {t.name: t for t in tools}
+        invalid_counts = dict(state.invalid_counts)
+        planned: list[PlannedCall] = []
+        pre: dict[str, dict[str, Any]] = {}
+        for i, fc in enumerate(calls):
+            call_id, name = fc["call_id"], fc["name"]
+            if fc.get("duplicate_of"):
+                # Cases E06/E07: a repeated call_id would rebind outputs; the copy gets its own id and does not run.
+                out = (
+                    f"Error: this call repeated call_id {fc['duplicate_of']!r}; it did not run. "
+                    "Every call needs its own call_id."
+                )
+                planned.append(
+                    PlannedCall(
+                        call_id,
+                        name,
+                        i,
+                        output=out,
+                        activity=f"Duplicate call of {name}",
+                        error_kind="duplicate_call_id",
+                    )
+                )
+                pre[call_id] = {"output": out, "is_error": True, "details": {"error": "duplicate_call_id"}}
+                continue
+            tool = by_name.get(name)
+            if tool is None:
+                available = ", ".join(sorted(by_name)) or "(none)"
+                out = f"Error: unknown tool {name!r}. Call one of the available tools by its exact name: {available}."
+                planned.append(
+                    PlannedCall(
+                        call_id, name, i, output=out, activity=f"Unknown tool {name}", error_kind="unknown_tool"
+                    )
+                )
+                pre[call_id] = {"output": out, "is_error": True, "details": {"error": "unknown_tool"}}
+                continue
+            try:
+                outcome = validate_tool_arguments(
+                    tool,
+                    fc.get("arguments", ""),
+                    response_status=reply_status,
+                    max_raw_echo=self.settings.max_raw_arguments_echo,
+                )
+                if outcome.ok:
+                    orjson.dumps(outcome.data)  # must be storable (e.g. no lone surrogates)
+            except Exception as exc:  # defence in depth: bad input never crashes the turn
+                log.exception("validating arguments of %s in turn %s", name, turn_id)
+                outcome = ArgumentsOutcome(
+                    ok=False,
+                    error_kind="parse",
+                    error=(
+                        f"Could not use the arguments for tool {name}: they could not be processed "
+                        f"({exc.__class__.__name__}: {str(exc)[:200]}). Send a corrected call with a plain JSON object."
+                    ),
+                )
+            if not outcome.ok:
+                # Every kind (cut off, unparseable, failing validation) spends the tool's retry budget.
+                invalid_counts[name] = invalid_counts.get(name, 0) + 1
+                out = outcome.error or f"Error: invalid arguments for {name}"
+                planned.append(
+                    PlannedCall(
+                        call_id,
+                        name,
+                        i,
+                        mode=tool.execution_mode,
+                        output=out,
+                        activity=f"Rejected arguments for {name}",
+                        repairs=outcome.repairs,
+                        error_kind="invalid_arguments",
+                    )
+                )
+                pre[call_id] = {
+                    "output": out,
+                    "is_error": True,
+                    "details": {
+                        "error": "invalid_arguments",
+                        "kind": outcome.error_kind,
+                        "repairs": outcome.repairs,
+                        "errors": [{"loc": e.loc, "msg": e.msg} for e in outcome.errors],
+                    },
+                }
+                continue
+            planned.append(
+                PlannedCall(
+                    call_id,
+                    name,
+                    i,
+                    mode=tool.execution_mode,
+                    data=outcome.data,
+                    activity=tool.activity(outcome.params),
+                    repairs=outcome.repairs,
+                    destructive=tool.is_destructive,
+                )
+            )
+        return planned, pre, invalid_counts
+
+    # ----- a tool call -----------------------------------------------------
+    def run_call(self, turn_id: str, step: int, call_id: str) -> StepOutcome:
+        """Run one planned call, store its result, and pass the barrier if it is the batch's last.
+
+        Three Redis round trips besides the tool's own: read (state, plan, result, cancel flag),
+        claim (+ ``call_started``), record (+ ``call_completed`` + barrier).
+        """
+        view = self.store.call_view(turn_id, step, call_id)
+        state = view.state
+        if state is None or state.status.terminal or state.step != step or state.phase != "tools":
+            return StepOutcome("dropped", "stale call")
+        if view.plan is None:
+            return StepOutcome("dropped", "no plan")
+        calls, batches = view.plan
+        call = next((c for c in calls if c.call_id == call_id), None)
+        if call is None:
+            return StepOutcome("dropped", "unknown call")
+        batch_index = next(i for i, b in enumerate(batches) if call_id in b.call_ids)
+        batch_ids = batches[batch_index].call_ids
+        request = TurnRequest.model_validate(state.request)
+        if view.has_result:
+            done = self.store.batch_done(turn_id, step, batch_index, batch_ids)
+        else:
+            result, event = self._execute_once(turn_id, step, call, state, request, batch_index, view.cancelled)
+            if result is None:
+                return StepOutcome("dropped", "call is running elsewhere")
+            _, done = self.store.record_and_check(turn_id, step, call_id, result, batch_index, batch_ids, event)
+        if done:
+            self._advance(turn_id, step, request, batches, batch_index)
+            return StepOutcome("advanced", f"batch {batch_index} done")
+        return StepOutcome("ran")
+
+    def _execute_once(
+        self,
+        turn_id: str,
+        step: int,
+        call: PlannedCall,
+        state: TurnState,
+        request: TurnRequest,
+        batch_index: int,
+        cancelled: bool,
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Claim and run the call. Returns ``(result, completed_event)``; ``(None, None)`` if another worker holds it."""
+        lease = self.settings.tool_time_limit + 30
+        started = {"step": step, "call_id": call.call_id, "name": call.name, "activity": call.activity}
+        won, claim = self.store.claim(turn_id, step, call.call_id, owner(), lease, started_event=started)
+        if not won:
+            if claim and claim.get("lease_until", 0) > time.time() and not owner_is_dead(claim.get("owner", "")):
+                return None, None
+            if call.destructive:
+                # Never run a destructive tool twice for one call: report it instead.
+                return {
+                    "output": (
+                        f"Error: the outcome of this {call.name} call is unknown: the worker running it "
+                        "stopped before reporting. Check the current state before retrying."
+                    ),
+                    "is_error": True,
+                    "details": {"error": "outcome_unknown"},
+                }, None
+            self.store.take_over_claim(turn_id, step, call.call_id, owner(), lease)
+        # A terminating result earlier in this step stops later batches (DESIGN-NOTES section 2).
+        if cancelled or (state.terminate and batch_index > 0):
+            reason = "the turn was cancelled" if cancelled else "the turn was terminated"
+            return {
+                "output": f"Interrupted: the call did not run because {reason}.",
+                "is_error": True,
+                "details": {"error": "interrupted"},
+            }, None
+        try:
+            result = storable(self.execute_call(turn_id, call, state, request))
+        except Exception as exc:  # whatever breaks around the tool, the call still gets an output
+            log.exception("call %s of turn %s failed outside the tool", call.call_id, turn_id)
+            result = {
+                "output": f"Error: {call.name} failed: {exc.__class__.__name__}: {exc}",
+                "is_error": True,
+                "details": {"error": "exception", "type": exc.__class__.__name__},
+            }
+        event = {
+            "step": step,
+            "call_id": call.call_id,
+            "name": call.name,
+            "activity": result.get("activity", call.activity),
+            "is_error": result.get("is_error", False),
+            "ms": result.get("ms"),
+            "terminate": result.get("terminate", False),
+            "preview": result["output"][:300],
+        }
+        return result, event
+
+    def execute_call(self, turn_id: str, call: PlannedCall, state: TurnState, request: TurnRequest) -> dict[str, Any]:
+        """Run the tool's ``execute``; any exception becomes an error output. Returns the result record."""
+        abort = AbortSignal(probe=lambda: self.store.is_cancelled(turn_id))
+        ctx = self.context(state, request, abort)
+        tools = {t.name: t for t in self.tools_for(ctx, request)}
+        tool = tools.get(call.name)
+        started = time.perf_counter()
+        if tool is None:
+            return {
+                "output": f"Error: tool {call.name!r} is not available in this turn anymore.",
+                "is_error": True,
+                "details": {"error": "unknown_tool"},
+            }
+        params, errors = validate_params(tool, call.data or {})
+        if errors:  # cannot happen for data that validated at plan time unless the tool changed
+            return {
+                "output": "Error: " + "; ".join(f"{e.loc}: {e.msg}" for e in errors),
+                "is_error": True,
+                "details": {"error": "invalid_arguments"},
+            }
+        tctx = ToolContext(
+            turn_id=turn_id,
+            call_id=call.call_id,
+            home=ctx.home,
+            abort=abort,
+            agent_id=request.agent_id,
+            services={**ctx.services, "redis": self.store.r, "settings": self.settings, "turn_context": ctx},
+        )
+        try:
+            if tool.is_async:
+                result = asyncio.run(tool.execute(params, tctx))
+            else:
+                result = tool.execute(params, tctx)
+            if not isinstance(result, ToolResult):
+                result = ToolResult(content=result)
+        except TurnAborted:
+            result = ToolResult(
+                content="Interrupted: the turn was cancelled while this call ran.",
+                is_error=True,
+                details={"error": "interrupted"},
+            )
+        except Exception as exc:  # a tool's failure is an output the model can read, never a crashed turn
+            log.exception("tool %s failed in turn %s", call.name, turn_id)
+            result = ToolResult(
+                content=f"Error: {call.name} failed: {exc.__class__.__name__}: {exc}",
+                is_error=True,
+                details={"error": "exception", "type": exc.__class__.__name__},
+            )
+        text, cut = cap_output(output_text(result.content), self.settings.max_output_chars)
+        details = dict(result.details)
+        if cut:
+            details["output_cut_chars"] = cut
+        if call.repairs:
+            details["repairs"] = call.repairs
+        return {
+            "output": text,
+            "details": details,
+            "is_error": result.is_error,
+            "terminate": result.terminate,
+            "presentation_events": [{"kind": e.kind, "data": e.data} for e in result.presentation_events],
+            "activity": tool.completed_activity(params, result),
+            "ms": round((time.perf_counter() - started) * 1000, 1),
+        }
+
+    # ----- barrier and step end -------------------------------------------
+    def _advance(self, turn_id: str, step: int, request: TurnRequest, batches: list[Batch], done_index: int) -> None:
+        state = self.store.load(turn_id)
+        if state is None or state.status.terminal:
+            return
+        over = sorted(n for n, c in state.invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool)
+        cancelled = self.store.is_cancelled(turn_id)
+        nxt = done_index + 1
+        if nxt < len(batches) and not (state.terminate or over or cancelled):
+            self.dispatcher.dispatch_batch(turn_id, step, nxt, batches[nxt], queue="tools")
+            return
+        plan = self.store.plan(turn_id, step)
+        assert plan is not None
+        calls, _ = plan
+        results = self.store.results(turn_id, step)
+        outputs = []
+        for call in sorted(calls, key=lambda c: c.index):
+            res = results.get(call.call_id) or {
+                "output": "Interrupted: the call did not run (the turn ended before it).",
+                "is_error": True,
+            }
+            item, _ = function_call_output(call.call_id, res["output"], max_chars=self.settings.max_output_chars)
+            outputs.append(item)
+        terminal: TurnStatus | None = None
+        error = None
+        if cancelled:
+            terminal, error = TurnStatus.cancelled, "cancelled by the control plane"
+        elif state.terminate:
+            terminal = TurnStatus.terminated
+        elif over:
+            terminal = TurnStatus.invalid_arguments
+            error = (
+                f"the model sent invalid arguments to {', '.join(over)} more than "
+                f"{self.settings.max_invalid_calls_per_tool} times"
+            )
+        loaded = self._loaded_tools(state, results)
+        try:
+            self.store.finish_tools(
+                turn_id,
+                step,
+                outputs,
+                terminal=terminal,
+                error=error,
+                loaded_tools=loaded if loaded != state.loaded_tools else None,
+            )
+        except StaleStep:
+            return
+        if terminal is not None:
+            self._finished(turn_id, terminal, error=error)
+            return
+        self.dispatcher.enqueue_step(turn_id, step + 1, queue=request.queue)
+
+    @staticmethod
+    def _loaded_tools(state: TurnState, results: dict[str, dict[str, Any]]) -> list[str]:
+        loaded = list(state.loaded_tools)
+        for res in results.values():
+            for name in (res.get("details") or {}).get("loaded", []) or []:
+                if name not in loaded:
+                    loaded.append(name)
+        return loaded
+
+    def _end(self, turn_id: str, step: int, status: TurnStatus, error: str) -> None:
+        try:
+            self.store.complete(turn_id, step, [], status, error=error, count_model_call=False)
+        except StaleStep:
+            return
+        self._finished(turn_id, status, error=error)
+
+    # ----- watchdog ---------------------------------------------------------
+    def redrive(self, turn_id: str, max_redrives: int) -> StepOutcome:
+        """Re-drive a turn whose progress deadline passed; fail it after ``max_redrives`` attempts."""
+        state = self.store.load(turn_id)
+        if state is None or state.status.terminal:
+            self.store.r.zrem("turns:watch", turn_id)
+            return StepOutcome("dropped", "not active")
+        if state.redrives >= max_redrives:
+            self.fail_turn(turn_id, TurnStatus.failed, f"no progress after {state.redrives} re-drives")
+            return StepOutcome("failed", "watchdog gave up")
+        self.store.note_redrive(turn_id)
+        request = TurnRequest.model_validate(state.request)
+        if state.phase == "model":
+            self.dispatcher.enqueue_step(turn_id, state.step, queue=request.queue)
+            return StepOutcome("redriven", f"step {state.step}")
+        plan = self.store.plan(turn_id, state.step)
+        if plan is None:
+            return StepOutcome("dropped", "no plan")
+        _, batches = plan
+        results = self.store.results(turn_id, state.step)
+        for i, batch in enumerate(batches):
+            missing = [c for c in batch.call_ids if c not in results]
+            if missing:
+                self.dispatcher.dispatch_batch(turn_id, state.step, i, Batch(batch.mode, missing), queue="tools")
+                return StepOutcome("redriven", f"batch {i}")
+        # All results present but the barrier never advanced: advance now.
+        self._advance(turn_id, state.step, request, batches, len(batches) - 1)
+        return StepOutcome("redriven", "advanced")

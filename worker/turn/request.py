@@ -1,0 +1,92 @@
+"""The turn request (what a control plane enqueues) and turn status values."""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class TurnStatus(str, Enum):
+    """Lifecycle of a turn. Terminal: every value but ``queued`` and ``running``."""
+
+    queued = "queued"
+    running = "running"
+    completed = "completed"  # the model answered without calling tools
+    incomplete = "incomplete"  # the model's answer stopped at the output-token limit
+    terminated = "terminated"  # a tool result asked to end the turn
+    max_model_calls = "max_model_calls"  # runaway turn stopped at the model-call cap
+    invalid_arguments = "invalid_arguments"  # a tool's retry budget for invalid calls ran out
+    cancelled = "cancelled"
+    failed = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        """True for every status but ``queued`` and ``running``."""
+        return self not in (TurnStatus.queued, TurnStatus.running)
+
+
+class Skill(BaseModel):
+    """An enabled skill of the agent, projected into the turn's instructions.
+
+    ``mcp_server`` names an MCP server configured for the agent (reached through the
+    command tool and the ``mcporter`` CLI).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    description: str
+    instructions: str = ""
+    mcp_server: str | None = None
+
+
+class TurnSupports(BaseModel):
+    """What a turn may do: ``spawn_jobs`` offers background job tools; ``brain`` offers Brain tools in workflow task turns."""
+
+    model_config = ConfigDict(extra="forbid")
+    spawn_jobs: bool = False
+    brain: bool = False
+
+
+class TurnRequest(BaseModel):
+    """A turn to run, as enqueued by a control plane (JSON Schema: ``TurnRequest.model_json_schema()``).
+
+    - ``agent_id``: the agent; its home is ``<homes_root>/<agent_id>``.
+    - ``input``: the user's message, or a list of Responses input items.
+    - ``toolset``: ``text`` (the main text-turn catalog), ``workflow_task``,
+      or a name configured in ``AGENT_EXTRA_TOOLSETS``.
+    - ``model`` / ``instructions``: override the settings' model; system instructions.
+    - ``max_model_calls``: cap on model calls in this turn (default from settings).
+    - ``idempotency_key``: enqueueing twice with the same key returns the same turn id.
+    - ``queue``: where the turn's model steps run (``turns``, ``background``, ``workflow``).
+    - ``finish_tool``: the tool that must end the turn (``submit_result`` in workflow task turns).
+    - ``metadata``: free JSON for the control plane (``workflow_task_id``, ``background_job_id``...).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent_id: str = "agent"
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    model: str | None = None
+    toolset: str = "text"
+    supports: TurnSupports = Field(default_factory=TurnSupports)
+    skills: list[Skill] = Field(default_factory=list)
+    max_model_calls: int | None = Field(default=None, ge=1, le=200)
+    idempotency_key: str | None = Field(default=None, max_length=200)
+    queue: Literal["turns", "background", "workflow"] = "turns"
+    # When set, the turn may only end through this tool (a result with the terminate flag);
+    # a reply in prose gets one repair instruction, a second one fails the turn.
+    finish_tool: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("agent_id")
+    @classmethod
+    def _agent_id(cls, v: str) -> str:
+        if not AGENT_ID.match(v):
+            raise ValueError("agent_id must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ (it names a directory)")
+        return v

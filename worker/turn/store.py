@@ -1,0 +1,628 @@
+"""The turn's state in Redis between steps.
+
+A turn is a chain of steps over this state; no task waits on another. Every
+transition is a guarded Redis transaction (``WATCH``/``MULTI``) that checks
+the turn's current ``step`` and ``phase`` first, so a duplicate or late
+message (``acks_late`` redelivery, watchdog re-drive) changes nothing: it is
+fenced out.
+
+Keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis
+Cluster slot):
+
+- ``turn:{id}`` hash: ``status``, ``step``, ``phase`` (``model`` | ``tools``),
+  ``model_calls``, ``request`` (JSON), ``agent_id``, ``final_output``,
+  ``error``, ``terminate``, ``invalid_counts`` (JSON), ``loaded_tools``
+  (JSON), ``created_at``/``updated_at`` (epoch seconds), ``redrives``.
+- ``turn:{id}:items`` list: the Responses input items (JSON), in order.
+- ``turn:{id}:reply:{n}``: the memoized model reply of step n (a crash
+  never pays for the same tokens twice).
+- ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
+- ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
+- ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).
+- ``turn:{id}:adv:{n}:{b}``: set once by whoever completes batch b (the barrier).
+- ``turn:{id}:events`` stream: activity events for the control plane.
+- ``turn:{id}:cancel``: the cancel flag.
+- ``turns:watch`` sorted set: turn id scored by its progress deadline (watchdog).
+- ``turns:finishing`` sorted set: ended turns whose end hooks have not reported done.
+- ``turn-idem:<key>``: idempotency key -> turn id.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import orjson
+import redis
+
+from worker.model.items import unanswered_call_ids
+from worker.turn.dispatch import Batch, PlannedCall
+from worker.turn.request import TurnStatus
+
+EVENTS_MAXLEN = 10_000
+HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
+RETENTION_SECONDS = 7 * 24 * 3600
+
+# Claim a call for execution and announce it in one round trip.
+_CLAIM_LUA = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[4])
+  return {1, false}
+end
+return {0, redis.call('HGET', KEYS[1], ARGV[1])}
+"""
+
+# Store a call's result (first write wins), announce it, and pass the batch barrier, in one round trip.
+# The barrier sets the "advanced" key once, only when every call of the batch has a result.
+# KEYS: results, turn hash, events, adv; ARGV: call_id, result ('' = only check the barrier), ttl,
+# terminate, event, maxlen, call_ids...
+_RECORD_LUA = """
+local stored = 0
+if ARGV[2] ~= '' then stored = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
+if stored == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  if ARGV[4] == '1' then redis.call('HSET', KEYS[2], 'terminate', '1') end
+  if ARGV[5] ~= '' then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5]) end
+end
+for i = 7, #ARGV do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then return {stored, 0} end
+end
+if redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then return {stored, 1} end
+return {stored, 0}
+"""
+
+
+@dataclass
+class CallView:
+    """What a tool-call task reads before running, fetched in one round trip."""
+
+    state: "TurnState | None"
+    plan: tuple[list[PlannedCall], list[Batch]] | None
+    has_result: bool
+    cancelled: bool
+
+
+def _k(turn_id: str, *parts: Any) -> str:
+    return ":".join([f"turn:{{{turn_id}}}", *map(str, parts)])
+
+
+@dataclass
+class TurnState:
+    """A snapshot of ``turn:{id}``."""
+
+    turn_id: str
+    status: TurnStatus
+    step: int
+    phase: str
+    model_calls: int
+    request: dict[str, Any]
+    agent_id: str
+    final_output: str | None = None
+    error: str | None = None
+    terminate: bool = False
+    finish_misses: int = 0
+    invalid_counts: dict[str, int] = field(default_factory=dict)
+    loaded_tools: list[str] = field(default_factory=list)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    redrives: int = 0
+
+    @classmethod
+    def from_hash(cls, turn_id: str, h: dict[bytes, bytes]) -> "TurnState":
+        """Parse the ``turn:{id}`` hash (bytes keys and values)."""
+        g = lambda k, d=None: h.get(k.encode(), d)  # noqa: E731
+        dec = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+        return cls(
+            turn_id=turn_id,
+            status=TurnStatus(dec(g("status", b"queued"))),
+            step=int(g("step", b"0")),
+            phase=dec(g("phase", b"model")),
+            model_calls=int(g("model_calls", b"0")),
+            request=orjson.loads(g("request", b"{}")),
+            agent_id=dec(g("agent_id", b"agent")),
+            final_output=dec(g("final_output")),
+            error=dec(g("error")),
+            terminate=g("terminate", b"0") == b"1",
+            finish_misses=int(g("finish_misses", b"0")),
+            invalid_counts=orjson.loads(g("invalid_counts", b"{}")),
+            loaded_tools=orjson.loads(g("loaded_tools", b"[]")),
+            created_at=float(g("created_at", b"0")),
+            updated_at=float(g("updated_at", b"0")),
+            redrives=int(g("redrives", b"0")),
+        )
+
+
+class StaleStep(Exception):
+    """The transition's guard failed: the turn is no longer at that step/phase (a duplicate or late message)."""
+
+
+class TurnStore:
+    """Redis-backed turn state. ``client`` is a ``redis.Redis`` (bytes responses)."""
+
+    def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0):
+        self.r = client
+        self.progress_timeout = progress_timeout
+        self._claim = self.r.register_script(_CLAIM_LUA)
+        self._record = self.r.register_script(_RECORD_LUA)
+        self._plans: dict[tuple[str, int], tuple[list[PlannedCall], list[Batch]]] = {}
+
+    # ----- reading ---------------------------------------------------------
+    def load(self, turn_id: str) -> TurnState | None:
+        """The turn's state, or None for an unknown turn."""
+        h = self.r.hgetall(_k(turn_id))
+        return TurnState.from_hash(turn_id, h) if h else None
+
+    def items(self, turn_id: str) -> list[dict[str, Any]]:
+        """The Responses input items recorded so far (user input, model output, outputs), in order."""
+        return [orjson.loads(x) for x in self.r.lrange(_k(turn_id, "items"), 0, -1)]
+
+    def events(
+        self, turn_id: str, after: str = "0-0", count: int = 1000, block_ms: int | None = None
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Events after stream id ``after``: ``[(id, event_dict)]``; ``block_ms`` waits for new ones."""
+        res = self.r.xread({_k(turn_id, "events"): after}, count=count, block=block_ms)
+        out = []
+        for _stream, entries in res or []:
+            for eid, fields in entries:
+                out.append((eid.decode(), orjson.loads(fields[b"e"])))
+        return out
+
+    def reply(self, turn_id: str, step: int) -> dict[str, Any] | None:
+        """The memoized model reply of ``step`` (``ModelReply.to_json`` shape), or None."""
+        raw = self.r.get(_k(turn_id, "reply", step))
+        return orjson.loads(raw) if raw else None
+
+    def plan(self, turn_id: str, step: int) -> tuple[list[PlannedCall], list[Batch]] | None:
+        """The dispatch plan of ``step``: ``(calls, batches)``, or None before it is recorded."""
+        cached = self._plans.get((turn_id, step))
+        return cached if cached is not None else self._parse_plan(turn_id, step, self.r.get(_k(turn_id, "plan", step)))
+
+    def _parse_plan(self, turn_id: str, step: int, raw: bytes | None) -> tuple[list[PlannedCall], list[Batch]] | None:
+        # A plan never changes once written: parse it once per process.
+        if not raw:
+            return None
+        data = orjson.loads(raw)
+        plan = (
+            [PlannedCall.from_json(c) for c in data["calls"]],
+            [Batch(b["mode"], b["call_ids"]) for b in data["batches"]],
+        )
+        if len(self._plans) > 256:
+            self._plans.clear()
+        self._plans[(turn_id, step)] = plan
+        return plan
+
+    def call_view(self, turn_id: str, step: int, call_id: str) -> CallView:
+        """State, plan, whether the call has a result, and the cancel flag, in one round trip."""
+        p = self.r.pipeline(transaction=False)
+        p.hgetall(_k(turn_id))
+        p.get(_k(turn_id, "plan", step))
+        p.hexists(_k(turn_id, "results", step), call_id)
+        p.exists(_k(turn_id, "cancel"))
+        h, raw_plan, has_result, cancelled = p.execute()
+        state = TurnState.from_hash(turn_id, h) if h else None
+        plan = self._plans.get((turn_id, step)) or self._parse_plan(turn_id, step, raw_plan)
+        return CallView(state, plan, bool(has_result), bool(cancelled))
+
+    def results(self, turn_id: str, step: int) -> dict[str, dict[str, Any]]:
+        """Results of ``step`` by ``call_id`` (``output``, ``details``, ``is_error``, ``terminate``...)."""
+        return {k.decode(): orjson.loads(v) for k, v in self.r.hgetall(_k(turn_id, "results", step)).items()}
+
+    def status(self, turn_id: str) -> TurnStatus | None:
+        """The turn's status alone (one field read), or None for an unknown turn."""
+        raw = self.r.hget(_k(turn_id), "status")
+        return TurnStatus(raw.decode() if isinstance(raw, bytes) else raw) if raw else None
+
+    def is_cancelled(self, turn_id: str) -> bool:
+        """True once the control plane asked to cancel the turn."""
+        return bool(self.r.exists(_k(turn_id, "cancel")))
+
+    def find_by_idempotency_key(self, key: str) -> str | None:
+        """The turn id enqueued with this idempotency key, if any."""
+        v = self.r.get(f"turn-idem:{key}")
+        return v.decode() if v else None
+
+    def agent_turns(self, agent_id: str, limit: int = 50) -> list[str]:
+        """The agent's most recent turn ids, newest first."""
+        return [x.decode() for x in self.r.lrange(f"agent:{agent_id}:turns", 0, limit - 1)]
+
+    def overdue(self, now: float | None = None, limit: int = 100) -> list[str]:
+        """Turn ids whose progress deadline has passed (for the watchdog)."""
+        now = time.time() if now is None else now
+        return [x.decode() for x in self.r.zrangebyscore("turns:watch", "-inf", now, start=0, num=limit)]
+
+    # ----- writing ---------------------------------------------------------
+    def event(self, turn_id: str, kind: str, **data: Any) -> None:
+        """Append an activity event (``kind`` plus JSON fields) to the turn's stream."""
+        self.add_events(turn_id, [(kind, data)])
+
+    def add_events(self, turn_id: str, events: list[tuple[str, dict[str, Any]]]) -> None:
+        """Append ``[(kind, fields)]`` events to the turn's stream in one round trip."""
+        if not events:
+            return
+        p = self.r.pipeline(transaction=False)
+        for kind, data in events:
+            p.xadd(_k(turn_id, "events"), {"e": self._event_json(kind, data)}, maxlen=EVENTS_MAXLEN, approximate=True)
+        p.execute()
+
+    def create(
+        self,
+        turn_id: str,
+        request: dict[str, Any],
+        initial_items: list[dict[str, Any]],
+        idempotency_key: str | None = None,
+    ) -> tuple[str, bool]:
+        """Create the turn. Returns ``(turn_id, created)``; with an idempotency key already used,
+        returns the existing turn id and ``False``."""
+        if idempotency_key:
+            if not self.r.set(f"turn-idem:{idempotency_key}", turn_id, nx=True, ex=RETENTION_SECONDS):
+                existing = self.find_by_idempotency_key(idempotency_key)
+                if existing:
+                    return existing, False
+        now = time.time()
+        agent_id = request.get("agent_id", "agent")
+        p = self.r.pipeline(transaction=True)
+        p.hset(
+            _k(turn_id),
+            mapping={
+                "status": TurnStatus.queued.value,
+                "step": 0,
+                "phase": "model",
+                "model_calls": 0,
+                "request": orjson.dumps(request),
+                "agent_id": agent_id,
+                "terminate": "0",
+                "invalid_counts": "{}",
+                "loaded_tools": "[]",
+                "created_at": now,
+                "updated_at": now,
+                "redrives": 0,
+            },
+        )
+        if initial_items:
+            p.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in initial_items])
+        p.zadd("turns:watch", {turn_id: now + self.progress_timeout})
+        p.lpush(f"agent:{agent_id}:turns", turn_id)
+        p.ltrim(f"agent:{agent_id}:turns", 0, 499)
+        p.execute()
+        self.event(turn_id, "turn_queued")
+        return turn_id, True
+
+    def _guarded(
+        self,
+        turn_id: str,
+        step: int,
+        phase: str | None,
+        write: Callable[[Any, dict], None],
+        allow_terminal: bool = False,
+    ) -> None:
+        """Run ``write(pipe, hash)`` in MULTI only if the turn is at ``step``/``phase`` and not terminal."""
+        key = _k(turn_id)
+
+        def txn(pipe: Any) -> None:
+            h = pipe.hgetall(key)
+            if not h:
+                raise StaleStep("turn does not exist")
+            st = TurnStatus(h[b"status"].decode())
+            if st.terminal and not allow_terminal:
+                raise StaleStep(f"turn is {st.value}")
+            if int(h[b"step"]) != step or (phase is not None and h[b"phase"].decode() != phase):
+                raise StaleStep(f"turn is at step {int(h[b'step'])}/{h[b'phase'].decode()}, not {step}/{phase}")
+            pipe.multi()
+            write(pipe, h)
+
+        self.r.transaction(txn, key)
+
+    def _touch(self, pipe: Any, turn_id: str, fields: dict[str, Any]) -> None:
+        # Progress: a new deadline, and the watchdog's re-drive count starts again.
+        now = time.time()
+        pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
+        pipe.zadd("turns:watch", {turn_id: now + self.progress_timeout})
+
+    def mark_running(self, turn_id: str, step: int) -> None:
+        """``queued`` -> ``running`` at the first step (guarded; raises ``StaleStep`` if fenced out)."""
+
+        def w(pipe: Any, h: dict) -> None:
+            if h[b"status"] == b"queued":
+                self._touch(pipe, turn_id, {"status": TurnStatus.running.value})
+
+        self._guarded(turn_id, step, "model", w)
+
+    def save_reply(self, turn_id: str, step: int, reply: dict[str, Any]) -> dict[str, Any]:
+        """Memoize the model reply of ``step`` (first one wins); returns the stored reply."""
+        key = _k(turn_id, "reply", step)
+        if self.r.set(key, orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS):
+            return reply
+        return orjson.loads(self.r.get(key))
+
+    def begin_tools(
+        self,
+        turn_id: str,
+        step: int,
+        reply_items: list[dict[str, Any]],
+        calls: list[PlannedCall],
+        batches: list[Batch],
+        pre_results: dict[str, dict[str, Any]],
+        invalid_counts: dict[str, int],
+        loaded_tools: list[str] | None = None,
+    ) -> None:
+        """Record the reply's items and the dispatch plan; move to phase ``tools``.
+
+        Raises ``StaleStep`` if another delivery already did it.
+        """
+
+        def w(pipe: Any, h: dict) -> None:
+            if reply_items:
+                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
+            pipe.set(
+                _k(turn_id, "plan", step),
+                orjson.dumps(
+                    {
+                        "calls": [c.to_json() for c in calls],
+                        "batches": [{"mode": b.mode, "call_ids": b.call_ids} for b in batches],
+                    }
+                ),
+                ex=RETENTION_SECONDS,
+            )
+            if pre_results:
+                pipe.hset(_k(turn_id, "results", step), mapping={k: orjson.dumps(v) for k, v in pre_results.items()})
+                pipe.expire(_k(turn_id, "results", step), RETENTION_SECONDS)
+            fields = {
+                "phase": "tools",
+                "model_calls": int(h[b"model_calls"]) + 1,
+                "invalid_counts": orjson.dumps(invalid_counts),
+            }
+            if loaded_tools is not None:
+                fields["loaded_tools"] = orjson.dumps(loaded_tools)
+            self._touch(pipe, turn_id, fields)
+
+        self._guarded(turn_id, step, "model", w)
+
+    @staticmethod
+    def _event_json(kind: str, data: dict[str, Any]) -> bytes:
+        return orjson.dumps({"kind": kind, "at": round(time.time(), 3), **data})
+
+    def claim(
+        self,
+        turn_id: str,
+        step: int,
+        call_id: str,
+        owner: str,
+        lease: float,
+        started_event: dict[str, Any] | None = None,
+    ) -> tuple[bool, dict | None]:
+        """Claim a call for execution (``lease`` seconds) and, if won, append ``call_started``.
+
+        Returns ``(won, existing_claim)``.
+        """
+        claim = {"owner": owner, "lease_until": time.time() + lease}
+        won, raw = self._claim(
+            keys=[_k(turn_id, "claims", step), _k(turn_id, "events")],
+            args=[
+                call_id,
+                orjson.dumps(claim),
+                RETENTION_SECONDS,
+                self._event_json("call_started", started_event or {"call_id": call_id}),
+                EVENTS_MAXLEN,
+            ],
+        )
+        if won:
+            return True, None
+        return False, orjson.loads(raw) if raw else None
+
+    def take_over_claim(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> None:
+        """Replace an expired or dead owner's claim with ours (``lease`` seconds)."""
+        self.r.hset(
+            _k(turn_id, "claims", step),
+            call_id,
+            orjson.dumps({"owner": owner, "lease_until": time.time() + lease, "takeover": True}),
+        )
+
+    def record_and_check(
+        self,
+        turn_id: str,
+        step: int,
+        call_id: str,
+        result: dict[str, Any],
+        batch_index: int,
+        batch_call_ids: list[str],
+        completed_event: dict[str, Any] | None = None,
+    ) -> tuple[bool, bool]:
+        """Store a result (first write wins), append ``call_completed``, and pass the barrier.
+
+        Returns ``(stored, batch_done)``; ``batch_done`` is True exactly once per batch.
+        """
+        event = self._event_json("call_completed", completed_event) if completed_event else b""
+        p = self.r.pipeline(transaction=False)
+        self._record(
+            keys=[
+                _k(turn_id, "results", step),
+                _k(turn_id),
+                _k(turn_id, "events"),
+                _k(turn_id, "adv", step, batch_index),
+            ],
+            args=[
+                call_id,
+                orjson.dumps(result),
+                RETENTION_SECONDS,
+                "1" if result.get("terminate") else "0",
+                event,
+                EVENTS_MAXLEN,
+                *batch_call_ids,
+            ],
+            client=p,
+        )
+        p.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout}, xx=True)
+        (stored, done), _ = p.execute()
+        return bool(stored), bool(done)
+
+    def batch_done(self, turn_id: str, step: int, batch_index: int, call_ids: list[str]) -> bool:
+        """The barrier alone: True exactly once, for the caller that sees the batch's last result."""
+        _, done = self._record(
+            keys=[
+                _k(turn_id, "results", step),
+                _k(turn_id),
+                _k(turn_id, "events"),
+                _k(turn_id, "adv", step, batch_index),
+            ],
+            args=["", "", RETENTION_SECONDS, "0", "", EVENTS_MAXLEN, *call_ids],
+        )
+        return bool(done)
+
+    def finish_tools(
+        self,
+        turn_id: str,
+        step: int,
+        output_items: list[dict[str, Any]],
+        terminal: TurnStatus | None = None,
+        error: str | None = None,
+        loaded_tools: list[str] | None = None,
+    ) -> None:
+        """Append the outputs (emitted order) and move to the next step, or end the turn with ``terminal``."""
+
+        def w(pipe: Any, h: dict) -> None:
+            if output_items:
+                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in output_items])
+            fields: dict[str, Any] = {"step": step + 1, "phase": "model"}
+            if loaded_tools is not None:
+                fields["loaded_tools"] = orjson.dumps(loaded_tools)
+            if terminal is not None:
+                fields["status"] = terminal.value
+                if error:
+                    fields["error"] = error
+            self._touch(pipe, turn_id, fields)
+            if terminal is not None:
+                self._retire(pipe, turn_id, h)
+
+        self._guarded(turn_id, step, "tools", w)
+
+    def continue_after_reply(
+        self, turn_id: str, step: int, items: list[dict[str, Any]], fields: dict[str, Any] | None = None
+    ) -> None:
+        """Record a reply that ran no tool plus follow-up input items, and move to step + 1."""
+
+        def w(pipe: Any, h: dict) -> None:
+            if items:
+                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in items])
+            self._touch(
+                pipe,
+                turn_id,
+                {"step": step + 1, "phase": "model", "model_calls": int(h[b"model_calls"]) + 1, **(fields or {})},
+            )
+
+        self._guarded(turn_id, step, "model", w)
+
+    def complete(
+        self,
+        turn_id: str,
+        step: int,
+        reply_items: list[dict[str, Any]],
+        status: TurnStatus,
+        final_output: str | None = None,
+        error: str | None = None,
+        count_model_call: bool = True,
+    ) -> None:
+        """End the turn at a model step (final answer, cap reached, failure)."""
+
+        def w(pipe: Any, h: dict) -> None:
+            if reply_items:
+                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
+            fields: dict[str, Any] = {"status": status.value}
+            if count_model_call:
+                fields["model_calls"] = int(h[b"model_calls"]) + 1
+            if final_output is not None:
+                fields["final_output"] = final_output
+            if error:
+                fields["error"] = error
+            self._touch(pipe, turn_id, fields)
+            self._retire(pipe, turn_id, h)
+
+        self._guarded(turn_id, step, "model", w)
+
+    def fail(self, turn_id: str, status: TurnStatus, error: str) -> bool:
+        """End a non-terminal turn whatever its step (cancel, gateway failure, watchdog give-up).
+
+        Every ``function_call`` still without an output gets one (DESIGN-NOTES section 2):
+        its stored result if the call finished, else an "Interrupted" output; the cancel
+        flag is set so tools still running stop. Returns False if the turn had already ended.
+        """
+        key = _k(turn_id)
+        ended = False
+
+        def txn(pipe: Any) -> None:
+            nonlocal ended
+            h = pipe.hgetall(key)
+            if not h or TurnStatus(h[b"status"].decode()).terminal:
+                return
+            items = [orjson.loads(x) for x in pipe.lrange(_k(turn_id, "items"), 0, -1)]
+            missing = unanswered_call_ids(items)
+            results = {}
+            if missing:
+                results = {
+                    k.decode(): orjson.loads(v)
+                    for k, v in pipe.hgetall(_k(turn_id, "results", int(h[b"step"]))).items()
+                }
+            pipe.multi()
+            outputs = []
+            for call_id in missing:
+                res = results.get(call_id)
+                text = (
+                    res["output"]
+                    if res
+                    else (
+                        f"Interrupted: the turn ended ({status.value}) before this call "
+                        "finished; its outcome is unknown."
+                    )
+                )
+                outputs.append(orjson.dumps({"type": "function_call_output", "call_id": call_id, "output": text}))
+            if outputs:
+                pipe.rpush(_k(turn_id, "items"), *outputs)
+            pipe.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
+            self._touch(pipe, turn_id, {"status": status.value, "error": error})
+            self._retire(pipe, turn_id, h)
+            ended = True
+
+        self.r.transaction(txn, key)
+        return ended
+
+    def _retire(self, pipe: Any, turn_id: str, h: dict) -> None:
+        pipe.zrem("turns:watch", turn_id)
+        # Until its control-plane hooks have run (``hooks_done``), the watchdog re-sends them.
+        pipe.zadd("turns:finishing", {turn_id: time.time() + HOOK_TIMEOUT})
+        for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events"), _k(turn_id, "cancel")):
+            pipe.expire(key, RETENTION_SECONDS)
+
+    def hooks_done(self, turn_id: str) -> None:
+        """The turn's end hooks ran: stop re-sending them."""
+        self.r.zrem("turns:finishing", turn_id)
+
+    def hooks_overdue(self, now: float | None = None, limit: int = 100) -> list[str]:
+        """Ended turns whose hooks did not report done in time; their deadline is pushed as they are returned."""
+        now = time.time() if now is None else now
+        ids = [x.decode() for x in self.r.zrangebyscore("turns:finishing", "-inf", now, start=0, num=limit)]
+        if ids:
+            self.r.zadd("turns:finishing", {i: now + HOOK_TIMEOUT for i in ids})
+        return ids
+
+    def push_deadline(self, turn_id: str, seconds: float) -> None:
+        """Push the turn's progress deadline to at least ``seconds`` from now (a long model call, a retry)."""
+        self.r.zadd("turns:watch", {turn_id: time.time() + max(seconds, self.progress_timeout)}, xx=True, gt=True)
+
+    def note_redrive(self, turn_id: str) -> int:
+        """Count a watchdog re-drive and push the progress deadline; returns the count."""
+        n = self.r.hincrby(_k(turn_id), "redrives", 1)
+        self.r.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout})
+        return int(n)
+
+    def request_cancel(self, turn_id: str, by: str = "control plane") -> None:
+        """Set the cancel flag that steps and running tools observe, and note it in the event stream."""
+        p = self.r.pipeline(transaction=False)
+        p.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
+        p.xadd(
+            _k(turn_id, "events"),
+            {"e": self._event_json("cancel_requested", {"by": by})},
+            maxlen=EVENTS_MAXLEN,
+            approximate=True,
+        )
+        p.execute()
