@@ -8,6 +8,9 @@ call, stores its result keyed by ``call_id``, and whoever completes a batch
 outputs in emitted order and enqueues step ``n + 1``. Nothing ever waits on
 another task, so one solo worker serving every queue finishes a turn.
 
+Size: one concept, the loop (a step, a call, the advance after a barrier, the end);
+its parts that stand alone live beside it (``planning``, ``interfaces``, ``liveness``).
+
 This module has no Celery import: the ``Dispatcher`` given to the engine
 turns "dispatch this batch" into a Celery group or chain.
 """
@@ -18,11 +21,8 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
-
-import orjson
+from typing import Any, Callable
 
 from worker.model.client import GatewayError, ModelReply, ResponsesClient
 from worker.model.items import (
@@ -35,48 +35,19 @@ from worker.model.items import (
     user_message,
 )
 from worker.settings import Settings
-from worker.tooling.arguments import ArgumentsOutcome, validate_params, validate_tool_arguments
+from worker.tooling.arguments import validate_params
 from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, TurnAborted, WorkerTool
 from worker.tooling.schemas import collect_tool_definitions
 from worker.tooling.tool_search import with_tool_search
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall, plan_batches
+from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, no_toolsets
 from worker.turn.liveness import owner, owner_is_dead
+from worker.turn.planning import plan_calls
 from worker.turn.request import Skill, TurnRequest, TurnStatus
 from worker.turn.store import StaleStep, TurnState, TurnStore
 
 log = logging.getLogger("agent.loop")
-
-
-class Dispatcher(Protocol):
-    """How the engine hands work to the queue layer."""
-
-    def enqueue_step(self, turn_id: str, step: int, *, queue: str) -> None:
-        """Run model step ``step`` of the turn later, on ``queue``."""
-
-    def dispatch_batch(self, turn_id: str, step: int, batch_index: int, batch: Batch, *, queue: str) -> None:
-        """Run the batch's calls: together (``parallel``) or one after another (``sequential``)."""
-
-    def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
-        """Turn-scoped callables for tool creators (e.g. ``enqueue_turn``)."""
-
-    def turn_finished(self, turn_id: str) -> None:
-        """Run the control-plane hooks of a turn that just ended."""
-
-
-Toolset = Callable[[TurnContext], list[WorkerTool]]
-
-
-def _no_toolsets(name: str) -> Toolset:
-    raise LookupError(f"this engine runs no tools (toolset {name!r})")
-
-
-@dataclass
-class StepOutcome:
-    """What a step or call did, for logs and tests: ``action`` plus a short detail."""
-
-    action: str
-    detail: str = ""
 
 
 def _agent_home(settings: Settings, agent_id: str) -> Path:
@@ -105,7 +76,7 @@ class TurnEngine:
         self.store = store
         self.settings = settings
         self.dispatcher = dispatcher
-        self.resolve_toolset = resolve_toolset or _no_toolsets
+        self.resolve_toolset = resolve_toolset or no_toolsets
         self.client = client
         self.project_skills = project_skills
 
@@ -247,7 +218,9 @@ class TurnEngine:
             self._finished(turn_id, status, final_output=reply.text, error=error)
             return StepOutcome(status.value)
 
-        planned, pre_results, invalid_counts = self._plan(turn_id, state, tools, calls, reply.status)
+        planned, pre_results, invalid_counts = plan_calls(
+            turn_id, state.invalid_counts, tools, calls, reply.status, self.settings.max_raw_arguments_echo
+        )
         batches = plan_batches(planned)
         reply_items = cut_replayed_arguments(
             reply_items, {c.call_id for c in planned if not c.runnable}, self.settings.max_replay_arguments
@@ -348,104 +321,6 @@ class TurnEngine:
                 k: item[k] for k in ("type", "id", "call_id", "name", "namespace", "arguments", "status") if k in item
             }
         return item
-
-    def _plan(
-        self, turn_id: str, state: TurnState, tools: list[WorkerTool], calls: list[dict[str, Any]], reply_status: str
-    ) -> tuple[list[PlannedCall], dict[str, dict[str, Any]], dict[str, int]]:
-        by_name = {t.name: t for t in tools}
-        invalid_counts = dict(state.invalid_counts)
-        planned: list[PlannedCall] = []
-        pre: dict[str, dict[str, Any]] = {}
-        for i, fc in enumerate(calls):
-            call_id, name = fc["call_id"], fc["name"]
-            if fc.get("duplicate_of"):
-                # Cases E06/E07: a repeated call_id would rebind outputs; the copy gets its own id and does not run.
-                out = (
-                    f"Error: this call repeated call_id {fc['duplicate_of']!r}; it did not run. "
-                    "Every call needs its own call_id."
-                )
-                planned.append(
-                    PlannedCall(
-                        call_id,
-                        name,
-                        i,
-                        output=out,
-                        activity=f"Duplicate call of {name}",
-                        error_kind="duplicate_call_id",
-                    )
-                )
-                pre[call_id] = {"output": out, "is_error": True, "details": {"error": "duplicate_call_id"}}
-                continue
-            tool = by_name.get(name)
-            if tool is None:
-                available = ", ".join(sorted(by_name)) or "(none)"
-                out = f"Error: unknown tool {name!r}. Call one of the available tools by its exact name: {available}."
-                planned.append(
-                    PlannedCall(
-                        call_id, name, i, output=out, activity=f"Unknown tool {name}", error_kind="unknown_tool"
-                    )
-                )
-                pre[call_id] = {"output": out, "is_error": True, "details": {"error": "unknown_tool"}}
-                continue
-            try:
-                outcome = validate_tool_arguments(
-                    tool,
-                    fc.get("arguments", ""),
-                    response_status=reply_status,
-                    max_raw_echo=self.settings.max_raw_arguments_echo,
-                )
-                if outcome.ok:
-                    orjson.dumps(outcome.data)  # must be storable (e.g. no lone surrogates)
-            except Exception as exc:  # defence in depth: bad input never crashes the turn
-                log.exception("validating arguments of %s in turn %s", name, turn_id)
-                outcome = ArgumentsOutcome(
-                    ok=False,
-                    error_kind="parse",
-                    error=(
-                        f"Could not use the arguments for tool {name}: they could not be processed "
-                        f"({exc.__class__.__name__}: {str(exc)[:200]}). Send a corrected call with a plain JSON object."
-                    ),
-                )
-            if not outcome.ok:
-                # Every kind (cut off, unparseable, failing validation) spends the tool's retry budget.
-                invalid_counts[name] = invalid_counts.get(name, 0) + 1
-                out = outcome.error or f"Error: invalid arguments for {name}"
-                planned.append(
-                    PlannedCall(
-                        call_id,
-                        name,
-                        i,
-                        mode=tool.execution_mode,
-                        output=out,
-                        activity=f"Rejected arguments for {name}",
-                        repairs=outcome.repairs,
-                        error_kind="invalid_arguments",
-                    )
-                )
-                pre[call_id] = {
-                    "output": out,
-                    "is_error": True,
-                    "details": {
-                        "error": "invalid_arguments",
-                        "kind": outcome.error_kind,
-                        "repairs": outcome.repairs,
-                        "errors": [{"loc": e.loc, "msg": e.msg} for e in outcome.errors],
-                    },
-                }
-                continue
-            planned.append(
-                PlannedCall(
-                    call_id,
-                    name,
-                    i,
-                    mode=tool.execution_mode,
-                    data=outcome.data,
-                    activity=tool.activity(outcome.params),
-                    repairs=outcome.repairs,
-                    destructive=tool.is_destructive,
-                )
-            )
-        return planned, pre, invalid_counts
 
     # ----- a tool call -----------------------------------------------------
     def run_call(self, turn_id: str, step: int, call_id: str) -> StepOutcome:

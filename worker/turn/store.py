@@ -1,5 +1,8 @@
 """The turn's state in Redis between steps.
 
+Size: one concept kept whole on purpose: every write to a turn's keys, so that the
+fencing rules (guards on ``step`` and ``phase``) can be read and checked in one place.
+
 A turn is a chain of steps over this state; no task waits on another. Every
 transition is a guarded Redis transaction (``WATCH``/``MULTI``) that checks
 the turn's current ``step`` and ``phase`` first, so a duplicate or late
@@ -30,7 +33,6 @@ Cluster slot):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import orjson
@@ -39,6 +41,8 @@ import redis
 from worker.model.items import unanswered_call_ids
 from worker.turn.dispatch import Batch, PlannedCall
 from worker.turn.request import TurnStatus
+from worker.turn.state import CallView, StaleStep, TurnState
+from worker.turn.state import key as _k
 
 EVENTS_MAXLEN = 10_000
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
@@ -72,70 +76,6 @@ end
 if redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then return {stored, 1} end
 return {stored, 0}
 """
-
-
-@dataclass
-class CallView:
-    """What a tool-call task reads before running, fetched in one round trip."""
-
-    state: "TurnState | None"
-    plan: tuple[list[PlannedCall], list[Batch]] | None
-    has_result: bool
-    cancelled: bool
-
-
-def _k(turn_id: str, *parts: Any) -> str:
-    return ":".join([f"turn:{{{turn_id}}}", *map(str, parts)])
-
-
-@dataclass
-class TurnState:
-    """A snapshot of ``turn:{id}``."""
-
-    turn_id: str
-    status: TurnStatus
-    step: int
-    phase: str
-    model_calls: int
-    request: dict[str, Any]
-    agent_id: str
-    final_output: str | None = None
-    error: str | None = None
-    terminate: bool = False
-    finish_misses: int = 0
-    invalid_counts: dict[str, int] = field(default_factory=dict)
-    loaded_tools: list[str] = field(default_factory=list)
-    created_at: float = 0.0
-    updated_at: float = 0.0
-    redrives: int = 0
-
-    @classmethod
-    def from_hash(cls, turn_id: str, h: dict[bytes, bytes]) -> "TurnState":
-        """Parse the ``turn:{id}`` hash (bytes keys and values)."""
-        g = lambda k, d=None: h.get(k.encode(), d)  # noqa: E731
-        dec = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
-        return cls(
-            turn_id=turn_id,
-            status=TurnStatus(dec(g("status", b"queued"))),
-            step=int(g("step", b"0")),
-            phase=dec(g("phase", b"model")),
-            model_calls=int(g("model_calls", b"0")),
-            request=orjson.loads(g("request", b"{}")),
-            agent_id=dec(g("agent_id", b"agent")),
-            final_output=dec(g("final_output")),
-            error=dec(g("error")),
-            terminate=g("terminate", b"0") == b"1",
-            finish_misses=int(g("finish_misses", b"0")),
-            invalid_counts=orjson.loads(g("invalid_counts", b"{}")),
-            loaded_tools=orjson.loads(g("loaded_tools", b"[]")),
-            created_at=float(g("created_at", b"0")),
-            updated_at=float(g("updated_at", b"0")),
-            redrives=int(g("redrives", b"0")),
-        )
-
-
-class StaleStep(Exception):
-    """The transition's guard failed: the turn is no longer at that step/phase (a duplicate or late message)."""
 
 
 class TurnStore:

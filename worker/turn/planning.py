@@ -1,0 +1,118 @@
+"""Planning a model reply's calls: each ``function_call`` validated (``worker.tooling.arguments``) into a
+``PlannedCall`` that runs, or an error output the model reads instead (unknown tool, duplicate
+``call_id``, invalid arguments)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+
+from worker.tooling.arguments import ArgumentsOutcome, validate_tool_arguments
+from worker.tooling.contract import WorkerTool
+from worker.turn.dispatch import PlannedCall
+
+log = logging.getLogger("agent.loop")
+
+
+def plan_calls(
+    turn_id: str,
+    invalid_counts: dict[str, int],
+    tools: list[WorkerTool],
+    calls: list[dict[str, Any]],
+    reply_status: str,
+    max_raw_echo: int,
+) -> tuple[list[PlannedCall], dict[str, dict[str, Any]], dict[str, int]]:
+    """Validate each ``function_call`` of a reply against the turn's tools, in emitted order.
+
+    Returns ``(planned, pre, invalid_counts)``: a ``PlannedCall`` per call (runnable ones carry
+    validated ``data``), the outputs already known for calls that will not run (duplicate
+    ``call_id``, unknown tool, invalid arguments; keyed by ``call_id``), and the per-tool
+    invalid-call counts including this reply (the retry budget, DESIGN-NOTES section 6).
+    Never raises for bad model output.
+    """
+    by_name = {t.name: t for t in tools}
+    invalid_counts = dict(invalid_counts)
+    planned: list[PlannedCall] = []
+    pre: dict[str, dict[str, Any]] = {}
+    for i, fc in enumerate(calls):
+        call_id, name = fc["call_id"], fc["name"]
+        if fc.get("duplicate_of"):
+            # Cases E06/E07: a repeated call_id would rebind outputs; the copy gets its own id and does not run.
+            out = (
+                f"Error: this call repeated call_id {fc['duplicate_of']!r}; it did not run. "
+                "Every call needs its own call_id."
+            )
+            planned.append(
+                PlannedCall(
+                    call_id, name, i, output=out, activity=f"Duplicate call of {name}", error_kind="duplicate_call_id"
+                )
+            )
+            pre[call_id] = {"output": out, "is_error": True, "details": {"error": "duplicate_call_id"}}
+            continue
+        tool = by_name.get(name)
+        if tool is None:
+            available = ", ".join(sorted(by_name)) or "(none)"
+            out = f"Error: unknown tool {name!r}. Call one of the available tools by its exact name: {available}."
+            planned.append(
+                PlannedCall(call_id, name, i, output=out, activity=f"Unknown tool {name}", error_kind="unknown_tool")
+            )
+            pre[call_id] = {"output": out, "is_error": True, "details": {"error": "unknown_tool"}}
+            continue
+        try:
+            outcome = validate_tool_arguments(
+                tool, fc.get("arguments", ""), response_status=reply_status, max_raw_echo=max_raw_echo
+            )
+            if outcome.ok:
+                orjson.dumps(outcome.data)  # must be storable (e.g. no lone surrogates)
+        except Exception as exc:  # defence in depth: bad input never crashes the turn
+            log.exception("validating arguments of %s in turn %s", name, turn_id)
+            outcome = ArgumentsOutcome(
+                ok=False,
+                error_kind="parse",
+                error=(
+                    f"Could not use the arguments for tool {name}: they could not be processed "
+                    f"({exc.__class__.__name__}: {str(exc)[:200]}). Send a corrected call with a plain JSON object."
+                ),
+            )
+        if not outcome.ok:
+            # Every kind (cut off, unparseable, failing validation) spends the tool's retry budget.
+            invalid_counts[name] = invalid_counts.get(name, 0) + 1
+            out = outcome.error or f"Error: invalid arguments for {name}"
+            planned.append(
+                PlannedCall(
+                    call_id,
+                    name,
+                    i,
+                    mode=tool.execution_mode,
+                    output=out,
+                    activity=f"Rejected arguments for {name}",
+                    repairs=outcome.repairs,
+                    error_kind="invalid_arguments",
+                )
+            )
+            pre[call_id] = {
+                "output": out,
+                "is_error": True,
+                "details": {
+                    "error": "invalid_arguments",
+                    "kind": outcome.error_kind,
+                    "repairs": outcome.repairs,
+                    "errors": [{"loc": e.loc, "msg": e.msg} for e in outcome.errors],
+                },
+            }
+            continue
+        planned.append(
+            PlannedCall(
+                call_id,
+                name,
+                i,
+                mode=tool.execution_mode,
+                data=outcome.data,
+                activity=tool.activity(outcome.params),
+                repairs=outcome.repairs,
+                destructive=tool.is_destructive,
+            )
+        )
+    return planned, pre, invalid_counts

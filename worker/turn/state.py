@@ -1,0 +1,79 @@
+"""A turn's state as read from Redis (``TurnState``, ``CallView``), its key scheme, and the fencing error.
+
+The keys themselves are listed in ``worker.turn.store``, which owns every write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from worker.turn.dispatch import Batch, PlannedCall
+from worker.turn.request import TurnStatus
+
+
+@dataclass
+class CallView:
+    """What a tool-call task reads before running, fetched in one round trip."""
+
+    state: "TurnState | None"
+    plan: tuple[list[PlannedCall], list[Batch]] | None
+    has_result: bool
+    cancelled: bool
+
+
+def key(turn_id: str, *parts: Any) -> str:
+    """A turn's Redis key: ``turn:{<id>}`` plus ``:``-joined parts (braces: one Cluster slot per turn)."""
+    return ":".join([f"turn:{{{turn_id}}}", *map(str, parts)])
+
+
+@dataclass
+class TurnState:
+    """A snapshot of ``turn:{id}``."""
+
+    turn_id: str
+    status: TurnStatus
+    step: int
+    phase: str
+    model_calls: int
+    request: dict[str, Any]
+    agent_id: str
+    final_output: str | None = None
+    error: str | None = None
+    terminate: bool = False
+    finish_misses: int = 0
+    invalid_counts: dict[str, int] = field(default_factory=dict)
+    loaded_tools: list[str] = field(default_factory=list)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    redrives: int = 0
+
+    @classmethod
+    def from_hash(cls, turn_id: str, h: dict[bytes, bytes]) -> "TurnState":
+        """Parse the ``turn:{id}`` hash (bytes keys and values)."""
+        g = lambda k, d=None: h.get(k.encode(), d)  # noqa: E731
+        dec = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+        return cls(
+            turn_id=turn_id,
+            status=TurnStatus(dec(g("status", b"queued"))),
+            step=int(g("step", b"0")),
+            phase=dec(g("phase", b"model")),
+            model_calls=int(g("model_calls", b"0")),
+            request=orjson.loads(g("request", b"{}")),
+            agent_id=dec(g("agent_id", b"agent")),
+            final_output=dec(g("final_output")),
+            error=dec(g("error")),
+            terminate=g("terminate", b"0") == b"1",
+            finish_misses=int(g("finish_misses", b"0")),
+            invalid_counts=orjson.loads(g("invalid_counts", b"{}")),
+            loaded_tools=orjson.loads(g("loaded_tools", b"[]")),
+            created_at=float(g("created_at", b"0")),
+            updated_at=float(g("updated_at", b"0")),
+            redrives=int(g("redrives", b"0")),
+        )
+
+
+class StaleStep(Exception):
+    """The transition's guard failed: the turn is no longer at that step/phase (a duplicate or late message)."""
