@@ -58,14 +58,15 @@ stack: $(STAMP)
 redis: $(STAMP)
 	$(PY) -m devtools.embedded_redis --port 6390
 
+# The node's two pools (threads for turns/background/workflow, prefork for tools), restarted if they exit.
 worker: $(STAMP)
 	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
 	AGENT_COMMAND_EXTRA_PATH=$${AGENT_COMMAND_EXTRA_PATH:-$(COMMAND_PATH)} \
-	  $(VENV)/bin/celery -A tasks.app worker -Q turns,tools,background,workflow -l INFO
+	  exec $(PY) -m devtools.workers
 
 beat: $(STAMP)
 	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
-	$(VENV)/bin/celery -A tasks.app beat -S redbeat.RedBeatScheduler -l INFO
+	exec $(VENV)/bin/celery -A tasks.app beat -S tasks.beat:ResilientRedBeatScheduler -l INFO
 
 flower: $(STAMP)
 	$(PY) -m pip install --quiet 'flower>=2.0,<3'

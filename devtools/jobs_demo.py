@@ -112,7 +112,7 @@ def run_schedule_and_job_demo(
         what = (
             []
             if (sched and sched.get("last_turn_id"))
-            else [f"schedule {sid} never fired (is celery beat with -S redbeat.RedBeatScheduler running?)"]
+            else [f"schedule {sid} never fired (is celery beat with -S tasks.beat:ResilientRedBeatScheduler running?)"]
         )
         if not (job and job["status"] in FINISHED):
             what.append(f"job {jid} is still {job and job['status']} (is a worker serving the background queue?)")

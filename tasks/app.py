@@ -29,7 +29,9 @@ def make_app() -> Celery:
     """Build the Celery app from ``worker.settings`` (JSON/orjson only, queues, routes, reliability)."""
     settings = get_settings()
     register_orjson()
-    app = Celery("agent_runtime", include=["tasks.turns", "tasks.watchdog", "tasks.health", "tasks.scheduler"])
+    app = Celery(
+        "agent_runtime", include=["tasks.turns", "tasks.watchdog", "tasks.health", "tasks.scheduler", "tasks.liveness"]
+    )
     longest_task = settings.tool_time_limit + 60
     app.conf.update(
         broker_url=settings.redis_url,
@@ -43,9 +45,21 @@ def make_app() -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        broker_transport_options={"visibility_timeout": max(3600, int(longest_task * 4))},
+        # Connection pools sized for an I/O pool's concurrency (kombu's default is 10 per channel:
+        # a threads pool of 256 ran out with "Too many connections").
+        broker_transport_options={
+            "visibility_timeout": max(3600, int(longest_task * 4)),
+            "max_connections": settings.redis_max_connections,
+            "socket_timeout": 30,
+            "socket_connect_timeout": 5,
+            "health_check_interval": 30,
+        },
+        broker_pool_limit=settings.redis_max_connections,
+        redis_max_connections=settings.redis_max_connections,
         result_backend_transport_options={"visibility_timeout": max(3600, int(longest_task * 4))},
         broker_connection_retry_on_startup=True,
+        broker_connection_retry=True,
+        broker_connection_max_retries=None,  # a Redis restart is waited out, never fatal
         task_queues=[Queue(q, routing_key=q) for q in QUEUES],
         task_default_queue="turns",
         task_routes={
@@ -59,11 +73,17 @@ def make_app() -> Celery:
         task_track_started=True,
         worker_hijack_root_logger=False,
         # Schedules (tasks.scheduler): celery-redbeat keeps beat entries in this Redis, as JSON.
-        beat_scheduler="redbeat.RedBeatScheduler",
-        beat_max_loop_interval=5,  # seconds: a new schedule fires at most ~5 s late
+        beat_scheduler="tasks.beat:ResilientRedBeatScheduler",
+        beat_max_loop_interval=min(5, settings.watchdog_interval),  # seconds: schedules fire at most this late
         redbeat_redis_url=settings.redis_url,
         redbeat_redis_options={"socket_connect_timeout": 5, "socket_timeout": 30},
-        beat_schedule={"watchdog-sweep": {"task": "tasks.watchdog.sweep", "schedule": 15.0}},
+        beat_schedule={
+            "watchdog-sweep": {
+                "task": "tasks.watchdog.sweep",
+                "schedule": settings.watchdog_interval,
+                "options": {"expires": settings.watchdog_interval * 5},  # a sweep queued behind a backlog is skipped
+            }
+        },
         timezone="UTC",
     )
     return app

@@ -27,9 +27,17 @@ _pid: int | None = None
 def redis_client() -> redis.Redis:
     """A Redis client for ``REDIS_URL`` with connect/read timeouts (seconds) and health checks."""
     settings = get_settings()
-    return redis.Redis.from_url(
-        settings.redis_url, socket_timeout=30, socket_connect_timeout=5, health_check_interval=30
+    # A blocking pool: under a threads pool of hundreds, a burst waits for a connection
+    # instead of failing with "Too many connections".
+    pool = redis.BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=settings.redis_max_connections,
+        timeout=30,
+        socket_timeout=30,
+        socket_connect_timeout=5,
+        health_check_interval=30,
     )
+    return redis.Redis(connection_pool=pool)
 
 
 def get_engine() -> TurnEngine:
@@ -44,6 +52,7 @@ def get_engine() -> TurnEngine:
                 settings.openai_api_key.get_secret_value(),
                 timeout=settings.model_timeout,
                 connect_timeout=settings.model_connect_timeout,
+                max_connections=settings.model_max_connections,
             )
             _engine = TurnEngine(
                 store,

@@ -8,7 +8,7 @@ Mechanism (chosen: celery beat + celery-redbeat, rather than an own ZSET poller)
   is ``redbeat.schedules.rrule("SECONDLY", dtstart=run_at, count=1)``; a
   recurring schedule is a Celery ``crontab`` built from the 5 validated cron
   fields (app timezone UTC). The entry's only argument is the schedule id.
-- ``celery -A tasks.app beat -S redbeat.RedBeatScheduler`` reads due entries
+- ``celery -A tasks.app beat -S tasks.beat:ResilientRedBeatScheduler`` reads due entries
   from the ``redbeat::schedule`` sorted set on every tick (at most
   ``beat_max_loop_interval`` = 5 s apart, so a schedule fires within ~5 s of
   its time) and sends ``tasks.scheduler.fire_schedule(schedule_id)`` to the
@@ -30,7 +30,7 @@ already runs for the watchdog sweep. An own ZSET poller would need the same
 three parts written again. The record, not the entry, decides whether a
 firing runs, so a lost or stale entry can never run a cancelled schedule.
 
-Beat process: ``celery -A tasks.app beat -S redbeat.RedBeatScheduler -l INFO``
+Beat process: ``celery -A tasks.app beat -S tasks.beat:ResilientRedBeatScheduler -l INFO``
 (``beat_scheduler`` is also set in the app config). Tests run it with
 ``--max-interval 1``.
 """

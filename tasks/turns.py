@@ -7,18 +7,40 @@ turn store. Neither task ever waits on another (no ``.get()``).
 from __future__ import annotations
 
 import logging
-
-import redis
+import time
+from typing import Callable, TypeVar
 
 from tasks.app import app
 from tasks.runtime import get_engine
 from worker.model.client import GatewayError
 from worker.settings import get_settings
+from worker.turn.outage import OUTAGE_ERRORS
 from worker.turn.request import TurnStatus
 
 log = logging.getLogger("agent.tasks")
+T = TypeVar("T")
 
 MAX_MODEL_RETRIES = 5
+
+
+def _through_outages(run: Callable[[], T], what: str) -> T:
+    """Run ``run()``; while Redis does not answer, wait (backoff up to 5 s) and run it again.
+
+    Steps and calls are fenced and claimed, so running again is safe; waiting here, rather than
+    queueing a Celery retry, does not need the broker (the same Redis) to be up. Raises the
+    outage error after ``Settings.redis_outage_timeout`` seconds.
+    """
+    deadline = time.monotonic() + get_settings().redis_outage_timeout
+    delay = 0.2
+    while True:
+        try:
+            return run()
+        except OUTAGE_ERRORS as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: Redis did not answer (%s); again in %.1fs", what, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 @app.task(name="tasks.turns.turn_step", bind=True, acks_late=True, max_retries=MAX_MODEL_RETRIES)
@@ -26,22 +48,28 @@ def turn_step(self, turn_id: str, step: int) -> dict:
     """Run model step ``step`` of ``turn_id``; retried with backoff on retryable gateway errors."""
     engine = get_engine()
     try:
-        outcome = engine.run_step(turn_id, step)
+        outcome = _through_outages(lambda: engine.run_step(turn_id, step), f"turn {turn_id} step {step}")
     except GatewayError as exc:
+        error = str(exc)
         if self.request.retries < MAX_MODEL_RETRIES:
             delay = min(60, 2**self.request.retries)
-            engine.store.event(turn_id, "model_retry", step=step, error=str(exc)[:300], in_s=delay)
-            # Still working: keep the watchdog from starting a second retry chain.
-            engine.store.push_deadline(turn_id, delay + engine.settings.model_timeout + 60)
+
+            def note_retry() -> None:
+                engine.store.event(turn_id, "model_retry", step=step, error=error[:300], in_s=delay)
+                # Still working: keep the watchdog from starting a second retry chain.
+                engine.store.push_deadline(turn_id, delay + engine.settings.model_timeout + 60)
+
+            _through_outages(note_retry, f"turn {turn_id} step {step}")
             raise self.retry(exc=exc, countdown=delay) from exc
-        engine.fail_turn(turn_id, TurnStatus.failed, f"model gateway failed after retries: {exc}")
+        _through_outages(
+            lambda: engine.fail_turn(turn_id, TurnStatus.failed, f"model gateway failed after retries: {error}"),
+            f"turn {turn_id}",
+        )
         return {"action": "failed"}
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        # Redis itself failed: the turn's state is fine, do not fail it. Retry; once retries are
-        # spent the watchdog re-drives the step when Redis is back.
-        log.warning("turn %s step %s: Redis failed (%s)", turn_id, step, exc)
-        if self.request.retries < MAX_MODEL_RETRIES:
-            raise self.retry(exc=exc, countdown=min(30, 2**self.request.retries)) from exc
+    except OUTAGE_ERRORS as exc:
+        # Redis stayed away longer than redis_outage_timeout: the turn's state is fine; the
+        # watchdog re-drives the step once Redis is back.
+        log.error("turn %s step %s: Redis did not come back (%s)", turn_id, step, exc)
         raise
     except Exception as exc:  # never leave a turn hanging on a bug: end it with the reason
         log.exception("turn %s step %s crashed", turn_id, step)
@@ -55,8 +83,10 @@ _limit = get_settings().tool_time_limit
 
 @app.task(name="tasks.turns.tool_call", acks_late=True, soft_time_limit=_limit, time_limit=_limit + 30)
 def tool_call(turn_id: str, step: int, call_id: str) -> dict:
-    """Run one tool call of step ``step``; the last call of a batch advances the turn."""
-    outcome = get_engine().run_call(turn_id, step, call_id)
+    """Run one tool call of step ``step``; the last call of a batch advances the turn. A Redis
+    outage is waited out (the call's result is kept until stored: ``worker.turn.outage``)."""
+    engine = get_engine()
+    outcome = _through_outages(lambda: engine.run_call(turn_id, step, call_id), f"call {call_id} of turn {turn_id}")
     return {"action": outcome.action, "detail": outcome.detail}
 
 

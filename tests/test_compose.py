@@ -37,7 +37,7 @@ def test_every_service_command_is_provided_by_the_project():
                 assert set(queues) <= set(QUEUES), name
                 served |= set(queues)
             if sub == "beat":
-                assert _opt(cmd, "-S") == "redbeat.RedBeatScheduler"
+                assert _opt(cmd, "-S") == "tasks.beat:ResilientRedBeatScheduler"
                 assert importlib.util.find_spec("redbeat") is not None
             if sub == "flower":
                 assert any(a.startswith("--basic-auth=${FLOWER_BASIC_AUTH") for a in cmd), "Flower must use basic auth"

@@ -1,5 +1,5 @@
 """Schedule tools and the redbeat firing mechanism, through a real worker, a real Redis and a
-real ``celery beat -S redbeat.RedBeatScheduler`` subprocess."""
+real ``celery beat -S tasks.beat:ResilientRedBeatScheduler`` subprocess."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def beat(solo_worker, redis_url):
             "tasks.app",
             "beat",
             "-S",
-            "redbeat.RedBeatScheduler",
+            "tasks.beat:ResilientRedBeatScheduler",
             "--max-interval",
             "1",
             "-l",

@@ -39,6 +39,21 @@ class Settings(BaseSettings):
     max_replay_arguments: int = 20_000
     tool_time_limit: float = 300.0
 
+    # Recovery (DESIGN-NOTES sections 1 and 11). A worker node's heartbeat lives this long; the
+    # watchdog re-drives the turns a node held once its heartbeat has been gone this long.
+    liveness_ttl: float = 10.0
+    # How often beat runs the watchdog sweep.
+    watchdog_interval: float = 2.0
+    # A turn nobody is known to hold is re-driven after its longest single wait plus this slack.
+    progress_slack: float = 60.0
+    # Re-drives of a turn without progress before it fails (a crash loop ends, a lost message recovers).
+    max_redrives: int = 5
+    # How long a step keeps a paid-for model reply or tool result while Redis does not answer.
+    redis_outage_timeout: float = 300.0
+    # Connection pools: Redis clients and the model client, sized for an I/O pool's concurrency.
+    redis_max_connections: int = 2048
+    model_max_connections: int = 2048
+
     # Where agent homes live: <homes_root>/<agent_id>.
     homes_root: Path = Path("var/homes")
 
@@ -67,8 +82,9 @@ class Settings(BaseSettings):
     @property
     def progress_timeout(self) -> float:
         """Seconds a turn may go without progress before the watchdog re-drives it: the longest
-        single wait (a tool call or a model call) plus two minutes of slack."""
-        return max(self.tool_time_limit, self.model_timeout) + 120
+        single wait (a tool call or a model call) plus ``progress_slack``. Turns held by a node
+        whose heartbeat stopped are re-driven sooner, within about ``2 * liveness_ttl``."""
+        return max(self.tool_time_limit, self.model_timeout) + self.progress_slack
 
     @field_validator("max_model_calls", "max_output_chars", "max_invalid_calls_per_tool")
     @classmethod

@@ -74,12 +74,28 @@ class Key(BaseModel):
     key: str
 
 
+def _append_marker(params: SleepArgs, ctx):
+    # Needs no Redis: a destructive effect that survives a Redis outage, counted in the home.
+    ctx.abort.wait(params.ms / 1000)
+    with open(ctx.home / "markers.txt", "a") as fh:
+        fh.write(params.label + "\n")
+    return ToolResult(content=f"appended {params.label}")
+
+
 def _lookup(params: Key, ctx):
     return ToolResult(content={"key": params.key, "record": f"archived record {params.key}"})
 
 
 def testing_tools(ctx: TurnContext):
     return [
+        define_worker_tool(
+            name="append_marker",
+            description="Append a marker line to markers.txt in the home (sequential, destructive).",
+            input_model=SleepArgs,
+            execute=_append_marker,
+            execution_mode="sequential",
+            is_destructive=True,
+        ),
         define_worker_tool(
             name="read_thing",
             description="Read a thing (parallel).",

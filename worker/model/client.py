@@ -87,7 +87,7 @@ class ResponsesClient:
     """Synchronous Responses API client.
 
     ``base_url`` like ``https://api.openai.com/v1``; ``timeout`` and
-    ``connect_timeout`` in seconds. The API key is sent as a bearer token and
+    ``connect_timeout`` in seconds; ``max_connections`` bounds the model calls in flight. The API key is sent as a bearer token and
     never logged. Reuse one instance per process (it pools connections).
     """
 
@@ -98,6 +98,7 @@ class ResponsesClient:
         *,
         timeout: float = 120.0,
         connect_timeout: float = 10.0,
+        max_connections: int = 100,
         transport: httpx.BaseTransport | None = None,
     ):
         headers = {"Content-Type": "application/json"}
@@ -107,6 +108,8 @@ class ResponsesClient:
             base_url=base_url.rstrip("/"),
             headers=headers,
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            # One connection per model call in flight: an I/O pool runs hundreds at once.
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             transport=transport,
         )
 

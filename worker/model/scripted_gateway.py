@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
@@ -69,12 +70,23 @@ def _next_step(items: list[dict[str, Any]]) -> int:
 class ScriptedGateway:
     """Holds scripts and serves them over HTTP on ``127.0.0.1:port`` (0 picks a free port).
 
-    ``requests`` keeps every request body received (for tests), newest last.
+    ``requests`` keeps every request body received (for tests), newest last. ``latency``
+    (seconds) delays every answer, as a real model does; ``in_flight`` and ``peak_in_flight``
+    count the requests being answered (benchmarks read them).
     """
 
-    def __init__(self, scripts: dict[str, list[Step]] | None = None, port: int = 0, host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        scripts: dict[str, list[Step]] | None = None,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        latency: float = 0.0,
+    ):
         self.scripts: dict[str, list[Step]] = dict(scripts or {})
         self.requests: list[dict[str, Any]] = []
+        self.latency = latency
+        self.in_flight = 0
+        self.peak_in_flight = 0
         self._lock = threading.Lock()
         gateway = self
 
@@ -85,6 +97,15 @@ class ScriptedGateway:
             def do_GET(self) -> None:
                 if self.path.rstrip("/") in ("/health", "/v1/health"):
                     self._send(200, {"ok": True, "scripts": sorted(gateway.scripts)})
+                elif self.path.rstrip("/") in ("/stats", "/v1/stats"):
+                    self._send(
+                        200,
+                        {
+                            "requests": len(gateway.requests),
+                            "in_flight": gateway.in_flight,
+                            "peak_in_flight": gateway.peak_in_flight,
+                        },
+                    )
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
@@ -98,7 +119,16 @@ class ScriptedGateway:
                 except orjson.JSONDecodeError:
                     self._send(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
                     return
-                status, payload = gateway.respond(body)
+                with gateway._lock:
+                    gateway.in_flight += 1
+                    gateway.peak_in_flight = max(gateway.peak_in_flight, gateway.in_flight)
+                try:
+                    if gateway.latency:
+                        time.sleep(gateway.latency)
+                    status, payload = gateway.respond(body)
+                finally:
+                    with gateway._lock:
+                        gateway.in_flight -= 1
                 self._send(status, payload)
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
@@ -109,7 +139,10 @@ class ScriptedGateway:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 1024  # hundreds of model calls connect at once under an I/O pool
+
+        self._server = Server((host, port), Handler)
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -233,8 +266,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8089)
     parser.add_argument("--scripts", type=Path, required=True, help="folder of *.json scripts")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds before each answer (a real model's pace)")
     args = parser.parse_args(argv)
-    gw = ScriptedGateway(port=args.port, host=args.host)
+    gw = ScriptedGateway(port=args.port, host=args.host, latency=args.latency)
     gw.load_dir(args.scripts)
     print(
         f"scripted gateway on http://{args.host}:{gw.port}/v1 with scripts: {', '.join(sorted(gw.scripts))}", flush=True

@@ -42,12 +42,17 @@ from worker.tooling.tool_search import with_tool_search
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall, plan_batches
 from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, no_toolsets
-from worker.turn.liveness import owner, owner_is_dead
+from worker.turn.liveness import Liveness, owner
+from worker.turn.outage import Unsaved, save_until_stored
 from worker.turn.planning import plan_calls
 from worker.turn.request import Skill, TurnRequest, TurnStatus
 from worker.turn.store import StaleStep, TurnState, TurnStore
 
 log = logging.getLogger("agent.loop")
+
+# Model replies and tool results this process paid for but could not store yet (a Redis outage).
+_UNSAVED_REPLIES = Unsaved()
+_UNSAVED_RESULTS = Unsaved()
 
 
 def _agent_home(settings: Settings, agent_id: str) -> Path:
@@ -79,6 +84,7 @@ class TurnEngine:
         self.resolve_toolset = resolve_toolset or no_toolsets
         self.client = client
         self.project_skills = project_skills
+        self.liveness = Liveness(store.r, settings.liveness_ttl)
 
     # ----- enqueueing ------------------------------------------------------
     def create_turn(self, request: TurnRequest, turn_id: str) -> tuple[str, bool]:
@@ -164,37 +170,18 @@ class TurnEngine:
         tools = self.tools_for(ctx, request)
         log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
         history = self.store.items(turn_id)
-        reply_data = self.store.reply(turn_id, step)
+        reply_data = _UNSAVED_REPLIES.get((turn_id, step)) or self.store.reply(turn_id, step)
         if reply_data is None:
             if self.client is None:
                 raise RuntimeError("this engine has no Responses client: it cannot run model steps")
-            # The model call may take up to model_timeout: no watchdog re-drive meanwhile.
-            self.store.push_deadline(turn_id, self.settings.model_timeout + 60)
-            body = self.client.build_request(
-                model=request.model or self.settings.model,
-                input=history,
-                tools=collect_tool_definitions(tools, loaded=state.loaded_tools),
-                instructions=self.instructions_for(ctx, request),
-                max_output_tokens=self.settings.max_output_tokens,
-            )
-            started = time.perf_counter()
+            if not self._claim_step(turn_id, step):
+                return StepOutcome("dropped", f"step {step} is running elsewhere")
             try:
-                reply = self.client.create(body)
-            except GatewayError as exc:
-                if exc.retryable:
-                    raise
-                self._end(turn_id, step, TurnStatus.failed, error=str(exc))
-                return StepOutcome("ended", "model request rejected")
-            reply_data = self.store.save_reply(turn_id, step, reply.to_json())
-            self.store.event(
-                turn_id,
-                "model_reply",
-                step=step,
-                status=reply.status,
-                text=reply.text[:1000],
-                calls=len(reply.function_calls),
-                ms=round((time.perf_counter() - started) * 1000, 1),
-            )
+                reply_data = self._call_model(turn_id, step, request, ctx, tools, history, state)
+            finally:
+                self.store.release_step(turn_id, step, owner())
+            if isinstance(reply_data, StepOutcome):
+                return reply_data
         reply = ModelReply.from_json(reply_data)
         if self.store.is_cancelled(turn_id):  # cancelled while the model was answering
             self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
@@ -257,6 +244,66 @@ class TurnEngine:
         else:
             self.dispatcher.dispatch_batch(turn_id, step, 0, batches[0], queue="tools")
         return StepOutcome("dispatched", f"{len(planned)} calls in {len(batches)} batches")
+
+    def _claim_step(self, turn_id: str, step: int) -> bool:
+        """Take the step's model call; False while a live process elsewhere is making it (a
+        duplicate or re-driven delivery must not pay the model twice)."""
+        lease = self.settings.model_timeout + 60
+        holder = self.store.claim_step(turn_id, step, owner(), lease)
+        if holder is None or holder == owner():
+            return True
+        if self.liveness.owner_is_dead(holder):
+            self.store.take_over_step(turn_id, step, owner(), lease)
+            return True
+        return False
+
+    def _call_model(
+        self,
+        turn_id: str,
+        step: int,
+        request: TurnRequest,
+        ctx: TurnContext,
+        tools: list[WorkerTool],
+        history: list[dict[str, Any]],
+        state: TurnState,
+    ) -> dict[str, Any] | StepOutcome:
+        """Call the model once for the step and store its reply; returns the stored reply (JSON) or,
+        for a request the gateway refused, the outcome of the ended turn."""
+        # The model call may take up to model_timeout: no watchdog re-drive meanwhile.
+        self.store.push_deadline(turn_id, self.settings.model_timeout + 60)
+        body = self.client.build_request(
+            model=request.model or self.settings.model,
+            input=history,
+            tools=collect_tool_definitions(tools, loaded=state.loaded_tools),
+            instructions=self.instructions_for(ctx, request),
+            max_output_tokens=self.settings.max_output_tokens,
+        )
+        started = time.perf_counter()
+        try:
+            reply = self.client.create(body)
+        except GatewayError as exc:
+            if exc.retryable:
+                raise
+            self._end(turn_id, step, TurnStatus.failed, error=str(exc))
+            return StepOutcome("ended", "model request rejected")
+        # Paid for: keep it until stored, so neither an outage nor a redelivery pays again.
+        _UNSAVED_REPLIES.put((turn_id, step), reply.to_json())
+        reply_data = save_until_stored(
+            lambda: self.store.save_reply(turn_id, step, reply.to_json()),
+            what=f"the model reply of turn {turn_id} step {step}",
+            timeout=self.settings.redis_outage_timeout,
+        )
+        _UNSAVED_REPLIES.drop((turn_id, step))
+        self.store.event(
+            turn_id,
+            "model_reply",
+            step=step,
+            status=reply.status,
+            text=reply.text[:1000],
+            calls=len(reply.function_calls),
+            ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+        return reply_data
 
     def _prose_without_finish(
         self, turn_id: str, step: int, state: TurnState, request: TurnRequest, reply_items: list[dict[str, Any]]
@@ -345,10 +392,21 @@ class TurnEngine:
         if view.has_result:
             done = self.store.batch_done(turn_id, step, batch_index, batch_ids)
         else:
-            result, event = self._execute_once(turn_id, step, call, state, request, batch_index, view.cancelled)
-            if result is None:
-                return StepOutcome("dropped", "call is running elsewhere")
-            _, done = self.store.record_and_check(turn_id, step, call_id, result, batch_index, batch_ids, event)
+            key = (turn_id, step, call_id)
+            kept = _UNSAVED_RESULTS.get(key)
+            if kept is not None:
+                result, event = kept
+            else:
+                result, event = self._execute_once(turn_id, step, call, state, request, batch_index, view.cancelled)
+                if result is None:
+                    return StepOutcome("dropped", "call is running elsewhere")
+                _UNSAVED_RESULTS.put(key, (result, event))
+            _, done = save_until_stored(
+                lambda: self.store.record_and_check(turn_id, step, call_id, result, batch_index, batch_ids, event),
+                what=f"the result of call {call_id} of turn {turn_id}",
+                timeout=self.settings.redis_outage_timeout,
+            )
+            _UNSAVED_RESULTS.drop(key)
         if done:
             self._advance(turn_id, step, request, batches, batch_index)
             return StepOutcome("advanced", f"batch {batch_index} done")
@@ -369,27 +427,35 @@ class TurnEngine:
         started = {"step": step, "call_id": call.call_id, "name": call.name, "activity": call.activity}
         won, claim = self.store.claim(turn_id, step, call.call_id, owner(), lease, started_event=started)
         if not won:
-            if claim and claim.get("lease_until", 0) > time.time() and not owner_is_dead(claim.get("owner", "")):
+            holder = (claim or {}).get("owner", "")
+            mine = holder == owner()  # our own earlier attempt (a Redis outage): it never ran the tool
+            if (
+                not mine
+                and (claim or {}).get("lease_until", 0) > time.time()
+                and not self.liveness.owner_is_dead(holder)
+            ):
                 return None, None
-            if call.destructive:
+            if call.destructive and not mine:
                 # Never run a destructive tool twice for one call: report it instead.
-                return {
+                result = {
                     "output": (
                         f"Error: the outcome of this {call.name} call is unknown: the worker running it "
                         "stopped before reporting. Check the current state before retrying."
                     ),
                     "is_error": True,
                     "details": {"error": "outcome_unknown"},
-                }, None
+                }
+                return result, self._completed_event(step, call, result)
             self.store.take_over_claim(turn_id, step, call.call_id, owner(), lease)
         # A terminating result earlier in this step stops later batches (DESIGN-NOTES section 2).
         if cancelled or (state.terminate and batch_index > 0):
             reason = "the turn was cancelled" if cancelled else "the turn was terminated"
-            return {
+            result = {
                 "output": f"Interrupted: the call did not run because {reason}.",
                 "is_error": True,
                 "details": {"error": "interrupted"},
-            }, None
+            }
+            return result, self._completed_event(step, call, result)
         try:
             result = storable(self.execute_call(turn_id, call, state, request))
         except Exception as exc:  # whatever breaks around the tool, the call still gets an output
@@ -399,17 +465,22 @@ class TurnEngine:
                 "is_error": True,
                 "details": {"error": "exception", "type": exc.__class__.__name__},
             }
-        event = {
+        return result, self._completed_event(step, call, result)
+
+    @staticmethod
+    def _completed_event(step: int, call: PlannedCall, result: dict[str, Any]) -> dict[str, Any]:
+        """The ``call_completed`` event of every ending: ran, failed, interrupted or outcome unknown."""
+        return {
             "step": step,
             "call_id": call.call_id,
             "name": call.name,
             "activity": result.get("activity", call.activity),
             "is_error": result.get("is_error", False),
+            "error": result.get("details", {}).get("error"),
             "ms": result.get("ms"),
             "terminate": result.get("terminate", False),
             "preview": result["output"][:300],
         }
-        return result, event
 
     def execute_call(self, turn_id: str, call: PlannedCall, state: TurnState, request: TurnRequest) -> dict[str, Any]:
         """Run the tool's ``execute``; any exception becomes an error output. Returns the result record."""
@@ -544,16 +615,21 @@ class TurnEngine:
         self._finished(turn_id, status, error=error)
 
     # ----- watchdog ---------------------------------------------------------
-    def redrive(self, turn_id: str, max_redrives: int) -> StepOutcome:
-        """Re-drive a turn whose progress deadline passed; fail it after ``max_redrives`` attempts."""
+    def redrive(self, turn_id: str, max_redrives: int, reason: str = "no progress") -> StepOutcome:
+        """Re-drive a turn that stopped (``reason``: its progress deadline passed, or the node holding
+        it died): re-send its model step, or the missing calls of its first unfinished batch, or
+        advance a batch whose barrier never fired. Every re-sent message is fenced and claimed, so a
+        re-drive never runs a step or a call twice. Fails the turn after ``max_redrives`` re-drives
+        without progress."""
         state = self.store.load(turn_id)
         if state is None or state.status.terminal:
             self.store.r.zrem("turns:watch", turn_id)
             return StepOutcome("dropped", "not active")
         if state.redrives >= max_redrives:
-            self.fail_turn(turn_id, TurnStatus.failed, f"no progress after {state.redrives} re-drives")
+            self.fail_turn(turn_id, TurnStatus.failed, f"{reason} after {state.redrives} re-drives")
             return StepOutcome("failed", "watchdog gave up")
         self.store.note_redrive(turn_id)
+        self.store.event(turn_id, "turn_redriven", step=state.step, phase=state.phase, reason=reason)
         request = TurnRequest.model_validate(state.request)
         if state.phase == "model":
             self.dispatcher.enqueue_step(turn_id, state.step, queue=request.queue)

@@ -1,35 +1,153 @@
-"""Who owns a claim: this process as ``host:pid``, and whether a claim's owner is gone.
+"""Who owns work, and whether the owner is still alive.
 
-A tool call is claimed by the process that runs it (``TurnStore.claim``); a redelivered
-call whose owner died on this host is taken over at once instead of waiting for the lease.
+A *node* is one worker main process (``host:pid``); its pool children and threads share it.
+Each node keeps a heartbeat key in Redis with a short TTL (``Settings.liveness_ttl``) and a
+hash of the turn tasks it holds (received, running, or reserved by prefetch). When a node's
+heartbeat is gone, the watchdog re-drives the turns it held at once, instead of waiting for
+the broker's ``visibility_timeout`` (DESIGN-NOTES section 11: on the Redis broker, messages
+reserved by a dead worker come back only after it).
+
+A claim owner (a tool call's or a model step's) is ``host:node_pid:pid``: the process that
+runs it under its node. It is dead when its process is gone on this host, or its node's
+heartbeat has expired.
+
+Keys: ``agent:alive:<node>`` (heartbeat, TTL), ``agent:nodes`` (set of known nodes),
+``agent:node:<node>:tasks`` (hash ``task_id`` -> ``turn_id``), ``agent:suspect:<node>``
+(when the watchdog first saw the heartbeat missing: one missed sweep never kills a node
+whose heartbeat only paused while Redis restarted), ``agent:dead:<node>`` (a tombstone, one day).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
+from typing import Any
 
 HOST = socket.gethostname()
+NODES_KEY = "agent:nodes"
+
+# The node of this process: set by the Celery edge in the worker main process before the
+# pool forks (``tasks.liveness``), inherited by prefork children. None outside a worker.
+_node: str | None = None
+
+
+def set_node(node: str | None) -> None:
+    """Declare this process (and the children it forks from now on) part of ``node``."""
+    global _node
+    _node = node
+
+
+def node() -> str:
+    """This process's node: the worker main process ``host:pid``, or this process outside a worker."""
+    return _node or f"{HOST}:{os.getpid()}"
 
 
 def owner() -> str:
-    """This process as a claim owner: ``host:pid`` (computed per call: prefork children fork after import)."""
-    return f"{HOST}:{os.getpid()}"
+    """This process as a claim owner: ``host:node_pid:pid`` (computed per call: prefork children fork after import)."""
+    return f"{node()}:{os.getpid()}"
 
 
-def owner_is_dead(claim_owner: str) -> bool:
-    """True when a claim's owner ran on this host and its process is gone (a killed pool child).
+def _alive_key(node_id: str) -> str:
+    return f"agent:alive:{node_id}"
 
-    Its call is then redelivered at once (``task_reject_on_worker_lost``) and need not wait
-    for the lease to expire. Owners on other hosts are judged by their lease only.
-    """
-    host, _, pid = claim_owner.rpartition(":")
-    if host != HOST or not pid.isdigit() or int(pid) == os.getpid():
-        return False
+
+def _tasks_key(node_id: str) -> str:
+    return f"agent:node:{node_id}:tasks"
+
+
+def _pid_gone(pid: int) -> bool:
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:
         return False
     return False
+
+
+class Liveness:
+    """Heartbeats and held tasks of nodes, in the Redis at ``r``. ``ttl`` in seconds."""
+
+    def __init__(self, r: Any, ttl: float):
+        self.r = r
+        self.ttl = ttl
+
+    def beat(self, node_id: str) -> None:
+        """Refresh ``node_id``'s heartbeat (call every ``ttl / 3``). Raises redis errors."""
+        with self.r.pipeline(transaction=False) as p:
+            p.set(_alive_key(node_id), time.time(), px=int(self.ttl * 1000))
+            p.sadd(NODES_KEY, node_id)
+            p.delete(f"agent:suspect:{node_id}")
+            p.execute()
+
+    def retire(self, node_id: str) -> None:
+        """A clean shutdown: forget the node (its held tasks go back to the broker unacked)."""
+        with self.r.pipeline(transaction=False) as p:
+            p.delete(_alive_key(node_id))
+            p.srem(NODES_KEY, node_id)
+            p.execute()
+
+    def hold(self, node_id: str, task_id: str, turn_id: str) -> None:
+        """Record that ``node_id`` holds a task of ``turn_id`` (received, reserved or running)."""
+        self.r.hset(_tasks_key(node_id), task_id, turn_id)
+
+    def release(self, node_id: str, task_id: str) -> None:
+        """The task ended (ran or was dropped): the node no longer holds it."""
+        self.r.hdel(_tasks_key(node_id), task_id)
+
+    def is_alive(self, node_id: str) -> bool:
+        """True while ``node_id``'s heartbeat key exists."""
+        return bool(self.r.exists(_alive_key(node_id)))
+
+    def owner_is_dead(self, claim_owner: str) -> bool:
+        """True when a claim's owner (``host:node_pid:pid`` or the older ``host:pid``) is gone:
+        its process is dead on this host, or its node's heartbeat expired."""
+        parts = claim_owner.rsplit(":", 2)
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            host, node_pid, pid = parts
+            node_id = f"{host}:{node_pid}"
+        else:
+            host, _, pid = claim_owner.rpartition(":")
+            node_id = None
+        if not pid.isdigit():
+            return False
+        if int(pid) == os.getpid() and host == HOST:
+            return False
+        if host == HOST and _pid_gone(int(pid)):
+            return True
+        if node_id is None or self.is_alive(node_id):
+            return False
+        # A node is judged only once it was known: registered, or declared dead by the watchdog.
+        return bool(self.r.sismember(NODES_KEY, node_id) or self.r.exists(f"agent:dead:{node_id}"))
+
+    def dead_nodes(self) -> list[str]:
+        """Nodes whose heartbeat has been missing for at least ``ttl`` (seen by two sweeps).
+
+        The first sweep that finds a heartbeat missing only marks the node suspect; a live node
+        whose beats paused (Redis restarting) beats again within ``ttl / 3`` and clears the mark.
+        """
+        now = time.time()
+        dead = []
+        for raw in self.r.smembers(NODES_KEY):
+            node_id = raw.decode() if isinstance(raw, bytes) else raw
+            if self.is_alive(node_id):
+                continue
+            key = f"agent:suspect:{node_id}"
+            self.r.set(key, now, nx=True, ex=int(self.ttl * 10) + 60)
+            since = float(self.r.get(key) or now)
+            if now - since >= self.ttl:
+                dead.append(node_id)
+        return dead
+
+    def take_held_turns(self, node_id: str) -> set[str]:
+        """The turns a dead node held; forgets the node. Each turn id once."""
+        key = _tasks_key(node_id)
+        with self.r.pipeline() as p:
+            p.hvals(key)
+            p.delete(key)
+            p.srem(NODES_KEY, node_id)
+            p.delete(f"agent:suspect:{node_id}")
+            p.set(f"agent:dead:{node_id}", time.time(), ex=86400)
+            held, *_ = p.execute()
+        return {v.decode() if isinstance(v, bytes) else v for v in held}

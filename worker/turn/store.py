@@ -22,6 +22,7 @@ Cluster slot):
 - ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
 - ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
 - ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).
+- ``turn:{id}:stepclaim:{n}``: the owner making step n's model call (one model call per step).
 - ``turn:{id}:adv:{n}:{b}``: set once by whoever completes batch b (the barrier).
 - ``turn:{id}:events`` stream: activity events for the control plane.
 - ``turn:{id}:cancel``: the cancel flag.
@@ -350,6 +351,29 @@ class TurnStore:
         if won:
             return True, None
         return False, orjson.loads(raw) if raw else None
+
+    def claim_step(self, turn_id: str, step: int, owner: str, lease: float) -> str | None:
+        """Take step ``step``'s model call for ``owner`` (``lease`` seconds). Returns None when won,
+        else the current holder."""
+        key = _k(turn_id, "stepclaim", step)
+        if self.r.set(key, owner, nx=True, ex=max(1, int(lease))):
+            return None
+        held = self.r.get(key)
+        return held.decode() if held else None
+
+    def take_over_step(self, turn_id: str, step: int, owner: str, lease: float) -> None:
+        """Replace a dead holder's step claim with ours."""
+        self.r.set(_k(turn_id, "stepclaim", step), owner, ex=max(1, int(lease)))
+
+    def release_step(self, turn_id: str, step: int, owner: str) -> None:
+        """Drop ``owner``'s step claim (the reply is stored, or the call failed and will be retried).
+        Never raises: a claim left behind expires with its lease."""
+        key = _k(turn_id, "stepclaim", step)
+        try:
+            if self.r.get(key) == owner.encode():
+                self.r.delete(key)
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass
 
     def take_over_claim(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> None:
         """Replace an expired or dead owner's claim with ours (``lease`` seconds)."""

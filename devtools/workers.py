@@ -1,0 +1,195 @@
+"""The worker processes of a node, and a supervisor that keeps them running.
+
+Two pools, because the queues wait on different things (DESIGN-NOTES section 11):
+
+- ``turns``, ``background``, ``workflow``: steps that wait on the model for seconds. They run
+  on an I/O pool (``--pool threads``, 256 threads by default) so one
+  node keeps hundreds of model calls in flight instead of one per process.
+- ``tools``: tool calls, CPU and isolation sensitive, with Celery time limits: ``prefork``,
+  one process per core by default.
+
+Both run without gossip and mingle: nothing here uses them, and their bootsteps are where
+kombu's reconnect path fails after a Redis restart ("Error on restarting Gossip:
+AttributeError"; kombu#582). ``Supervisor`` restarts a process that exits (a Redis restart
+that a process did not survive, an OOM kill), with backoff, and stops them all on SIGTERM.
+
+``python -m devtools.workers`` (``make worker``) runs both pools under the supervisor against
+``REDIS_URL``; ``make run`` and ``make stack`` use the same commands and supervisor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import IO
+
+ROOT = Path(__file__).resolve().parent.parent
+IO_QUEUES = "turns,background,workflow"
+TOOL_QUEUES = "tools"
+
+log = logging.getLogger("agent.supervisor")
+
+
+def worker_commands(
+    *, io_concurrency: int | None = None, tools_concurrency: int | None = None, loglevel: str = "INFO"
+) -> dict[str, list[str]]:
+    """``{name: argv}`` of the node's two workers. Concurrency defaults: ``AGENT_IO_CONCURRENCY``
+    (256 threads) and ``AGENT_TOOLS_CONCURRENCY`` (the number of cores)."""
+    io_c = io_concurrency or int(os.environ.get("AGENT_IO_CONCURRENCY", "256"))
+    tools_c = tools_concurrency or int(os.environ.get("AGENT_TOOLS_CONCURRENCY", str(os.cpu_count() or 2)))
+    tag = uuid.uuid4().hex[:4]
+    common = [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-l", loglevel]
+    quiet = ["--without-gossip", "--without-mingle"]
+    return {
+        "worker-io": [*common, "-Q", IO_QUEUES, "--pool", "threads", "-c", str(io_c), "-n", f"io-{tag}@%h", *quiet],
+        "worker-tools": [
+            *common,
+            "-Q",
+            TOOL_QUEUES,
+            "--pool",
+            "prefork",
+            "-c",
+            str(tools_c),
+            "-n",
+            f"tools-{tag}@%h",
+            *quiet,
+        ],
+    }
+
+
+def beat_command(loglevel: str = "INFO") -> list[str]:
+    """argv of celery beat with the Redis-restart-proof redbeat scheduler (``tasks.beat``)."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks.app",
+        "beat",
+        "-S",
+        "tasks.beat:ResilientRedBeatScheduler",
+        "--max-interval",
+        "1",
+        "-l",
+        loglevel,
+    ]
+
+
+class Supervisor:
+    """Starts named processes, restarts any that exits (backoff 1 s doubling to 30 s), stops all.
+
+    ``logdir``: each process appends its output to ``<logdir>/<name>.log`` (None: inherit).
+    ``on_restart(name, returncode)`` is called before each restart (for a console line).
+    """
+
+    def __init__(self, logdir: Path | None = None, on_restart=None):
+        self.logdir = logdir
+        self.on_restart = on_restart or (lambda name, code: log.warning("%s exited (%s); restarting", name, code))
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, list[str]] = {}
+        self.restarts: dict[str, int] = {}
+        self._logs: dict[str, IO] = {}
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def _popen(self, name: str) -> subprocess.Popen:
+        out: IO | None = None
+        if self.logdir is not None:
+            self.logdir.mkdir(parents=True, exist_ok=True)
+            out = self._logs.get(name) or open(self.logdir / f"{name}.log", "a")
+            self._logs[name] = out
+        return subprocess.Popen(
+            self.commands[name],
+            cwd=ROOT,
+            env=os.environ.copy(),
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,  # a Ctrl-C meant for the supervisor reaches it first
+        )
+
+    def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        """Start ``cmd`` as ``name`` and keep it running until ``stop()``."""
+        with self._lock:
+            self.commands[name] = cmd
+            self.procs[name] = self._popen(name)
+            self.restarts.setdefault(name, 0)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
+            self._thread.start()
+        return self.procs[name]
+
+    def _watch(self) -> None:
+        backoff: dict[str, float] = {}
+        while not self._stopping.wait(0.5):
+            with self._lock:
+                items = list(self.procs.items())
+            for name, proc in items:
+                code = proc.poll()
+                if code is None or self._stopping.is_set():
+                    continue
+                delay = backoff.get(name, 1.0)
+                self.on_restart(name, code)
+                if self._stopping.wait(delay):
+                    return
+                with self._lock:
+                    self.procs[name] = self._popen(name)
+                    self.restarts[name] += 1
+                backoff[name] = min(delay * 2, 30.0)
+
+    def stop(self, grace: float = 20.0) -> None:
+        """Stop every process: SIGTERM to its group, SIGKILL after ``grace`` seconds."""
+        self._stopping.set()
+        with self._lock:
+            procs = list(self.procs.values())
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        for out in self._logs.values():
+            out.close()
+
+
+def main() -> None:
+    """``python -m devtools.workers [--beat]``: the node's workers (and beat) under the supervisor."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--beat", action="store_true", help="also run celery beat (one per deployment)")
+    args = parser.parse_args()
+    if not os.environ.get("REDIS_URL"):
+        raise SystemExit("set REDIS_URL to the Redis of your stack (make redis starts one)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor: %(message)s")
+    sup = Supervisor()
+    for name, cmd in worker_commands().items():
+        sup.start(name, cmd)
+    if args.beat:
+        sup.start("beat", beat_command())
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    sup.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Worker liveness in Redis (``worker.turn.liveness``): a heartbeat per worker node and the turn
+tasks it holds, so the watchdog can re-drive a dead node's turns within seconds.
+
+Wired through Celery signals: ``worker_init`` names the node (before the pool forks, so prefork
+children inherit it) and starts the heartbeat thread; ``task_received`` (main process) records a
+turn task the node now holds, prefetched or running; ``task_postrun`` (the process that ran it)
+forgets it. A Redis outage only pauses the heartbeat: the watchdog waits a full
+``liveness_ttl`` after first missing a heartbeat before it declares a node dead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import redis
+from celery.signals import task_postrun, task_received, worker_init, worker_shutdown
+
+from tasks.runtime import redis_client
+from worker.settings import get_settings
+from worker.turn import liveness
+
+log = logging.getLogger("agent.liveness")
+
+# Tasks whose first argument is a turn id: the ones a dead node's turn needs re-driven.
+TURN_TASKS = frozenset({"tasks.turns.turn_step", "tasks.turns.tool_call"})
+
+_stop = threading.Event()
+_records: tuple[int, liveness.Liveness] | None = None
+
+
+def _records_for_this_process() -> liveness.Liveness:
+    # One client per process: a prefork child must not share its parent's sockets.
+    global _records
+    if _records is None or _records[0] != os.getpid():
+        _records = (os.getpid(), liveness.Liveness(redis_client(), get_settings().liveness_ttl))
+    return _records[1]
+
+
+def _heartbeat(node: str, records: liveness.Liveness) -> None:
+    interval = records.ttl / 3
+    while not _stop.wait(interval):
+        try:
+            records.beat(node)
+        except redis.RedisError as exc:  # Redis restarting: beat again next time
+            log.warning("heartbeat of %s not written: %s", node, exc)
+
+
+@worker_init.connect
+def _start_heartbeat(**_: object) -> None:
+    node = f"{liveness.HOST}:{os.getpid()}"
+    liveness.set_node(node)
+    records = liveness.Liveness(redis_client(), get_settings().liveness_ttl)
+    try:
+        records.beat(node)
+    except redis.RedisError as exc:
+        log.warning("first heartbeat of %s not written: %s", node, exc)
+    threading.Thread(target=_heartbeat, args=(node, records), name="agent-heartbeat", daemon=True).start()
+
+
+@worker_shutdown.connect
+def _retire(**_: object) -> None:
+    _stop.set()
+    try:
+        liveness.Liveness(redis_client(), get_settings().liveness_ttl).retire(liveness.node())
+    except redis.RedisError:
+        pass
+
+
+@task_received.connect
+def _hold(request=None, **_: object) -> None:
+    if request is None or request.name not in TURN_TASKS or not request.args:
+        return
+    try:
+        _records_for_this_process().hold(liveness.node(), request.id, str(request.args[0]))
+    except redis.RedisError as exc:  # the progress deadline still covers this turn
+        log.warning("could not record task %s as held: %s", request.id, exc)
+
+
+@task_postrun.connect
+def _release(task_id=None, task=None, **_: object) -> None:
+    if task is None or task.name not in TURN_TASKS:
+        return
+    try:
+        _records_for_this_process().release(liveness.node(), task_id)
+    except redis.RedisError as exc:
+        log.warning("could not forget held task %s: %s", task_id, exc)

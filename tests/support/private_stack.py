@@ -1,0 +1,143 @@
+"""A stack of its own for tests that kill things: a persistent embedded Redis, workers and beat
+that point at it, and a control plane on it. The session's shared Redis and workers are never
+touched, so killing a worker or restarting Redis here disturbs no other test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from devtools.embedded_redis import EmbeddedRedis
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+class PrivateStack:
+    """``start_worker(...)`` / ``start_beat()`` / ``redis`` (an ``EmbeddedRedis`` with persistence) /
+    ``control`` (a ``ControlPlane`` on this Redis). ``env`` holds the extra environment of every process."""
+
+    def __init__(self, **env: Any):
+        self.redis = EmbeddedRedis(persist=True)
+        self.url = self.redis.start()
+        self.env = {
+            **os.environ,
+            "REDIS_URL": self.url,
+            "AGENT_LIVENESS_TTL": "2",
+            "AGENT_WATCHDOG_INTERVAL": "0.5",
+            **{k: str(v) for k, v in env.items()},
+        }
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        from control.client import ControlPlane
+
+        self.control = ControlPlane(self.url)
+
+    def _spawn(self, kind: str, cmd: list[str]) -> subprocess.Popen:
+        log = Path(tempfile.gettempdir()) / f"private-{kind}-{uuid.uuid4().hex[:6]}.log"
+        self.logs.append(log)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=self.env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        proc.log = log  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def start_worker(
+        self, *extra: str, pool: str = "threads", concurrency: int = 8, queues: str = "turns,tools,background,workflow"
+    ) -> subprocess.Popen:
+        """A worker on this Redis; returns once its heartbeat is in this Redis (RuntimeError after 30 s).
+
+        (Not a ping: Celery's remote control publishes through the app's default broker.)"""
+        name = f"private-{uuid.uuid4().hex[:6]}"
+        proc = self._spawn(
+            "worker",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tasks.app",
+                "worker",
+                "-Q",
+                queues,
+                "-P",
+                pool,
+                "-c",
+                str(concurrency),
+                "-n",
+                f"{name}@%h",
+                "-l",
+                "WARNING",
+                "--without-gossip",
+                "--without-mingle",
+                *extra,
+            ],
+        )
+        from worker.turn.liveness import HOST
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited early; see {proc.log}")
+            if self.control.store.r.exists(f"agent:alive:{HOST}:{proc.pid}"):
+                time.sleep(0.5)  # consumers start right after worker_init
+                return proc
+            time.sleep(0.1)
+        raise RuntimeError(f"worker did not come up; see {proc.log}")
+
+    def start_beat(self) -> subprocess.Popen:
+        """celery beat (the Redis-restart-proof redbeat scheduler) on this Redis."""
+        proc = self._spawn(
+            "beat",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tasks.app",
+                "beat",
+                "-S",
+                "tasks.beat:ResilientRedBeatScheduler",
+                "--max-interval",
+                "1",
+                "-l",
+                "INFO",
+            ],
+        )
+        deadline = time.monotonic() + 30
+        while not self.control.store.r.exists("redbeat::lock"):  # taken once its scheduler runs
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"beat did not start; see {proc.log}")
+            time.sleep(0.1)
+        return proc
+
+    @staticmethod
+    def kill(proc: subprocess.Popen) -> None:
+        """SIGKILL the process and its children (a crash, not a shutdown)."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def close(self) -> None:
+        """Stop every process (SIGTERM, SIGKILL after 15 s), then Redis."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill(proc)
+        self.redis.stop()

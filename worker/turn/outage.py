@@ -1,0 +1,74 @@
+"""Riding out a Redis outage without losing what was paid for.
+
+A model reply or a tool result exists only in this process until the turn store has it.
+If Redis fails at that moment, the step keeps the value (``Unsaved``) and saves it again
+with backoff (``save_until_stored``) until Redis answers, bounded by
+``Settings.redis_outage_timeout``. The wait happens in the step itself, so it does not depend
+on the broker (the same Redis) being up to queue a retry; and a redelivered step or call in
+this process finds the value in ``Unsaved`` instead of paying the model or running the tool
+again (DESIGN-NOTES section 3).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Callable, TypeVar
+
+import redis
+
+log = logging.getLogger("agent.loop")
+
+T = TypeVar("T")
+
+# What counts as "Redis is not answering" (a reply from Redis, even an error, is not an outage).
+OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+class Unsaved:
+    """Values paid for but not yet stored, keyed by e.g. ``(turn_id, step)``; bounded, thread-safe."""
+
+    def __init__(self, limit: int = 10_000):
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.limit = limit
+
+    def put(self, key: Any, value: Any) -> None:
+        """Keep ``value`` until ``drop(key)``; the oldest entry goes when ``limit`` is passed."""
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.limit:
+                self._items.popitem(last=False)
+
+    def get(self, key: Any) -> Any:
+        """The kept value, or None."""
+        with self._lock:
+            return self._items.get(key)
+
+    def drop(self, key: Any) -> None:
+        """Forget ``key`` (it is stored now)."""
+        with self._lock:
+            self._items.pop(key, None)
+
+
+def save_until_stored(
+    save: Callable[[], T], *, what: str, timeout: float, sleep: Callable[[float], None] = time.sleep
+) -> T:
+    """Call ``save()`` until it returns, retrying Redis outages with backoff (0.2 s doubling to 5 s).
+
+    Returns what ``save`` returns. Raises the last ``redis.ConnectionError``/``TimeoutError`` once
+    ``timeout`` seconds have passed; any other error at once.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.2
+    while True:
+        try:
+            return save()
+        except OUTAGE_ERRORS as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("Redis did not answer while saving %s (%s); retrying in %.1fs", what, exc, delay)
+            sleep(delay)
+            delay = min(delay * 2, 5.0)
