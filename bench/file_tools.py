@@ -4,8 +4,8 @@ Reading a small file of the agent home, two ways, timed in alternation in
 the same run (paired samples, as in ``bench/arguments.py``):
 
 - **path-based** (the previous code, racy): ``confine.resolve_in_home``
-  (lexical check + ``os.path.realpath``) then ``common.open_regular`` on the
-  resulting path and a read;
+  (lexical check + ``os.path.realpath``) then an ``O_NOFOLLOW`` open of the
+  resulting path by name, an ``fstat`` check and a read;
 - **descriptor-based** (now): ``home_fs.HomeDir(home).open(path)``
   (component by component from a descriptor of the home), the ``fstat``
   check (regular, one link) and a ``pread``.
@@ -18,6 +18,8 @@ Run: ``.venv/bin/python bench/file_tools.py``
 
 from __future__ import annotations
 
+import os
+import stat
 import statistics
 import sys
 import tempfile
@@ -29,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from worker.settings import Settings
 from worker.tooling.contract import AbortSignal, ToolContext
 from worker.tools.computer.catalog import create_computer_tools
-from worker.tools.computer.common import open_regular
 from worker.tools.computer.confine import resolve_in_home
 from worker.tools.computer.home_fs import HomeDir, read_fd, require_lone_regular
 from worker.turn.context import TurnContext
@@ -39,7 +40,12 @@ PAIRS = 21
 
 
 def path_based(home: Path, rel: str) -> bytes:
-    with open_regular(resolve_in_home(home, rel), "rb") as fh:
+    """The previous read path: check the path, then open it by name (``O_NOFOLLOW`` on the last component only)."""
+    fd = os.open(resolve_in_home(home, rel), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("not a regular file")
+        os.set_blocking(fd, True)
         return fh.read()
 
 
