@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -21,7 +22,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGENT_", extra="ignore", populate_by_name=True)
 
+    # Workers and beat authenticate with REDIS_URL (redis://user:password@host:port/db); the
+    # control plane with CONTROL_REDIS_URL when set (its own ACL user), else REDIS_URL.
     redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
+    control_redis_url: str | None = Field(None, validation_alias="CONTROL_REDIS_URL")
     # Model gateway (OpenAI Responses API or the scripted gateway).
     openai_base_url: str = Field("https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")
     openai_api_key: SecretStr = Field(SecretStr(""), validation_alias="OPENAI_API_KEY")
@@ -38,6 +42,9 @@ class Settings(BaseSettings):
     # Arguments of a call that did not run are recorded cut to this many characters (case E16).
     max_replay_arguments: int = 20_000
     tool_time_limit: float = 300.0
+    # Cap on a turn request's size as JSON (input, instructions, skills, metadata), in bytes:
+    # a bigger one is refused at enqueue, nothing stored (it would be sent to the model whole).
+    max_input_bytes: int = 1_000_000
 
     # Where agent homes live: <homes_root>/<agent_id>.
     homes_root: Path = Path("var/homes")
@@ -70,12 +77,27 @@ class Settings(BaseSettings):
         single wait (a tool call or a model call) plus two minutes of slack."""
         return max(self.tool_time_limit, self.model_timeout) + 120
 
-    @field_validator("max_model_calls", "max_output_chars", "max_invalid_calls_per_tool")
+    @field_validator("max_model_calls", "max_output_chars", "max_invalid_calls_per_tool", "max_input_bytes")
     @classmethod
     def _positive(cls, v: int) -> int:
         if v < 1:
             raise ValueError("must be >= 1")
         return v
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (and query string, which may carry keys) replaced by ``***``;
+    safe to print or log. A string that is not a URL is returned as ``***``."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, host = netloc.rsplit("@", 1)
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}:***@{host}" if ":" in userinfo else f"***@{host}"
+        return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
+    except ValueError:
+        return "***"
 
 
 @lru_cache(maxsize=1)
