@@ -5,6 +5,8 @@ Bad values fail at start-up with pydantic's error naming the variable.
 
 from __future__ import annotations
 
+import logging
+import re
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -98,6 +100,46 @@ def redact_url(url: str) -> str:
         return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
     except ValueError:
         return "***"
+
+
+# A URL's password (scheme://user:password@) and query string (?key=...), anywhere in a text.
+_URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*):[^@\s/]+@")
+_URL_QUERY = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'?#]*)\?[^\s\"'#]+")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every URL's password and query string replaced by ``***``."""
+    return _URL_QUERY.sub(r"\1?***", _URL_PASSWORD.sub(r"\1:***@", text))
+
+
+class RedactUrls(logging.Filter):
+    """A logging filter that redacts URL passwords and query strings in a record's message.
+
+    httpx logs every request at INFO as ``HTTP Request: GET <full URL> ...``; a key sent as a
+    query parameter would land in the worker's logs (issue 9)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+def install_log_redaction() -> None:
+    """Redact URLs in httpx's request log (filter on the ``httpx`` logger, which logs them) and
+    quiet ``httpx``/``httpcore`` to WARNING unless a level was set. Idempotent."""
+    httpx_logger = logging.getLogger("httpx")
+    if not any(isinstance(f, RedactUrls) for f in httpx_logger.filters):
+        httpx_logger.addFilter(RedactUrls())
+    for name in ("httpx", "httpcore"):
+        lg = logging.getLogger(name)
+        if lg.level == logging.NOTSET:
+            lg.setLevel(logging.WARNING)
+
+
+# Every process that reads the settings (workers, beat, control plane) gets it.
+install_log_redaction()
 
 
 @lru_cache(maxsize=1)
