@@ -29,6 +29,7 @@ import orjson
 
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.strict import field_name, to_strict_schema
+from worker.tooling.validators import compile_validator
 
 if TYPE_CHECKING:
     from worker.tooling.contract import WorkerTool
@@ -302,8 +303,11 @@ class ValidationInfo:
 
     - ``schema``: the tool's own (source) parameters schema.
     - ``properties``: its top-level ``properties`` (``{}`` when none).
-    - ``validator``: a ``jsonschema`` validator for raw-schema tools (``None``
-      for pydantic tools, which validate with their model).
+    - ``validator``: a compiled validator for raw-schema tools
+      (``worker.tooling.validators.CompiledValidator``; ``None`` for pydantic
+      tools, which validate with their model).
+    - ``engine``: what validates the calls: ``"pydantic"``, ``"jsonschema-rs"``,
+      or ``"jsonschema (fallback: <why jsonschema-rs could not compile it>)"``.
     - ``resolve``: returns a sub-schema with a local ``$ref`` resolved.
     """
 
@@ -311,6 +315,7 @@ class ValidationInfo:
     properties: dict[str, Any]
     validator: Any
     resolve: Callable[[Any], Any]
+    engine: str = "pydantic"
 
 
 def _resolver(root: dict[str, Any]) -> Callable[[Any], Any]:
@@ -344,9 +349,14 @@ def validation_info(tool: WorkerTool) -> ValidationInfo:
     else:
         # no schema: any object validates, as before (the definition sends EMPTY_OBJECT_SCHEMA)
         schema = tool.json_schema if tool.json_schema is not None else {"type": "object"}
-        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        validator = validator_cls(schema, format_checker=validator_cls.FORMAT_CHECKER)
+        validator = compile_validator(schema)
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    info = ValidationInfo(schema=schema, properties=props, validator=validator, resolve=_resolver(schema))
+    info = ValidationInfo(
+        schema=schema,
+        properties=props,
+        validator=validator,
+        resolve=_resolver(schema),
+        engine=validator.engine if validator is not None else "pydantic",
+    )
     _INFO_BY_TOOL[tool] = info
     return info
