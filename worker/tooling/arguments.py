@@ -69,7 +69,7 @@ MAX_UNWRAP = 2
 """Wrapper keys unwrapped at most, one inside the other (``{"input": {"arguments": ...}}``)."""
 
 # Text that may hold markup in a key or a call envelope: such text takes the checked path.
-_OBJECT_HINTS = re.compile(r'<|"(?:tool_uses|function|arguments|parameters|input|args)"')
+_OBJECT_HINTS = re.compile(r'<|\[/?[A-Z_]+\]|"(?:tool_uses|function|arguments|parameters|input|args)"')
 
 DEFAULT_MAX_RAW_ECHO = 2_000
 """Default cap (characters) of the raw arguments echoed back in an error (``settings.max_raw_arguments_echo``)."""

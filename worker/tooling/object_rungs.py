@@ -109,9 +109,10 @@ def _other_tool(name: Any) -> str:
 
 # Chat-template and XML markup that leaks from a model's tool-call format into a key: <|...|>
 # delimiters (also DeepSeek's fullwidth <｜...｜>), closing tags (also unterminated: "</parameter"),
-# and opening tags or assignments (<arg_key>, <parameter=cmd>, <tool_call>, <a href=...>).
+# opening tags or assignments (<arg_key>, <parameter=cmd>, <tool_call>, <a href=...>), and Mistral's
+# [TOOL_CALLS]/[ARGS]/[CALL_ID] control tokens.
 _MARKUP = re.compile(
-    r"<[|\uff5c]|[|\uff5c]>|</\s*[A-Za-z_]|<[A-Za-z_][\w:.-]*(?:\s*/?>|=|\s+[\w:.-]+\s*=)|\[/?TOOL_CALLS\]"
+    r"<[|\uff5c]|[|\uff5c]>|</\s*[A-Za-z_]|<[A-Za-z_][\w:.-]*(?:\s*/?>|=|\s+[\w:.-]+\s*=)|\[/?(?:TOOL_CALLS|ARGS|CALL_ID|TOOL_RESULTS)\]"
 )
 
 

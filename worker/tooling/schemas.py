@@ -30,6 +30,7 @@ import orjson
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.strict import field_name, to_strict_schema
 from worker.tooling.validators import compile_validator
+from worker.tooling.wire import check_root, wire_copy
 
 if TYPE_CHECKING:
     from worker.tooling.contract import WorkerTool
@@ -86,11 +87,7 @@ def source_schema(tool: WorkerTool) -> dict[str, Any]:
         _check_refs(schema, tool.name)
     else:
         schema = EMPTY_OBJECT_SCHEMA
-    if schema.get("type") != "object":
-        raise ToolDefinitionError(
-            f"tool {tool.name!r}: function tool parameters must use a root object schema "
-            f"(got type {schema.get('type')!r})"
-        )
+    check_root(schema, tool.name, _resolver(schema))  # P1: raises naming a root combinator
     if len(_PARAMS_CACHE) > _CACHE_LIMIT:
         _PARAMS_CACHE.clear()
     _PARAMS_CACHE[key] = schema
@@ -207,14 +204,16 @@ def _check_refs(schema: dict[str, Any], tool_name: str) -> None:
 
 
 def parameters_schema(tool: WorkerTool) -> dict[str, Any]:
-    """The ``parameters`` sent to the provider: the source schema, or its strict copy."""
+    """The ``parameters`` sent to the provider: the strict copy (``worker.tooling.strict``), or the
+    wire copy (``worker.tooling.wire``: the source schema itself unless a provider rule changes it)."""
     schema = source_schema(tool)
-    if not tool.strict:
-        return schema
-    key = ("strict", _schema_key(tool), tool.name)
+    key = ("strict" if tool.strict else "wire", _schema_key(tool), tool.name)
     cached = _PARAMS_CACHE.get(key)
     if cached is None:
-        cached = to_strict_schema(schema, tool_name=tool.name)
+        if tool.strict:
+            cached = to_strict_schema(schema, tool_name=tool.name)
+        else:
+            cached = wire_copy(schema, tool.name, _resolver(schema))
         _PARAMS_CACHE[key] = cached
     return cached
 

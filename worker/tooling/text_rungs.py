@@ -85,7 +85,7 @@ def fix_escapes(tok: str, at: int, names: set[str]) -> str:
                 "write the character itself or a full \\uXXXX escape"
             )
         c = m.group(3)
-        if c.isalnum() or c == "_":
+        if c.isalnum():
             raise Refused(
                 f"a string in your arguments has the invalid escape {m.group()!r} at character {where}; JSON has "
                 "no such escape and dropping the backslash would change the value; nothing was run: write a "
