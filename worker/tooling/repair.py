@@ -9,10 +9,9 @@ fails. Policy (``tests/fixtures/cases/README.md``, DESIGN-NOTES section 6):
   (``response_status == "incomplete"``): the model is told its arguments
   were cut off;
 - refuse non-objects, markup/prose instead of JSON, distinct concatenated
-  objects, duplicate keys (on every path: ``worker.tooling.arguments`` refuses them
-  on the strict path too, ``duplicate_key_error``), call envelopes
-  (``{"function": {"name", "arguments"}}``, A18) and the hallucinated
-  ``multi_tool_use`` shape (A38);
+  objects, duplicate keys in repaired text (``duplicate_key_error``); call
+  envelopes and markup in keys are object checks made on every call, repaired
+  or not (``worker.tooling.object_rungs``, driven by ``worker.tooling.arguments``);
 - refuse values JSON or storage cannot hold (``check_values``): lone UTF-16
   surrogates (refused, not replaced with U+FFFD: the text would no longer be
   what the model sent), ``NaN``/``Infinity``/``1e400``, integers beyond 64 bits;
@@ -32,9 +31,13 @@ applied:
 3. ``normalize``: one string-aware regex scan that fixes, outside strings:
    over-escaped value quotes (``\\\\"foo\\\\"``, A24), literal ``\\n``/``\\t``
    between tokens (A33), Python ``True``/``False``/``None``, trailing commas;
-   inside: single-quoted strings (A19), raw control characters (A35); and
-   closes unclosed ``{``/``[`` when the text ends at a complete value (A29,
-   A30). After the first object: identical copies are collapsed (A25),
+   inside: single-quoted strings (A19), raw control characters (A35), invalid
+   escapes (``invalid_escapes``: a backslash before punctuation JSON never
+   escapes is dropped; a short ``\\u`` or a backslash before a letter is
+   refused, naming the position); and closes unclosed ``{``/``[`` when the text
+   ends at a complete value (A29, A30). A closer that does not match the
+   innermost open bracket goes to ``mismatched_closer`` (``_mismatched_closer``:
+   kept only when exactly one reading closes the root at the end). After the first object: identical copies are collapsed (A25),
    distinct ones refused (A26), prose is dropped (``trailing_text``, A02).
 4. ``json_repair``: the ``json-repair`` package in strict mode, as a last
    rung (unescaped inner quotes, A36; comments; tuples; curly quotes; missing
@@ -46,10 +49,11 @@ applied:
    because the rungs above do not cover those kinds and the check makes it
    unable to drop or invent data.
 
-Object rungs (``repair_object``, need the tool's schema): ``decoded_field``
-for an array/object field sent as a JSON-encoded string (A20) and
-``unwrapped:<key>`` for an undeclared single wrapper key (A37), each kept
-only when the result validates.
+Object rungs (need the tool's schema; ``worker.tooling.object_rungs`` and
+``worker.tooling.coercion``, composed in a fixed order by ``worker.tooling.arguments``):
+``unwrapped_envelope:<key>``, ``decoded_field:<f>``, ``unwrapped:<k>`` (with
+``double_encoded:<k>``), ``coerced:<f>``, each kept only when the result validates.
+The whole policy, with an example of every rung and refusal: ``docs/arguments.md``.
 
 Bounds: every rung is one or a few linear passes (compiled regexes without
 backtracking over runs: possessive quantifiers for backslash runs and
