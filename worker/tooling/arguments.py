@@ -76,11 +76,13 @@ _HINTS = (
     "[CALL_ID]",
     "TOOL_RESULTS",
     '"tool_uses"',
-    '"function"',
+    '"tool_calls"',
+    '"function',
     '"arguments"',
     '"parameters"',
     '"input"',
     '"args"',
+    '"tool_input"',
 )
 
 
@@ -257,7 +259,10 @@ def validate_tool_arguments(
 _UNPARSED = object()
 
 
-_ENVELOPE_KEYS = frozenset({"name", "type", "id", "call_id", "function", "tool_uses"})
+_ENVELOPE_KEYS = frozenset(
+    {"name", "tool", "tool_name", "function_name", "recipient_name", "type", "id", "call_id", "index"}
+    | {"function", "function_call", "tool_uses", "tool_calls"}
+)
 
 
 @functools.lru_cache(maxsize=1024)

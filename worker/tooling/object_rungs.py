@@ -13,13 +13,40 @@ import orjson
 
 from worker.tooling.json_checks import Refused, check_depth, loads_once
 
-_ENVELOPE_EXTRA = frozenset({"id", "type", "call_id"})
-_ARG_KEYS = ("arguments", "parameters", "input", "args")
+_ENVELOPE_EXTRA = frozenset({"id", "type", "call_id", "index"})
+_NAME_KEYS = ("name", "tool", "tool_name", "function_name", "recipient_name")
+_ARG_KEYS = ("arguments", "parameters", "input", "args", "tool_input")
+_CALL_KEYS = ("function", "function_call")  # {"function": {"name", "arguments"}}
+_LIST_KEYS = ("tool_uses", "tool_calls")  # multi_tool_use.parallel, a whole tool_calls array
 
 
 def _names_tool(name: Any, tool_name: str) -> bool:
     """``name`` is this tool's name, bare or behind a prefix (``functions.x``, ``ns.x``)."""
     return isinstance(name, str) and (name == tool_name or name.rsplit(".", 1)[-1] == tool_name)
+
+
+def _call(value: Any, declared: Any) -> tuple[Any, str, Any, str] | None:
+    """``(name, name_key, arguments, arguments_key)`` when ``value`` has the shape of one tool call:
+    one name key and one arguments key (an object or a string), besides only ``id``/``type``/
+    ``call_id``/``index``; or a ``function``/``function_call`` object of that shape. Keys the
+    tool declares (``declared``) are never taken for envelope keys, except the name key."""
+    if not isinstance(value, dict):
+        return None
+    for key in _CALL_KEYS:
+        inner = value.get(key)
+        if isinstance(inner, dict) and key not in declared and set(value) - {key} <= _ENVELOPE_EXTRA:
+            found = _call(inner, ())
+            if found is not None:
+                return found[0], found[1], found[2], f"{key}.{found[3]}"
+    names = [k for k in _NAME_KEYS if k in value]
+    args = [k for k in _ARG_KEYS if k in value]
+    if len(names) != 1 or len(args) != 1 or args[0] in declared:
+        return None
+    if not isinstance(value[args[0]], (dict, str)) or set(value) - {names[0], args[0]} - _ENVELOPE_EXTRA:
+        return None
+    if set(value) & set(declared) - {names[0]}:
+        return None
+    return value[names[0]], names[0], value[args[0]], args[0]
 
 
 def _envelope_args(value: Any, key: str) -> dict[str, Any]:
@@ -45,53 +72,48 @@ def _envelope_args(value: Any, key: str) -> dict[str, Any]:
 def unwrap_envelope(value: dict[str, Any], tool_name: str, declared: Any) -> tuple[dict[str, Any], list[str]] | None:
     """Arguments sent inside a call envelope (A18, A38, B13): ``(inner, repairs)`` or ``None``.
 
-    Envelopes, recognised only where the tool's schema does not declare the
-    envelope key (``declared``: its top-level property names):
+    An envelope has the shape of a whole tool call, recognised only where the
+    tool's schema does not declare the envelope's keys (``declared``: its
+    top-level property names):
 
-    - ``{"name": N, "arguments"|"parameters"|"input"|"args": X}`` (plus ``id``/``type``/``call_id``);
-    - ``{"function": {"name": N, "arguments"|"parameters": X}}`` (plus ``id``/``type``/``call_id``);
-    - ``{"tool_uses": [{"recipient_name": N, "parameters": X}]}`` (``multi_tool_use.parallel``).
+    - a name (``name``, ``tool``, ``tool_name``, ``function_name``,
+      ``recipient_name``) and arguments (``arguments``, ``parameters``,
+      ``input``, ``args``, ``tool_input``), with at most ``id``/``type``/
+      ``call_id``/``index`` besides (OpenAI, Llama, Anthropic ``tool_use`` shapes);
+    - that shape inside ``function`` or ``function_call``;
+    - a list of such calls under ``tool_uses`` (``multi_tool_use.parallel``) or ``tool_calls``.
 
-    When ``N`` is this tool's name (``x``, ``functions.x``) and there is one call,
-    ``X`` (an object, or a JSON string of one, decoded once) is the arguments:
-    recorded as ``unwrapped_envelope:<key>`` (and ``double_encoded:<key>``).
-    Any other envelope (another tool's name, several calls) raises ``Refused``:
-    running it would run the wrong call or several. Same rule for pydantic and
-    raw-schema tools.
+    One call naming this tool (``x``, ``functions.x``): its arguments (an object,
+    or a JSON string of one, decoded once) are the arguments, recorded as
+    ``unwrapped_envelope:<key>`` (and ``double_encoded:<key>``). Any other envelope
+    (another tool's name, several calls, arguments that are not an object) raises
+    ``Refused``: running it would run the wrong call, or one of several. Same rule
+    for pydantic and raw-schema tools.
     """
     declared = declared or ()
-    uses = value.get("tool_uses")
-    if (
-        "tool_uses" not in declared
-        and isinstance(uses, list)
-        and any(isinstance(u, dict) and "recipient_name" in u for u in uses)
-    ):
-        if len(uses) == 1 and _names_tool(uses[0].get("recipient_name"), tool_name) and len(value) == 1:
-            key = "parameters" if "parameters" in uses[0] else "arguments"
-            return _unwrapped(uses[0].get(key), "tool_uses", key)
+    for key in _LIST_KEYS:
+        calls = value.get(key)
+        if key in declared or not isinstance(calls, list) or not calls:
+            continue
+        parts = [_call(c, ()) for c in calls]
+        if any(p is None for p in parts):
+            continue
+        if len(parts) == 1 and set(value) - {key} <= _ENVELOPE_EXTRA and _names_tool(parts[0][0], tool_name):
+            return _unwrapped(parts[0][2], key, parts[0][3].split(".")[-1])
         raise Refused(
-            "these arguments use the internal multi_tool_use.parallel shape (tool_uses/recipient_name) "
-            f"with {len(uses)} call(s); nothing was run: call each tool directly, one function call per tool"
+            f"these arguments hold {len(parts)} tool call(s) under {key!r} (e.g. the internal "
+            "multi_tool_use.parallel shape, tool_uses/recipient_name) instead of this tool's arguments; "
+            "nothing was run: call each tool directly, one function call per tool"
         )
-    fn = value.get("function")
-    if (
-        "function" not in declared
-        and isinstance(fn, dict)
-        and "name" in fn
-        and any(k in fn for k in ("arguments", "parameters"))
-        and set(value) - {"function"} <= _ENVELOPE_EXTRA
-    ):
-        if _names_tool(fn["name"], tool_name):
-            key = "arguments" if "arguments" in fn else "parameters"
-            return _unwrapped(fn[key], "function", key)
-        raise Refused(_other_tool(fn["name"]))
-    if "name" in value and len(value) >= 2 and set(value) - {"name"} - set(_ARG_KEYS) <= _ENVELOPE_EXTRA:
-        keys = [k for k in _ARG_KEYS if k in value and k not in declared]
-        if len(keys) == 1 and isinstance(value[keys[0]], (dict, str)) and not (set(value) & set(declared) - {"name"}):
-            if _names_tool(value["name"], tool_name):
-                return _unwrapped(value[keys[0]], keys[0], keys[0])
-            if isinstance(value[keys[0]], dict) and isinstance(value["name"], str) and "name" not in declared:
-                raise Refused(_other_tool(value["name"]))
+    found = _call(value, declared)
+    if found is None:
+        return None
+    name, name_key, args, args_key = found
+    where = args_key.split(".")[0]
+    if _names_tool(name, tool_name):
+        return _unwrapped(args, where, args_key.split(".")[-1])
+    if name_key not in declared or "." in args_key:
+        raise Refused(_other_tool(name))
     return None
 
 
@@ -110,9 +132,11 @@ def _other_tool(name: Any) -> str:
 # Chat-template and XML markup that leaks from a model's tool-call format into a key: <|...|>
 # delimiters (also DeepSeek's fullwidth <｜...｜>), closing tags (also unterminated: "</parameter"),
 # opening tags or assignments (<arg_key>, <parameter=cmd>, <tool_call>, <a href=...>), and Mistral's
-# [TOOL_CALLS]/[ARGS]/[CALL_ID] control tokens.
+# [TOOL_CALLS]/[ARGS]/[CALL_ID] control tokens; a known tool-format tag name also when left open ("<parameter").
 _MARKUP = re.compile(
-    r"<[|\uff5c]|[|\uff5c]>|</\s*[A-Za-z_]|<[A-Za-z_][\w:.-]*(?:\s*/?>|=|\s+[\w:.-]+\s*=)|\[/?(?:TOOL_CALLS|ARGS|CALL_ID|TOOL_RESULTS)\]"
+    r"<[|\uff5c]|[|\uff5c]>|</\s*[A-Za-z_]|<[A-Za-z_][\w:.-]*(?:\s*/?>|=|\s+[\w:.-]+\s*=)"
+    r"|<\s*(?:parameter|function|tool_calls?|tool_response|arg_key|arg_value|invoke|think)\b"
+    r"|\[/?(?:TOOL_CALLS|ARGS|CALL_ID|TOOL_RESULTS)\]"
 )
 
 

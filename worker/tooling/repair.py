@@ -89,6 +89,7 @@ from worker.tooling.json_repair_rung import json_repair_rung
 from worker.tooling.text_rungs import (
     JSON_HEADER,
     PY_LITERALS,
+    EncodedObjectText,
     Mismatch,
     double_encoded,
     handle_tail,
@@ -173,8 +174,15 @@ def _ladder(raw: str, repairs: list[str]) -> Any:
             pass
     first = text[0]
     if first == '"':
-        return double_encoded(text, repairs)
-    if text.startswith('{\\"'):
+        try:
+            return double_encoded(text, repairs)
+        except EncodedObjectText as exc:  # composes once: the decoded text climbs the rest of the ladder
+            repairs.append("double_encoded")
+            text = first_text = exc.inner
+            first = "{"
+    else:
+        first_text = None
+    if first_text is None and text.startswith('{\\"'):
         try:
             inner = json.loads('"' + text + '"')
             depth = check_depth(inner)

@@ -317,7 +317,21 @@ def strip_fence(text: str) -> str | None:
     return None
 
 
+class EncodedObjectText(Exception):
+    """The arguments are a JSON string whose content starts an object but is not valid JSON:
+    the content goes down the ladder once more (``double_encoded``, then the other rungs)."""
+
+    def __init__(self, inner: str):
+        super().__init__("double-encoded object text")
+        self.inner = inner
+
+
 def double_encoded(text: str, repairs: list[str]) -> Any:
+    """Rung ``double_encoded``: the whole text is a JSON string holding a JSON object (decoded once).
+
+    Raises ``EncodedObjectText`` when the content starts an object but needs repair
+    itself, ``Refused`` when the string is not closed or holds no object.
+    """
     try:
         inner = json.loads(text, strict=False)
     except json.JSONDecodeError:
@@ -333,6 +347,8 @@ def double_encoded(text: str, repairs: list[str]) -> Any:
         try:
             value = DECODER.decode(inner)
         except json.JSONDecodeError:
+            if inner.lstrip().startswith("{"):
+                raise EncodedObjectText(inner.strip()) from None
             raise Refused(
                 "arguments are a JSON string, not a JSON object; send the object itself, not encoded as a string"
             ) from None
