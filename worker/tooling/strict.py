@@ -45,6 +45,12 @@ refer to that file):
   has no tuples, and the copy would be an array that accepts nothing.
 - D1/D2  also: a ``required`` name that is not a declared property raises:
   the closed strict copy could never carry it, so no call could succeed.
+
+Provider rules that hold for every wire copy, strict or not (P1 plain object
+root, P2 no regex look-around, P3 multi-entry ``allOf`` merged or refused, P4
+``required`` on every object), with the provider errors they come from: the
+table in ``worker.tooling.wire``. This converter applies P1-P3 as it goes
+(``check_root``, ``merge_all_of``, ``has_lookaround``); D1/D2 give P4.
 """
 
 from __future__ import annotations
