@@ -50,27 +50,31 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/arguments.py
 	$(PY) bench/turn_overhead.py
+	$(PY) bench/file_tools.py
 
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node
 	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) $(PY) -m devtools.devstack --serve
 
+# Fresh ACL passwords each start; the URLs go to var/redis.env (mode 0600), never to the terminal.
 redis: $(STAMP)
 	$(PY) -m devtools.embedded_redis --port 6390
 
 # The node's two pools (threads for turns/background/workflow, prefork for tools), restarted if they exit.
 worker: $(STAMP)
-	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
+	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one: . var/redis.env)}
 	AGENT_COMMAND_EXTRA_PATH=$${AGENT_COMMAND_EXTRA_PATH:-$(COMMAND_PATH)} \
 	  exec $(PY) -m devtools.workers
 
 beat: $(STAMP)
-	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
+	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one: . var/redis.env)}
 	exec $(VENV)/bin/celery -A tasks.app beat -S tasks.beat:ResilientRedBeatScheduler -l INFO
 
+# Basic auth on every route, /metrics included; credentials from the environment only (tasks/flower.py).
 flower: $(STAMP)
 	$(PY) -m pip install --quiet 'flower>=2.0,<3'
-	$(VENV)/bin/celery -A tasks.app flower --basic-auth="$${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password}"
+	@: $${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password in the environment}
+	$(PY) -m tasks.flower
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -94,6 +94,7 @@ class Supervisor:
         self.on_restart = on_restart or (lambda name, code: log.warning("%s exited (%s); restarting", name, code))
         self.procs: dict[str, subprocess.Popen] = {}
         self.commands: dict[str, list[str]] = {}
+        self.envs: dict[str, dict[str, str] | None] = {}
         self.restarts: dict[str, int] = {}
         self._logs: dict[str, IO] = {}
         self._stopping = threading.Event()
@@ -109,16 +110,17 @@ class Supervisor:
         return subprocess.Popen(
             self.commands[name],
             cwd=ROOT,
-            env=os.environ.copy(),
+            env=self.envs.get(name) or os.environ.copy(),
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,  # a Ctrl-C meant for the supervisor reaches it first
         )
 
-    def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        """Start ``cmd`` as ``name`` and keep it running until ``stop()``."""
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start ``cmd`` as ``name`` (environment ``env``, default this one) and keep it running until ``stop()``."""
         with self._lock:
             self.commands[name] = cmd
+            self.envs[name] = env
             self.procs[name] = self._popen(name)
             self.restarts.setdefault(name, 0)
         if self._thread is None:

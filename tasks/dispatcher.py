@@ -2,6 +2,9 @@
 
 Tasks are named, not imported (``tasks.turns`` imports the engine that holds this
 dispatcher), so the names below must match the ``@app.task(name=...)`` in ``tasks.turns``.
+Sent by name, a task's own ``ignore_result`` is unknown to Celery, so each send says it:
+results live in the turn store, and a result subscription would open a connection to the
+result backend for every message.
 """
 
 from __future__ import annotations
@@ -43,12 +46,13 @@ class CeleryDispatcher:
 
     def enqueue_step(self, turn_id: str, step: int, *, queue: str) -> None:
         """Send ``turn_step(turn_id, step)`` to ``queue``."""
-        app.signature(TURN_STEP, (turn_id, step)).apply_async(queue=queue, **self._options())
+        app.signature(TURN_STEP, (turn_id, step)).apply_async(queue=queue, ignore_result=True, **self._options())
 
     def dispatch_batch(self, turn_id: str, step: int, batch_index: int, batch: Batch, *, queue: str) -> None:
         """Send the batch's ``tool_call`` tasks: one task, a group (parallel) or a chain (sequential)."""
         sigs = [
-            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(queue=queue) for cid in batch.call_ids
+            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(queue=queue, ignore_result=True)
+            for cid in batch.call_ids
         ]
         if len(sigs) == 1:
             sigs[0].apply_async()
@@ -59,7 +63,7 @@ class CeleryDispatcher:
 
     def turn_finished(self, turn_id: str) -> None:
         """Send ``turn_finished(turn_id)`` (the control-plane hooks) to ``turns``."""
-        app.signature(TURN_FINISHED, (turn_id,)).apply_async(queue="turns", **self._options())
+        app.signature(TURN_FINISHED, (turn_id,)).apply_async(queue="turns", ignore_result=True, **self._options())
 
     def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
         """Turn-scoped callables for tool creators (``tasks.services.turn_services``)."""

@@ -178,12 +178,7 @@ def test_every_call_ends_with_call_completed(stack, gateway, script_name):
     gateway.add_script(
         script_name,
         [
-            {
-                "output": [
-                    fc("write_thing", {"label": "a", "ms": 3000}),
-                    fc("write_thing", {"label": "b", "ms": 0}),
-                ]
-            },
+            {"output": [fc("write_thing", {"label": "a", "ms": 3000}), fc("write_thing", {"label": "b", "ms": 0})]},
             {"output": [msg("never")]},
         ],
     )
@@ -195,3 +190,27 @@ def test_every_call_ends_with_call_completed(stack, gateway, script_name):
     started = {e["call_id"] for e in _events(stack.control, tid, "call_started")}
     completed = {e["call_id"] for e in _events(stack.control, tid, "call_completed")}
     assert started and started <= completed, (started, completed)
+
+
+def test_persistent_redis_keeps_transactions_across_a_crash():
+    """Every turn transition is a MULTI/EXEC: a restart must replay them (Redis 7.0 drops them
+    when the ``default`` user is off, which the ACL file therefore avoids)."""
+    import redis
+
+    from devtools.embedded_redis import EmbeddedRedis
+
+    srv = EmbeddedRedis(persist=True)
+    try:
+        srv.start()
+        client = redis.Redis.from_url(srv.control_url)
+        client.set("plain", "1")
+        with client.pipeline() as pipe:
+            pipe.set("in-multi", "2")
+            pipe.hset("hash", "k", "v")
+            pipe.execute()
+        srv.halt(kill=True)
+        srv.restart()
+        client = redis.Redis.from_url(srv.control_url)
+        assert (client.get("plain"), client.get("in-multi"), client.hget("hash", "k")) == (b"1", b"2", b"v")
+    finally:
+        srv.stop()

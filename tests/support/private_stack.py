@@ -27,7 +27,7 @@ class PrivateStack:
         self.redis = EmbeddedRedis(persist=True)
         self.url = self.redis.start()
         self.env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"},
             "REDIS_URL": self.url,
             "AGENT_LIVENESS_TTL": "2",
             "AGENT_WATCHDOG_INTERVAL": "0.5",
@@ -37,7 +37,7 @@ class PrivateStack:
         self.logs: list[Path] = []
         from control.client import ControlPlane
 
-        self.control = ControlPlane(self.url)
+        self.control = ControlPlane(self.redis.control_url)
 
     def _spawn(self, kind: str, cmd: list[str]) -> subprocess.Popen:
         log = Path(tempfile.gettempdir()) / f"private-{kind}-{uuid.uuid4().hex[:6]}.log"

@@ -76,11 +76,7 @@ class ScriptedGateway:
     """
 
     def __init__(
-        self,
-        scripts: dict[str, list[Step]] | None = None,
-        port: int = 0,
-        host: str = "127.0.0.1",
-        latency: float = 0.0,
+        self, scripts: dict[str, list[Step]] | None = None, port: int = 0, host: str = "127.0.0.1", latency: float = 0.0
     ):
         self.scripts: dict[str, list[Step]] = dict(scripts or {})
         self.requests: list[dict[str, Any]] = []

@@ -24,6 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+import orjson
+
 from worker.model.client import GatewayError, ModelReply, ResponsesClient
 from worker.model.items import (
     cap_output,
@@ -43,9 +45,9 @@ from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall, plan_batches
 from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, no_toolsets
 from worker.turn.liveness import Liveness, owner
-from worker.turn.outage import Unsaved, save_until_stored
+from worker.turn.outage import OUTAGE_ERRORS, Unsaved, save_until_stored
 from worker.turn.planning import plan_calls
-from worker.turn.request import Skill, TurnRequest, TurnStatus
+from worker.turn.request import Skill, TurnRefused, TurnRequest, TurnStatus, check_turn_id
 from worker.turn.store import StaleStep, TurnState, TurnStore
 
 log = logging.getLogger("agent.loop")
@@ -88,18 +90,31 @@ class TurnEngine:
 
     # ----- enqueueing ------------------------------------------------------
     def create_turn(self, request: TurnRequest, turn_id: str) -> tuple[str, bool]:
-        """Store a new turn and enqueue its first step. Returns ``(turn_id, created)``."""
+        """Store a new turn and enqueue its first step. Returns ``(turn_id, created)``; ``created``
+        is False for a reused idempotency key or a turn id the agent already used (nothing is
+        enqueued again).
+
+        Raises ``TurnRefused`` (nothing stored) for a turn id not matching ``ID_PATTERN``, a turn
+        id of another agent, or a request whose JSON is over ``settings.max_input_bytes``.
+        """
+        check_turn_id(turn_id)
+        dumped = request.model_dump(mode="json")
+        size = len(orjson.dumps(dumped))
+        if size > self.settings.max_input_bytes:
+            raise TurnRefused(
+                f"the turn request is {size:,} bytes as JSON (input, instructions, skills, metadata); "
+                f"the limit is {self.settings.max_input_bytes:,} (AGENT_MAX_INPUT_BYTES)"
+            )
         items = [user_message(request.input)] if isinstance(request.input, str) else list(request.input)
-        tid, created = self.store.create(
-            turn_id, request.model_dump(mode="json"), items, idempotency_key=request.idempotency_key
-        )
+        tid, created = self.store.create(turn_id, dumped, items, idempotency_key=request.idempotency_key)
         if created:
             self.dispatcher.enqueue_step(tid, 0, queue=request.queue)
         return tid, created
 
     def enqueue_turn(self, request: dict[str, Any] | TurnRequest, turn_id: str | None = None) -> str:
         """The ``enqueue_turn`` turn service: validate ``request`` and start a turn; returns its id
-        (an existing one for a reused idempotency key). Raises ``pydantic.ValidationError``."""
+        (an existing one for a reused idempotency key or turn id of the same agent). Raises
+        ``pydantic.ValidationError`` or ``TurnRefused`` (see ``create_turn``)."""
         req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
         return self.create_turn(req, turn_id or uuid.uuid4().hex)[0]
 
@@ -111,7 +126,7 @@ class TurnEngine:
             agent_id=request.agent_id,
             home=_agent_home(self.settings, request.agent_id),
             settings=self.settings,
-            abort=abort or AbortSignal(probe=lambda: self.store.is_cancelled(state.turn_id)),
+            abort=abort or AbortSignal(probe=lambda: self._cancel_requested(state.turn_id)),
             supports=request.supports,
             redis=self.store.r,
             skills=tuple(request.skills),
@@ -123,6 +138,14 @@ class TurnEngine:
             metadata=dict(request.metadata),
             workflow_task=request.toolset == "workflow_task",
         )
+
+    def _cancel_requested(self, turn_id: str) -> bool:
+        """The abort signal's probe: the turn's cancel flag. While Redis does not answer, a running
+        tool goes on (the flag is read again at its next check) rather than failing."""
+        try:
+            return self.store.is_cancelled(turn_id)
+        except OUTAGE_ERRORS:
+            return False
 
     def tools_for(self, ctx: TurnContext, request: TurnRequest) -> list[WorkerTool]:
         """The turn's tool set: its toolset's assembly, plus ``tool_search`` when a tool is deferred."""
@@ -484,7 +507,7 @@ class TurnEngine:
 
     def execute_call(self, turn_id: str, call: PlannedCall, state: TurnState, request: TurnRequest) -> dict[str, Any]:
         """Run the tool's ``execute``; any exception becomes an error output. Returns the result record."""
-        abort = AbortSignal(probe=lambda: self.store.is_cancelled(turn_id))
+        abort = AbortSignal(probe=lambda: self._cancel_requested(turn_id))
         ctx = self.context(state, request, abort)
         tools = {t.name: t for t in self.tools_for(ctx, request)}
         tool = tools.get(call.name)

@@ -1,0 +1,45 @@
+"""Flower with authentication on every route: ``python -m tasks.flower [flower options]``.
+
+Flower 2.x leaves ``/metrics`` and ``/healthcheck`` open even when basic auth is on (their
+handlers lack ``@web.authenticated``; flower#1342), and metrics name tasks, queues and
+workers. This entry point wraps those handlers with ``tornado.web.authenticated`` before
+starting ``celery -A tasks.app flower``. Credentials come from the environment
+(``FLOWER_BASIC_AUTH=user:password``, read by Flower itself), never from the command line,
+where ``ps`` and ``docker inspect`` would show them; without them Flower does not start.
+Only static assets (JavaScript, CSS) stay public.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def protect_open_routes() -> list[str]:
+    """Require authentication on Flower's handlers that lack it. Returns their names. Idempotent."""
+    import tornado.web
+    from flower.views import monitor
+
+    wrapped = []
+    for handler in (monitor.Metrics, monitor.Healthcheck):
+        if not getattr(handler.get, "_requires_auth", False):
+            handler.get = tornado.web.authenticated(handler.get)
+            handler.get._requires_auth = True
+            wrapped.append(handler.__name__)
+    return wrapped
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Start Flower for ``tasks.app`` with every route authenticated. Exits with an error
+    when ``FLOWER_BASIC_AUTH`` is not set."""
+    if not os.environ.get("FLOWER_BASIC_AUTH"):
+        sys.exit("FLOWER_BASIC_AUTH=user:password must be set in the environment (never on the command line)")
+    protect_open_routes()
+    from celery.bin.celery import main as celery_main
+
+    sys.argv = ["celery", "-A", "tasks.app", "flower", *(sys.argv[1:] if argv is None else argv)]
+    celery_main()
+
+
+if __name__ == "__main__":
+    main()
