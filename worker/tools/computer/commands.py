@@ -201,8 +201,13 @@ def _supervise(
         if ctx.abort.aborted:
             outcome = "aborted"
             break
+        if reader.is_alive():
+            # The output pipe closes when the last process of the command exits: waking on the
+            # reader's end answers at once, where Popen.wait polls with growing sleeps.
+            reader.join(min(0.05, left))
+            continue
         try:
-            proc.wait(timeout=min(0.1, left))
+            proc.wait(timeout=min(0.05, left))
         except subprocess.TimeoutExpired:
             pass
     if outcome != "exited":
