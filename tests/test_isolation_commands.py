@@ -129,6 +129,19 @@ def test_command_cannot_see_other_homes(control, gateway, script_name, homes_roo
     assert "END" in outs[0]
 
 
+def test_command_sees_no_host_secret_files(control, gateway, script_name):
+    project = os.getcwd()
+    view, outs = run_commands(
+        control,
+        gateway,
+        script_name,
+        [f"cat /etc/shadow; ls /etc/ssl/private; ls /run /var /home; ls {project}/var; echo END"],
+    )
+    assert view.status == TurnStatus.completed
+    assert outs[0].count("No such file or directory") == 6, outs[0]
+    assert "END" in outs[0]
+
+
 def test_command_cannot_write_outside_its_home(control, gateway, script_name, homes_root):
     marker = uuid.uuid4().hex
     view, outs = run_commands(

@@ -52,16 +52,21 @@ SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 PROBE_TIMEOUT = 10.0
 
-# /etc entries programs need; bound read-only when present. Nothing with secrets.
+# /etc entries programs need; bound read-only when present. Nothing with secrets: only the
+# certificate parts of ssl/ and pki/ (their private/ directories hold TLS keys, and a root
+# worker's sandbox maps to uid 0 outside, which owner permissions let read root's files).
 ETC_ENTRIES = (
     "alternatives",
     "ld.so.cache",
     "ld.so.conf",
     "ld.so.conf.d",
-    "ssl",
+    "ssl/certs",
+    "ssl/openssl.cnf",
     "ca-certificates",
     "ca-certificates.conf",
-    "pki",
+    "pki/tls/certs",
+    "pki/tls/openssl.cnf",
+    "pki/ca-trust",
     "crypto-policies",
     "localtime",
     "nsswitch.conf",
