@@ -137,3 +137,22 @@ def test_egress_proxy_closes_its_connections():
     while os.path.exists(proxy.socket_path) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert proxy.refusals and not os.path.exists(proxy.socket_path)
+
+
+def test_no_nested_user_namespaces_and_no_capabilities(tmp_path):
+    from worker.tooling.contract import AbortSignal, ToolContext
+    from worker.tools.computer.catalog import create_computer_tools
+    from worker.turn.context import TurnContext
+
+    home = tmp_path / "home"
+    home.mkdir()
+    ctx = TurnContext(turn_id="t", agent_id="a", home=home, settings=Settings(homes_root=tmp_path))
+    tool = {t.name: t for t in create_computer_tools(ctx)}["run_command"]
+    command = "unshare -U true; echo userns=$?; grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; id -u; hostname"
+    r = tool.execute(
+        tool.input_model(command=command), ToolContext(turn_id="t", call_id="c", home=home, abort=AbortSignal())
+    )
+    assert "userns=1" in r.content
+    for cap in ("CapEff", "CapPrm", "CapBnd"):
+        assert f"{cap}:\t0000000000000000" in r.content
+    assert "\n1000\nagent\n" in r.content

@@ -3,7 +3,8 @@
 What a sandboxed command gets (issue 9, "each agent's computer is isolated"):
 
 - new user, PID, mount, IPC, UTS, cgroup and network namespaces
-  (``--unshare-all --unshare-user``), ``--die-with-parent``, ``--new-session``,
+  (``--unshare-all --unshare-user``; no nested user namespaces: ``--disable-userns``),
+  ``--die-with-parent``, ``--new-session``,
   every capability dropped, uid/gid 1000 ("agent") inside;
 - an empty environment plus the documented minimal one (``command_env``);
 - ``/usr`` (and the merged-usr links ``/bin``, ``/lib``...) read-only, a few
@@ -169,6 +170,7 @@ def core_args() -> list[str]:
     return [
         "--unshare-all",
         "--unshare-user",
+        "--disable-userns",  # no nested user namespaces: less kernel surface for an escape
         "--die-with-parent",
         "--new-session",
         "--cap-drop",
