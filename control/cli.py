@@ -52,6 +52,8 @@ def enqueue(
     instructions: str = typer.Option(None, help="system instructions"),
     idempotency_key: str = typer.Option(None, help="enqueue at most once per key"),
     spawn_jobs: bool = typer.Option(False, help="offer background job tools"),
+    network: str = typer.Option("none", help="commands' network: none, or egress (through the guarded proxy)"),
+    allow_host: list[str] = typer.Option(None, help="with --network egress: a host egress may reach (repeatable)"),
     wait: bool = typer.Option(False, help="follow the transcript until the turn ends"),
 ) -> None:
     """Enqueue a turn and print its id (or follow it with --wait)."""
@@ -66,6 +68,8 @@ def enqueue(
                 "instructions": instructions,
                 "idempotency_key": idempotency_key,
                 "supports": {"spawn_jobs": spawn_jobs},
+                "network": network,
+                "egress_allow_hosts": allow_host or None,
             }
         )
     if not wait:

@@ -56,6 +56,9 @@ def pytest_configure(config):
             "AGENT_WEB_SEARCH_KEY": "search-key-never-shown",
             "AGENT_WEB_FETCH_ENABLED": "1",
             "AGENT_WEB_FETCH_ALLOW_LOOPBACK": "1",
+            # The command egress proxy may reach the local web server's port only (test-only
+            # setting, for the positive egress test); every other loopback port stays refused.
+            "AGENT_TEST_ONLY_EGRESS_LOOPBACK_PORTS": str(web.httpd.server_address[1]),
         }
     )
     _state["homes"] = homes

@@ -131,6 +131,8 @@ class TurnEngine:
             },
             metadata=dict(request.metadata),
             workflow_task=request.toolset == "workflow_task",
+            network=request.network,
+            egress_allow_hosts=tuple(request.egress_allow_hosts) if request.egress_allow_hosts is not None else None,
         )
 
     def tools_for(self, ctx: TurnContext, request: TurnRequest) -> list[WorkerTool]:

@@ -88,6 +88,8 @@ class TurnRequest(BaseModel):
     - ``queue``: where the turn's model steps run (``turns``, ``background``, ``workflow``).
     - ``finish_tool``: the tool that must end the turn (``submit_result`` in workflow task turns).
     - ``metadata``: free JSON for the control plane (``workflow_task_id``, ``background_job_id``...).
+    - ``network``: ``none`` (commands have no network) or ``egress`` (through the egress proxy and
+      its address guard); ``egress_allow_hosts``: optional host allowlist for egress.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -106,6 +108,12 @@ class TurnRequest(BaseModel):
     # a reply in prose gets one repair instruction, a second one fails the turn.
     finish_tool: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # Network of the turn's commands: "none" (default, no network at all) or "egress" (through
+    # the worker's egress proxy, which refuses loopback, private, link-local and metadata
+    # addresses). ``egress_allow_hosts``: when set, the only hosts egress may reach
+    # ("example.com", or ".example.com" for its subdomains).
+    network: Literal["none", "egress"] = "none"
+    egress_allow_hosts: list[str] | None = Field(default=None, max_length=100)
 
     @field_validator("agent_id")
     @classmethod
