@@ -67,7 +67,7 @@ def print_transcript(
     for e in events:
         kind = e["kind"]
         if kind == "model_delta":
-            if e.get("kind") != "text":
+            if e.get("type") != "text":
                 continue
             if streamed.get(e["step"]) != e["attempt"]:
                 if open_line:

@@ -129,7 +129,8 @@ def test_mixed_batch_free_calls_run_and_the_sequential_barrier_holds(control, ga
         {
             "output": [
                 fc("read_thing", {"label": "before"}),
-                fc("guarded_write", {"label": "gate"}),
+                fc("write_thing", {"label": "pre"}),
+                fc("guarded_write", {"label": "gate", "ms": 20}),
                 fc("read_thing", {"label": "after"}),
             ]
         },
@@ -137,15 +138,17 @@ def test_mixed_batch_free_calls_run_and_the_sequential_barrier_holds(control, ga
     ]
     turn_id = start(control, gateway, script_name, steps)
     [pending] = parked(control, turn_id)
-    # the free call before the barrier runs at once; the one after it waits for the decision
-    wait_for(lambda: [e[4] for e in tool_log(control, turn_id)] == ["before"])
+    # free calls before the approval call run at once (the chain is cut just before it);
+    # the call after the sequential barrier waits for the decision
+    wait_for(lambda: [e[4] for e in tool_log(control, turn_id)] == ["before", "pre"])
     assert control.status(turn_id).status == TurnStatus.awaiting_approval
     control.approve(turn_id, pending["call_id"])
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     log = tool_log(control, turn_id)
-    assert [e[4] for e in log] == ["before", "gate", "after"]
-    assert log[2][2] >= log[1][3], "the call after the barrier starts after the approved call ended"
-    assert [orjson.loads(o)["label"] for o in output_texts(control, turn_id)] == ["before", "gate", "after"]
+    assert [e[4] for e in log] == ["before", "pre", "gate", "after"]
+    assert log[1][2] >= log[0][3] and log[3][2] >= log[2][3], "each sequential barrier holds"
+    labels = [orjson.loads(o)["label"] for o in output_texts(control, turn_id)]
+    assert labels == ["before", "pre", "gate", "after"], "outputs in emitted order"
 
 
 def test_per_call_decision_function(control, gateway, script_name):
@@ -159,9 +162,11 @@ def test_per_call_decision_function(control, gateway, script_name):
     assert pending["arguments"]["label"] == "danger-zone", "only the call the function flags waits"
     planned = {e["arguments"]["label"]: e["needs_approval"] for e in events(control, turn_id, "call_planned")}
     assert planned == {"safe": False, "danger-zone": True}
+    # the free call of the same parallel group runs now; the flagged one waits
+    wait_for(lambda: [e[4] for e in tool_log(control, turn_id)] == ["safe"])
     control.approve(turn_id, pending["call_id"])
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
-    assert sorted(e[4] for e in tool_log(control, turn_id)) == ["danger-zone", "safe", "safe-again"]
+    assert [e[4] for e in tool_log(control, turn_id)] == ["safe", "danger-zone", "safe-again"]
     assert len(events(control, turn_id, "approval_requested")) == 1
 
 

@@ -51,7 +51,7 @@ class DeltaBatcher:
     its failures are logged, never raised: deltas are a view, the memoized reply is the record.
 
     Event fields: ``step``, ``attempt`` (one id per model call, so a reader can tell a retried
-    call's deltas apart), ``seq`` (0, 1, ... per attempt), ``kind`` (``text`` | ``arguments``),
+    call's deltas apart), ``seq`` (0, 1, ... per attempt), ``type`` (``text`` | ``arguments``),
     ``output_index``, ``delta``, and for arguments ``call_id`` and ``name``.
     """
 
@@ -73,10 +73,10 @@ class DeltaBatcher:
             return
         with self._lock:
             last = self._pending[-1] if self._pending else None
-            if last and last["kind"] == kind and last["output_index"] == output_index:
+            if last and last["type"] == kind and last["output_index"] == output_index:
                 last["delta"] += delta
             else:
-                self._pending.append({"kind": kind, "output_index": output_index, "delta": delta, **extra})
+                self._pending.append({"type": kind, "output_index": output_index, "delta": delta, **extra})
             due = time.monotonic() - self._last >= self.interval
             if due:
                 self._flush_locked()

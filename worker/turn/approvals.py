@@ -329,6 +329,29 @@ def rejection_result(rec: ApprovalRecord) -> dict[str, Any]:
 # ----- gates -----------------------------------------------------------------------
 
 
+def split_for_approval(batches: list[Batch], calls: list[PlannedCall]) -> list[Batch]:
+    """Let free calls run before a decision without breaking the batch rules of ``worker.turn.dispatch``.
+
+    A sequential batch (a chain) is cut before its first call that needs approval: the calls
+    before it run now, the rest (in order) waits. A parallel batch (a group, no order among its
+    calls) is split into its free calls, then its calls that need approval.
+    """
+    need = {c.call_id for c in calls if c.needs_approval}
+    out: list[Batch] = []
+    for b in batches:
+        ids = b.call_ids
+        if not need.intersection(ids):
+            out.append(b)
+            continue
+        if b.mode == "sequential":
+            cut = next(i for i, cid in enumerate(ids) if cid in need)
+            parts = [ids[:cut], ids[cut:]]
+        else:
+            parts = [[c for c in ids if c not in need], [c for c in ids if c in need]]
+        out.extend(Batch(b.mode, part) for part in parts if part)
+    return out
+
+
 def gated(batch: Batch, calls: list[PlannedCall]) -> bool:
     """True when the batch holds a call that needs approval."""
     need = {c.call_id for c in calls if c.needs_approval}

@@ -41,7 +41,14 @@ from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, TurnAb
 from worker.tooling.schemas import collect_tool_definitions, source_schema
 from worker.tooling.tool_search import with_tool_search
 from worker.turn import parking
-from worker.turn.approvals import approval_mode, approval_timeout, call_needs_approval, new_records, write_requests
+from worker.turn.approvals import (
+    approval_mode,
+    approval_timeout,
+    call_needs_approval,
+    new_records,
+    split_for_approval,
+    write_requests,
+)
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall, plan_batches
 from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, no_toolsets
@@ -231,7 +238,7 @@ class TurnEngine:
             self.settings.max_raw_arguments_echo,
             approval=None if mode == "off" else (lambda tool, params: call_needs_approval(tool, params, ctx, mode)),
         )
-        batches = plan_batches(planned)
+        batches = split_for_approval(plan_batches(planned), planned)
         asked = {c.name for c in planned if c.needs_approval}
         approvals = new_records(
             turn_id,
