@@ -51,9 +51,12 @@ def _decide(control: Any, turn_id: str, console: Any, done: threading.Event, err
         done.set()
 
 
-def run_approval_demo(control: Any, *, console: Any, homes_root: Path, agent_id: str | None = None) -> bool:
+def run_approval_demo(
+    control: Any, *, console: Any, homes_root: Path, agent_id: str | None = None, model: str | None = None
+) -> bool:
     """Run the demo against a running stack; True when the turn completed, ``build/`` is gone and
-    ``notes.md`` is still there."""
+    ``notes.md`` is still there. ``model`` defaults to the workers' ``OPENAI_MODEL`` (``make run``
+    sets it to ``demo-approval``, the script's name)."""
     from control.transcript import print_transcript
 
     agent_id = agent_id or f"approval-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -65,6 +68,7 @@ def run_approval_demo(control: Any, *, console: Any, homes_root: Path, agent_id:
             "agent_id": agent_id,
             "input": "Clean up my build output and anything I no longer need.",
             "approval": {"mode": "declared"},
+            **({"model": model} if model else {}),
         }
     )
     done, errors = threading.Event(), []

@@ -347,3 +347,52 @@ def test_run_command_needs_approval_unless_allowlisted():
         "",
     ):
         assert needs(cmd), cmd
+
+
+def test_approval_demo(control, gateway, homes_root):
+    """``make run DEMO=approval``, against the test stack: one approval, one rejection, streamed text."""
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from devtools.approval_demo import DEMO_MODEL, REJECT_REASON, run_approval_demo
+
+    gateway.load_dir(Path(__file__).resolve().parent.parent / "scripts")
+    out = io.StringIO()
+    agent = f"demo-{uuid.uuid4().hex[:6]}"
+    assert run_approval_demo(
+        control, console=Console(file=out, width=200), homes_root=homes_root, agent_id=agent, model=DEMO_MODEL
+    )
+    text = out.getvalue()
+    assert "pending approvals" in text and "rm -rf build/" in text and REJECT_REASON in text
+    assert "build/ removed: True; notes.md kept: True" in text
+    turn_id = control.store.agent_turns(agent)[0]
+    deltas = [e for e in control.events(turn_id) if e["kind"] == "model_delta" and e["type"] == "text"]
+    assert len(deltas) > 2, "the model's text arrived in pieces"
+
+
+def test_needs_approval_in_the_tool_contract():
+    from pydantic import BaseModel
+
+    from worker.tooling.contract import ToolResult, define_worker_tool
+    from worker.tooling.errors import ToolDefinitionError
+
+    class P(BaseModel):
+        x: int
+
+    def run(p, ctx):
+        return ToolResult(content="ok")
+
+    with pytest.raises(ToolDefinitionError, match="needs_approval"):
+        define_worker_tool(name="t", description="d", input_model=P, execute=run, needs_approval="yes")
+    assert (
+        define_worker_tool(name="t", description="d", input_model=P, execute=run).approval_required(P(x=1), None)
+        is False
+    )
+
+    def broken(p, ctx):
+        raise RuntimeError("bug in the decision function")
+
+    tool = define_worker_tool(name="t", description="d", input_model=P, execute=run, needs_approval=broken)
+    assert tool.approval_required(P(x=1), None) is True, "when the decision function fails, ask a person"
