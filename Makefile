@@ -50,6 +50,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/arguments.py
 	$(PY) bench/turn_overhead.py
+	$(PY) bench/streaming.py
 
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node

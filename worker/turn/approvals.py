@@ -132,14 +132,24 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return orjson.dumps({"kind": kind, "at": round(time.time(), 3), **data})
 
 
+EVENT_ARGUMENTS_CHARS = 2_000  # bigger arguments (a whole file's content) stay in the record only
+
+
 def requested_event(rec: ApprovalRecord) -> dict[str, Any]:
-    """Fields of ``approval_requested`` (a UI shows "Wants to run: <activity> -- approve?")."""
+    """Fields of ``approval_requested`` (a UI shows "Wants to run: <activity> -- approve?").
+
+    ``arguments`` is the params object, or None with ``arguments_preview`` (the JSON cut to
+    ``EVENT_ARGUMENTS_CHARS``) when it is longer; ``pending_approvals`` always has them whole.
+    """
+    text = orjson.dumps(rec.arguments).decode()
+    big = len(text) > EVENT_ARGUMENTS_CHARS
     return {
         "step": rec.step,
         "call_id": rec.call_id,
         "name": rec.name,
         "activity": rec.activity,
-        "arguments": rec.arguments,
+        "arguments": None if big else rec.arguments,
+        **({"arguments_preview": text[:EVENT_ARGUMENTS_CHARS]} if big else {}),
         "deadline": rec.deadline,
     }
 
