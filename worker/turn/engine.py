@@ -38,17 +38,9 @@ from worker.model.streaming import stream_reply
 from worker.settings import Settings
 from worker.tooling.arguments import validate_params
 from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, TurnAborted, WorkerTool
-from worker.tooling.schemas import collect_tool_definitions, source_schema
+from worker.tooling.schemas import collect_tool_definitions
 from worker.tooling.tool_search import with_tool_search
 from worker.turn import parking
-from worker.turn.approvals import (
-    approval_mode,
-    approval_timeout,
-    call_needs_approval,
-    new_records,
-    split_for_approval,
-    write_requests,
-)
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall, plan_batches
 from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, no_toolsets
@@ -228,7 +220,6 @@ class TurnEngine:
             self._finished(turn_id, status, final_output=reply.text, error=error)
             return StepOutcome(status.value)
 
-        mode = approval_mode(request, self.settings)
         planned, pre_results, invalid_counts = plan_calls(
             turn_id,
             state.invalid_counts,
@@ -236,32 +227,14 @@ class TurnEngine:
             calls,
             reply.status,
             self.settings.max_raw_arguments_echo,
-            approval=None if mode == "off" else (lambda tool, params: call_needs_approval(tool, params, ctx, mode)),
+            approval=parking.approval_rule(ctx, request, self.settings),
         )
-        batches = split_for_approval(plan_batches(planned), planned)
-        asked = {c.name for c in planned if c.needs_approval}
-        approvals = new_records(
-            turn_id,
-            request.agent_id,
-            step,
-            planned,
-            {t.name: source_schema(t) for t in tools if t.name in asked},
-            approval_timeout(request, self.settings),
-        )
+        batches, asks = parking.plan_approvals(self, turn_id, step, request, planned, tools, plan_batches(planned))
         reply_items = cut_replayed_arguments(
             reply_items, {c.call_id for c in planned if not c.runnable}, self.settings.max_replay_arguments
         )
         try:
-            self.store.begin_tools(
-                turn_id,
-                step,
-                reply_items,
-                planned,
-                batches,
-                pre_results,
-                invalid_counts,
-                also=(lambda pipe: write_requests(pipe, turn_id, approvals)) if approvals else None,
-            )
+            self.store.begin_tools(turn_id, step, reply_items, planned, batches, pre_results, invalid_counts, also=asks)
         except StaleStep:
             return StepOutcome("dropped", "plan already recorded")
         batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
@@ -291,7 +264,7 @@ class TurnEngine:
             # Nothing to run (all calls failed validation): close the step now.
             self._advance(turn_id, step, request, batches, -1)
         elif not parking.dispatch_batch(self, turn_id, step, 0, batches, planned):
-            return StepOutcome("parked", f"{len(approvals)} calls await approval")
+            return StepOutcome("parked", "calls await approval")
         return StepOutcome("dispatched", f"{len(planned)} calls in {len(batches)} batches")
 
     def _create(self, turn_id: str, step: int, body: dict[str, Any]) -> ModelReply:

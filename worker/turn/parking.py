@@ -1,6 +1,7 @@
 """How the engine parks a turn on approvals and resumes it (the records live in ``worker.turn.approvals``).
 
-Hooks called by ``TurnEngine``: ``dispatch_batch`` (every batch goes through it: a gated batch
+Hooks called by ``TurnEngine``: ``approval_rule`` and ``plan_approvals`` (which calls of a
+step wait, recorded with its plan), ``dispatch_batch`` (every batch goes through it: a gated batch
 is sent only through its set-once gate), ``gate_call`` (a tool-call message for a call that
 needs approval runs only once approved; a rejection becomes its output), ``decide`` (record a
 decision, then open the next gate: that dispatch is the turn's resumption, no task ever waited),
@@ -13,20 +14,56 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
+from worker.settings import Settings
+from worker.tooling.contract import WorkerTool
+from worker.tooling.schemas import source_schema
 from worker.turn import approvals
 from worker.turn.dispatch import Batch, PlannedCall
 from worker.turn.interfaces import StepOutcome
-from worker.turn.request import TurnStatus
+from worker.turn.request import TurnRequest, TurnStatus
 from worker.turn.state import TurnState
 
 if TYPE_CHECKING:
     from worker.turn.engine import TurnEngine
 
 log = logging.getLogger("agent.approvals")
+
+
+def approval_rule(ctx: Any, request: TurnRequest, settings: Settings) -> Callable[[WorkerTool, Any], bool] | None:
+    """The ``approval`` argument of ``plan_calls`` for this turn (None when approvals are off)."""
+    mode = approvals.approval_mode(request, settings)
+    if mode == "off":
+        return None
+    return lambda tool, params: approvals.call_needs_approval(tool, params, ctx, mode)
+
+
+def plan_approvals(
+    engine: "TurnEngine",
+    turn_id: str,
+    step: int,
+    request: TurnRequest,
+    planned: list[PlannedCall],
+    tools: list[WorkerTool],
+    batches: list[Batch],
+) -> tuple[list[Batch], Callable[[Any], None] | None]:
+    """The step's batches cut for approvals (``approvals.split_for_approval``), and the writes that
+    record its approval requests in ``begin_tools``'s transaction (None when no call needs one)."""
+    asked = {c.name for c in planned if c.needs_approval}
+    if not asked:
+        return batches, None
+    records = approvals.new_records(
+        turn_id,
+        request.agent_id,
+        step,
+        planned,
+        {t.name: source_schema(t) for t in tools if t.name in asked},
+        approvals.approval_timeout(request, engine.settings),
+    )
+    return approvals.split_for_approval(batches, planned), lambda pipe: approvals.write_requests(pipe, turn_id, records)
 
 
 def dispatch_batch(
