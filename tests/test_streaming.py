@@ -167,3 +167,24 @@ def test_gateway_failures_map_to_gateway_errors(gateway):
     with pytest.raises(GatewayError) as info:
         stream_reply(client, body, lambda evs: None, step=0)
     assert info.value.status_code == 404 and not info.value.retryable
+
+
+def test_transcript_prints_the_streamed_text_once_as_written(control, gateway, script_name):
+    import io
+
+    from rich.console import Console
+
+    from control.transcript import print_transcript
+
+    intro = "First I read the thing, then I answer."
+    gateway.add_script(
+        script_name,
+        [{"output": [msg(intro), fc("read_thing", {"label": "t"})], "stream_chunk": 4}, {"output": [msg(TEXT)]}],
+    )
+    turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
+    out = io.StringIO()
+    final = print_transcript(control, turn_id, Console(file=out, width=1000), follow=True, timeout=30)
+    assert final["status"] == "completed"
+    text = out.getvalue()
+    assert text.count(intro) == 1, "streamed text is not printed again with the model call's summary"
+    assert f"model: {intro}" in text and f"model: {TEXT}" in text
