@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(PY) bench/turn_overhead.py
 	$(PY) bench/file_tools.py
 	$(PY) bench/sandbox.py
+	$(PY) bench/streaming.py
 
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node

@@ -1,12 +1,14 @@
 """The watchdog: re-drives turns whose progress deadline passed (lost message, crash
 between barrier and enqueue), fails a turn after ``MAX_REDRIVES`` re-drives without
-progress, and re-sends the end hooks of ended turns whose hooks never reported done.
+progress, re-sends the end hooks of ended turns whose hooks never reported done, and rejects
+tool calls nobody approved before their approval deadline (``worker.turn.parking.expire``).
 Run by celery beat every 15 s (``beat_schedule`` in ``tasks.app``)."""
 
 from __future__ import annotations
 
 from tasks.app import app
 from tasks.runtime import get_engine
+from worker.turn.parking import expire
 
 MAX_REDRIVES = 3
 
@@ -16,6 +18,8 @@ def sweep() -> dict:
     """Re-drive every overdue turn once; returns ``{turn_id: action}``."""
     engine = get_engine()
     done = {}
+    for turn_id, n in expire(engine).items():  # before the re-drives: an expiry resumes the turn
+        done[turn_id] = f"{n} approvals expired"
     for turn_id in engine.store.overdue():
         done[turn_id] = engine.redrive(turn_id, MAX_REDRIVES).action
     for turn_id in engine.store.hooks_overdue():  # a lost turn_finished message

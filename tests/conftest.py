@@ -50,6 +50,9 @@ def pytest_configure(config):
             "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
             "AGENT_TOOL_TIME_LIMIT": "60",
             "AGENT_MAX_MODEL_CALLS": "8",
+            # Approvals are waived unless a test's turn request asks for them (approval.mode), so
+            # tests of other features never park on a catalog tool's needs_approval.
+            "AGENT_APPROVAL_MODE": "off",
             # Web provider profiles bound to a local server; loopback allowed for it only
             # (private, link-local and metadata ranges stay refused).
             "AGENT_WEB_SEARCH_URL": f"{web.base_url}/search",

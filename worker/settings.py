@@ -87,6 +87,16 @@ class Settings(BaseSettings):
     # Only for tests of the fetch tool against local servers; never set in production.
     web_fetch_allow_loopback: bool = False
 
+    # Approvals (worker.turn.approvals): "declared" honours each tool's needs_approval,
+    # "destructive" also asks for every destructive call, "off" waives approvals.
+    approval_mode: Literal["declared", "destructive", "off"] = "declared"
+    approval_timeout: float = Field(24 * 3600.0, gt=0)  # seconds a call may wait for a decision
+
+    # Streaming (worker.model.streaming): ask the model to stream (server-sent events), and
+    # append text / argument deltas to the turn's event stream at most every this many ms.
+    model_stream: bool = True
+    stream_flush_ms: float = Field(40.0, ge=0, le=2000)
+
     # Extra named toolsets "name=module:function,..." allowed for turns (tests, plugins).
     extra_toolsets: str = ""
 

@@ -38,6 +38,7 @@ from typing import Callable
 
 from worker.settings import Settings
 from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
+from worker.tools.computer.approval import command_needs_approval
 from worker.tools.computer.commands import RunCommandParams, _describe_command, _describe_command_done, _run_command
 from worker.tools.computer.common import guarded
 from worker.tools.computer.files import (
@@ -106,6 +107,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             execute=lambda params, tctx: run_command(params, tctx, settings, policy),
             execution_mode="sequential",
             is_destructive=True,
+            needs_approval=command_needs_approval,
             describe_activity=_describe_command,
             describe_completed_activity=_describe_command_done,
         ),
