@@ -51,6 +51,8 @@ bench: $(STAMP)
 	$(PY) bench/arguments.py
 	$(PY) bench/turn_overhead.py
 	$(PY) bench/file_tools.py
+	$(PY) bench/sandbox.py
+	$(PY) bench/streaming.py
 
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node

@@ -1,5 +1,7 @@
 """The watchdog, run by celery beat every ``Settings.watchdog_interval`` seconds:
 
+- rejects tool calls nobody approved before their approval deadline
+  (``worker.turn.parking.expire``), which resumes their turns;
 - re-drives every turn held by a worker node whose heartbeat stopped (``tasks.liveness``): a
   killed worker's turns recover within about ``2 * liveness_ttl``, not after the broker's
   ``visibility_timeout``;
@@ -8,13 +10,14 @@
 - re-sends the end hooks of ended turns whose hooks never reported done.
 
 A turn whose owner is alive is never re-driven for taking long: its deadline covers the longest
-single wait (``Settings.progress_timeout``).
+single wait (``Settings.progress_timeout``); a turn parked on approvals holds nothing to re-drive.
 """
 
 from __future__ import annotations
 
 from tasks.app import app
 from tasks.runtime import get_engine
+from worker.turn.parking import expire
 
 
 @app.task(name="tasks.watchdog.sweep", acks_late=True)
@@ -23,6 +26,8 @@ def sweep() -> dict:
     engine = get_engine()
     limit = engine.settings.max_redrives
     done = {}
+    for turn_id, n in expire(engine).items():  # before the re-drives: an expiry resumes the turn
+        done[turn_id] = f"{n} approvals expired"
     for node in engine.liveness.dead_nodes():
         for turn_id in sorted(engine.liveness.take_held_turns(node)):
             done[turn_id] = engine.redrive(turn_id, limit, reason=f"worker {node} stopped").action

@@ -36,11 +36,13 @@ from worker.model.items import (
     storable,
     user_message,
 )
+from worker.model.streaming import stream_reply
 from worker.settings import Settings
 from worker.tooling.arguments import validate_params
 from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, TurnAborted, WorkerTool
 from worker.tooling.schemas import collect_tool_definitions
 from worker.tooling.tool_search import with_tool_search
+from worker.turn import parking
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall, plan_batches
 from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, no_toolsets
@@ -137,6 +139,8 @@ class TurnEngine:
             },
             metadata=dict(request.metadata),
             workflow_task=request.toolset == "workflow_task",
+            network=request.network,
+            egress_allow_hosts=tuple(request.egress_allow_hosts) if request.egress_allow_hosts is not None else None,
         )
 
     def _cancel_requested(self, turn_id: str) -> bool:
@@ -229,14 +233,20 @@ class TurnEngine:
             return StepOutcome(status.value)
 
         planned, pre_results, invalid_counts = plan_calls(
-            turn_id, state.invalid_counts, tools, calls, reply.status, self.settings.max_raw_arguments_echo
+            turn_id,
+            state.invalid_counts,
+            tools,
+            calls,
+            reply.status,
+            self.settings.max_raw_arguments_echo,
+            approval=parking.approval_rule(ctx, request, self.settings),
         )
-        batches = plan_batches(planned)
+        batches, asks = parking.plan_approvals(self, turn_id, step, request, planned, tools, plan_batches(planned))
         reply_items = cut_replayed_arguments(
             reply_items, {c.call_id for c in planned if not c.runnable}, self.settings.max_replay_arguments
         )
         try:
-            self.store.begin_tools(turn_id, step, reply_items, planned, batches, pre_results, invalid_counts)
+            self.store.begin_tools(turn_id, step, reply_items, planned, batches, pre_results, invalid_counts, also=asks)
         except StaleStep:
             return StepOutcome("dropped", "plan already recorded")
         batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
@@ -255,6 +265,7 @@ class TurnEngine:
                         "error": call.error_kind,
                         "batch": batch_of.get(call.call_id),
                         "arguments": call.data if call.runnable else None,
+                        "needs_approval": call.needs_approval,
                     },
                 )
                 for call in planned
@@ -264,8 +275,8 @@ class TurnEngine:
         if over or not batches:
             # Nothing to run (all calls failed validation): close the step now.
             self._advance(turn_id, step, request, batches, -1)
-        else:
-            self.dispatcher.dispatch_batch(turn_id, step, 0, batches[0], queue="tools")
+        elif not parking.dispatch_batch(self, turn_id, step, 0, batches, planned):
+            return StepOutcome("parked", "calls await approval")
         return StepOutcome("dispatched", f"{len(planned)} calls in {len(batches)} batches")
 
     def _claim_step(self, turn_id: str, step: int) -> bool:
@@ -303,7 +314,7 @@ class TurnEngine:
         )
         started = time.perf_counter()
         try:
-            reply = self.client.create(body)
+            reply = self._create(turn_id, step, body)
         except GatewayError as exc:
             if exc.retryable:
                 raise
@@ -327,6 +338,19 @@ class TurnEngine:
             ms=round((time.perf_counter() - started) * 1000, 1),
         )
         return reply_data
+
+    def _create(self, turn_id: str, step: int, body: dict[str, Any]) -> ModelReply:
+        """The model call: streamed (deltas batched into the event stream) unless ``AGENT_MODEL_STREAM=0``."""
+        assert self.client is not None
+        if not self.settings.model_stream:
+            return self.client.create(body)
+        return stream_reply(
+            self.client,
+            body,
+            lambda events: self.store.add_events(turn_id, events),
+            step=step,
+            interval=self.settings.stream_flush_ms / 1000,
+        )
 
     def _prose_without_finish(
         self, turn_id: str, step: int, state: TurnState, request: TurnRequest, reply_items: list[dict[str, Any]]
@@ -373,6 +397,7 @@ class TurnEngine:
         self.store.request_cancel(turn_id)
         if state.status == TurnStatus.queued:  # nothing runs yet; the queued step will be fenced out
             self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
+        parking.cancel_parked(self, state)
         return True
 
     def fail_turn(self, turn_id: str, status: TurnStatus, error: str) -> bool:
@@ -412,8 +437,19 @@ class TurnEngine:
         batch_index = next(i for i, b in enumerate(batches) if call_id in b.call_ids)
         batch_ids = batches[batch_index].call_ids
         request = TurnRequest.model_validate(state.request)
+        rejected, edited = None, False
+        if call.needs_approval and not view.has_result:
+            approved, rejected = parking.gate_call(self, turn_id, step, call)
+            if approved is None and rejected is None:
+                return StepOutcome("dropped", "call awaits approval")
+            edited = approved is not None and approved.data != call.data
+            call = approved or call
         if view.has_result:
             done = self.store.batch_done(turn_id, step, batch_index, batch_ids)
+        elif rejected is not None:
+            event = {"step": step, "call_id": call_id, "name": call.name, "activity": rejected["activity"]}
+            event.update(is_error=True, ms=0.0, terminate=False, preview=rejected["output"][:300])
+            _, done = self.store.record_and_check(turn_id, step, call_id, rejected, batch_index, batch_ids, event)
         else:
             key = (turn_id, step, call_id)
             kept = _UNSAVED_RESULTS.get(key)
@@ -423,6 +459,8 @@ class TurnEngine:
                 result, event = self._execute_once(turn_id, step, call, state, request, batch_index, view.cancelled)
                 if result is None:
                     return StepOutcome("dropped", "call is running elsewhere")
+                if edited:
+                    result = parking.note_edit(result, call)
                 _UNSAVED_RESULTS.put(key, (result, event))
             _, done = save_until_stored(
                 lambda: self.store.record_and_check(turn_id, step, call_id, result, batch_index, batch_ids, event),
@@ -577,12 +615,12 @@ class TurnEngine:
         over = sorted(n for n, c in state.invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool)
         cancelled = self.store.is_cancelled(turn_id)
         nxt = done_index + 1
-        if nxt < len(batches) and not (state.terminate or over or cancelled):
-            self.dispatcher.dispatch_batch(turn_id, step, nxt, batches[nxt], queue="tools")
-            return
         plan = self.store.plan(turn_id, step)
         assert plan is not None
         calls, _ = plan
+        if nxt < len(batches) and not (state.terminate or over or cancelled):
+            parking.dispatch_batch(self, turn_id, step, nxt, batches, calls)  # a gated batch may park here
+            return
         results = self.store.results(turn_id, step)
         outputs = []
         for call in sorted(calls, key=lambda c: c.index):
@@ -651,6 +689,10 @@ class TurnEngine:
         if state.redrives >= max_redrives:
             self.fail_turn(turn_id, TurnStatus.failed, f"{reason} after {state.redrives} re-drives")
             return StepOutcome("failed", "watchdog gave up")
+        if state.status == TurnStatus.awaiting_approval and state.phase == "tools":
+            parked = parking.redrive_parked(self, state)
+            if parked is not None:
+                return parked
         self.store.note_redrive(turn_id)
         self.store.event(turn_id, "turn_redriven", step=state.step, phase=state.phase, reason=reason)
         request = TurnRequest.model_validate(state.request)
