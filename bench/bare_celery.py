@@ -1,9 +1,12 @@
 """The floor of ``bench/concurrency.py``: a hand-written minimal turn on bare Celery.
 
 Same shape as the runtime's benchmark turn (model call, one tool call, model call), same
-broker, same pool, same model endpoint, and nothing else: no turn store, no fencing, no
-validation, no events. ``bare_step(turn_id, n)`` posts to the model endpoint; after step 0 it
-sends ``bare_tool``, which sends step 1; step 1 marks the turn done in Redis.
+broker, same Celery settings, same pool, same model endpoint, and the least a turn needs:
+its conversation in Redis (read before each model call, the reply and the tool output
+appended). No fencing, validation, claims, events, deadlines or recovery.
+``bare_step(turn_id, n)`` reads the history and posts it to the model endpoint, appends the
+reply; after step 0 it sends ``bare_tool``, which appends its output and sends step 1; step 1
+marks the turn done.
 
 Run a worker for it with ``celery -A bare_celery worker`` from ``bench/`` (``REDIS_URL`` and
 ``BENCH_MODEL_URL`` in the environment).
@@ -11,6 +14,7 @@ Run a worker for it with ``celery -A bare_celery worker`` from ``bench/`` (``RED
 
 from __future__ import annotations
 
+import json
 import os
 
 import httpx
@@ -18,14 +22,19 @@ import redis
 from celery import Celery
 
 app = Celery("bare", broker=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+# The runtime's own Celery settings (tasks/app.py), so the ratio measures the runtime, not
+# Celery options: late acks, prefetch 1, task events for Flower, pools sized alike.
 app.conf.update(
     task_serializer="json",
     accept_content=["json"],
     task_ignore_result=True,
     task_acks_late=True,
+    task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
-    broker_transport_options={"max_connections": 4096},
-    broker_pool_limit=4096,
+    worker_send_task_events=True,
+    task_send_sent_event=True,
+    broker_transport_options={"max_connections": 2048, "visibility_timeout": 3600},
+    broker_pool_limit=2048,
     worker_hijack_root_logger=False,
 )
 
@@ -35,27 +44,29 @@ _redis = redis.Redis(
 )
 
 
-def _model(turn_id: str, n: int) -> dict:
-    body = {"model": os.environ.get("BENCH_MODEL", "bench"), "input": [{"role": "user", "content": turn_id}]}
-    if n:
-        body["input"].append({"type": "function_call", "id": "fc_s0_0", "call_id": f"c-{turn_id}", "name": "t"})
-        body["input"].append({"type": "function_call_output", "call_id": f"c-{turn_id}", "output": "ok"})
+def _model(turn_id: str) -> dict:
+    history = [json.loads(x) for x in _redis.lrange(f"bare:{turn_id}", 0, -1)]
+    body = {"model": os.environ.get("BENCH_MODEL", "bench"), "input": [{"role": "user", "content": turn_id}, *history]}
     r = _http.post(os.environ["BENCH_MODEL_URL"].rstrip("/") + "/responses", json=body)
     r.raise_for_status()
-    return r.json()
+    reply = r.json()
+    _redis.rpush(f"bare:{turn_id}", *[json.dumps(item) for item in reply["output"]])
+    return reply
 
 
 @app.task(name="bare.step")
 def bare_step(turn_id: str, n: int) -> None:
     """One model call; step 0 sends the tool call, step 1 ends the turn."""
-    _model(turn_id, n)
+    reply = _model(turn_id)
     if n == 0:
-        bare_tool.apply_async((turn_id,), queue="bare")
+        call = next(i for i in reply["output"] if i["type"] == "function_call")
+        bare_tool.apply_async((turn_id, call["call_id"]), queue="bare_tools")
     else:
         _redis.rpush("bare:done", turn_id)
 
 
 @app.task(name="bare.tool")
-def bare_tool(turn_id: str) -> None:
-    """The tool call: nothing to do but send the next step."""
+def bare_tool(turn_id: str, call_id: str) -> None:
+    """The tool call: append its output, send the next step."""
+    _redis.rpush(f"bare:{turn_id}", json.dumps({"type": "function_call_output", "call_id": call_id, "output": "ok"}))
     bare_step.apply_async((turn_id, 1), queue="bare")

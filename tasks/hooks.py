@@ -3,7 +3,8 @@
 The turn's ``metadata`` says what it belongs to: ``workflow_task_id`` (a
 workflow task attempt: validate and commit its result) or
 ``background_job_id`` (a background agent job: record its outcome). A plain
-turn has nothing to do.
+turn has nothing to do, and no ``turn_finished`` task is sent for it
+(``worker.turn.request.END_HOOK_METADATA`` names the keys).
 """
 
 from __future__ import annotations

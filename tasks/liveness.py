@@ -4,8 +4,12 @@ tasks it holds, so the watchdog can re-drive a dead node's turns within seconds.
 Wired through Celery signals: ``worker_init`` names the node (before the pool forks, so prefork
 children inherit it) and starts the heartbeat thread; ``task_received`` (main process) records a
 turn task the node now holds, prefetched or running; ``task_postrun`` (the process that ran it)
-forgets it. A Redis outage only pauses the heartbeat: the watchdog waits a full
-``liveness_ttl`` after first missing a heartbeat before it declares a node dead.
+forgets it. Under an in-process pool (threads, solo) the held tasks are kept in memory and
+written by the heartbeat thread every ``HELD_FLUSH_SECONDS`` (one round trip for hundreds of
+tasks, instead of two per task on the consumer's thread); a prefork child, which cannot reach
+its parent's memory, forgets its task in Redis itself. A Redis outage only pauses the heartbeat:
+the watchdog waits a full ``liveness_ttl`` after first missing a heartbeat before it declares a
+node dead.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 import redis
 from celery.signals import task_postrun, task_received, worker_init, worker_shutdown
@@ -26,8 +31,16 @@ log = logging.getLogger("agent.liveness")
 # Tasks whose first argument is a turn id: the ones a dead node's turn needs re-driven.
 TURN_TASKS = frozenset({"tasks.turns.turn_step", "tasks.turns.tool_call"})
 
+# How often the heartbeat thread writes the held tasks of an in-process pool (seconds): a turn
+# received this recently when its node dies is recovered by its progress deadline instead.
+HELD_FLUSH_SECONDS = 0.5
+
 _stop = threading.Event()
 _records: tuple[int, liveness.Liveness] | None = None
+_in_process = False  # the pool runs tasks in the node's own process (threads, solo)
+_held: dict[str, str] = {}  # task id -> turn id (in-process pools only)
+_held_lock = threading.Lock()
+_held_dirty = threading.Event()
 
 
 def _records_for_this_process() -> liveness.Liveness:
@@ -40,15 +53,29 @@ def _records_for_this_process() -> liveness.Liveness:
 
 def _heartbeat(node: str, records: liveness.Liveness) -> None:
     interval = records.ttl / 3
-    while not _stop.wait(interval):
+    next_beat = 0.0
+    while not _stop.wait(HELD_FLUSH_SECONDS if _in_process else interval):
         try:
-            records.beat(node)
+            if _in_process and _held_dirty.is_set():
+                _held_dirty.clear()
+                with _held_lock:
+                    snapshot = dict(_held)
+                records.replace_held(node, snapshot)
+            if time.monotonic() >= next_beat:
+                records.beat(node)
+                next_beat = time.monotonic() + interval
         except redis.RedisError as exc:  # Redis restarting: beat again next time
+            _held_dirty.set()
             log.warning("heartbeat of %s not written: %s", node, exc)
 
 
 @worker_init.connect
-def _start_heartbeat(**_: object) -> None:
+def _start_heartbeat(sender=None, **_: object) -> None:
+    global _in_process
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    pool_cls = getattr(sender, "pool_cls", None)
+    _in_process = isinstance(pool_cls, type) and not issubclass(pool_cls, PreforkPool)
     node = f"{liveness.HOST}:{os.getpid()}"
     liveness.set_node(node)
     records = liveness.Liveness(redis_client(), get_settings().liveness_ttl)
@@ -72,6 +99,11 @@ def _retire(**_: object) -> None:
 def _hold(request=None, **_: object) -> None:
     if request is None or request.name not in TURN_TASKS or not request.args:
         return
+    if _in_process:
+        with _held_lock:
+            _held[request.id] = str(request.args[0])
+        _held_dirty.set()
+        return
     try:
         _records_for_this_process().hold(liveness.node(), request.id, str(request.args[0]))
     except redis.RedisError as exc:  # the progress deadline still covers this turn
@@ -81,6 +113,11 @@ def _hold(request=None, **_: object) -> None:
 @task_postrun.connect
 def _release(task_id=None, task=None, **_: object) -> None:
     if task is None or task.name not in TURN_TASKS:
+        return
+    if _in_process:
+        with _held_lock:
+            _held.pop(task_id, None)
+        _held_dirty.set()
         return
     try:
         _records_for_this_process().release(liveness.node(), task_id)

@@ -101,7 +101,9 @@ def test_give_up_answers_every_call_and_hooks_are_resent(redis_url, gateway, scr
         script_name, [{"output": [fc("read_thing", '{"label": "a"}'), fc("write_thing", '{"label": "w"}')]}]
     )
     turn_id = uuid.uuid4().hex
-    engine.create_turn(TurnRequest(input="go", model=script_name, toolset="testing"), turn_id)
+    # A background job's turn: its end hooks must run (a plain turn has none to send).
+    request = TurnRequest(input="go", model=script_name, toolset="testing", metadata={"background_job_id": "job-1"})
+    engine.create_turn(request, turn_id)
     engine.run_step(turn_id, 0)
     first = [s for s in engine.dispatcher.sent if s[0] == "batch"][0]
     engine.run_call(turn_id, 0, first[4][0])  # batch 0 ran; batch 1's message is lost
@@ -120,6 +122,31 @@ def test_give_up_answers_every_call_and_hooks_are_resent(redis_url, gateway, scr
     assert ("finished", turn_id) in engine.dispatcher.sent
     assert turn_id in store.hooks_overdue(time.time() + 61)
     store.hooks_done(turn_id)
+    assert turn_id not in store.hooks_overdue(time.time() + 200)
+
+
+def test_plain_turn_sends_no_end_hooks(redis_url, gateway, script_name):
+    import redis as redis_lib
+
+    from tests.test_idempotency import RecordingDispatcher
+    from worker.model.client import ResponsesClient
+    from worker.settings import Settings
+    from worker.tools.toolsets import toolset_resolver
+    from worker.turn.engine import TurnEngine
+    from worker.turn.request import TurnRequest
+    from worker.turn.store import TurnStore
+
+    settings = Settings()
+    store = TurnStore(redis_lib.Redis.from_url(redis_url), progress_timeout=60.0)
+    engine = TurnEngine(
+        store, settings, RecordingDispatcher(), toolset_resolver(settings), ResponsesClient(gateway.base_url)
+    )
+    gateway.add_script(script_name, [{"output": [{"type": "message", "text": "hi"}]}])
+    turn_id = uuid.uuid4().hex
+    engine.create_turn(TurnRequest(input="go", model=script_name), turn_id)
+    engine.run_step(turn_id, 0)
+    assert store.load(turn_id).status == TurnStatus.completed
+    assert ("finished", turn_id) not in engine.dispatcher.sent  # nothing to run at its end
     assert turn_id not in store.hooks_overdue(time.time() + 200)
 
 

@@ -169,7 +169,8 @@ class TurnEngine:
 
         Raises ``GatewayError`` (retryable) for the queue layer to retry with backoff.
         """
-        state = self.store.load(turn_id)
+        view = self.store.step_view(turn_id, step)  # state, history, memo, cancel flag: one round trip
+        state = view.state
         if state is None:
             return StepOutcome("dropped", "unknown turn")
         if state.status.terminal:
@@ -177,10 +178,7 @@ class TurnEngine:
         if state.step != step or state.phase != "model":
             return StepOutcome("dropped", f"stale step {step}; turn at {state.step}/{state.phase}")
         request = TurnRequest.model_validate(state.request)
-        if state.status == TurnStatus.queued:
-            self.store.mark_running(turn_id, step)
-            self.store.event(turn_id, "turn_started", agent_id=request.agent_id)
-        if self.store.is_cancelled(turn_id):
+        if view.cancelled:
             self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
             return StepOutcome("cancelled")
         max_calls = request.max_model_calls or self.settings.max_model_calls
@@ -196,21 +194,28 @@ class TurnEngine:
         ctx = self.context(state, request)
         tools = self.tools_for(ctx, request)
         log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
-        history = self.store.items(turn_id)
-        reply_data = _UNSAVED_REPLIES.get((turn_id, step)) or self.store.reply(turn_id, step)
+        history = view.items
+        reply_data = _UNSAVED_REPLIES.get((turn_id, step)) or view.reply
+        cancelled = False
+        if reply_data is not None and state.status == TurnStatus.queued:  # a memo but never marked running
+            self.store.mark_running(turn_id, step, event={"agent_id": request.agent_id})
         if reply_data is None:
             if self.client is None:
                 raise RuntimeError("this engine has no Responses client: it cannot run model steps")
-            if not self._claim_step(turn_id, step):
+            if not self._claim_step(turn_id, step, request):
                 return StepOutcome("dropped", f"step {step} is running elsewhere")
             try:
-                reply_data = self._call_model(turn_id, step, request, ctx, tools, history, state)
-            finally:
+                called = self._call_model(turn_id, step, request, ctx, tools, history, state)
+            except BaseException:
+                # Free the step for the retry (it may run in another process); after a stored
+                # reply nobody claims again (the memo answers), so the claim just expires.
                 self.store.release_step(turn_id, step, owner())
-            if isinstance(reply_data, StepOutcome):
-                return reply_data
+                raise
+            if isinstance(called, StepOutcome):
+                return called
+            reply_data, cancelled = called
         reply = ModelReply.from_json(reply_data)
-        if self.store.is_cancelled(turn_id):  # cancelled while the model was answering
+        if cancelled:  # cancelled while the model was answering
             self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
             return StepOutcome("cancelled")
         history_ids = {i.get("call_id") for i in history if i.get("type") == "function_call"}
@@ -225,11 +230,15 @@ class TurnEngine:
                 if status == TurnStatus.incomplete
                 else None
             )
+            finished = {"status": status.value, "error": error, "final_output": reply.text}
             try:
-                self.store.complete(turn_id, step, reply_items, status, final_output=reply.text, error=error)
+                hooks = self.store.complete(
+                    turn_id, step, reply_items, status, final_output=reply.text, error=error, finished_event=finished
+                )
             except StaleStep:
                 return StepOutcome("dropped", "already completed")
-            self._finished(turn_id, status, final_output=reply.text, error=error)
+            if hooks:
+                self.dispatcher.turn_finished(turn_id)
             return StepOutcome(status.value)
 
         planned, pre_results, invalid_counts = plan_calls(
@@ -245,32 +254,39 @@ class TurnEngine:
         reply_items = cut_replayed_arguments(
             reply_items, {c.call_id for c in planned if not c.runnable}, self.settings.max_replay_arguments
         )
+        batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
+        planned_events = [
+            (
+                "call_planned",
+                {
+                    "step": step,
+                    "call_id": call.call_id,
+                    "name": call.name,
+                    "activity": call.activity,
+                    "mode": call.mode,
+                    "repairs": call.repairs,
+                    "error": call.error_kind,
+                    "batch": batch_of.get(call.call_id),
+                    "arguments": call.data if call.runnable else None,
+                    "needs_approval": call.needs_approval,
+                },
+            )
+            for call in planned
+        ]
         try:
-            self.store.begin_tools(turn_id, step, reply_items, planned, batches, pre_results, invalid_counts, also=asks)
+            self.store.begin_tools(
+                turn_id,
+                step,
+                reply_items,
+                planned,
+                batches,
+                pre_results,
+                invalid_counts,
+                also=asks,
+                events=planned_events,
+            )
         except StaleStep:
             return StepOutcome("dropped", "plan already recorded")
-        batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
-        self.store.add_events(
-            turn_id,
-            [
-                (
-                    "call_planned",
-                    {
-                        "step": step,
-                        "call_id": call.call_id,
-                        "name": call.name,
-                        "activity": call.activity,
-                        "mode": call.mode,
-                        "repairs": call.repairs,
-                        "error": call.error_kind,
-                        "batch": batch_of.get(call.call_id),
-                        "arguments": call.data if call.runnable else None,
-                        "needs_approval": call.needs_approval,
-                    },
-                )
-                for call in planned
-            ],
-        )
         over = [n for n, c in invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool]
         if over or not batches:
             # Nothing to run (all calls failed validation): close the step now.
@@ -279,15 +295,20 @@ class TurnEngine:
             return StepOutcome("parked", "calls await approval")
         return StepOutcome("dispatched", f"{len(planned)} calls in {len(batches)} batches")
 
-    def _claim_step(self, turn_id: str, step: int) -> bool:
-        """Take the step's model call; False while a live process elsewhere is making it (a
-        duplicate or re-driven delivery must not pay the model twice)."""
+    def _claim_step(self, turn_id: str, step: int, request: TurnRequest) -> bool:
+        """Take the step's model call (a queued turn becomes running); False while a live process
+        elsewhere is making it (a duplicate or re-driven delivery must not pay the model twice)."""
+        # The model call may take up to model_timeout: the claim and the progress deadline cover it.
         lease = self.settings.model_timeout + 60
-        holder = self.store.claim_step(turn_id, step, owner(), lease)
+        holder = self.store.begin_model_call(turn_id, step, owner(), lease, {"agent_id": request.agent_id})
         if holder is None or holder == owner():
             return True
         if self.liveness.owner_is_dead(holder):
             self.store.take_over_step(turn_id, step, owner(), lease)
+            try:  # the dead holder may have died before its turn was marked running
+                self.store.mark_running(turn_id, step, event={"agent_id": request.agent_id})
+            except StaleStep:
+                return False
             return True
         return False
 
@@ -300,11 +321,9 @@ class TurnEngine:
         tools: list[WorkerTool],
         history: list[dict[str, Any]],
         state: TurnState,
-    ) -> dict[str, Any] | StepOutcome:
-        """Call the model once for the step and store its reply; returns the stored reply (JSON) or,
-        for a request the gateway refused, the outcome of the ended turn."""
-        # The model call may take up to model_timeout: no watchdog re-drive meanwhile.
-        self.store.push_deadline(turn_id, self.settings.model_timeout + 60)
+    ) -> tuple[dict[str, Any], bool] | StepOutcome:
+        """Call the model once for the step and store its reply; returns ``(stored reply (JSON),
+        cancelled meanwhile)`` or, for a request the gateway refused, the outcome of the ended turn."""
         body = self.client.build_request(
             model=request.model or self.settings.model,
             input=history,
@@ -322,22 +341,20 @@ class TurnEngine:
             return StepOutcome("ended", "model request rejected")
         # Paid for: keep it until stored, so neither an outage nor a redelivery pays again.
         _UNSAVED_REPLIES.put((turn_id, step), reply.to_json())
-        reply_data = save_until_stored(
-            lambda: self.store.save_reply(turn_id, step, reply.to_json()),
+        event = {
+            "step": step,
+            "status": reply.status,
+            "text": reply.text[:1000],
+            "calls": len(reply.function_calls),
+            "ms": round((time.perf_counter() - started) * 1000, 1),
+        }
+        stored = save_until_stored(
+            lambda: self.store.save_reply_and_check(turn_id, step, reply.to_json(), event),
             what=f"the model reply of turn {turn_id} step {step}",
             timeout=self.settings.redis_outage_timeout,
         )
         _UNSAVED_REPLIES.drop((turn_id, step))
-        self.store.event(
-            turn_id,
-            "model_reply",
-            step=step,
-            status=reply.status,
-            text=reply.text[:1000],
-            calls=len(reply.function_calls),
-            ms=round((time.perf_counter() - started) * 1000, 1),
-        )
-        return reply_data
+        return stored
 
     def _create(self, turn_id: str, step: int, body: dict[str, Any]) -> ModelReply:
         """The model call: streamed (deltas batched into the event stream) unless ``AGENT_MODEL_STREAM=0``."""
@@ -381,9 +398,11 @@ class TurnEngine:
     def _finished(
         self, turn_id: str, status: TurnStatus, *, error: str | None = None, final_output: str | None = None
     ) -> None:
-        """Every terminal transition ends here: the event for tails, then the queue layer's hook."""
+        """Every terminal transition ends here: the event for tails, then the queue layer's end hooks
+        for a turn that has some (``END_HOOK_METADATA``)."""
         self.store.event(turn_id, "turn_finished", status=status.value, error=error, final_output=final_output)
-        self.dispatcher.turn_finished(turn_id)
+        if self.store.awaits_hooks(turn_id):
+            self.dispatcher.turn_finished(turn_id)
 
     def cancel(self, turn_id: str) -> bool:
         """Ask a turn to stop: sets the cancel flag (running tools see their abort signal; the
@@ -609,11 +628,10 @@ class TurnEngine:
 
     # ----- barrier and step end -------------------------------------------
     def _advance(self, turn_id: str, step: int, request: TurnRequest, batches: list[Batch], done_index: int) -> None:
-        state = self.store.load(turn_id)
+        state, cancelled, results = self.store.advance_view(turn_id, step)
         if state is None or state.status.terminal:
             return
         over = sorted(n for n, c in state.invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool)
-        cancelled = self.store.is_cancelled(turn_id)
         nxt = done_index + 1
         plan = self.store.plan(turn_id, step)
         assert plan is not None
@@ -621,7 +639,6 @@ class TurnEngine:
         if nxt < len(batches) and not (state.terminate or over or cancelled):
             parking.dispatch_batch(self, turn_id, step, nxt, batches, calls)  # a gated batch may park here
             return
-        results = self.store.results(turn_id, step)
         outputs = []
         for call in sorted(calls, key=lambda c: c.index):
             res = results.get(call.call_id) or {

@@ -92,6 +92,15 @@ class Liveness:
         """Record that ``node_id`` holds a task of ``turn_id`` (received, reserved or running)."""
         self.r.hset(_tasks_key(node_id), task_id, turn_id)
 
+    def replace_held(self, node_id: str, held: dict[str, str]) -> None:
+        """Write the node's whole held set (``task_id`` -> ``turn_id``) in one round trip."""
+        key = _tasks_key(node_id)
+        with self.r.pipeline() as p:
+            p.delete(key)
+            if held:
+                p.hset(key, mapping=held)
+            p.execute()
+
     def release(self, node_id: str, task_id: str) -> None:
         """The task ended (ran or was dropped): the node no longer holds it."""
         self.r.hdel(_tasks_key(node_id), task_id)

@@ -16,6 +16,11 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
+# A turn whose metadata names one of these belongs to a record that must hear how it ended
+# (``tasks.hooks``: a workflow task's attempt, a background job); other turns have no end hooks.
+END_HOOK_METADATA = ("workflow_task_id", "background_job_id")
+
+
 class TurnRefused(ValueError):
     """A turn that cannot be created: a bad or foreign turn id, or a request over the size cap.
     The message says which rule and setting; nothing was stored."""

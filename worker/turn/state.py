@@ -24,6 +24,17 @@ class CallView:
     cancelled: bool
 
 
+@dataclass
+class StepView:
+    """What a model step reads before running, fetched in one round trip: the state, the
+    history, the memoized reply of the step (or None) and the cancel flag."""
+
+    state: "TurnState | None"
+    items: list[dict[str, Any]]
+    reply: dict[str, Any] | None
+    cancelled: bool
+
+
 def key(turn_id: str, *parts: Any) -> str:
     """A turn's Redis key: ``turn:{<id>}`` plus ``:``-joined parts (braces: one Cluster slot per turn)."""
     return ":".join([f"turn:{{{turn_id}}}", *map(str, parts)])

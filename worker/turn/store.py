@@ -29,7 +29,8 @@ Cluster slot):
 - ``turns:watch`` sorted set: turn id scored by its progress deadline (watchdog).
 - ``turn:{id}:approvals:{n}``, ``turn:{id}:gate:{n}:{b}``, ``approvals:pending``: approvals,
   written by ``worker.turn.approvals``.
-- ``turns:finishing`` sorted set: ended turns whose end hooks have not reported done.
+- ``turns:finishing`` sorted set: ended turns whose end hooks (workflow attempt, background job)
+  have not reported done.
 - ``turn-idem:<agent_id>:<key>``: an agent's idempotency key -> turn id (per agent: agent ids
   cannot contain ``:``, so two agents never share a key).
 """
@@ -44,8 +45,8 @@ import redis
 
 from worker.model.items import unanswered_call_ids
 from worker.turn.dispatch import Batch, PlannedCall
-from worker.turn.request import TurnRefused, TurnStatus
-from worker.turn.state import CallView, StaleStep, TurnState
+from worker.turn.request import END_HOOK_METADATA, TurnRefused, TurnStatus
+from worker.turn.state import CallView, StaleStep, StepView, TurnState
 from worker.turn.state import key as _k
 
 EVENTS_MAXLEN = 10_000
@@ -81,6 +82,31 @@ if redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then return {stored, 1} en
 return {stored, 0}
 """
 
+# Begin a step's model call in one round trip: take the step claim, push the progress deadline
+# and, at the turn's first step, move it from queued to running with its turn_started event.
+# KEYS: turn hash, step claim, watch zset, events; ARGV: owner, lease s, deadline, step, now,
+# event JSON, events maxlen, turn id.
+_BEGIN_MODEL_LUA = """
+local won = redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2])
+redis.call('ZADD', KEYS[3], 'XX', 'GT', ARGV[3], ARGV[8])
+if not won then return {0, redis.call('GET', KEYS[2])} end
+local h = redis.call('HMGET', KEYS[1], 'status', 'step', 'phase')
+if h[1] == 'queued' and h[2] == ARGV[4] and h[3] == 'model' then
+  redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[5], 'redrives', 0)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[6])
+end
+return {1, false}
+"""
+
+# The turn-hash fields that guarded transitions read (``TurnStore._guarded``).
+GUARD_FIELDS = ("status", "step", "phase", "model_calls", "end_hooks")
+
+# Delete a claim only if it is still ours (one round trip).
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 
 class TurnStore:
     """Redis-backed turn state. ``client`` is a ``redis.Redis`` (bytes responses)."""
@@ -90,6 +116,8 @@ class TurnStore:
         self.progress_timeout = progress_timeout
         self._claim = self.r.register_script(_CLAIM_LUA)
         self._record = self.r.register_script(_RECORD_LUA)
+        self._release = self.r.register_script(_RELEASE_LUA)
+        self._begin_model = self.r.register_script(_BEGIN_MODEL_LUA)
         self._plans: dict[tuple[str, int], tuple[list[PlannedCall], list[Batch]]] = {}
 
     # ----- reading ---------------------------------------------------------
@@ -136,6 +164,32 @@ class TurnStore:
             self._plans.clear()
         self._plans[(turn_id, step)] = plan
         return plan
+
+    def step_view(self, turn_id: str, step: int) -> StepView:
+        """State, history, the step's memoized reply and the cancel flag, in one round trip."""
+        p = self.r.pipeline(transaction=False)
+        p.hgetall(_k(turn_id))
+        p.lrange(_k(turn_id, "items"), 0, -1)
+        p.get(_k(turn_id, "reply", step))
+        p.exists(_k(turn_id, "cancel"))
+        h, items, reply, cancelled = p.execute()
+        return StepView(
+            TurnState.from_hash(turn_id, h) if h else None,
+            [orjson.loads(x) for x in items],
+            orjson.loads(reply) if reply else None,
+            bool(cancelled),
+        )
+
+    def advance_view(self, turn_id: str, step: int) -> tuple[TurnState | None, bool, dict[str, dict[str, Any]]]:
+        """What the barrier's winner reads to close a batch: ``(state, cancelled, results of step)``,
+        in one round trip."""
+        with self.r.pipeline(transaction=False) as p:
+            p.hgetall(_k(turn_id))
+            p.exists(_k(turn_id, "cancel"))
+            p.hgetall(_k(turn_id, "results", step))
+            h, cancelled, results = p.execute()
+        state = TurnState.from_hash(turn_id, h) if h else None
+        return state, bool(cancelled), {k.decode(): orjson.loads(v) for k, v in results.items()}
 
     def call_view(self, turn_id: str, step: int, call_id: str) -> CallView:
         """State, plan, whether the call has a result, and the cancel flag, in one round trip."""
@@ -185,10 +239,10 @@ class TurnStore:
         """Append ``[(kind, fields)]`` events to the turn's stream in one round trip."""
         if not events:
             return
-        p = self.r.pipeline(transaction=False)
-        for kind, data in events:
-            p.xadd(_k(turn_id, "events"), {"e": self._event_json(kind, data)}, maxlen=EVENTS_MAXLEN, approximate=True)
-        p.execute()
+        with self.r.pipeline(transaction=False) as p:
+            for kind, data in events:
+                self._xadd(p, turn_id, kind, data)
+            p.execute()
 
     def create(
         self,
@@ -231,6 +285,8 @@ class TurnStore:
                     "phase": "model",
                     "model_calls": 0,
                     "request": orjson.dumps(request),
+                    # Read by every guarded transition, so the (possibly large) request need not be.
+                    "end_hooks": int(any((request.get("metadata") or {}).get(k) for k in END_HOOK_METADATA)),
                     "agent_id": agent_id,
                     "terminate": "0",
                     "invalid_counts": "{}",
@@ -265,9 +321,11 @@ class TurnStore:
         key = _k(turn_id)
 
         def txn(pipe: Any) -> None:
-            h = pipe.hgetall(key)
-            if not h:
+            # The fields a guard or a write reads; not the request, which may be large.
+            values = pipe.hmget(key, GUARD_FIELDS)
+            if values[0] is None:
                 raise StaleStep("turn does not exist")
+            h = {f.encode(): v for f, v in zip(GUARD_FIELDS, values, strict=True) if v is not None}
             st = TurnStatus(h[b"status"].decode())
             if st.terminal and not allow_terminal:
                 raise StaleStep(f"turn is {st.value}")
@@ -284,14 +342,32 @@ class TurnStore:
         pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
         pipe.zadd("turns:watch", {turn_id: now + self.progress_timeout})
 
-    def mark_running(self, turn_id: str, step: int) -> None:
-        """``queued`` -> ``running`` at the first step (guarded; raises ``StaleStep`` if fenced out)."""
+    def mark_running(self, turn_id: str, step: int, event: dict[str, Any] | None = None) -> None:
+        """``queued`` -> ``running`` at the first step, with the ``turn_started`` event ``event``
+        in the same transaction (guarded; raises ``StaleStep`` if fenced out)."""
 
         def w(pipe: Any, h: dict) -> None:
             if h[b"status"] == b"queued":
                 self._touch(pipe, turn_id, {"status": TurnStatus.running.value})
+                if event is not None:
+                    self._xadd(pipe, turn_id, "turn_started", event)
 
         self._guarded(turn_id, step, "model", w)
+
+    def save_reply_and_check(
+        self, turn_id: str, step: int, reply: dict[str, Any], event: dict[str, Any]
+    ) -> tuple[dict[str, Any], bool]:
+        """Memoize the model reply of ``step`` (first one wins), append the ``model_reply`` event
+        and read the cancel flag, in one round trip. Returns ``(stored reply, cancelled)``."""
+        with self.r.pipeline(transaction=False) as p:
+            p.set(_k(turn_id, "reply", step), orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS)
+            self._xadd(p, turn_id, "model_reply", event)
+            p.exists(_k(turn_id, "cancel"))
+            won, _, cancelled = p.execute()
+        if won:
+            return reply, bool(cancelled)
+        raw = self.r.get(_k(turn_id, "reply", step))
+        return (orjson.loads(raw) if raw else reply), bool(cancelled)
 
     def save_reply(self, turn_id: str, step: int, reply: dict[str, Any]) -> dict[str, Any]:
         """Memoize the model reply of ``step`` (first one wins); returns the stored reply."""
@@ -311,11 +387,13 @@ class TurnStore:
         invalid_counts: dict[str, int],
         loaded_tools: list[str] | None = None,
         also: Callable[[Any], None] | None = None,
+        events: list[tuple[str, dict[str, Any]]] = (),
     ) -> None:
         """Record the reply's items and the dispatch plan; move to phase ``tools``.
 
-        ``also(pipe)`` adds writes to the same MULTI (the approval requests of
-        ``worker.turn.approvals``). Raises ``StaleStep`` if another delivery already did it.
+        ``events`` (``[(kind, fields)]``, e.g. ``call_planned``) are appended and ``also(pipe)``
+        adds writes (the approval requests of ``worker.turn.approvals``), both in the same MULTI.
+        Raises ``StaleStep`` if another delivery already did it.
         """
 
         def w(pipe: Any, h: dict) -> None:
@@ -342,10 +420,15 @@ class TurnStore:
             if loaded_tools is not None:
                 fields["loaded_tools"] = orjson.dumps(loaded_tools)
             self._touch(pipe, turn_id, fields)
+            for kind, data in events:
+                self._xadd(pipe, turn_id, kind, data)
             if also is not None:
                 also(pipe)
 
         self._guarded(turn_id, step, "model", w)
+
+    def _xadd(self, pipe: Any, turn_id: str, kind: str, data: dict[str, Any]) -> None:
+        pipe.xadd(_k(turn_id, "events"), {"e": self._event_json(kind, data)}, maxlen=EVENTS_MAXLEN, approximate=True)
 
     @staticmethod
     def _event_json(kind: str, data: dict[str, Any]) -> bytes:
@@ -379,6 +462,30 @@ class TurnStore:
             return True, None
         return False, orjson.loads(raw) if raw else None
 
+    def begin_model_call(
+        self, turn_id: str, step: int, owner: str, lease: float, started_event: dict[str, Any] | None = None
+    ) -> str | None:
+        """Take step ``step``'s model call for ``owner``, push the progress deadline past ``lease``
+        seconds and, for a queued turn, move it to ``running`` with the ``turn_started`` event
+        ``started_event``: one round trip. Returns None when won, else the current holder."""
+        now = time.time()
+        won, held = self._begin_model(
+            keys=[_k(turn_id), _k(turn_id, "stepclaim", step), "turns:watch", _k(turn_id, "events")],
+            args=[
+                owner,
+                max(1, int(lease)),
+                now + max(lease, self.progress_timeout),
+                step,
+                now,
+                self._event_json("turn_started", started_event or {}),
+                EVENTS_MAXLEN,
+                turn_id,
+            ],
+        )
+        if won:
+            return None
+        return held.decode() if held else None
+
     def claim_step(self, turn_id: str, step: int, owner: str, lease: float) -> str | None:
         """Take step ``step``'s model call for ``owner`` (``lease`` seconds). Returns None when won,
         else the current holder."""
@@ -395,10 +502,8 @@ class TurnStore:
     def release_step(self, turn_id: str, step: int, owner: str) -> None:
         """Drop ``owner``'s step claim (the reply is stored, or the call failed and will be retried).
         Never raises: a claim left behind expires with its lease."""
-        key = _k(turn_id, "stepclaim", step)
         try:
-            if self.r.get(key) == owner.encode():
-                self.r.delete(key)
+            self._release(keys=[_k(turn_id, "stepclaim", step)], args=[owner])
         except (redis.ConnectionError, redis.TimeoutError):
             pass
 
@@ -513,10 +618,15 @@ class TurnStore:
         final_output: str | None = None,
         error: str | None = None,
         count_model_call: bool = True,
-    ) -> None:
-        """End the turn at a model step (final answer, cap reached, failure)."""
+        finished_event: dict[str, Any] | None = None,
+    ) -> bool:
+        """End the turn at a model step (final answer, cap reached, failure), with the
+        ``turn_finished`` event ``finished_event`` in the same transaction. Returns True when the
+        turn has end hooks to run (``END_HOOK_METADATA``)."""
+        hooks = False
 
         def w(pipe: Any, h: dict) -> None:
+            nonlocal hooks
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
             fields: dict[str, Any] = {"status": status.value}
@@ -527,9 +637,12 @@ class TurnStore:
             if error:
                 fields["error"] = error
             self._touch(pipe, turn_id, fields)
-            self._retire(pipe, turn_id, h)
+            hooks = self._retire(pipe, turn_id, h)
+            if finished_event is not None:
+                self._xadd(pipe, turn_id, "turn_finished", finished_event)
 
         self._guarded(turn_id, step, "model", w)
+        return hooks
 
     def fail(self, turn_id: str, status: TurnStatus, error: str) -> bool:
         """End a non-terminal turn whatever its step (cancel, gateway failure, watchdog give-up).
@@ -577,12 +690,21 @@ class TurnStore:
         self.r.transaction(txn, key)
         return ended
 
-    def _retire(self, pipe: Any, turn_id: str, h: dict) -> None:
+    def _retire(self, pipe: Any, turn_id: str, h: dict) -> bool:
+        """Queue the retirement of an ended turn in ``pipe``; True when it has end hooks to run."""
         pipe.zrem("turns:watch", turn_id)
-        # Until its control-plane hooks have run (``hooks_done``), the watchdog re-sends them.
-        pipe.zadd("turns:finishing", {turn_id: time.time() + HOOK_TIMEOUT})
+        hooks = h.get(b"end_hooks") == b"1"
+        if hooks:
+            # Until its control-plane hooks have run (``hooks_done``), the watchdog re-sends them.
+            pipe.zadd("turns:finishing", {turn_id: time.time() + HOOK_TIMEOUT})
         for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events"), _k(turn_id, "cancel")):
             pipe.expire(key, RETENTION_SECONDS)
+        return hooks
+
+    def awaits_hooks(self, turn_id: str) -> bool:
+        """True for an ended turn whose end hooks have not reported done (a workflow attempt or a
+        background job: ``END_HOOK_METADATA``); other turns have none to run."""
+        return self.r.zscore("turns:finishing", turn_id) is not None
 
     def hooks_done(self, turn_id: str) -> None:
         """The turn's end hooks ran: stop re-sending them."""

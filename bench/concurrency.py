@@ -1,0 +1,225 @@
+"""Turns in flight on one node: the runtime against a hand-written minimal turn on bare Celery.
+
+N turns of (model call, one tool call, model call) against a model endpoint that answers in
+``--latency`` seconds (the scripted gateway), on one node: the steps' queue on the pool under
+test, the tool calls on prefork (as deployed). The floor is ``bench/bare_celery.py``: the same
+turn shape as three bare Celery tasks on the same broker, pools and endpoint, with nothing of
+the runtime (no turn store, fencing, validation or events). Both run in this one process's
+measurement, one after the other, against one embedded Redis.
+
+Printed per pool: wall time and its ratio to the ideal (2 x latency) and to the floor,
+turns/s, peak model calls in flight (counted by the gateway), unfinished turns, and the peak
+RSS of the steps' worker. Run: ``.venv/bin/python bench/concurrency.py [--turns 1000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from devtools.embedded_redis import EmbeddedRedis  # noqa: E402
+from worker.model.scripted_gateway import ScriptedGateway  # noqa: E402
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _redis_calls(r: redis.Redis) -> int:
+    """Commands Redis has run so far (all clients): the round trips a turn costs."""
+    stats = r.info("commandstats")
+    if os.environ.get("BENCH_COMMANDS"):  # per command, for development
+        print({k: v["calls"] for k, v in sorted(stats.items(), key=lambda kv: -kv[1]["calls"])[:40]})
+    return sum(v["calls"] for v in stats.values())
+
+
+def _spawn(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _wait_heartbeat(r: redis.Redis, pid: int, proc: subprocess.Popen, what: str) -> None:
+    host = os.uname().nodename
+    deadline = time.monotonic() + 60
+    while not r.exists(f"agent:alive:{host}:{pid}"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not start")
+        time.sleep(0.1)
+    time.sleep(1.0)
+
+
+def _celery(app: str, queues: str, pool: str, concurrency: int) -> list[str]:
+    return [
+        sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queues, "-P", pool, "-c", str(concurrency),
+        "-n", f"{uuid.uuid4().hex[:6]}@%h", "-l", "WARNING", "--without-gossip", "--without-mingle",
+    ]  # fmt: skip
+
+
+def run_ours(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurrency: int, logs: Path) -> dict:
+    homes = Path(tempfile.mkdtemp(prefix="bench-homes-"))
+    env = {
+        **os.environ,
+        "REDIS_URL": srv.url,
+        "OPENAI_BASE_URL": gw.base_url,
+        "OPENAI_API_KEY": "bench",
+        "AGENT_HOMES_ROOT": str(homes),
+        "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
+        "AGENT_MODEL_STREAM": "0",  # the floor posts plain JSON: same wire for both
+        "AGENT_APPROVAL_MODE": "off",
+        "AGENT_MODEL_TIMEOUT": "120",
+    }
+    env.pop("CONTROL_REDIS_URL", None)
+    os.environ.update(REDIS_URL=srv.url, AGENT_EXTRA_TOOLSETS=env["AGENT_EXTRA_TOOLSETS"])
+    from control.client import ControlPlane
+    from worker.settings import get_settings
+
+    get_settings.cache_clear()
+
+    steps = _spawn(_celery("tasks.app", "turns", pool, concurrency), env, ROOT, logs / f"ours-{pool}.log")
+    tools = _spawn(_celery("tasks.app", "tools", "prefork", 2), env, ROOT, logs / f"ours-{pool}-tools.log")
+    r = redis.Redis.from_url(srv.control_url)
+    try:
+        _wait_heartbeat(r, steps.pid, steps, "the steps worker")
+        _wait_heartbeat(r, tools.pid, tools, "the tools worker")
+        control = ControlPlane(srv.control_url)
+        profiler = None
+        if os.environ.get("BENCH_PROFILE"):  # py-spy on the steps worker, for development
+            spy = [str(Path(sys.executable).parent / "py-spy"), "record", "-f", "raw", "-r", "200", "--gil", "--pid"]
+            profiler = subprocess.Popen([*spy, str(steps.pid), "-o", os.environ["BENCH_PROFILE"]])
+            time.sleep(1)
+        gw.peak_in_flight = 0
+        calls_before = _redis_calls(r)
+        started = time.monotonic()
+        ids = [
+            control.enqueue({"agent_id": f"b{i}", "input": "go", "model": "bench", "toolset": "testing"})
+            for i in range(n)
+        ]
+        enqueued = time.monotonic() - started
+        # Unfinished turns: those still watched by the watchdog (one ZCARD, as cheap as the floor's LLEN).
+        deadline = started + 120 + n * 0.05
+        while r.zcard("turns:watch") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        wall = time.monotonic() - started
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(30)
+        with r.pipeline(transaction=False) as p:
+            for tid in ids:
+                p.hget(f"turn:{{{tid}}}", "status")
+            statuses = p.execute()
+        failed = sum(s not in (b"completed", None) for s in statuses)
+        pending = [tid for tid, s in zip(ids, statuses) if s in (None, b"queued", b"running")]
+        return {"wall": wall, "peak": gw.peak_in_flight, "unfinished": len(pending), "failed": failed,
+                "rss": _peak_rss_mb(steps.pid), "enqueue": enqueued,
+                "redis_calls": (_redis_calls(r) - calls_before) / n}  # fmt: skip
+    finally:
+        _stop([steps, tools])
+        shutil.rmtree(homes, ignore_errors=True)
+
+
+def run_bare(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurrency: int, logs: Path) -> dict:
+    env = {**os.environ, "REDIS_URL": srv.url, "BENCH_MODEL_URL": gw.base_url, "BENCH_MODEL": "bench"}
+    bench_dir = ROOT / "bench"
+    steps = _spawn(_celery("bare_celery", "bare", pool, concurrency), env, bench_dir, logs / f"bare-{pool}.log")
+    tools = _spawn(_celery("bare_celery", "bare_tools", "prefork", 2), env, bench_dir, logs / f"bare-{pool}-tools.log")
+    r = redis.Redis.from_url(srv.control_url)
+    try:
+        os.environ["REDIS_URL"] = srv.url
+        sys.path.insert(0, str(bench_dir))
+        import bare_celery
+
+        bare_celery.app.conf.broker_url = srv.url
+        time.sleep(6)  # no heartbeat in the floor: give both workers time to start
+        if steps.poll() is not None or tools.poll() is not None:
+            raise SystemExit("the bare Celery workers did not start")
+        r.delete("bare:done")
+        gw.peak_in_flight = 0
+        calls_before = _redis_calls(r)
+        started = time.monotonic()
+        run = uuid.uuid4().hex[:6]  # fresh conversations every round
+        for i in range(n):
+            bare_celery.bare_step.apply_async((f"{run}-{i}", 0), queue="bare")
+        enqueued = time.monotonic() - started
+        deadline = started + 120 + n * 0.05
+        while r.llen("bare:done") < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        wall = time.monotonic() - started
+        return {"wall": wall, "peak": gw.peak_in_flight, "unfinished": n - r.llen("bare:done"), "failed": 0,
+                "rss": _peak_rss_mb(steps.pid), "enqueue": enqueued,
+                "redis_calls": (_redis_calls(r) - calls_before) / n}  # fmt: skip
+    finally:
+        _stop([steps, tools])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=1000)
+    parser.add_argument("--latency", type=float, default=1.0, help="seconds the model takes to answer")
+    parser.add_argument("--pools", default="threads", help="comma-separated: threads, prefork")
+    parser.add_argument("--concurrency", type=int, default=0, help="default: turns (threads) or 8 (prefork)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternated floor/runtime rounds per pool")
+    args = parser.parse_args()
+    logs = Path(tempfile.mkdtemp(prefix="bench-concurrency-"))
+    srv = EmbeddedRedis()
+    srv.start()
+    gw = ScriptedGateway(latency=args.latency, streaming=False)
+    step = {"output": [{"type": "function_call", "name": "read_thing", "arguments": '{"label": "x"}'}]}
+    gw.add_script("bench", [step, {"output": [{"type": "message", "text": "done"}]}])
+    gw.start()
+    ideal = 2 * args.latency
+    print(f"{args.turns} turns (model {args.latency:g} s, tool call, model {args.latency:g} s); ideal {ideal:g} s")
+    print(f"{'pool':10} {'runtime':8} {'wall s':>7} {'/ideal':>7} {'/floor':>7} {'turns/s':>8} {'in flight':>9} "
+          f"{'unfinished':>10} {'failed':>6} {'RSS MB':>7} {'enqueue s':>9} {'Redis cmds/turn':>15}")  # fmt: skip
+    try:
+        for pool in args.pools.split(","):
+            c = args.concurrency or (args.turns if pool == "threads" else 8)
+            ratios = []
+            for _ in range(args.rounds):  # alternated, so load on the shared machine hits both alike
+                bare = run_bare(srv, gw, args.turns, pool, c, logs)
+                ours = run_ours(srv, gw, args.turns, pool, c, logs)
+                ratios.append(ours["wall"] / bare["wall"])
+                for name, m in (("bare", bare), ("ours", ours)):
+                    print(f"{pool + ' -c ' + str(c):10} {name:8} {m['wall']:7.2f} {m['wall'] / ideal:7.2f} "
+                          f"{m['wall'] / bare['wall']:7.2f} {args.turns / m['wall']:8.1f} {m['peak']:9d} "
+                          f"{m['unfinished']:10d} {m['failed']:6d} {m['rss']:7.0f} {m['enqueue']:9.2f} "
+                          f"{m['redis_calls']:15.0f}", flush=True)  # fmt: skip
+            print(f"{pool}: runtime / floor, median of {args.rounds} rounds: {statistics.median(ratios):.2f}x "
+                  f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+    finally:
+        gw.stop()
+        srv.stop()
+    print(f"logs: {logs}")
+
+
+if __name__ == "__main__":
+    main()
