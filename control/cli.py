@@ -83,7 +83,9 @@ def enqueue(
 def status(turn_id: str) -> None:
     """Print the turn's status as JSON."""
     with _exit_on_errors():
-        v = _control().status(turn_id)
+        control = _control()
+        v = control.status(turn_id)
+        used = control.usage(turn_id)["total"]
     print(
         json.dumps(
             {
@@ -93,9 +95,17 @@ def status(turn_id: str) -> None:
                 "model_calls": v.model_calls,
                 "final_output": v.final_output,
                 "error": v.error,
+                "usage": used,
             }
         )
     )
+
+
+@app.command()
+def usage(turn_id: str) -> None:
+    """Print the turn's token usage as JSON: totals, each model call's, and the budget."""
+    with _exit_on_errors():
+        print(json.dumps(_control().usage(turn_id)))
 
 
 @app.command("wait")

@@ -119,6 +119,25 @@ class ControlPlane:
         with _redis_errors(self.url):
             return self.store.items(turn_id)
 
+    def usage(self, turn_id: str) -> dict[str, Any]:
+        """The turn's token usage, from the Responses ``usage`` of each model call
+        (``worker.turn.usage``): ``{"total": {input_tokens, output_tokens, total_tokens,
+        cached_tokens, reasoning_tokens, model_calls}, "steps": [{"step", "model", ...counts}],
+        "budget": the request's token_budget or None}``.
+
+        Raises ``ControlPlaneError`` for an unknown turn.
+        """
+        with _redis_errors(self.url):
+            state = self.store.load(turn_id)
+            if state is None:
+                raise ControlPlaneError(f"unknown turn {turn_id}")
+            ledger = self._engine.usage
+            return {
+                "total": ledger.totals(turn_id),
+                "steps": ledger.steps(turn_id),
+                "budget": state.request.get("token_budget"),
+            }
+
     def events(self, turn_id: str, after: str = "0-0") -> list[dict[str, Any]]:
         """Activity events (``kind``, ``at`` and fields) in order."""
         with _redis_errors(self.url):

@@ -66,9 +66,11 @@ def print_transcript(
         if kind == "turn_started":
             console.print(f"[bold]turn {turn_id}[/] started for agent [cyan]{escape(e.get('agent_id', ''))}[/]")
         elif kind == "model_reply":
+            used = e.get("usage") or {}
+            tokens = f", {used.get('input_tokens', 0)} in / {used.get('output_tokens', 0)} out tokens" if used else ""
             console.print(
                 f"\n[bold magenta]model call {e['step'] + 1}[/] -> {e['calls']} function call(s), "
-                f"status {e['status']} ({e['ms']} ms)"
+                f"status {e['status']} ({e['ms']} ms{tokens})"
             )
             if e.get("text") and e["calls"]:
                 console.print(f"  [italic]model:[/] {escape(e['text'])}")
@@ -105,4 +107,11 @@ def print_transcript(
                 console.print(f"reason: {escape(str(e['error']))}")
             if e.get("final_output"):
                 console.print(f"[bold]final answer:[/] {escape(e['final_output'])}")
+            if e.get("usage"):
+                u = e["usage"]
+                console.print(
+                    f"tokens: {u.get('input_tokens', 0)} in ({u.get('cached_tokens', 0)} cached), "
+                    f"{u.get('output_tokens', 0)} out ({u.get('reasoning_tokens', 0)} reasoning), "
+                    f"{u.get('total_tokens', 0)} total over {u.get('model_calls', 0)} model call(s)"
+                )
     return final

@@ -26,10 +26,10 @@ class RecordingDispatcher:
     def __init__(self):
         self.sent = []
 
-    def enqueue_step(self, turn_id, step, *, queue):
+    def enqueue_step(self, turn_id, step, *, queue, label=""):
         self.sent.append(("step", turn_id, step))
 
-    def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue):
+    def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue, labels=None):
         self.sent.append(("batch", turn_id, step, batch_index, list(batch.call_ids), batch.mode))
 
     def services(self, request):

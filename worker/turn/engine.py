@@ -39,13 +39,15 @@ from worker.tooling.arguments import validate_params
 from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, TurnAborted, WorkerTool
 from worker.tooling.schemas import collect_tool_definitions
 from worker.tooling.tool_search import with_tool_search
+from worker.turn import metrics, telemetry
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall, plan_batches
-from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, no_toolsets
+from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, call_labels, no_toolsets, step_label
 from worker.turn.liveness import owner, owner_is_dead
 from worker.turn.planning import plan_calls
 from worker.turn.request import Skill, TurnRequest, TurnStatus
 from worker.turn.store import StaleStep, TurnState, TurnStore
+from worker.turn.usage import UsageLedger, budget_exceeded, normalize_usage
 
 log = logging.getLogger("agent.loop")
 
@@ -79,16 +81,23 @@ class TurnEngine:
         self.resolve_toolset = resolve_toolset or no_toolsets
         self.client = client
         self.project_skills = project_skills
+        self.usage = UsageLedger(store.r)
 
     # ----- enqueueing ------------------------------------------------------
     def create_turn(self, request: TurnRequest, turn_id: str) -> tuple[str, bool]:
         """Store a new turn and enqueue its first step. Returns ``(turn_id, created)``."""
         items = [user_message(request.input)] if isinstance(request.input, str) else list(request.input)
+        traceparent = telemetry.new_traceparent()
         tid, created = self.store.create(
-            turn_id, request.model_dump(mode="json"), items, idempotency_key=request.idempotency_key
+            turn_id,
+            request.model_dump(mode="json"),
+            items,
+            idempotency_key=request.idempotency_key,
+            fields={"traceparent": traceparent},
         )
         if created:
-            self.dispatcher.enqueue_step(tid, 0, queue=request.queue)
+            with telemetry.under_turn(traceparent):
+                self.dispatcher.enqueue_step(tid, 0, queue=request.queue, label=step_label(request.agent_id, tid, 0))
         return tid, created
 
     def enqueue_turn(self, request: dict[str, Any] | TurnRequest, turn_id: str | None = None) -> str:
@@ -147,6 +156,7 @@ class TurnEngine:
         if state.status == TurnStatus.queued:
             self.store.mark_running(turn_id, step)
             self.store.event(turn_id, "turn_started", agent_id=request.agent_id)
+            metrics.TURNS_STARTED.labels(request.queue).inc()
         if self.store.is_cancelled(turn_id):
             self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
             return StepOutcome("cancelled")
@@ -159,6 +169,10 @@ class TurnEngine:
                 error=f"stopped after {state.model_calls} model calls (max_model_calls={max_calls})",
             )
             return StepOutcome("ended", "max_model_calls")
+        over_budget = request.token_budget and budget_exceeded(self.usage.totals(turn_id), request.token_budget)
+        if over_budget:
+            self._end(turn_id, step, TurnStatus.budget_exceeded, error=over_budget)
+            return StepOutcome("ended", "budget_exceeded")
 
         ctx = self.context(state, request)
         tools = self.tools_for(ctx, request)
@@ -170,22 +184,29 @@ class TurnEngine:
                 raise RuntimeError("this engine has no Responses client: it cannot run model steps")
             # The model call may take up to model_timeout: no watchdog re-drive meanwhile.
             self.store.push_deadline(turn_id, self.settings.model_timeout + 60)
+            model = request.model or self.settings.model
             body = self.client.build_request(
-                model=request.model or self.settings.model,
+                model=model,
                 input=history,
                 tools=collect_tool_definitions(tools, loaded=state.loaded_tools),
                 instructions=self.instructions_for(ctx, request),
                 max_output_tokens=self.settings.max_output_tokens,
             )
             started = time.perf_counter()
-            try:
-                reply = self.client.create(body)
-            except GatewayError as exc:
-                if exc.retryable:
-                    raise
-                self._end(turn_id, step, TurnStatus.failed, error=str(exc))
-                return StepOutcome("ended", "model request rejected")
-            reply_data = self.store.save_reply(turn_id, step, reply.to_json())
+            with telemetry.model_call_span(model, turn_id, request.agent_id, step) as span:
+                try:
+                    reply = self.client.create(body)
+                except GatewayError as exc:
+                    metrics.MODEL_CALL_SECONDS.labels(model).observe(time.perf_counter() - started)
+                    if exc.retryable:
+                        raise
+                    self._end(turn_id, step, TurnStatus.failed, error=str(exc))
+                    return StepOutcome("ended", "model request rejected")
+                elapsed = time.perf_counter() - started
+                metrics.MODEL_CALL_SECONDS.labels(model).observe(elapsed)
+                reply_data = self.store.save_reply(turn_id, step, reply.to_json())
+                usage = normalize_usage(reply.usage)
+                telemetry.model_reply(span, reply.id, reply.status, usage, len(reply.function_calls))
             self.store.event(
                 turn_id,
                 "model_reply",
@@ -193,9 +214,14 @@ class TurnEngine:
                 status=reply.status,
                 text=reply.text[:1000],
                 calls=len(reply.function_calls),
-                ms=round((time.perf_counter() - started) * 1000, 1),
+                ms=round(elapsed * 1000, 1),
+                usage=usage,
             )
         reply = ModelReply.from_json(reply_data)
+        # Once per step, also when the reply came from the memo (a crash after the call).
+        step_usage = normalize_usage(reply.usage)
+        if self.usage.record(turn_id, step, step_usage, request.model or self.settings.model):
+            metrics.tokens_used(request.model or self.settings.model, step_usage)
         if self.store.is_cancelled(turn_id):  # cancelled while the model was answering
             self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
             return StepOutcome("cancelled")
@@ -230,6 +256,8 @@ class TurnEngine:
         except StaleStep:
             return StepOutcome("dropped", "plan already recorded")
         batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
+        metrics.calls_planned(planned, {t.name for t in tools})
+        telemetry.planned_calls(planned, batch_of)
         self.store.add_events(
             turn_id,
             [
@@ -255,7 +283,14 @@ class TurnEngine:
             # Nothing to run (all calls failed validation): close the step now.
             self._advance(turn_id, step, request, batches, -1)
         else:
-            self.dispatcher.dispatch_batch(turn_id, step, 0, batches[0], queue="tools")
+            self.dispatcher.dispatch_batch(
+                turn_id,
+                step,
+                0,
+                batches[0],
+                queue="tools",
+                labels=call_labels(request.agent_id, turn_id, step, planned),
+            )
         return StepOutcome("dispatched", f"{len(planned)} calls in {len(batches)} batches")
 
     def _prose_without_finish(
@@ -281,14 +316,35 @@ class TurnEngine:
         except StaleStep:
             return StepOutcome("dropped", "already continued")
         self.store.event(turn_id, "repair_instruction", step=step, tool=tool)
-        self.dispatcher.enqueue_step(turn_id, step + 1, queue=request.queue)
+        with telemetry.under_turn(state.traceparent):
+            self.dispatcher.enqueue_step(
+                turn_id, step + 1, queue=request.queue, label=step_label(request.agent_id, turn_id, step + 1)
+            )
         return StepOutcome("repair_instruction")
 
     def _finished(
         self, turn_id: str, status: TurnStatus, *, error: str | None = None, final_output: str | None = None
     ) -> None:
-        """Every terminal transition ends here: the event for tails, then the queue layer's hook."""
-        self.store.event(turn_id, "turn_finished", status=status.value, error=error, final_output=final_output)
+        """Every terminal transition ends here: the event for tails (with the turn's token usage),
+        the turn's metric and root span, then the queue layer's hook."""
+        usage = self.usage.totals(turn_id)
+        self.store.event(
+            turn_id, "turn_finished", status=status.value, error=error, final_output=final_output, usage=usage
+        )
+        metrics.TURNS_ENDED.labels(status.value).inc()
+        state = self.store.load(turn_id)
+        if state is not None:
+            telemetry.emit_turn_span(
+                state.traceparent,
+                turn_id=turn_id,
+                agent_id=state.agent_id,
+                status=status.value,
+                error=error,
+                created_at=state.created_at,
+                queue=str(state.request.get("queue", "turns")),
+                model_calls=state.model_calls,
+                usage=usage,
+            )
         self.dispatcher.turn_finished(turn_id)
 
     def cancel(self, turn_id: str) -> bool:
@@ -390,15 +446,20 @@ class TurnEngine:
                 "is_error": True,
                 "details": {"error": "interrupted"},
             }, None
-        try:
-            result = storable(self.execute_call(turn_id, call, state, request))
-        except Exception as exc:  # whatever breaks around the tool, the call still gets an output
-            log.exception("call %s of turn %s failed outside the tool", call.call_id, turn_id)
-            result = {
-                "output": f"Error: {call.name} failed: {exc.__class__.__name__}: {exc}",
-                "is_error": True,
-                "details": {"error": "exception", "type": exc.__class__.__name__},
-            }
+        record = self.settings.otel_record_content
+        started_at = time.perf_counter()
+        with telemetry.tool_call_span(call, turn_id, request.agent_id, step, batch_index, record) as span:
+            try:
+                result = storable(self.execute_call(turn_id, call, state, request))
+            except Exception as exc:  # whatever breaks around the tool, the call still gets an output
+                log.exception("call %s of turn %s failed outside the tool", call.call_id, turn_id)
+                result = {
+                    "output": f"Error: {call.name} failed: {exc.__class__.__name__}: {exc}",
+                    "is_error": True,
+                    "details": {"error": "exception", "type": exc.__class__.__name__},
+                }
+            telemetry.tool_outcome(span, result, record)
+        metrics.TOOL_CALL_SECONDS.labels(call.name).observe(time.perf_counter() - started_at)
         event = {
             "step": step,
             "call_id": call.call_id,
@@ -483,12 +544,19 @@ class TurnEngine:
         over = sorted(n for n, c in state.invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool)
         cancelled = self.store.is_cancelled(turn_id)
         nxt = done_index + 1
-        if nxt < len(batches) and not (state.terminate or over or cancelled):
-            self.dispatcher.dispatch_batch(turn_id, step, nxt, batches[nxt], queue="tools")
-            return
         plan = self.store.plan(turn_id, step)
         assert plan is not None
         calls, _ = plan
+        if nxt < len(batches) and not (state.terminate or over or cancelled):
+            self.dispatcher.dispatch_batch(
+                turn_id,
+                step,
+                nxt,
+                batches[nxt],
+                queue="tools",
+                labels=call_labels(request.agent_id, turn_id, step, calls),
+            )
+            return
         results = self.store.results(turn_id, step)
         outputs = []
         for call in sorted(calls, key=lambda c: c.index):
@@ -525,7 +593,10 @@ class TurnEngine:
         if terminal is not None:
             self._finished(turn_id, terminal, error=error)
             return
-        self.dispatcher.enqueue_step(turn_id, step + 1, queue=request.queue)
+        with telemetry.under_turn(state.traceparent):
+            self.dispatcher.enqueue_step(
+                turn_id, step + 1, queue=request.queue, label=step_label(request.agent_id, turn_id, step + 1)
+            )
 
     @staticmethod
     def _loaded_tools(state: TurnState, results: dict[str, dict[str, Any]]) -> list[str]:
@@ -554,19 +625,33 @@ class TurnEngine:
             self.fail_turn(turn_id, TurnStatus.failed, f"no progress after {state.redrives} re-drives")
             return StepOutcome("failed", "watchdog gave up")
         self.store.note_redrive(turn_id)
-        request = TurnRequest.model_validate(state.request)
+        metrics.REDRIVES.inc()
+        with telemetry.under_turn(state.traceparent):  # re-sent tasks stay in the turn's trace
+            return self._redrive(state, TurnRequest.model_validate(state.request))
+
+    def _redrive(self, state: TurnState, request: TurnRequest) -> StepOutcome:
+        turn_id = state.turn_id
         if state.phase == "model":
-            self.dispatcher.enqueue_step(turn_id, state.step, queue=request.queue)
+            self.dispatcher.enqueue_step(
+                turn_id, state.step, queue=request.queue, label=step_label(request.agent_id, turn_id, state.step)
+            )
             return StepOutcome("redriven", f"step {state.step}")
         plan = self.store.plan(turn_id, state.step)
         if plan is None:
             return StepOutcome("dropped", "no plan")
-        _, batches = plan
+        calls, batches = plan
         results = self.store.results(turn_id, state.step)
         for i, batch in enumerate(batches):
             missing = [c for c in batch.call_ids if c not in results]
             if missing:
-                self.dispatcher.dispatch_batch(turn_id, state.step, i, Batch(batch.mode, missing), queue="tools")
+                self.dispatcher.dispatch_batch(
+                    turn_id,
+                    state.step,
+                    i,
+                    Batch(batch.mode, missing),
+                    queue="tools",
+                    labels=call_labels(request.agent_id, turn_id, state.step, calls),
+                )
                 return StepOutcome("redriven", f"batch {i}")
         # All results present but the barrier never advanced: advance now.
         self._advance(turn_id, state.step, request, batches, len(batches) - 1)

@@ -15,7 +15,9 @@ Cluster slot):
 - ``turn:{id}`` hash: ``status``, ``step``, ``phase`` (``model`` | ``tools``),
   ``model_calls``, ``request`` (JSON), ``agent_id``, ``final_output``,
   ``error``, ``terminate``, ``invalid_counts`` (JSON), ``loaded_tools``
-  (JSON), ``created_at``/``updated_at`` (epoch seconds), ``redrives``.
+  (JSON), ``created_at``/``updated_at`` (epoch seconds), ``redrives``,
+  ``traceparent`` (the turn's trace, ``worker.turn.telemetry``).
+- ``turn:{id}:usage`` hash step -> token usage of that model call (``worker.turn.usage``).
 - ``turn:{id}:items`` list: the Responses input items (JSON), in order.
 - ``turn:{id}:reply:{n}``: the memoized model reply of step n (a crash
   never pays for the same tokens twice).
@@ -192,9 +194,11 @@ class TurnStore:
         request: dict[str, Any],
         initial_items: list[dict[str, Any]],
         idempotency_key: str | None = None,
+        fields: dict[str, str] | None = None,
     ) -> tuple[str, bool]:
-        """Create the turn. Returns ``(turn_id, created)``; with an idempotency key already used,
-        returns the existing turn id and ``False``."""
+        """Create the turn (``fields``: extra hash fields, e.g. the ``traceparent``). Returns
+        ``(turn_id, created)``; with an idempotency key already used, returns the existing turn id
+        and ``False``."""
         if idempotency_key:
             if not self.r.set(f"turn-idem:{idempotency_key}", turn_id, nx=True, ex=RETENTION_SECONDS):
                 existing = self.find_by_idempotency_key(idempotency_key)
@@ -218,6 +222,7 @@ class TurnStore:
                 "created_at": now,
                 "updated_at": now,
                 "redrives": 0,
+                **(fields or {}),
             },
         )
         if initial_items:
