@@ -3,10 +3,10 @@
 The metrics themselves are ``worker.turn.metrics``. A prefork worker counts in several
 processes, so the client runs in multiprocess mode: every process writes its values to files
 in ``PROMETHEUS_MULTIPROC_DIR`` and the worker's main process serves their sum
-(prometheus-client docs, "Multiprocess Mode"). The directory must be known before
-``prometheus_client`` is first imported: ``prepare_multiprocess_dir`` runs when ``tasks.app``
-is imported, creating a fresh one unless the variable names one (which must then be emptied
-between runs by whoever sets it). The server starts once the pool is up (``worker_ready``),
+(prometheus-client docs, "Multiprocess Mode"). The directory must be known before the metric
+objects are created: ``prepare_multiprocess_dir`` runs when ``tasks.app`` is imported, before
+the task modules, creating a fresh one unless the variable names one (which must then be
+emptied between runs by whoever sets it). The server starts once the pool is up (``worker_ready``),
 plus ``agent_turns_in_flight``, read from Redis at each scrape.
 
 Unauthenticated, like most exporters: expose the port to the Prometheus network only.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any, Iterator
 
@@ -50,6 +51,12 @@ def prepare_multiprocess_dir() -> None:
     if on and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         _state["dir"] = tempfile.mkdtemp(prefix="agent-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = _state["dir"]
+        values = sys.modules.get("prometheus_client.values")
+        if values is not None:
+            # Already imported (e.g. by the Flower plugin the celery CLI loads): the value class was
+            # chosen without the directory. Metrics created from now on (worker.turn.metrics is
+            # imported with the task modules, later) take the multiprocess one.
+            values.ValueClass = values.get_value_class()
 
 
 class TurnsInFlight:

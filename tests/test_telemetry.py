@@ -10,6 +10,9 @@ before and after a turn. Flower: the Celery events Flower reads (``task-received
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.embedded_redis import free_port
-from tests.conftest import start_worker_process, stop_process
+from tests.conftest import ROOT, stop_process
 from tests.support.scripts import fc, msg, wait_for
 from worker.turn.request import TurnStatus
 from worker.turn.telemetry import parse_traceparent
@@ -29,31 +32,45 @@ SECRET = "s3cr3t-argument-value"
 
 
 @pytest.fixture(scope="module")
-def ops_worker(solo_worker, tmp_path_factory):
-    """Every queue moves from the session's solo worker to a prefork worker with tracing and metrics on."""
-    from tasks.app import app
+def ops_worker(redis_url, tmp_path_factory):
+    """A prefork worker with tracing and metrics on, alone on its own Redis database (its own
+    queues: no other worker of the session can take its tasks), and a control plane for it."""
+    from control.client import ControlPlane
 
+    url = redis_url.rsplit("/", 1)[0] + "/3"
     spans = tmp_path_factory.mktemp("otel") / "spans.jsonl"
     port = free_port()
-    node = solo_worker.node_name
-    for q in QUEUES:
-        app.control.cancel_consumer(q, destination=[node], reply=True, timeout=5)
-    proc = start_worker_process(
-        "--pool",
-        "prefork",
-        "-c",
-        "2",
-        env={
-            "AGENT_OTEL_FILE": str(spans),
-            "OTEL_BSP_SCHEDULE_DELAY": "100",
-            "OTEL_SERVICE_NAME": "agent-test",
-            "AGENT_METRICS_PORT": str(port),
-        },
-    )
-    yield {"spans": spans, "port": port}
-    stop_process(proc)
-    for q in QUEUES:
-        app.control.add_consumer(q, destination=[node], reply=True, timeout=5)
+    log = tmp_path_factory.mktemp("logs") / "ops-worker.log"
+    cmd = [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-Q", ",".join(QUEUES)]
+    env = {
+        **os.environ,
+        "REDIS_URL": url,
+        "AGENT_OTEL_FILE": str(spans),
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_SERVICE_NAME": "agent-test",
+        "AGENT_METRICS_PORT": str(port),
+    }
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*cmd, "--pool", "prefork", "-c", "2", "-l", "INFO", "--without-gossip", "--without-mingle"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def ready():  # the metrics server starts once the worker is ready (worker_ready)
+        assert proc.poll() is None, f"worker exited: {log.read_text()[-2000:]}"
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(ready, timeout=60, poll=0.3)
+        yield {"spans": spans, "port": port, "control": ControlPlane(url), "url": url, "log": log}
+    finally:
+        stop_process(proc)
 
 
 def _trace_spans(path: Path, trace_id: str) -> list[dict]:
@@ -63,7 +80,8 @@ def _trace_spans(path: Path, trace_id: str) -> list[dict]:
     return [s for s in spans if s["context"]["trace_id"] == trace_id]
 
 
-def test_one_trace_per_turn_across_tasks_and_processes(ops_worker, control, gateway, script_name):
+def test_one_trace_per_turn_across_tasks_and_processes(ops_worker, gateway, script_name):
+    control = ops_worker["control"]
     gateway.add_script(
         script_name,
         [
@@ -85,7 +103,7 @@ def test_one_trace_per_turn_across_tasks_and_processes(ops_worker, control, gate
     def complete():
         spans = _trace_spans(ops_worker["spans"], trace_id)
         names = [s["name"] for s in spans]
-        return spans if f"invoke_agent tracer" in names and names.count("tool_call") == 3 else None
+        return spans if "invoke_agent tracer" in names and names.count("tool_call") == 3 else None
 
     spans = wait_for(complete, timeout=30)
     by_id = {s["context"]["span_id"]: s for s in spans}
@@ -161,7 +179,8 @@ def _value(samples, name, **labels) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def test_metrics_endpoint_moves_after_a_turn(ops_worker, control, gateway, script_name):
+def test_metrics_endpoint_moves_after_a_turn(ops_worker, gateway, script_name):
+    control = ops_worker["control"]
     before = _scrape(ops_worker["port"])
     assert ("agent_turns_in_flight", ()) in before
     gateway.add_script(
@@ -207,11 +226,11 @@ def test_metrics_endpoint_moves_after_a_turn(ops_worker, control, gateway, scrip
 class _Events:
     """Celery events as Flower receives them, captured in a thread."""
 
-    def __init__(self):
+    def __init__(self, url: str):
         from tasks.app import app
 
         self.seen: list[dict] = []
-        self._conn = app.connection_for_read()
+        self._conn = app.connection_for_read(url)
         self.receiver = app.events.Receiver(self._conn, handlers={"*": self.seen.append})
         self._thread = threading.Thread(target=self.receiver.capture, kwargs={"limit": None}, daemon=True)
 
@@ -226,7 +245,8 @@ class _Events:
         self._conn.release()
 
 
-def test_flower_sees_agent_turn_step_tool_and_a_failed_turn(ops_worker, control, gateway, script_name):
+def test_flower_sees_agent_turn_step_tool_and_a_failed_turn(ops_worker, gateway, script_name):
+    control = ops_worker["control"]
     gateway.add_script(
         script_name,
         [
@@ -234,7 +254,7 @@ def test_flower_sees_agent_turn_step_tool_and_a_failed_turn(ops_worker, control,
             {"output": [msg("never")]},
         ],
     )
-    with _Events() as events:
+    with _Events(ops_worker["url"]) as events:
         turn_id = control.enqueue(
             {
                 "agent_id": "flower-agent",
