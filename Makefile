@@ -34,9 +34,11 @@ $(MCPORTER): | $(STAMP)
 
 node: $(MCPORTER)
 
+# `exec`: the recipe's shell becomes the Python process, so the SIGTERM that make forwards to its
+# child (and a SIGINT sent to the process group) reaches devstack, which stops everything it started.
 run: $(STAMP)
 	-@$(MAKE) --no-print-directory node
-	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) $(PY) -m devtools.devstack --demo $(DEMO)
+	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --demo $(DEMO)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -53,7 +55,7 @@ bench: $(STAMP)
 
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node
-	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) $(PY) -m devtools.devstack --serve
+	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --serve
 
 redis: $(STAMP)
 	$(PY) -m devtools.embedded_redis --port 6390
@@ -67,9 +69,12 @@ beat: $(STAMP)
 	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
 	$(VENV)/bin/celery -A tasks.app beat -S redbeat.RedBeatScheduler -l INFO
 
+# Flower (installed with the test extras) on FLOWER_PORT (5555): the password comes from FLOWER_BASIC_AUTH
+# in the environment, never the command line; /metrics is behind it too (tasks/flower.py).
 flower: $(STAMP)
-	$(PY) -m pip install --quiet 'flower>=2.0,<3'
-	$(VENV)/bin/celery -A tasks.app flower --basic-auth="$${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password}"
+	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
+	@: $${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password}
+	exec $(PY) -m tasks.flower --port=$${FLOWER_PORT:-5555}
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -58,10 +58,12 @@ def _worker(url: str, env: dict[str, str]) -> subprocess.Popen:
 
 
 def noop_instrumentation_seconds(n: int = 20_000) -> float:
-    """Seconds per step spent in the tracing calls of one step (one model call, one tool call)
-    with no SDK configured (this process never configures one)."""
+    """Seconds per step spent in the tracing calls of one step (one model call, one tool call,
+    the context around the next message) in a worker with tracing off (no SDK, no propagation)."""
     from worker.turn import telemetry
     from worker.turn.dispatch import PlannedCall
+
+    telemetry.set_propagation(False)  # what tasks.telemetry does at worker_init when tracing is off
 
     call = PlannedCall("call_1", "read_thing", 0, data={"label": "x"})
     tp = telemetry.new_traceparent()

@@ -12,6 +12,9 @@ only when the standard variables ask for it and ``OTEL_SDK_DISABLED`` is not ``t
 - ``OTEL_SERVICE_NAME`` (default ``agent-worker``), ``OTEL_RESOURCE_ATTRIBUTES``,
   ``OTEL_BSP_SCHEDULE_DELAY`` and the other SDK variables as documented by OpenTelemetry.
 
+Turn tracing on for every worker of a deployment or for none: a worker with tracing off does
+not hand the turn's context on either (so that off costs nothing per step).
+
 Propagation (same scheme as ``opentelemetry-instrumentation-celery``): ``before_task_publish``
 injects the current context (W3C ``traceparent``) into the message headers, always (a control
 plane without an SDK still hands on the turn's root context, ``worker.turn.telemetry.under_turn``);
@@ -42,7 +45,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from worker.settings import Settings, get_settings
-from worker.turn.telemetry import forced_ids
+from worker.turn.telemetry import forced_ids, propagation_on, set_propagation
 
 log = logging.getLogger("agent.telemetry")
 
@@ -155,9 +158,11 @@ def configure_tracing(env: dict[str, str] | os._Environ | None = None, settings:
 @worker_init.connect(weak=False)
 def _on_worker_init(**_: Any) -> None:
     try:
-        configure_tracing()
+        on = configure_tracing()
     except ValueError as exc:  # Celery swallows ordinary exceptions from signal handlers
         raise SystemExit(f"worker not started: {exc}") from exc
+    # A worker with tracing off does not hand contexts on either: off costs nothing per step.
+    set_propagation(on)
 
 
 @worker_process_shutdown.connect(weak=False)
@@ -175,7 +180,7 @@ def _on_worker_exit(**_: Any) -> None:
 @before_task_publish.connect(weak=False)
 def _inject(headers: dict[str, Any] | None = None, **_: Any) -> None:
     # Writes nothing when no span is current.
-    if headers is not None:
+    if headers is not None and propagation_on():
         propagate.inject(headers)
 
 

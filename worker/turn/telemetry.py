@@ -37,6 +37,25 @@ CONTENT_CAP = 4_000  # characters of arguments / results recorded when content r
 
 # (trace_id, span_id) the SDK's id generator must use for the next span (tasks.telemetry.TurnIdGenerator).
 _FORCED_IDS: ContextVar[tuple[int, int] | None] = ContextVar("agent_forced_span_ids", default=None)
+# Whether this process hands the turn's context on to the messages it sends (set_propagation).
+_PROPAGATE = [True]
+
+
+def tracing_active() -> bool:
+    """True once an SDK tracer provider is installed in this process (``tasks.telemetry``).
+    Without one, the span helpers below return at once: tracing off costs a function call."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def set_propagation(on: bool) -> None:
+    """Whether ``under_turn`` hands the turn's context on. On by default (a control plane without an
+    SDK still starts the turn's trace for the workers); a worker with tracing off turns it off."""
+    _PROPAGATE[0] = on
+
+
+def propagation_on() -> bool:
+    """See ``set_propagation``."""
+    return _PROPAGATE[0]
 
 
 def forced_ids() -> tuple[int, int] | None:
@@ -71,7 +90,7 @@ def parse_traceparent(value: str | None) -> SpanContext | None:
 def under_turn(traceparent: str | None) -> Iterator[None]:
     """Make the turn's root span current, so that messages published inside (``before_task_publish``
     injects the current context into their headers) and spans started inside belong to the turn's trace."""
-    ctx = parse_traceparent(traceparent)
+    ctx = parse_traceparent(traceparent) if _PROPAGATE[0] else None
     if ctx is None:
         yield
         return
@@ -97,6 +116,9 @@ def _cap(text: str) -> str:
 def model_call_span(model: str, turn_id: str, agent_id: str, step: int) -> Iterator[trace.Span]:
     """The span of one Responses API call (``chat {model}``, kind CLIENT). An exception escaping
     the block is recorded on it and marks it as an error."""
+    if not tracing_active():
+        yield trace.INVALID_SPAN
+        return
     with TRACER.start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT) as span:
         if span.is_recording():
             span.set_attributes(
@@ -153,6 +175,9 @@ def tool_call_span(
 ) -> Iterator[trace.Span]:
     """The span of one tool execution (``execute_tool {name}``, kind INTERNAL). ``call`` is a
     ``PlannedCall``; its arguments are recorded only with ``record_content``."""
+    if not tracing_active():
+        yield trace.INVALID_SPAN
+        return
     with TRACER.start_as_current_span(f"execute_tool {call.name}", kind=SpanKind.INTERNAL) as span:
         if span.is_recording():
             span.set_attributes(
@@ -204,7 +229,7 @@ def emit_turn_span(
 ) -> None:
     """Emit the turn's root span (``invoke_agent {agent_id}``) with the ids chosen at creation,
     from ``created_at`` (epoch seconds) to now. A failure status marks it as an error."""
-    ctx = parse_traceparent(traceparent)
+    ctx = parse_traceparent(traceparent) if tracing_active() else None
     if ctx is None:
         return
     token = _FORCED_IDS.set((ctx.trace_id, ctx.span_id))
