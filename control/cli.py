@@ -108,6 +108,36 @@ def usage(turn_id: str) -> None:
         print(json.dumps(_control().usage(turn_id)))
 
 
+@app.command()
+def trace(
+    turn_id: str,
+    spans: str = typer.Option(None, help="span file written by the workers (default: AGENT_OTEL_FILE)"),
+    as_json: bool = typer.Option(False, "--json", help="print the spans as JSON lines instead of a tree"),
+) -> None:
+    """Print the turn's span tree, from the JSON-lines span file the workers write (AGENT_OTEL_FILE)."""
+    import os
+    from pathlib import Path
+
+    from control.span_tree import span_tree, turn_spans
+
+    path = spans or os.environ.get("AGENT_OTEL_FILE")
+    if not path:
+        err.print("[red]error:[/] no span file: pass --spans or set AGENT_OTEL_FILE (as on the workers)")
+        raise typer.Exit(2)
+    control = _control()
+    with _exit_on_errors():
+        control.status(turn_id)
+        found = turn_spans(Path(path), control.store.load(turn_id).traceparent)
+    if not found:
+        err.print(f"[red]error:[/] no span of turn {turn_id} in {path}")
+        raise typer.Exit(1)
+    if as_json:
+        for span in found:
+            sys.stdout.write(json.dumps(span) + "\n")
+        return
+    console.print(span_tree(found, f"trace of turn {turn_id}"))
+
+
 @app.command("wait")
 def wait_cmd(turn_id: str, timeout: float = typer.Option(120.0, help="seconds")) -> None:
     """Block until the turn ends; print its final status as JSON."""

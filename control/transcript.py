@@ -16,6 +16,7 @@ from rich.markup import escape
 from control.client import ControlPlane
 
 NO_WORKER_HINT_AFTER = 5.0  # seconds a turn may stay queued before the tail says why it may be stuck
+FINISHED_EVENT_GRACE = 3.0  # seconds to wait for turn_finished once the status is terminal
 
 
 def _tail(control: ControlPlane, turn_id: str, timeout: float, console: Console) -> Iterator[dict[str, Any]]:
@@ -23,6 +24,7 @@ def _tail(control: ControlPlane, turn_id: str, timeout: float, console: Console)
     started = time.monotonic()
     deadline = started + timeout
     hinted = False
+    ended_at = 0.0
     while time.monotonic() < deadline:
         if (
             not hinted
@@ -40,7 +42,10 @@ def _tail(control: ControlPlane, turn_id: str, timeout: float, console: Console)
             if event["kind"] == "turn_finished":
                 return
         if control.status(turn_id).done and not control.store.events(turn_id, after=last):
-            return
+            # The terminal status is written just before the turn_finished event: give it a moment.
+            ended_at = ended_at or time.monotonic()
+            if time.monotonic() - ended_at > FINISHED_EVENT_GRACE:
+                return
 
 
 def print_transcript(

@@ -5,7 +5,10 @@
   scripted gateway playing ``scripts/<demo>.json``.
 - Workers: one ``celery worker`` (prefork, 2 processes) serving every queue, and
   celery beat (redbeat) firing schedules and the watchdog sweep.
-Everything started here is stopped on exit, also on Ctrl-C.
+- Traces: unless ``OTEL_*`` / ``AGENT_OTEL_FILE`` say otherwise, the worker writes its spans to
+  ``var/logs/spans.jsonl`` and the demo prints the turn's span tree at the end.
+Everything started here is stopped on exit: on Ctrl-C, on SIGTERM, and when the process that
+started this one (``make``) dies, since make does not forward a SIGINT sent to its own PID.
 """
 
 from __future__ import annotations
@@ -13,14 +16,18 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console()
@@ -33,6 +40,8 @@ class Stack:
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.redis = None
+        self.spans: Path | None = None
+        self.worker_name = f"demo-{uuid.uuid4().hex[:4]}@{socket.gethostname()}"
         self.logdir = ROOT / "var" / "logs"
         self.logdir.mkdir(parents=True, exist_ok=True)
 
@@ -72,14 +81,69 @@ def _wait_http(url: str, timeout: float = 15) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
-def _wait_worker(timeout: float = 40) -> None:
+def _last_lines(path: Path, n: int = 5) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()] if path.exists() else []
+    return "\n".join(lines[-n:])
+
+
+def _wait_worker(stack: Stack, timeout: float = 40) -> None:
+    """Wait until the worker answers a ping. Raises ``RuntimeError`` with the end of its log as soon
+    as the worker or beat exits (a bad setting stops it at start), or after ``timeout`` seconds."""
     from tasks.app import app
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if app.control.ping(timeout=0.5):
+        for name, proc in stack.procs:
+            if proc.poll() is not None:
+                log = stack.logdir / f"{name}.log"
+                raise RuntimeError(f"the {name} exited at start (code {proc.returncode}); {log}:\n{_last_lines(log)}")
+        # Our worker's answer only: another worker on the same Redis proves nothing.
+        if app.control.ping(destination=[stack.worker_name], timeout=0.5):
             return
     raise RuntimeError("the Celery worker did not come up; see var/logs/worker.log")
+
+
+def exit_with_parent(poll: float = 0.5) -> None:
+    """Send ourselves SIGTERM when the process that started us exits (``make`` killed by a signal
+    it does not forward): the stack never outlives the command that started it."""
+    parent = os.getppid()
+    if parent <= 1:
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _enable_demo_traces(stack: Stack) -> Path | None:
+    """Unless tracing is configured already, have the worker write spans to ``var/logs/spans.jsonl``."""
+    if any(os.environ.get(v) for v in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "AGENT_OTEL_FILE")):
+        return Path(os.environ["AGENT_OTEL_FILE"]) if os.environ.get("AGENT_OTEL_FILE") else None
+    path = stack.logdir / "spans.jsonl"
+    path.unlink(missing_ok=True)
+    os.environ["AGENT_OTEL_FILE"] = str(path)
+    os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "200")  # ms: spans reach the file quickly
+    return path
+
+
+def print_span_tree(control: Any, turn_id: str, spans_file: Path | None, wait: float = 5.0) -> None:
+    """Print the turn's span tree from ``spans_file`` once its root span (written when the turn ends) is there."""
+    from control.span_tree import span_tree, turn_spans
+
+    if spans_file is None:
+        return
+    traceparent = control.store.load(turn_id).traceparent
+    deadline = time.monotonic() + wait
+    spans = turn_spans(spans_file, traceparent)
+    while not any(s["name"].startswith("invoke_agent") for s in spans) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        spans = turn_spans(spans_file, traceparent)
+    if spans:
+        console.print()
+        console.print(span_tree(spans, f"trace of turn {turn_id} ({len(spans)} spans, {spans_file})"))
 
 
 def start_stack(stack: Stack, demo: str) -> None:
@@ -114,6 +178,7 @@ def start_stack(stack: Stack, demo: str) -> None:
     else:
         console.print(f"model gateway {os.environ['OPENAI_BASE_URL']} (model {os.environ.get('OPENAI_MODEL')})")
     os.environ.setdefault("AGENT_HOMES_ROOT", str(ROOT / "var" / "homes"))
+    stack.spans = _enable_demo_traces(stack)
     from worker.settings import get_settings
 
     get_settings.cache_clear()
@@ -133,7 +198,7 @@ def start_stack(stack: Stack, demo: str) -> None:
             "-l",
             "INFO",
             "-n",
-            f"demo-{uuid.uuid4().hex[:4]}@%h",
+            stack.worker_name,
         ],
     )
     stack.spawn(
@@ -153,7 +218,7 @@ def start_stack(stack: Stack, demo: str) -> None:
             "INFO",
         ],
     )
-    _wait_worker()
+    _wait_worker(stack)
     console.print("worker up: queues turns, tools, background, workflow; beat (redbeat) up\n")
 
 
@@ -168,7 +233,7 @@ def seed_home(agent_id: str) -> Path:
     return home
 
 
-def run_basic_demo() -> bool:
+def run_basic_demo(spans_file: Path | None = None) -> bool:
     """Enqueue the demo turn, print its transcript live; True when it completed."""
     from control.client import ControlPlane
     from control.transcript import print_transcript
@@ -188,6 +253,7 @@ def run_basic_demo() -> bool:
     final = print_transcript(control, turn_id, console)
     wall = time.perf_counter() - started
     console.print(f"\nwall time {wall:.2f} s; items recorded: {len(control.items(turn_id))}")
+    print_span_tree(control, turn_id, spans_file)
     return bool(final and final.get("status") == "completed")
 
 
@@ -201,6 +267,8 @@ def serve(stack: Stack) -> None:
         flush=True,
     )
     console.print("  .venv/bin/agent-runtime enqueue 'list my files' --agent alice --wait\n")
+    if stack.spans:
+        console.print(f"  .venv/bin/agent-runtime trace <turn_id> --spans {stack.spans}   # the turn's span tree\n")
     console.print("Ctrl-C stops everything.")
     try:
         while all(p.poll() is None for _, p in stack.procs):
@@ -224,6 +292,7 @@ def run(
 
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
+    exit_with_parent()
     stack = Stack()
     ok = False
     try:
@@ -234,7 +303,7 @@ def run(
             return
         start_stack(stack, demo if demo != "jobs" else "jobs-main")
         if demo == "demo":
-            ok = run_basic_demo()
+            ok = run_basic_demo(stack.spans)
         elif demo == "workflow":
             from control.client import ControlPlane
             from devtools.workflow_demo import run_workflow_demo
@@ -249,6 +318,8 @@ def run(
             console.print(f"[red]unknown demo {demo!r}[/]: use demo, workflow or jobs")
     except KeyboardInterrupt:
         console.print("interrupted")
+    except RuntimeError as exc:  # a process of the stack did not come up: say which, with its log
+        console.print(f"[red]error:[/] {escape(str(exc))}")
     finally:
         stack.close()
         console.print("stopped everything this command started")
