@@ -18,7 +18,7 @@ from rich.console import Console
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 
 
 @contextmanager
@@ -43,11 +43,33 @@ def _control():
         return ControlPlane()
 
 
+# Workflow task turns need a result schema and a finish tool: they are started through
+# ControlPlane().workflows() (or the workflow_start tool), never as a plain turn.
+NOT_FROM_CLI = {"workflow_task": "workflow task turns are started with ControlPlane().workflows().start_workflow_task"}
+
+
+def _read_input_items(path: str) -> list:
+    """The Responses input items in ``path`` (``-``: stdin): a JSON array of objects. Exit 2 otherwise."""
+    try:
+        raw = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        items = json.loads(raw)
+    except (OSError, ValueError) as exc:
+        err.print(f"[red]error:[/] cannot read input items from {path}: {exc}")
+        raise typer.Exit(2) from exc
+    if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+        err.print(f"[red]error:[/] {path} must hold a non-empty JSON array of input items (objects)")
+        raise typer.Exit(2)
+    return items
+
+
 @app.command()
 def enqueue(
-    text: str = typer.Argument(..., help="the user's message"),
+    text: str = typer.Argument(None, help="the user's message (or --input-file)"),
+    input_file: str = typer.Option(
+        None, "--input-file", help="a JSON array of Responses input items instead of a message ('-': stdin)"
+    ),
     agent: str = typer.Option("agent", help="agent id (its home is <homes_root>/<agent>)"),
-    toolset: str = typer.Option("text", help="toolset: text, workflow_task or a configured extra"),
+    toolset: str = typer.Option("text", help="toolset: text or one configured in AGENT_EXTRA_TOOLSETS"),
     model: str = typer.Option(None, help="model name (default: OPENAI_MODEL)"),
     instructions: str = typer.Option(None, help="system instructions"),
     idempotency_key: str = typer.Option(None, help="enqueue at most once per key"),
@@ -55,12 +77,22 @@ def enqueue(
     wait: bool = typer.Option(False, help="follow the transcript until the turn ends"),
 ) -> None:
     """Enqueue a turn and print its id (or follow it with --wait)."""
+    if (text is None) == (input_file is None):
+        err.print("[red]error:[/] give a message or --input-file, not both and not neither")
+        raise typer.Exit(2)
+    if text is not None and not text.strip():
+        err.print("[red]error:[/] the message is empty")
+        raise typer.Exit(2)
+    if toolset in NOT_FROM_CLI:
+        err.print(f"[red]error:[/] toolset {toolset!r} cannot run from this command: {NOT_FROM_CLI[toolset]}")
+        raise typer.Exit(2)
+    message = text if input_file is None else _read_input_items(input_file)
     control = _control()
     with _exit_on_errors():
         turn_id = control.enqueue(
             {
                 "agent_id": agent,
-                "input": text,
+                "input": message,
                 "toolset": toolset,
                 "model": model,
                 "instructions": instructions,

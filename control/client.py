@@ -63,10 +63,11 @@ class ControlPlane:
     def __init__(self, redis_url: str | None = None):
         settings = get_settings()
         self.url = redis_url or settings.redis_url
-        self.store = TurnStore(
-            redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=30),
-            progress_timeout=settings.progress_timeout,
-        )
+        try:
+            client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=30)
+        except ValueError as exc:  # a malformed URL (scheme, port): say so in one line
+            raise ControlPlaneError(f"REDIS_URL {self.url!r} is not a Redis URL: {exc}") from exc
+        self.store = TurnStore(client, progress_timeout=settings.progress_timeout)
         try:
             self.store.r.ping()
         except redis.RedisError as exc:
