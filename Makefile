@@ -52,6 +52,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/arguments.py
 	$(PY) bench/turn_overhead.py
+	$(PY) bench/tracing_overhead.py
 
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node
