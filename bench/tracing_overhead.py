@@ -135,20 +135,20 @@ def main() -> None:
                 per_step[mode].append(run_turn(control, args.steps))
         off, on = statistics.median(per_step["off"]), statistics.median(per_step["on"])
         noop = noop_instrumentation_seconds()
-        exported = sum(1 for _ in spans.open()) if spans.exists() else 0
-        print(f"steps per turn: {args.steps + 1}, rounds: {args.rounds} (turns alternate between the two workers)")
-        print(f"tracing off: {off * 1000:8.2f} ms per step")
-        print(f"tracing on:  {on * 1000:8.2f} ms per step  = {on / off:5.2f}x off   ({exported} spans exported)")
-        print(
-            f"instrumentation run per step with tracing off (no-op spans): {noop * 1e6:6.2f} us "
-            f"= {noop / off * 100:.3f}% of a step"
-        )
     finally:
-        for w in workers:
+        for w in workers:  # a worker flushes its spans when it stops
             w.terminate()
             w.wait(20)
         gw.stop()
         redis_srv.stop()
+    exported = sum(1 for _ in spans.open()) if spans.exists() else 0
+    print(f"steps per turn: {args.steps + 1}, rounds: {args.rounds} (turns alternate between the two workers)")
+    print(f"tracing off: {off * 1000:8.2f} ms per step")
+    print(f"tracing on:  {on * 1000:8.2f} ms per step  = {on / off:5.2f}x off   ({exported} spans exported)")
+    print(
+        f"instrumentation run per step with tracing off (no-op spans): {noop * 1e6:6.2f} us "
+        f"= {noop / off * 100:.3f}% of a step"
+    )
 
 
 if __name__ == "__main__":
