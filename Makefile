@@ -52,29 +52,31 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/arguments.py
 	$(PY) bench/turn_overhead.py
+	$(PY) bench/file_tools.py
 	$(PY) bench/tracing_overhead.py
 
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node
 	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --serve
 
+# Fresh ACL passwords each start; the URLs go to var/redis.env (mode 0600), never to the terminal.
 redis: $(STAMP)
 	$(PY) -m devtools.embedded_redis --port 6390
 
 worker: $(STAMP)
-	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
+	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one: . var/redis.env)}
 	AGENT_COMMAND_EXTRA_PATH=$${AGENT_COMMAND_EXTRA_PATH:-$(COMMAND_PATH)} \
 	  $(VENV)/bin/celery -A tasks.app worker -Q turns,tools,background,workflow -l INFO
 
 beat: $(STAMP)
-	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
+	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one: . var/redis.env)}
 	$(VENV)/bin/celery -A tasks.app beat -S redbeat.RedBeatScheduler -l INFO
 
-# Flower (installed with the test extras) on FLOWER_PORT (5555): the password comes from FLOWER_BASIC_AUTH
-# in the environment, never the command line; /metrics is behind it too (tasks/flower.py).
+# Basic auth on every route, /metrics included; credentials from the environment only (tasks/flower.py).
+# Needs REDIS_URL like `make worker`; `exec` lets a SIGTERM sent to make reach Flower.
 flower: $(STAMP)
-	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one)}
-	@: $${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password}
+	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one: . var/redis.env)}
+	@: $${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password in the environment}
 	exec $(PY) -m tasks.flower --port=$${FLOWER_PORT:-5555}
 
 clean:

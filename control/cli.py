@@ -103,7 +103,7 @@ def enqueue(
     if not wait:
         print(turn_id)
         return
-    console.print(f"turn {turn_id} queued on {control.url}")
+    console.print(f"turn {turn_id} queued on {control.display_url}")
     from control.transcript import print_transcript
 
     with _exit_on_errors():

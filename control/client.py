@@ -18,10 +18,10 @@ import redis
 
 from control.errors import ControlPlaneError
 from tasks.dispatcher import CeleryDispatcher
-from worker.settings import get_settings
+from worker.settings import get_settings, redact_url
 from worker.tools.toolsets import toolset_names
 from worker.turn.engine import TurnEngine
-from worker.turn.request import TurnRequest, TurnStatus
+from worker.turn.request import TurnRefused, TurnRequest, TurnStatus
 from worker.turn.store import TurnStore
 
 if TYPE_CHECKING:
@@ -50,38 +50,52 @@ def _redis_errors(url: str) -> Iterator[None]:
     try:
         yield
     except (redis.RedisError, kombu.exceptions.OperationalError) as exc:
-        raise ControlPlaneError(f"Redis at {url} failed: {exc.__class__.__name__}: {exc}") from exc
+        raise ControlPlaneError(f"Redis at {redact_url(url)} failed: {exc.__class__.__name__}: {exc}") from exc
 
 
 class ControlPlane:
-    """Client for turns on the Redis at ``redis_url`` (default: the settings' ``REDIS_URL``),
-    used both as the turn store and as the Celery broker the workers consume.
+    """Client for turns on the Redis at ``redis_url`` (default: ``CONTROL_REDIS_URL``, the control
+    plane's own ACL user, else ``REDIS_URL``), used both as the turn store and as the Celery
+    broker the workers consume. The URL carries credentials: error messages show it redacted.
 
     Every method raises ``ControlPlaneError`` when Redis is unreachable or fails.
     """
 
     def __init__(self, redis_url: str | None = None):
         settings = get_settings()
-        self.url = redis_url or settings.redis_url
+        self.url = redis_url or settings.control_redis_url or settings.redis_url
         try:
             client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=30)
-        except ValueError as exc:  # a malformed URL (scheme, port): say so in one line
-            raise ControlPlaneError(f"REDIS_URL {self.url!r} is not a Redis URL: {exc}") from exc
+        except ValueError as exc:  # a malformed URL (scheme, port): say so in one line, naming its variable
+            source = (
+                "the given URL" if redis_url else "CONTROL_REDIS_URL" if settings.control_redis_url else "REDIS_URL"
+            )
+            raise ControlPlaneError(f"{source} {redact_url(self.url)!r} is not a Redis URL: {exc}") from exc
         self.store = TurnStore(client, progress_timeout=settings.progress_timeout)
         try:
             self.store.r.ping()
         except redis.RedisError as exc:
-            raise ControlPlaneError(f"cannot reach Redis at {self.url}: {exc}") from exc
+            raise ControlPlaneError(f"cannot reach Redis at {redact_url(self.url)}: {exc}") from exc
         self._toolsets = toolset_names(settings)
         # Enqueueing and ending turns only: this engine never calls a model nor imports tool code.
         self._engine = TurnEngine(self.store, settings, CeleryDispatcher(broker_url=self.url))
 
-    def enqueue(self, request: TurnRequest | dict[str, Any], turn_id: str | None = None) -> str:
-        """Validate the request, store the turn and enqueue its first step. Returns the turn id
-        (an existing one when the request's idempotency key was used before).
+    @property
+    def display_url(self) -> str:
+        """The Redis URL with its password redacted (for messages and logs)."""
+        return redact_url(self.url)
 
-        Raises ``pydantic.ValidationError`` for a bad request and ``ControlPlaneError`` for a
-        toolset not configured here (nothing is stored).
+    def enqueue(self, request: TurnRequest | dict[str, Any], turn_id: str | None = None) -> str:
+        """Validate the request, store the turn and enqueue its first step. Returns the turn id.
+
+        Idempotent: when the agent already used the request's idempotency key (keys are scoped
+        per agent), or ``turn_id`` already names a turn *of the same agent*, returns that turn's
+        id and enqueues nothing (the new request is ignored).
+
+        Raises ``pydantic.ValidationError`` for a bad request (e.g. an ``agent_id`` not matching
+        ``^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$``), and ``ControlPlaneError`` for a toolset not
+        configured here, a ``turn_id`` not matching that pattern or belonging to another agent,
+        or a request over ``AGENT_MAX_INPUT_BYTES`` as JSON. Nothing is stored when it raises.
         """
         req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
         if req.toolset not in self._toolsets:
@@ -89,8 +103,11 @@ class ControlPlane:
                 f"unknown toolset {req.toolset!r}; configured: {', '.join(self._toolsets)} "
                 "(extra toolsets come from AGENT_EXTRA_TOOLSETS, as on the workers)"
             )
-        with _redis_errors(self.url):
-            return self._engine.create_turn(req, turn_id or uuid.uuid4().hex)[0]
+        try:
+            with _redis_errors(self.url):
+                return self._engine.create_turn(req, turn_id or uuid.uuid4().hex)[0]
+        except TurnRefused as exc:
+            raise ControlPlaneError(str(exc)) from None
 
     def status(self, turn_id: str) -> TurnView:
         """The turn's current view. Raises ``ControlPlaneError`` for an unknown turn."""

@@ -34,7 +34,7 @@ def _tail(control: ControlPlane, turn_id: str, timeout: float, console: Console)
             hinted = True
             console.print(
                 f"[yellow]no worker has picked up the turn yet[/]: is a worker consuming the "
-                f"'turns' queue on {control.url}? (REDIS_URL must name the stack's Redis)"
+                f"'turns' queue on {control.display_url}? (REDIS_URL must name the stack's Redis)"
             )
         for eid, event in control.store.events(turn_id, after=last, block_ms=500):
             last = eid

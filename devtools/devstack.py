@@ -1,6 +1,8 @@
 """``make run``: start what is missing, run a real demo turn, print its transcript, stop everything.
 
-- Redis: ``REDIS_URL`` if set, else an embedded ``redis-server`` (``devtools.embedded_redis``).
+- Redis: ``REDIS_URL`` (+ ``CONTROL_REDIS_URL``) if set, else an embedded ``redis-server``
+  (``devtools.embedded_redis``) with fresh ACL passwords. URLs are printed redacted; with
+  ``--serve`` they go to ``var/stack.env`` (mode 0600) for other shells to source.
 - Model: ``OPENAI_BASE_URL`` (+ ``OPENAI_API_KEY``, ``OPENAI_MODEL``) if set, else the
   scripted gateway playing ``scripts/<demo>.json``.
 - Workers: one ``celery worker`` (prefork, 2 processes) serving every queue, and
@@ -30,6 +32,9 @@ from rich.console import Console
 from rich.markup import escape
 
 ROOT = Path(__file__).resolve().parent.parent
+STACK_ENV = ROOT / "var" / "stack.env"
+# The scripted gateway needs none of these.
+SECRETS = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY")
 console = Console()
 cli = typer.Typer(add_completion=False, help=__doc__)
 
@@ -45,12 +50,14 @@ class Stack:
         self.logdir = ROOT / "var" / "logs"
         self.logdir.mkdir(parents=True, exist_ok=True)
 
-    def spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        """Start ``cmd`` in its own session with output to ``var/logs/<name>.log``; remembered for ``close``."""
+    def spawn(self, name: str, cmd: list[str], drop_env: tuple[str, ...] = ()) -> subprocess.Popen:
+        """Start ``cmd`` in its own session with output to ``var/logs/<name>.log``; remembered for ``close``.
+
+        ``drop_env``: variables (secrets) the process does not need and must not get.
+        """
         log = open(self.logdir / f"{name}.log", "w")
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        env = {k: v for k, v in os.environ.items() if k not in drop_env}
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append((name, proc))
         return proc
 
@@ -150,13 +157,15 @@ def start_stack(stack: Stack, demo: str) -> None:
     """Start what is missing: embedded Redis (unless ``REDIS_URL``), the scripted gateway (unless
     ``OPENAI_BASE_URL``), one worker for every queue and beat. Raises ``RuntimeError`` if one does not come up."""
     from devtools.embedded_redis import EmbeddedRedis, free_port
+    from worker.settings import redact_url
 
     if not os.environ.get("REDIS_URL"):
         stack.redis = EmbeddedRedis()
         os.environ["REDIS_URL"] = stack.redis.start()
-        console.print(f"embedded Redis on {os.environ['REDIS_URL']}")
+        os.environ["CONTROL_REDIS_URL"] = stack.redis.control_url
+        console.print(f"embedded Redis on {redact_url(os.environ['REDIS_URL'])} (ACL users worker and control)")
     else:
-        console.print(f"using REDIS_URL={os.environ['REDIS_URL']}")
+        console.print(f"using REDIS_URL={redact_url(os.environ['REDIS_URL'])}")
     if not os.environ.get("OPENAI_BASE_URL"):
         port = free_port()
         stack.spawn(
@@ -170,6 +179,7 @@ def start_stack(stack: Stack, demo: str) -> None:
                 "--scripts",
                 str(ROOT / "scripts"),
             ],
+            drop_env=SECRETS,
         )
         os.environ["OPENAI_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
         os.environ.setdefault("OPENAI_MODEL", demo)
@@ -200,6 +210,7 @@ def start_stack(stack: Stack, demo: str) -> None:
             "-n",
             stack.worker_name,
         ],
+        drop_env=("CONTROL_REDIS_URL",),
     )
     stack.spawn(
         "beat",
@@ -217,6 +228,7 @@ def start_stack(stack: Stack, demo: str) -> None:
             "-l",
             "INFO",
         ],
+        drop_env=("CONTROL_REDIS_URL", "OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY"),
     )
     _wait_worker(stack)
     console.print("worker up: queues turns, tools, background, workflow; beat (redbeat) up\n")
@@ -260,12 +272,13 @@ def run_basic_demo(spans_file: Path | None = None) -> bool:
 def serve(stack: Stack) -> None:
     """Keep the stack up for the CLI and the Python client until Ctrl-C."""
     home = seed_home("alice")  # the README's example agent, with the files the demo script reads
+    from devtools.embedded_redis import write_env_file
+
+    names = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_BASE_URL", "OPENAI_MODEL")
+    write_env_file(STACK_ENV, {n: os.environ[n] for n in names if os.environ.get(n)})
     console.print(f"\n[bold]stack is up[/] (agent alice's home: {home}); in another shell:\n")
-    print(
-        f"  export REDIS_URL={os.environ['REDIS_URL']} OPENAI_BASE_URL={os.environ['OPENAI_BASE_URL']} "
-        f"OPENAI_MODEL={os.environ.get('OPENAI_MODEL', '')}",
-        flush=True,
-    )
+    # The URLs carry Redis passwords: they go to a 0600 file, never to the terminal or a log.
+    print(f"  . {STACK_ENV.relative_to(ROOT)}    # REDIS_URL, CONTROL_REDIS_URL, OPENAI_* (mode 0600)", flush=True)
     console.print("  .venv/bin/agent-runtime enqueue 'list my files' --agent alice --wait\n")
     if stack.spans:
         console.print(f"  .venv/bin/agent-runtime trace <turn_id> --spans {stack.spans}   # the turn's span tree\n")
@@ -276,6 +289,8 @@ def serve(stack: Stack) -> None:
         console.print("[red]a process of the stack exited[/]; see var/logs/")
     except KeyboardInterrupt:
         pass
+    finally:
+        STACK_ENV.unlink(missing_ok=True)
 
 
 @cli.command()

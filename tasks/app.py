@@ -38,6 +38,8 @@ def make_app() -> Celery:
     longest_task = settings.tool_time_limit + 60
     app.conf.update(
         broker_url=settings.redis_url,
+        # kombu's Redis transport, but a malformed message on a queue is dropped, not fatal (tasks.broker).
+        broker_transport="tasks.broker:Transport",
         result_backend=settings.redis_url,
         task_serializer=SERIALIZER,
         result_serializer=SERIALIZER,

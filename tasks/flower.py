@@ -1,17 +1,12 @@
-"""Flower for this app, with its password from the environment and ``/metrics`` behind it.
+"""Flower with authentication on every route: ``python -m tasks.flower [flower options]``.
 
-``python -m tasks.flower [flower options]`` runs ``celery -A tasks.app flower``:
-
-- the credentials come from ``FLOWER_BASIC_AUTH=user:password`` (Flower reads ``FLOWER_*``
-  variables as options), never from the command line, where ``ps`` shows them to every user;
-  without it Flower does not start (exit 2), since Flower without auth can revoke tasks;
-- Flower 2 serves ``/metrics`` without authentication (``flower.views.monitor.Metrics`` has no
-  ``@authenticated``): here it asks for the same basic auth as every other page. ``/healthcheck``
-  stays open for container health checks (it answers ``OK`` and nothing else).
-
-What Flower shows of a turn: task names ``tasks.turns.turn_step`` / ``tool_call``, their args
-column (``argsrepr``: ``read_file agent=alice turn=<id> step=1 call=<call_id>``), and a turn that
-ended with a failure status as a FAILURE of the task that ended it (``tasks.turns.TurnFailed``).
+Flower 2.x leaves ``/metrics`` and ``/healthcheck`` open even when basic auth is on (their
+handlers lack ``@web.authenticated``; flower#1342), and metrics name tasks, queues and
+workers. This entry point wraps those handlers with ``tornado.web.authenticated`` before
+starting ``celery -A tasks.app flower``. Credentials come from the environment
+(``FLOWER_BASIC_AUTH=user:password``, read by Flower itself), never from the command line,
+where ``ps`` and ``docker inspect`` would show them; without them Flower does not start.
+Only static assets (JavaScript, CSS) stay public.
 """
 
 from __future__ import annotations
@@ -20,32 +15,29 @@ import os
 import sys
 
 
-def protect_metrics() -> None:
-    """Require authentication on Flower's ``/metrics`` (Tornado's ``authenticated`` decorator runs
-    Flower's own ``get_current_user``, which answers 401 to a missing or wrong basic auth)."""
+def protect_open_routes() -> list[str]:
+    """Require authentication on Flower's handlers that lack it. Returns their names. Idempotent."""
     import tornado.web
     from flower.views import monitor
 
-    get = monitor.Metrics.get
-    if not getattr(get, "_agent_protected", False):
-        protected = tornado.web.authenticated(get)
-        protected._agent_protected = True  # type: ignore[attr-defined]
-        monitor.Metrics.get = protected  # type: ignore[method-assign]
+    wrapped = []
+    for handler in (monitor.Metrics, monitor.Healthcheck):
+        if not getattr(handler.get, "_requires_auth", False):
+            handler.get = tornado.web.authenticated(handler.get)
+            handler.get._requires_auth = True
+            wrapped.append(handler.__name__)
+    return wrapped
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Check ``FLOWER_BASIC_AUTH``, protect ``/metrics`` and run Flower with ``argv`` as its options."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a.startswith("--basic-auth") or a.startswith("--basic_auth") for a in argv):
-        sys.exit("error: pass the credentials in FLOWER_BASIC_AUTH, not on the command line (ps shows it)")
-    auth = os.environ.get("FLOWER_BASIC_AUTH", "")
-    if ":" not in auth:
-        print("error: set FLOWER_BASIC_AUTH=user:password (Flower never runs without a password)", file=sys.stderr)
-        sys.exit(2)
-    protect_metrics()
+    """Start Flower for ``tasks.app`` with every route authenticated. Exits with an error
+    when ``FLOWER_BASIC_AUTH`` is not set."""
+    if not os.environ.get("FLOWER_BASIC_AUTH"):
+        sys.exit("FLOWER_BASIC_AUTH=user:password must be set in the environment (never on the command line)")
+    protect_open_routes()
     from celery.bin.celery import main as celery_main
 
-    sys.argv = ["celery", "-A", "tasks.app", "flower", *argv]
+    sys.argv = ["celery", "-A", "tasks.app", "flower", *(sys.argv[1:] if argv is None else argv)]
     celery_main()
 
 

@@ -25,10 +25,12 @@ def pytest_configure(config):
     from devtools.embedded_redis import EmbeddedRedis
     from worker.model.scripted_gateway import ScriptedGateway
 
-    url = os.environ.get("TEST_REDIS_URL")
+    _state["started"] = time.time()
+    url = control_url = os.environ.get("TEST_REDIS_URL")
     if not url:
         emb = EmbeddedRedis()
         url = emb.start()
+        control_url = emb.control_url
         _state["redis"] = emb
     gw = ScriptedGateway().start()
     _state["gateway"] = gw
@@ -39,7 +41,8 @@ def pytest_configure(config):
     homes = Path(tempfile.mkdtemp(prefix="agent-homes-"))
     os.environ.update(
         {
-            "REDIS_URL": url,
+            "REDIS_URL": url,  # the worker ACL user (workers, beat, tests acting as a worker)
+            "CONTROL_REDIS_URL": control_url,  # the control ACL user (ControlPlane)
             "OPENAI_BASE_URL": gw.base_url,
             "OPENAI_API_KEY": "sk-test-secret-never-logged",
             "OPENAI_MODEL": "unset-script",
@@ -80,9 +83,11 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 
 def start_worker_process(
-    *extra: str, queues: str = "turns,tools,background,workflow", env: dict | None = None
+    *extra: str, queues: str = "turns,tools,background,workflow", env: dict | None = None, broker_url: str | None = None
 ) -> subprocess.Popen:
-    """Start ``celery worker`` as a subprocess and wait until it answers a ping."""
+    """Start ``celery worker`` as a subprocess and wait until it answers a ping (on ``broker_url``
+    when the worker uses another broker than the suite's). The process gets ``node_name`` and
+    ``log_path`` attributes."""
     name = f"test-{uuid.uuid4().hex[:6]}@%h"
     cmd = [
         sys.executable,
@@ -102,9 +107,14 @@ def start_worker_process(
         *extra,
     ]
     log = open(Path(tempfile.gettempdir()) / f"worker-{uuid.uuid4().hex[:6]}.log", "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    # A worker gets its own Redis user only, as in a deployment.
+    worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**worker_env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log.name
     from tasks.app import app
 
+    if broker_url is not None:
+        app = broker_app(broker_url)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -117,6 +127,22 @@ def start_worker_process(
             return proc
     stop_process(proc)
     raise RuntimeError(f"worker did not come up; see {log.name}")
+
+
+def broker_app(broker_url: str):
+    """A Celery app like ``tasks.app``'s (transport, serializers) on another broker, for control commands."""
+    from celery import Celery
+
+    from tasks.serialization import SERIALIZER, register_orjson
+
+    register_orjson()
+    app = Celery(broker=broker_url)
+    app.conf.update(
+        broker_transport="tasks.broker:Transport",
+        accept_content=[SERIALIZER, "json"],
+        result_accept_content=[SERIALIZER, "json"],
+    )
+    return app
 
 
 @pytest.fixture(scope="session")

@@ -30,9 +30,13 @@ def _cli(*args: str, env: dict | None = None, stdin: str | None = None) -> subpr
 
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:notaport/0", "http://127.0.0.1/0"])
 def test_a_malformed_redis_url_is_exit_2_with_one_line(url):
-    run = _cli("status", "some-turn", env={"REDIS_URL": url})
-    assert run.returncode == 2
-    assert run.stderr.count("\n") == 1 and "is not a Redis URL" in run.stderr, run.stderr
+    for var in ("REDIS_URL", "CONTROL_REDIS_URL"):
+        env = {"REDIS_URL": url, "CONTROL_REDIS_URL": url if var == "CONTROL_REDIS_URL" else ""}
+        run = _cli("status", "some-turn", env=env)
+        assert run.returncode == 2
+        assert run.stderr.count("\n") == 1 and f"{var} " in run.stderr and "is not a Redis URL" in run.stderr, (
+            run.stderr
+        )
     assert "Traceback" not in run.stderr
 
 

@@ -1,10 +1,24 @@
-"""compose.yaml describes a deployment made only of commands this project provides."""
+"""compose.yaml describes a deployment made only of commands this project provides, safe by
+default (issue 9): Redis with a password on an internal network, the model key only where the
+model is called, the sandbox's seccomp profile on the tools worker, Flower on localhost with
+auth on every route, nothing else published."""
 
 from __future__ import annotations
 
+import base64
 import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
+import httpx
+import pytest
+import redis
 import yaml
 
 from tasks.app import QUEUES, app
@@ -24,7 +38,7 @@ def test_every_service_command_is_provided_by_the_project():
     services = _compose()["services"]
     served = set()
     for name, svc in services.items():
-        if "image" in svc:  # third-party services (Redis, Prometheus, Jaeger): checked below
+        if "image" in svc:  # third-party services (Redis, Prometheus, Jaeger): checked by their own tests
             continue
         cmd = svc["command"]
         if cmd[0] == "celery":
@@ -39,20 +53,185 @@ def test_every_service_command_is_provided_by_the_project():
             if sub == "beat":
                 assert _opt(cmd, "-S") == "redbeat.RedBeatScheduler"
                 assert importlib.util.find_spec("redbeat") is not None
+            assert sub != "flower", "Flower runs through tasks.flower (auth on every route)"
+        elif cmd[:3] == ["python", "-m", "tasks.flower"]:
+            assert importlib.util.find_spec("tasks.flower") is not None
+            assert not any("auth" in a for a in cmd), "Flower credentials never go on the command line"
         elif cmd[:2] == ["python", "-m"]:
             assert importlib.util.find_spec(cmd[2]) is not None, f"{name}: no module {cmd[2]}"
-            if "--scripts" in cmd:
-                scripts = ROOT / _opt(cmd, "--scripts")
-                assert any(scripts.glob("*.json")), f"{name}: no scripts in {scripts}"
+            scripts = ROOT / _opt(cmd, "--scripts")
+            assert any(scripts.glob("*.json")), f"{name}: no scripts in {scripts}"
         else:
             raise AssertionError(f"{name}: unknown command {cmd}")
     assert served == set(QUEUES), "every queue needs a worker service"
 
 
-def test_redis_keeps_data_and_never_evicts():
+def _redis_shell() -> str:
     cmd = _compose()["services"]["redis"]["command"]
-    assert _opt(cmd, "--maxmemory-policy") == "noeviction"
-    assert _opt(cmd, "--appendonly") == "yes"
+    assert cmd[:2] == ["sh", "-c"]
+    return cmd[2]
+
+
+def test_redis_keeps_data_and_never_evicts():
+    args = shlex.split(_redis_shell().split("| redis-server -", 1)[1])
+    assert _opt(args, "--maxmemory-policy") == "noeviction"
+    assert _opt(args, "--appendonly") == "yes"
+
+
+def test_redis_requires_a_password_from_the_environment():
+    services = _compose()["services"]
+    assert services["redis"]["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+    assert "user default off" in _redis_shell()
+    assert "requirepass" not in _redis_shell()
+    for name, svc in services.items():
+        url = (svc.get("environment") or {}).get("REDIS_URL")
+        if url is not None:
+            assert url.startswith("redis://worker:${REDIS_PASSWORD:?"), name
+
+
+def _run_compose_redis(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """Run compose's Redis command line with this machine's redis-server on a free port."""
+    from devtools.embedded_redis import find_redis_server, free_port
+
+    port = free_port()
+    script = _redis_shell().replace("$$", "$").replace("| redis-server -", f"| {shlex.quote(find_redis_server())} -")
+    script += f" --port {port} --bind 127.0.0.1 --appendonly no --save '' --dir {tempfile.mkdtemp()}"
+    proc = subprocess.Popen(["sh", "-c", script], env={"PATH": os.environ["PATH"], **env}, start_new_session=True)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            redis.Redis(port=port, socket_connect_timeout=0.2).ping()
+        except redis.AuthenticationError:
+            return proc, port  # up, and refusing anonymous clients
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    os.killpg(proc.pid, 15)
+    raise AssertionError("compose's Redis command did not start")
+
+
+@pytest.mark.parametrize("control_password", ["", "ctl-pass-2"])
+def test_compose_redis_command_really_enforces_the_acl(control_password):
+    proc, port = _run_compose_redis({"REDIS_PASSWORD": "pw-1", "REDIS_CONTROL_PASSWORD": control_password})
+    try:
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).get("x")
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, username="worker", password="wrong").ping()
+        worker = redis.Redis(port=port, username="worker", password="pw-1")
+        assert worker.acl_whoami() == "worker"
+        worker.lpush("tools", "x")
+        for command in (("CONFIG", "SET", "dir", "/tmp"), ("FLUSHALL",), ("ACL", "LIST"), ("MODULE", "LIST")):
+            with pytest.raises(redis.ResponseError, match="no permissions"):
+                worker.execute_command(*command)
+        if control_password:
+            assert redis.Redis(port=port, username="control", password=control_password).acl_whoami() == "control"
+        else:
+            with pytest.raises(redis.AuthenticationError):
+                redis.Redis(port=port, username="control", password="").ping()
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert "pw-1" not in ps  # not in any process's command line
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(10)
+
+
+def test_only_the_services_that_need_redis_join_the_backend_network():
+    compose = _compose()
+    services = compose["services"]
+    assert compose["networks"]["backend"]["internal"] is True
+    assert services["redis"]["networks"] == ["backend"]
+    on_backend = {n for n, s in services.items() if "backend" in s.get("networks", [])}
+    assert on_backend == {"redis", "beat", "flower"} | {n for n in services if n.startswith("worker-")}
+    assert "gateway" not in on_backend
+    for name, svc in services.items():
+        assert svc.get("networks"), f"{name} must name its networks (no flat default network)"
+
+
+def test_the_model_key_only_reaches_the_services_that_call_the_model():
+    services = _compose()["services"]
+    with_key = {n for n, s in services.items() if "OPENAI_API_KEY" in (s.get("environment") or {})}
+    assert with_key == {"worker-turns", "worker-background", "worker-workflow"}
+
+
+def test_nothing_is_published_but_the_operator_uis_on_localhost():
+    services = _compose()["services"]
+    published = {n: s["ports"] for n, s in services.items() if s.get("ports")}
+    assert set(published) == {"flower", "prometheus", "jaeger"}  # Flower, metrics and traces (issue 12)
+    assert all(p.startswith("127.0.0.1:") for ports in published.values() for p in ports)
+    assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
+
+
+# The syscalls bubblewrap makes to build the sandbox (bubblewrap's bubblewrap.c).
+BWRAP_SYSCALLS = {"clone", "clone3", "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "prctl"}
+# What the profile must keep refusing: host-wide kernel state a command has no business with.
+REFUSED_SYSCALLS = {"init_module", "finit_module", "kexec_load", "bpf", "perf_event_open", "ptrace", "keyctl",
+                    "open_by_handle_at", "reboot", "swapon", "settimeofday", "userfaultfd", "io_uring_setup"}  # fmt: skip
+
+
+def test_the_tools_worker_runs_the_sandbox_under_the_shipped_seccomp_profile():
+    services = _compose()["services"]
+    opts = services["worker-tools"]["security_opt"]
+    assert "seccomp=deploy/seccomp-bwrap.json" in opts and "apparmor=unconfined" in opts
+    for name, svc in services.items():
+        if name != "worker-tools":
+            assert not any(o.startswith(("seccomp=", "apparmor=")) for o in svc.get("security_opt", [])), name
+        assert "no-new-privileges:true" in svc.get("security_opt", []), name
+    profile = json.loads((ROOT / "deploy" / "seccomp-bwrap.json").read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    denied = {n for rule in profile["syscalls"] if rule["action"] != "SCMP_ACT_ALLOW" for n in rule["names"]}
+    assert not denied & BWRAP_SYSCALLS
+    assert REFUSED_SYSCALLS <= denied
+    assert all(not rule.get("args") for rule in profile["syscalls"])  # no flag filter on clone/unshare
+
+
+def test_images_run_as_an_unprivileged_user():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "\nUSER agent" in dockerfile
+
+
+def _wait_http(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise AssertionError(f"{url} did not answer")
+
+
+def test_flower_requires_auth_on_every_route_including_metrics():
+    from devtools.embedded_redis import free_port
+
+    port = free_port()
+    env = {**os.environ, "FLOWER_BASIC_AUTH": "ops:s3cret-flower"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tasks.flower", f"--port={port}", "--address=127.0.0.1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(f"{base}/healthcheck")
+        good = {"Authorization": "Basic " + base64.b64encode(b"ops:s3cret-flower").decode()}
+        bad = {"Authorization": "Basic " + base64.b64encode(b"ops:wrong").decode()}
+        for path in ("/metrics", "/healthcheck", "/", "/workers", "/tasks", "/broker", "/api/workers", "/api/tasks"):
+            assert httpx.get(base + path, timeout=10).status_code == 401, path
+            assert httpx.get(base + path, headers=bad, timeout=10).status_code == 401, path
+        metrics = httpx.get(f"{base}/metrics", headers=good, timeout=10)
+        assert metrics.status_code == 200 and "flower_" in metrics.text
+        assert httpx.get(f"{base}/healthcheck", headers=good, timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_flower_refuses_to_start_without_credentials():
+    env = {k: v for k, v in os.environ.items() if k != "FLOWER_BASIC_AUTH"}
+    out = subprocess.run([sys.executable, "-m", "tasks.flower"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "FLOWER_BASIC_AUTH" in out.stderr
 
 
 def test_celery_settings_follow_the_reliability_rules():
@@ -67,32 +246,29 @@ def test_celery_settings_follow_the_reliability_rules():
     assert conf.worker_send_task_events and conf.task_send_sent_event
 
 
-def test_flower_password_comes_from_the_environment_not_the_command_line():
-    flower = _compose()["services"]["flower"]
-    assert flower["command"][:3] == ["python", "-m", "tasks.flower"]
-    assert not any("auth" in a for a in flower["command"]), "ps would show the password"
-    assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
-
-
 def test_every_service_has_a_health_check():
     for name, svc in _compose()["services"].items():
         assert svc.get("healthcheck", {}).get("test"), f"{name} has no health check"
+        assert "REDIS_PASSWORD" not in str(svc["healthcheck"]["test"]).replace("$$", ""), name
 
 
 def test_prometheus_scrapes_every_worker_service_on_its_metrics_port():
-    services = _compose()["services"]
+    compose = _compose()
+    services = compose["services"]
     workers = {n for n, s in services.items() if "worker" in s.get("command", [])[:4]}
-    assert workers
-    ports = {services[n]["environment"]["AGENT_METRICS_PORT"] for n in workers}
+    assert workers and {services[n]["environment"]["AGENT_METRICS_PORT"] for n in workers} == {"9808"}
+    assert compose["networks"]["ops"]["internal"] is True
+    assert all("ops" in services[n]["networks"] for n in workers | {"prometheus", "jaeger"})
     (mount,) = [v for v in services["prometheus"]["volumes"] if v.endswith("/etc/prometheus/prometheus.yml:ro")]
     config = yaml.safe_load((ROOT / mount.split(":")[0]).read_text())
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "agent-workers"]
     (sd,) = job["dns_sd_configs"]
-    assert set(sd["names"]) == workers and {str(sd["port"])} == ports
+    assert set(sd["names"]) == workers and sd["port"] == 9808
 
 
 def test_workers_send_traces_to_the_jaeger_service():
     services = _compose()["services"]
-    env = services["worker-turns"]["environment"]
-    assert "jaeger:4318" in env["OTEL_EXPORTER_OTLP_ENDPOINT"] and "otlp" in env["OTEL_TRACES_EXPORTER"]
+    for name in ("worker-turns", "worker-tools", "worker-background", "worker-workflow"):
+        env = services[name]["environment"]
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith("jaeger:4318}") and "otlp" in env["OTEL_TRACES_EXPORTER"]
     assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"

@@ -5,8 +5,11 @@ Bad values fail at start-up with pydantic's error naming the variable.
 
 from __future__ import annotations
 
+import logging
+import re
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -21,7 +24,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGENT_", extra="ignore", populate_by_name=True)
 
+    # Workers and beat authenticate with REDIS_URL (redis://user:password@host:port/db); the
+    # control plane with CONTROL_REDIS_URL when set (its own ACL user), else REDIS_URL.
     redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
+    control_redis_url: str | None = Field(None, validation_alias="CONTROL_REDIS_URL")
     # Model gateway (OpenAI Responses API or the scripted gateway).
     openai_base_url: str = Field("https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")
     openai_api_key: SecretStr = Field(SecretStr(""), validation_alias="OPENAI_API_KEY")
@@ -38,6 +44,9 @@ class Settings(BaseSettings):
     # Arguments of a call that did not run are recorded cut to this many characters (case E16).
     max_replay_arguments: int = 20_000
     tool_time_limit: float = 300.0
+    # Cap on a turn request's size as JSON (input, instructions, skills, metadata), in bytes:
+    # a bigger one is refused at enqueue, nothing stored (it would be sent to the model whole).
+    max_input_bytes: int = 1_000_000
 
     # Where agent homes live: <homes_root>/<agent_id>.
     homes_root: Path = Path("var/homes")
@@ -83,12 +92,67 @@ class Settings(BaseSettings):
         single wait (a tool call or a model call) plus two minutes of slack."""
         return max(self.tool_time_limit, self.model_timeout) + 120
 
-    @field_validator("max_model_calls", "max_output_chars", "max_invalid_calls_per_tool")
+    @field_validator("max_model_calls", "max_output_chars", "max_invalid_calls_per_tool", "max_input_bytes")
     @classmethod
     def _positive(cls, v: int) -> int:
         if v < 1:
             raise ValueError("must be >= 1")
         return v
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (and query string, which may carry keys) replaced by ``***``;
+    safe to print or log. A string that is not a URL is returned as ``***``."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, host = netloc.rsplit("@", 1)
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}:***@{host}" if ":" in userinfo else f"***@{host}"
+        return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
+    except ValueError:
+        return "***"
+
+
+# A URL's password (scheme://user:password@) and query string (?key=...), anywhere in a text.
+_URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*):[^@\s/]+@")
+_URL_QUERY = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'?#]*)\?[^\s\"'#]+")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every URL's password and query string replaced by ``***``."""
+    return _URL_QUERY.sub(r"\1?***", _URL_PASSWORD.sub(r"\1:***@", text))
+
+
+class RedactUrls(logging.Filter):
+    """A logging filter that redacts URL passwords and query strings in a record's message.
+
+    httpx logs every request at INFO as ``HTTP Request: GET <full URL> ...``; a key sent as a
+    query parameter would land in the worker's logs (issue 9)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+def install_log_redaction() -> None:
+    """Redact URLs in httpx's request log (filter on the ``httpx`` logger, which logs them) and
+    quiet ``httpx``/``httpcore`` to WARNING unless a level was set. Idempotent."""
+    httpx_logger = logging.getLogger("httpx")
+    if not any(isinstance(f, RedactUrls) for f in httpx_logger.filters):
+        httpx_logger.addFilter(RedactUrls())
+    for name in ("httpx", "httpcore"):
+        lg = logging.getLogger(name)
+        if lg.level == logging.NOTSET:
+            lg.setLevel(logging.WARNING)
+
+
+# Every process that reads the settings (workers, beat, control plane) gets it.
+install_log_redaction()
 
 
 @lru_cache(maxsize=1)

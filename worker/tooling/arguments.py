@@ -1,88 +1,101 @@
 """Argument validation: from the model's ``arguments`` string to validated params.
 
-``validate_tool_arguments(tool, raw)`` never raises for bad input. Its steps:
+``validate_tool_arguments(tool, raw)`` never raises for bad input. Its steps
+(the policy, with an example of every rung and refusal: ``docs/arguments.md``):
 
-0. Nesting deeper than ``worker.tooling.repair.MAX_NESTING_DEPTH`` (128) is refused
-   first, by a linear count (two ``str.count`` calls unless the text has more
-   than 128 brackets), so no recursive parser or validator ever sees it.
+0. Nesting deeper than ``MAX_NESTING_DEPTH`` (128) is refused first, by a
+   linear count, so no recursive parser or validator ever sees it.
 1. Happy path: a pydantic tool without float (or ``Any``) fields validates
-   text free of ``\\u`` escapes directly with its validator's ``validate_json``
-   (one pass; ``NaN``, ``Infinity`` and ``1e400`` cannot validate there).
-   Other text is parsed with ``orjson`` first, which refuses ``NaN``,
-   ``Infinity``, ``1e400`` and lone surrogate escapes that pydantic-core would
-   accept (those go to the ladder, which refuses them); a raw-schema tool
-   validates the parsed object with a cached ``jsonschema`` validator.
-   Valid JSON as sent follows standard JSON semantics for a repeated key (the
-   last value wins, as in orjson, pydantic-core, ``json`` and every peer SDK:
-   the value validated is the value the tool receives, so nothing can be
-   smuggled past validation). Text that needs any repair is held to more:
-   there a repeated key is refused (``worker.tooling.repair``: merging guesses).
-2. Otherwise: an empty string means ``{}``; a string that does not parse (or
-   is a JSON string, i.e. double encoded) climbs the text repair ladder
-   (``worker.tooling.repair.repair_arguments``, which also refuses lone surrogates,
-   non-finite numbers and duplicate keys); valid JSON that is not an object
-   is refused; call envelopes (A18, A38) are refused.
-3. Strict tools: OpenAI strict mode makes optional fields required and
-   nullable, so a ``null`` for a field the tool's own schema marks optional
-   and not nullable means "omitted" and is dropped (named
-   ``null_as_omitted:<loc>`` in ``repairs``), at any depth: through
-   ``anyOf``/``oneOf``/``allOf`` branches, array items, ``$ref`` targets and
-   ``additionalProperties`` schemas (``_omit_nulls``).
-4. Validation against the tool's own model or raw schema (never the strict
-   copy). On failure, the schema-guided object rungs are tried (a field sent
-   as a JSON-encoded array/object, A20; an undeclared wrapper key, A37), each
-   kept only if the result validates.
+   text free of ``\\u`` escapes, ``<`` and envelope keys directly with
+   ``validate_json(raw, strict=True)`` (one pass). Other text is parsed with
+   ``orjson`` first (which refuses ``NaN``, ``Infinity``, ``1e400`` and lone
+   surrogates: those go to the ladder, which refuses them). Valid JSON as sent
+   keeps standard semantics for a repeated key (the last value wins); text
+   that needs repair is held to more (a repeated key is refused).
+2. Text: an empty string means ``{}``; text that does not parse (or is a JSON
+   string) climbs the text ladder (``worker.tooling.repair``); valid JSON that
+   is not an object is refused.
+3. Object checks, the same for pydantic and raw-schema tools: a key holding
+   chat-template or XML markup is refused (``object_rungs.markup_key_error``);
+   a call envelope naming this tool is unwrapped (``unwrapped_envelope:<key>``),
+   one naming another tool (or several calls) is refused
+   (``object_rungs.unwrap_envelope``).
+4. Strict tools: a ``null`` for a field the tool's own schema marks optional
+   and not nullable means "omitted" and is dropped (``null_as_omitted:<loc>``,
+   ``worker.tooling.strict_nulls``).
+5. Validation against the tool's own model or raw schema (never the strict
+   or wire copy): ``worker.tooling.param_validation``.
+6. On failure, the object rungs compose in a fixed order, each recorded and
+   the result kept only if it validates: first without unwrapping
+   (``decoded_field:<f>`` then ``coerced:<f>``), then after unwrapping an
+   undeclared single wrapper key (``unwrapped:<k>``, at most
+   ``MAX_UNWRAP`` levels, each wrapped value an object or a JSON string of one,
+   ``double_encoded:<k>``) followed by the same two rungs.
 
 When the response stopped at the output-token limit (``response_status ==
 "incomplete"``) a call that needs any repair is refused with a "cut off"
-error. ``validate_tool_arguments`` never raises: a validator failure (a
-broken schema, a ``RecursionError``) becomes an error output.
+error. An unexpected failure (a broken tool schema, a bug) becomes an error output.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
+from worker.tooling.coercion import coerce
 from worker.tooling.contract import WorkerTool
-from worker.tooling.repair import (
-    CUT_OFF_ERROR,
-    MAX_NESTING_DEPTH,
-    _too_deep_error,
-    check_depth,
-    check_envelope,
-    decode_encoded_fields,
-    repair_arguments,
-    unwrap_candidate,
-)
+from worker.tooling.json_checks import CUT_OFF_ERROR, MAX_NESTING_DEPTH, Refused, check_depth, too_deep_error
+from worker.tooling.object_rungs import decode_encoded_fields, markup_key_error, unwrap_candidate, unwrap_envelope
+from worker.tooling.param_validation import params_to_data, validate_params
+from worker.tooling.repair import repair_arguments
 from worker.tooling.schemas import validation_info
-from worker.tooling.strict import accepts_null
+from worker.tooling.strict_nulls import omit_nulls
+from worker.tooling.validators import FieldError
+
+__all__ = [
+    "DEFAULT_MAX_RAW_ECHO",
+    "ArgumentsOutcome",
+    "FieldError",
+    "params_to_data",
+    "validate_params",
+    "validate_tool_arguments",
+]
+
+MAX_UNWRAP = 2
+"""Wrapper keys unwrapped at most, one inside the other (``{"input": {"arguments": ...}}``)."""
+
+# Text that may hold markup in a key or a call envelope takes the checked path. Plain substring
+# tests (C speed; one regex alternation over the text cost as much as the whole validation).
+_HINTS = (
+    "<",
+    "TOOL_CALLS",
+    "[ARGS]",
+    "[CALL_ID]",
+    "TOOL_RESULTS",
+    '"tool_uses"',
+    '"tool_calls"',
+    '"function',
+    '"arguments"',
+    '"parameters"',
+    '"input"',
+    '"args"',
+    '"tool_input"',
+)
+
+
+def _hinted(raw: str) -> bool:
+    """True when ``raw`` may hold a markup key or a call envelope (a superset: the checks decide)."""
+    for h in _HINTS:
+        if h in raw:
+            return True
+    return False
+
 
 DEFAULT_MAX_RAW_ECHO = 2_000
 """Default cap (characters) of the raw arguments echoed back in an error (``settings.max_raw_arguments_echo``)."""
-
-
-class FieldError:
-    """One failing field: ``loc`` is a dotted/indexed path (``todos[0].status``), ``msg`` the reason."""
-
-    __slots__ = ("loc", "msg")
-
-    def __init__(self, loc: str, msg: str):
-        self.loc = loc
-        self.msg = msg
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, FieldError) and (self.loc, self.msg) == (other.loc, other.msg)
-
-    def __hash__(self) -> int:
-        return hash((self.loc, self.msg))
-
-    def __repr__(self) -> str:
-        return f"FieldError(loc={self.loc!r}, msg={self.msg!r})"
 
 
 class ArgumentsOutcome:
@@ -142,75 +155,6 @@ class ArgumentsOutcome:
         )
 
 
-def _loc(parts: Any) -> str:
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        else:
-            out += f".{p}" if out else str(p)
-    return out or "<root>"
-
-
-_REQUIRED_MSG = re.compile(r"^'(.+)' is a required property$")
-
-
-def _jsonschema_errors(validator: Any, data: Any) -> list[FieldError]:
-    errors = []
-    for e in validator.iter_errors(data):
-        path = list(e.absolute_path)
-        if e.validator == "required":
-            m = _REQUIRED_MSG.match(e.message)
-            if m:
-                path.append(m.group(1))
-                errors.append(FieldError(_loc(path), "required property is missing"))
-                continue
-        errors.append(FieldError(_loc(path), e.message))
-    errors.sort(key=lambda f: f.loc)
-    return errors
-
-
-def validate_params(tool: WorkerTool, data: dict[str, Any]) -> tuple[Any, list[FieldError]]:
-    """Validate a decoded JSON object against the tool's own schema.
-
-    Pydantic tools use ``input_model.model_validate``; raw-schema tools use a
-    cached ``jsonschema`` validator (the schema's own draft, Draft 2020-12 by
-    default, with format checking), so ``minimum``, ``maximum``, ``pattern``,
-    ``minItems`` and every other keyword hold even when the provider got a
-    strict copy. Returns ``(params, [])`` on success or ``(None, errors)``
-    where each ``FieldError.loc`` names the field (a missing required field
-    is reported at its own location, e.g. ``files[0].path``).
-    """
-    if tool.input_model is not None:
-        try:
-            return tool.input_model.model_validate(data), []
-        except ValidationError as exc:
-            return None, [FieldError(_loc(e["loc"]), e["msg"]) for e in exc.errors()]
-    validator = validation_info(tool).validator
-    try:
-        if validator.is_valid(data):
-            return data, []
-        return None, _jsonschema_errors(validator, data)
-    except RecursionError:
-        return None, [FieldError("<root>", _too_deep_error())]
-    except Exception as exc:  # a schema that cannot be applied (e.g. a $ref that does not resolve)
-        return None, [
-            FieldError(
-                "<root>",
-                f"the tool's schema could not be applied "
-                f"({exc.__class__.__name__}: {str(exc)[:200]}); "
-                "this is a fault of the tool, not of your arguments",
-            )
-        ]
-
-
-def params_to_data(tool: WorkerTool, params: Any) -> dict[str, Any]:
-    """JSON-ready form of validated params (for storage and the wire)."""
-    if tool.input_model is not None:
-        return params.model_dump(mode="json")
-    return params
-
-
 def _echo(raw: str, cap: int) -> str:
     if len(raw) <= cap:
         return raw
@@ -246,125 +190,6 @@ def _failure(
     )
 
 
-_MAX_NULL_WALK = 4 * 128
-"""Bound on schema steps of the null walk (``$ref``/composition chains without data descent)."""
-
-
-def _could_be(schema: dict[str, Any], kind: str) -> bool:
-    t = schema.get("type")
-    if t is not None:
-        return t == kind or (isinstance(t, list) and kind in t)
-    if any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref")):
-        return True
-    if kind == "object":
-        return "properties" in schema or "additionalProperties" in schema
-    return "items" in schema or "prefixItems" in schema
-
-
-def _pick_branch(value: Any, branches: list[Any], resolve: Any) -> Any:
-    """The ``anyOf``/``oneOf`` branch ``value`` was sent for, or ``None`` when none fits.
-
-    A branch fits when it can have the value's JSON type and, for an object,
-    declares every key the value has (the strict copy closes every object, so
-    the model only sends declared keys) and agrees with every ``const``/``enum``
-    property the value gives (discriminated unions). The first fitting branch wins.
-    """
-    kind = "object" if isinstance(value, dict) else "array"
-    for b in branches:
-        r = resolve(b)
-        if not isinstance(r, dict) or not _could_be(r, kind):
-            continue
-        if kind == "object":
-            props = r.get("properties")
-            if isinstance(props, dict) and props:
-                if not isinstance(r.get("additionalProperties"), dict) and any(k not in props for k in value):
-                    continue
-                clash = False
-                for k, v in value.items():
-                    sub = resolve(props.get(k))
-                    if v is None or not isinstance(sub, dict):
-                        continue
-                    if ("const" in sub and sub["const"] != v) or (
-                        isinstance(sub.get("enum"), list) and v not in sub["enum"]
-                    ):
-                        clash = True
-                        break
-                if clash:
-                    continue
-        return b
-    return None
-
-
-def _omit_nulls(value: Any, schema: Any, resolve: Any, loc: str, dropped: list[str], steps: int = 0) -> Any:
-    """Drop ``null`` for optional, non-nullable properties (strict-mode "omitted"), at any depth.
-
-    The strict copy (``worker.tooling.strict``) makes every optional property required
-    and nullable in every object it closes: top-level, nested, inside
-    ``anyOf``/``oneOf``/``allOf`` branches, array ``items``/``prefixItems``,
-    ``$ref`` targets in ``$defs`` and ``additionalProperties`` schemas. This
-    walks the value next to the tool's own schema through all of those and
-    drops a ``null`` only where that schema marks the property optional and not
-    nullable (where the strict copy is what made it nullable). A union value
-    follows the branch it fits (``_pick_branch``). Returns the value unchanged
-    (same object) when nothing was dropped.
-    """
-    if steps > _MAX_NULL_WALK or not isinstance(value, (dict, list)):
-        return value
-    schema = resolve(schema)
-    if not isinstance(schema, dict):
-        return value
-    all_of = schema.get("allOf")
-    if isinstance(all_of, list):
-        for sub in all_of:
-            value = _omit_nulls(value, sub, resolve, loc, dropped, steps + 1)
-    for key in ("anyOf", "oneOf"):
-        branches = schema.get(key)
-        if isinstance(branches, list):
-            branch = _pick_branch(value, branches, resolve)
-            if branch is not None:
-                value = _omit_nulls(value, branch, resolve, loc, dropped, steps + 1)
-    if isinstance(value, dict):
-        props = schema.get("properties")
-        props = props if isinstance(props, dict) else {}
-        extra = schema.get("additionalProperties")
-        extra = extra if isinstance(extra, dict) else None
-        if not props and extra is None:
-            return value
-        required = schema.get("required", ())
-        out = None
-        for key, v in value.items():
-            sub = props.get(key, extra if key not in props else None)
-            if sub is None:
-                continue
-            here = f"{loc}.{key}" if loc else key
-            if v is None:
-                if key in props and key not in required and not accepts_null(resolve(sub)):
-                    if out is None:
-                        out = dict(value)
-                    del out[key]
-                    dropped.append(here)
-            elif isinstance(v, (dict, list)):
-                nv = _omit_nulls(v, sub, resolve, here, dropped, steps + 1)
-                if nv is not v:
-                    if out is None:
-                        out = dict(value)
-                    out[key] = nv
-        return value if out is None else out
-    prefix = schema.get("prefixItems")
-    prefix = prefix if isinstance(prefix, list) else []
-    items = schema.get("items")
-    items = items if isinstance(items, dict) else None
-    if not prefix and items is None:
-        return value
-    new = []
-    for i, v in enumerate(value):
-        sub = prefix[i] if i < len(prefix) else items
-        if sub is not None and isinstance(v, (dict, list)):
-            v = _omit_nulls(v, sub, resolve, f"{loc}[{i}]", dropped, steps + 1)
-        new.append(v)
-    return value if all(a is b for a, b in zip(new, value)) else new
-
-
 def _validate(
     tool: WorkerTool, data: dict[str, Any], info: Any
 ) -> tuple[Any, list[FieldError], dict[str, Any], list[str]]:
@@ -372,7 +197,7 @@ def _validate(
     notes: list[str] = []
     if tool.strict:
         dropped: list[str] = []
-        data = _omit_nulls(data, info.schema, info.resolve, "", dropped)
+        data = omit_nulls(data, info.schema, info.resolve, "", dropped)
         notes = [f"null_as_omitted:{d}" for d in dropped]
     params, errors = validate_params(tool, data)
     return params, errors, data, notes
@@ -399,13 +224,15 @@ def validate_tool_arguments(
         and "\\u" not in raw
         and _no_float_fields(model)
         and (len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH)
+        and not (_hints_matter(model) and _hinted(raw))
     ):
-        # Happy path: one pydantic-core pass over the text. With no field that takes a float,
+        # Happy path: one strict pydantic-core pass over the text. With no field that takes a float,
         # what JSON forbids but pydantic-core accepts (NaN, Infinity, 1e400) cannot validate;
-        # without ``\\u`` escapes there is no lone surrogate; the bracket count bounds nesting.
+        # without ``\\u`` escapes there is no lone surrogate; the bracket count bounds nesting;
+        # without ``<`` or an envelope key there is no markup key and no envelope.
         try:
             return ArgumentsOutcome(
-                True, model.__pydantic_validator__.validate_json(raw), None, None, None, None, None, tool
+                True, model.__pydantic_validator__.validate_json(raw, strict=True), None, None, None, None, None, tool
             )
         except ValidationError:
             pass
@@ -417,7 +244,7 @@ def validate_tool_arguments(
     try:
         return _validate_tool_arguments(tool, raw, response_status, max_raw_echo)
     except RecursionError:
-        return _failure(tool, raw, "parse", _too_deep_error(), max_raw_echo)
+        return _failure(tool, raw, "parse", too_deep_error(), max_raw_echo)
     except Exception as exc:  # defence in depth: bad input never escapes as an exception
         return _failure(
             tool,
@@ -430,6 +257,38 @@ def validate_tool_arguments(
 
 
 _UNPARSED = object()
+
+
+_ENVELOPE_KEYS = frozenset(
+    {"name", "tool", "tool_name", "function_name", "recipient_name", "type", "id", "call_id", "index"}
+    | {"function", "function_call", "tool_uses", "tool_calls"}
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def _hints_matter(model: type) -> bool:
+    """False when no envelope and no markup key can validate against ``model`` as sent, so the
+    happy path may skip looking for them: every envelope lacks one of the model's required
+    fields (an envelope only has ``_ENVELOPE_KEYS``), and no object of the model takes keys it
+    does not declare (no ``extra="allow"``, no open map). Cached per model class."""
+    try:
+        schema = model.model_json_schema()
+    except Exception:
+        return True
+    required = schema.get("required") or []
+    if all(r in _ENVELOPE_KEYS for r in required):
+        return True
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            extra = node.get("additionalProperties")
+            if extra is True or isinstance(extra, dict) or "patternProperties" in node:
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 @functools.lru_cache(maxsize=1024)
@@ -475,10 +334,11 @@ def _validate_tool_arguments(tool: WorkerTool, raw: str, response_status: str, m
         parsed: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
         parsed = _UNPARSED
-    if type(parsed) is dict and model is not None:
+    hinted = _hinted(raw) or "\\u" in raw
+    if type(parsed) is dict and model is not None and not hinted:
         try:
             return ArgumentsOutcome(
-                True, model.__pydantic_validator__.validate_json(raw), None, None, None, None, None, tool
+                True, model.__pydantic_validator__.validate_json(raw, strict=True), None, None, None, None, None, tool
             )
         except ValidationError:
             pass
@@ -489,7 +349,7 @@ def _validate_tool_arguments(tool: WorkerTool, raw: str, response_status: str, m
         data: Any = {}
     elif parsed is _UNPARSED or isinstance(parsed, str):
         # not JSON, or a JSON string (double encoded): the ladder
-        rep = repair_arguments(raw, response_status=response_status, declared_properties=props)
+        rep = repair_arguments(raw, response_status=response_status)
         if not rep.ok:
             kind = "cut_off" if rep.error == CUT_OFF_ERROR else "parse"
             return _failure(tool, raw, kind, rep.error or "not valid JSON", max_raw_echo)
@@ -501,39 +361,83 @@ def _validate_tool_arguments(tool: WorkerTool, raw: str, response_status: str, m
         )
     else:
         data = parsed
-        env = check_envelope(data, props)
-        if env:
-            return _failure(tool, raw, "parse", env, max_raw_echo)
+
+    # Object checks, the same for every kind of tool: envelopes, then markup in keys.
+    if hinted or repairs:
+        try:
+            env = unwrap_envelope(data, tool.name, props)
+        except Refused as exc:
+            return _failure(tool, raw, "parse", str(exc), max_raw_echo)
+        if env is not None:
+            data, names = env
+            repairs = repairs + names
+        markup = markup_key_error(data, props)
+        if markup:
+            return _failure(tool, raw, "parse", markup, max_raw_echo)
 
     params, errors, used, notes = _validate(tool, data, info)
     if not errors:
-        return ArgumentsOutcome(
-            ok=True, params=params, data=None if model is not None else used, repairs=repairs + notes, tool=tool
-        )
-    if response_status != "incomplete":
-        decoded, names = decode_encoded_fields(data, props, info.resolve)
-        if names:
-            p2, e2, used2, notes2 = _validate(tool, decoded, info)
-            if not e2:
-                return ArgumentsOutcome(
-                    ok=True,
-                    params=p2,
-                    data=None if model is not None else used2,
-                    repairs=repairs + names + notes2,
-                    tool=tool,
-                )
-        cand = unwrap_candidate(data, props)
-        if cand is not None:
-            key, inner = cand
-            p3, e3, used3, notes3 = _validate(tool, inner, info)
-            if not e3:
-                return ArgumentsOutcome(
-                    ok=True,
-                    params=p3,
-                    data=None if model is not None else used3,
-                    repairs=repairs + [f"unwrapped:{key}"] + notes3,
-                    tool=tool,
-                )
-    elif repairs:
-        return _failure(tool, raw, "cut_off", CUT_OFF_ERROR, max_raw_echo)
+        if response_status == "incomplete" and repairs:
+            return _failure(tool, raw, "cut_off", CUT_OFF_ERROR, max_raw_echo)
+        return _success(tool, params, used, repairs + notes)
+    if response_status == "incomplete":
+        if repairs:
+            return _failure(tool, raw, "cut_off", CUT_OFF_ERROR, max_raw_echo)
+        return _failure(tool, raw, "validation", "", max_raw_echo, errors=errors, data=used, repairs=notes)
+    found, shown = _object_ladder(tool, data, info)
+    if found is not None:
+        params, used, names = found
+        return _success(tool, params, used, repairs + names)
+    if shown is not None:
+        errors, used, notes = shown
     return _failure(tool, raw, "validation", "", max_raw_echo, errors=errors, data=used, repairs=repairs + notes)
+
+
+def _success(tool: WorkerTool, params: Any, used: dict[str, Any], repairs: list[str]) -> ArgumentsOutcome:
+    return ArgumentsOutcome(
+        ok=True, params=params, data=None if tool.input_model is not None else used, repairs=repairs, tool=tool
+    )
+
+
+def _object_ladder(tool: WorkerTool, data: dict[str, Any], info: Any) -> tuple[Any, Any]:
+    """The object rungs in their fixed order (module docstring, step 6).
+
+    Returns ``((params, data_used, repairs), None)`` for the first candidate that
+    validates, else ``(None, (errors, data_used, notes))`` for the last candidate
+    of the branch without unwrapping (its errors are what the model is shown:
+    its own object, with only lossless fixes), or ``(None, None)`` when no rung applied.
+    """
+    props = info.properties
+    shown = None
+    for unwrap in (False, True):
+        cur, names = data, []
+        if unwrap:
+            for _ in range(MAX_UNWRAP):
+                cand = unwrap_candidate(cur, props)
+                if cand is None:
+                    break
+                cur, step = cand
+                names = names + step
+                p, e, used, notes = _validate(tool, cur, info)
+                if not e:
+                    return (p, used, names + notes), None
+            if not names:
+                break
+        decoded, step = decode_encoded_fields(cur, props, info.resolve)
+        if step:
+            cur, names = decoded, names + step
+            p, e, used, notes = _validate(tool, cur, info)
+            if not e:
+                return (p, used, names + notes), None
+            if not unwrap:
+                shown = (e, used, notes)
+        applied: list[str] = []
+        coerced = coerce(cur, info.schema, info.resolve, applied)
+        if applied:
+            cur, names = coerced, names + [f"coerced:{a}" for a in applied]
+            p, e, used, notes = _validate(tool, cur, info)
+            if not e:
+                return (p, used, names + notes), None
+            if not unwrap:
+                shown = (e, used, notes)
+    return None, shown

@@ -29,6 +29,8 @@ import orjson
 
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.strict import field_name, to_strict_schema
+from worker.tooling.validators import compile_validator
+from worker.tooling.wire import check_root, wire_copy
 
 if TYPE_CHECKING:
     from worker.tooling.contract import WorkerTool
@@ -85,11 +87,7 @@ def source_schema(tool: WorkerTool) -> dict[str, Any]:
         _check_refs(schema, tool.name)
     else:
         schema = EMPTY_OBJECT_SCHEMA
-    if schema.get("type") != "object":
-        raise ToolDefinitionError(
-            f"tool {tool.name!r}: function tool parameters must use a root object schema "
-            f"(got type {schema.get('type')!r})"
-        )
+    check_root(schema, tool.name, _resolver(schema))  # P1: raises naming a root combinator
     if len(_PARAMS_CACHE) > _CACHE_LIMIT:
         _PARAMS_CACHE.clear()
     _PARAMS_CACHE[key] = schema
@@ -206,14 +204,16 @@ def _check_refs(schema: dict[str, Any], tool_name: str) -> None:
 
 
 def parameters_schema(tool: WorkerTool) -> dict[str, Any]:
-    """The ``parameters`` sent to the provider: the source schema, or its strict copy."""
+    """The ``parameters`` sent to the provider: the strict copy (``worker.tooling.strict``), or the
+    wire copy (``worker.tooling.wire``: the source schema itself unless a provider rule changes it)."""
     schema = source_schema(tool)
-    if not tool.strict:
-        return schema
-    key = ("strict", _schema_key(tool), tool.name)
+    key = ("strict" if tool.strict else "wire", _schema_key(tool), tool.name)
     cached = _PARAMS_CACHE.get(key)
     if cached is None:
-        cached = to_strict_schema(schema, tool_name=tool.name)
+        if tool.strict:
+            cached = to_strict_schema(schema, tool_name=tool.name)
+        else:
+            cached = wire_copy(schema, tool.name, _resolver(schema))
         _PARAMS_CACHE[key] = cached
     return cached
 
@@ -302,8 +302,11 @@ class ValidationInfo:
 
     - ``schema``: the tool's own (source) parameters schema.
     - ``properties``: its top-level ``properties`` (``{}`` when none).
-    - ``validator``: a ``jsonschema`` validator for raw-schema tools (``None``
-      for pydantic tools, which validate with their model).
+    - ``validator``: a compiled validator for raw-schema tools
+      (``worker.tooling.validators.CompiledValidator``; ``None`` for pydantic
+      tools, which validate with their model).
+    - ``engine``: what validates the calls: ``"pydantic"``, ``"jsonschema-rs"``,
+      or ``"jsonschema (fallback: <why jsonschema-rs could not compile it>)"``.
     - ``resolve``: returns a sub-schema with a local ``$ref`` resolved.
     """
 
@@ -311,6 +314,7 @@ class ValidationInfo:
     properties: dict[str, Any]
     validator: Any
     resolve: Callable[[Any], Any]
+    engine: str = "pydantic"
 
 
 def _resolver(root: dict[str, Any]) -> Callable[[Any], Any]:
@@ -344,9 +348,14 @@ def validation_info(tool: WorkerTool) -> ValidationInfo:
     else:
         # no schema: any object validates, as before (the definition sends EMPTY_OBJECT_SCHEMA)
         schema = tool.json_schema if tool.json_schema is not None else {"type": "object"}
-        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        validator = validator_cls(schema, format_checker=validator_cls.FORMAT_CHECKER)
+        validator = compile_validator(schema)
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    info = ValidationInfo(schema=schema, properties=props, validator=validator, resolve=_resolver(schema))
+    info = ValidationInfo(
+        schema=schema,
+        properties=props,
+        validator=validator,
+        resolve=_resolver(schema),
+        engine=validator.engine if validator is not None else "pydantic",
+    )
     _INFO_BY_TOOL[tool] = info
     return info

@@ -45,6 +45,12 @@ refer to that file):
   has no tuples, and the copy would be an array that accepts nothing.
 - D1/D2  also: a ``required`` name that is not a declared property raises:
   the closed strict copy could never carry it, so no call could succeed.
+
+Provider rules that hold for every wire copy, strict or not (P1 plain object
+root, P2 no regex look-around, P3 multi-entry ``allOf`` merged or refused, P4
+``required`` on every object), with the provider errors they come from: the
+table in ``worker.tooling.wire``. This converter applies P1-P3 as it goes
+(``check_root``, ``merge_all_of``, ``has_lookaround``); D1/D2 give P4.
 """
 
 from __future__ import annotations
@@ -53,6 +59,10 @@ import copy
 from typing import Any
 
 from worker.tooling.errors import ToolDefinitionError
+from worker.tooling.wire import ROOT_COMBINATORS, check_root, field_name, has_lookaround, merge_all_of, with_note
+from worker.tooling.wire import pointer as _pointer
+
+__all__ = ["accepts_null", "field_name", "strict_violations", "to_strict_schema"]
 
 # Annotation keywords that may sit next to a $ref and be merged into its target
 # (openai-agents-python strict_schema.py keeps the same list).
@@ -90,40 +100,16 @@ _UNSUPPORTED = (
     "minContains",
     "maxContains",
     "uniqueItems",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
 )
 _SUPPORTED_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"})
 _TYPE_DEFINING = ("type", "enum", "const", "$ref", "anyOf", "oneOf", "allOf", "properties", "items")
 _MAX_DEPTH = 100
 _MAX_NODES = 100_000
-
-
-def field_name(path: tuple[Any, ...]) -> str:
-    """Human field path from a schema path: ('properties','a','items','properties','b') -> 'a[].b'."""
-    out = ""
-    i = 0
-    while i < len(path):
-        part = path[i]
-        if part == "properties" and i + 1 < len(path):
-            name = str(path[i + 1])
-            out = f"{out}.{name}" if out else name
-            i += 2
-            continue
-        if part == "items":
-            out += "[]"
-        elif part in ("anyOf", "oneOf", "allOf") and i + 1 < len(path):
-            out += f"<{part}[{path[i + 1]}]>"
-            i += 2
-            continue
-        elif part in ("$defs", "definitions") and i + 1 < len(path):
-            out = f"$defs.{path[i + 1]}"
-            i += 2
-            continue
-        i += 1
-    return out or "<root>"
-
-
-def _pointer(path: tuple[Any, ...]) -> str:
-    return "/" + "/".join(str(p) for p in path) if path else "/"
 
 
 def accepts_null(node: Any) -> bool:
@@ -176,6 +162,11 @@ class _Converter:
             self.fail(path, f"has a $ref {ref!r} to a non-schema", "a $ref must point to a schema object")
         return node
 
+    def _deref(self, entry: Any, path: tuple[Any, ...]) -> Any:
+        if isinstance(entry, dict) and isinstance(entry.get("$ref"), str) and len(entry) == 1:
+            return self.resolve(entry["$ref"], path)
+        return entry
+
     def walk(self, node: Any, path: tuple[Any, ...], refs: tuple[str, ...] = ()) -> Any:
         self.nodes += 1
         if self.nodes > _MAX_NODES:
@@ -220,6 +211,17 @@ class _Converter:
                     "OpenAI strict mode needs the allOf merged into its parent",
                 )
             return self.walk({**inner, **rest}, path, refs)
+        # P3 (worker.tooling.wire): a multi-entry allOf is merged when its entries merge cleanly.
+        if isinstance(all_of, list) and len(all_of) > 1:
+            merged, why = merge_all_of(node, all_of, lambda e: self._deref(e, path))
+            if merged is None:
+                self.fail(
+                    path,
+                    f"has an allOf that cannot be merged into one schema ({why})",
+                    "P3: providers refuse allOf in strict mode ('allOf' is not permitted), and strict mode "
+                    "closes each entry, so no value could satisfy them all",
+                )
+            return self.walk(merged, path, refs)
 
         out = dict(node)
         # D4: oneOf -> anyOf.
@@ -239,6 +241,8 @@ class _Converter:
                     notes.append(f"{key}={value}")
                 else:
                     notes.append(key)
+        if has_lookaround(out.get("pattern")):  # P2 (worker.tooling.wire): providers reject look-around
+            notes.append(f"pattern={out.pop('pattern')}")
         if "format" in out and out["format"] not in _SUPPORTED_FORMATS:
             notes.append(f"format={out.pop('format')}")
         if notes:
@@ -350,17 +354,8 @@ MAX_DESCRIPTION_CHARS = 1024
 
 
 def _with_note(desc: Any, note: str) -> Any:
-    """``desc`` with ``(note)`` appended (D7), the note shortened so the result stays within
-    ``MAX_DESCRIPTION_CHARS``; a description already at the limit is left as it is (the
-    dropped keywords still hold: validation uses the tool's own schema)."""
-    desc = desc if isinstance(desc, str) else ""
-    sep = " " if desc else ""
-    room = MAX_DESCRIPTION_CHARS - len(desc) - len(sep) - 2
-    if room <= 3:
-        return desc or None
-    if len(note) > room:
-        note = note[: room - 3] + "..."
-    return f"{desc}{sep}({note})"
+    """``desc`` with ``(note)`` appended (D7), within ``MAX_DESCRIPTION_CHARS`` (``wire.with_note``)."""
+    return with_note(desc, note, MAX_DESCRIPTION_CHARS)
 
 
 _ANNOTATIONS_OUTSIDE_ANYOF = ("description", "title", "default", "examples", "deprecated")
@@ -394,11 +389,12 @@ def to_strict_schema(schema: dict[str, Any], *, tool_name: str) -> dict[str, Any
     root = copy.deepcopy(schema)
     if root == {}:
         root = {"type": "object", "properties": {}}
-    if "anyOf" in root or "oneOf" in root:
-        raise ToolDefinitionError(
-            f"tool {tool_name!r} cannot be strict: the root schema uses anyOf/oneOf; "
-            "OpenAI strict mode requires the root to be a non-nullable object without anyOf"
-        )
+    if "properties" in root and "type" not in root and not any(k in root for k in ROOT_COMBINATORS):
+        root["type"] = "object"
+    conv = _Converter(root, tool_name)
+    # P1 (worker.tooling.wire): combinators at the root are refused naming the keyword, a root allOf merged.
+    root = check_root(root, tool_name, lambda e: conv._deref(e, ()))
+    conv.root = root if "$defs" in root or "definitions" in root else conv.root
     t = root.get("type")
     if t is None and "properties" in root:
         root["type"] = "object"
@@ -407,7 +403,6 @@ def to_strict_schema(schema: dict[str, Any], *, tool_name: str) -> dict[str, Any
             f"tool {tool_name!r} cannot be strict: the root schema has type {t!r}; "
             "OpenAI strict mode requires the root to be a non-nullable object"
         )
-    conv = _Converter(root, tool_name)
     return conv.walk(root, ())
 
 

@@ -27,14 +27,13 @@ run time, which would download an unpinned package.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any, Sequence
 
 import orjson
 
-from worker.tools.computer.confine import resolve_in_home
+from worker.tools.computer.home_fs import HomeDir
 from worker.turn.request import Skill
 
 MCPORTER_CONFIG = "config/mcporter.json"
@@ -86,7 +85,7 @@ def write_mcporter_config(home: Path | str, servers: dict[str, dict[str, Any]]) 
     turned off (``"imports": []``) so only these servers exist for the agent.
     Commands run without the worker's environment: put the values a server
     needs in its ``env``. The file is written atomically with mode 0600 (it
-    may hold tokens). Raises ``ValueError`` for a bad name or entry and
+    may hold tokens), by descriptors from the home (``home_fs``: race-free). Raises ``ValueError`` for a bad name or entry and
     ``worker.tools.computer.confine.ConfinementError`` if ``config/`` escapes the home.
     """
     for name, entry in servers.items():
@@ -94,12 +93,7 @@ def write_mcporter_config(home: Path | str, servers: dict[str, dict[str, Any]]) 
             raise ValueError(f"mcporter server name {name!r} must match {SERVER_NAME.pattern}")
         if not isinstance(entry, dict) or not (entry.get("command") or entry.get("baseUrl") or entry.get("url")):
             raise ValueError(f"mcporter server {name!r} needs a 'command' (stdio) or a 'baseUrl' (HTTP)")
-    path = resolve_in_home(home, MCPORTER_CONFIG)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = orjson.dumps({"mcpServers": servers, "imports": []}, option=orjson.OPT_INDENT_2)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-    return path
+    with HomeDir(home) as hd:
+        rel = hd.write_atomic(MCPORTER_CONFIG, data, mode=0o600)
+        return Path(hd.root) / rel

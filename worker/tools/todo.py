@@ -8,12 +8,12 @@ Storage, per agent:
 
 - Redis, when the turn has a client (``TurnContext.redis``): key
   ``agent:<agent_id>:todos``, value the JSON list (orjson);
-- otherwise the file ``<home>/.agent/todos.json``.
+- otherwise the file ``<home>/.agent/todos.json``, read and replaced through
+  ``worker.tools.computer.home_fs`` (race-free; a hard-linked file is never read).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +21,9 @@ import orjson
 from pydantic import BaseModel, Field
 
 from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
+from worker.tools.computer.common import NotRegularFile
 from worker.tools.computer.confine import home_root
+from worker.tools.computer.home_fs import HomeDir
 from worker.turn.context import TurnContext
 
 TODO_FILE = ".agent/todos.json"
@@ -63,27 +65,30 @@ class TodoStore:
         return home_root(self.home) / TODO_FILE
 
     def load(self) -> list[dict[str, Any]]:
-        """The stored list (``[]`` when none)."""
+        """The stored list (``[]`` when none).
+
+        The file is read through ``home_fs`` (race-free, symlinks only inside
+        the home); ``NotRegularFile`` (also ``HardLinkedFile``) or
+        ``ConfinementError`` when it is not a lone regular file inside the home.
+        """
         if self.redis is not None:
             raw = self.redis.get(todo_key(self.agent_id))
         else:
             try:
-                raw = self.file.read_bytes()
+                with HomeDir(self.home) as hd:
+                    raw = hd.read_bytes(TODO_FILE)[1]
             except FileNotFoundError:
                 raw = None
         return orjson.loads(raw) if raw else []
 
     def save(self, items: list[dict[str, Any]]) -> None:
-        """Replace the stored list (Redis key or an atomic file write)."""
+        """Replace the stored list (Redis key, or an atomic rename inside the home by descriptors)."""
         data = orjson.dumps(items)
         if self.redis is not None:
             self.redis.set(todo_key(self.agent_id), data)
             return
-        path = self.file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        with HomeDir(self.home) as hd:
+            hd.write_atomic(TODO_FILE, data)
 
 
 def render_todos(items: list[dict[str, Any]]) -> str:
@@ -116,7 +121,10 @@ def create_todo_tool(ctx: TurnContext) -> WorkerTool:
             return ToolResult(content=msg, details={"error": msg}, is_error=True)
         items = [t.model_dump() for t in params.todos]
         try:
-            before = store.load()
+            try:
+                before = store.load()
+            except NotRegularFile:  # e.g. hard-linked: never read, and the save below replaces the name
+                before = []
             store.save(items)
         except Exception as exc:  # Redis down, disk full: tell the model, keep the turn going
             msg = f"could not save the todo list ({type(exc).__name__})"

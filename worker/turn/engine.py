@@ -24,6 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+import orjson
+
 from worker.model.client import GatewayError, ModelReply, ResponsesClient
 from worker.model.items import (
     cap_output,
@@ -45,7 +47,7 @@ from worker.turn.dispatch import Batch, PlannedCall, plan_batches
 from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, call_labels, no_toolsets, step_label
 from worker.turn.liveness import owner, owner_is_dead
 from worker.turn.planning import plan_calls
-from worker.turn.request import Skill, TurnRequest, TurnStatus
+from worker.turn.request import Skill, TurnRefused, TurnRequest, TurnStatus, check_turn_id
 from worker.turn.store import StaleStep, TurnState, TurnStore
 from worker.turn.usage import UsageLedger, budget_exceeded, normalize_usage
 
@@ -85,15 +87,25 @@ class TurnEngine:
 
     # ----- enqueueing ------------------------------------------------------
     def create_turn(self, request: TurnRequest, turn_id: str) -> tuple[str, bool]:
-        """Store a new turn and enqueue its first step. Returns ``(turn_id, created)``."""
+        """Store a new turn and enqueue its first step. Returns ``(turn_id, created)``; ``created``
+        is False for a reused idempotency key or a turn id the agent already used (nothing is
+        enqueued again).
+
+        Raises ``TurnRefused`` (nothing stored) for a turn id not matching ``ID_PATTERN``, a turn
+        id of another agent, or a request whose JSON is over ``settings.max_input_bytes``.
+        """
+        check_turn_id(turn_id)
+        dumped = request.model_dump(mode="json")
+        size = len(orjson.dumps(dumped))
+        if size > self.settings.max_input_bytes:
+            raise TurnRefused(
+                f"the turn request is {size:,} bytes as JSON (input, instructions, skills, metadata); "
+                f"the limit is {self.settings.max_input_bytes:,} (AGENT_MAX_INPUT_BYTES)"
+            )
         items = [user_message(request.input)] if isinstance(request.input, str) else list(request.input)
         traceparent = telemetry.new_traceparent()
         tid, created = self.store.create(
-            turn_id,
-            request.model_dump(mode="json"),
-            items,
-            idempotency_key=request.idempotency_key,
-            fields={"traceparent": traceparent},
+            turn_id, dumped, items, idempotency_key=request.idempotency_key, fields={"traceparent": traceparent}
         )
         if created:
             with telemetry.under_turn(traceparent):
@@ -102,7 +114,8 @@ class TurnEngine:
 
     def enqueue_turn(self, request: dict[str, Any] | TurnRequest, turn_id: str | None = None) -> str:
         """The ``enqueue_turn`` turn service: validate ``request`` and start a turn; returns its id
-        (an existing one for a reused idempotency key). Raises ``pydantic.ValidationError``."""
+        (an existing one for a reused idempotency key or turn id of the same agent). Raises
+        ``pydantic.ValidationError`` or ``TurnRefused`` (see ``create_turn``)."""
         req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
         return self.create_turn(req, turn_id or uuid.uuid4().hex)[0]
 

@@ -8,7 +8,29 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# Agent ids name a directory (the agent's home) and Redis keys; turn ids name Redis keys.
+# Published in the JSON Schema as ``ID_PATTERN`` (ECMA-262 and pydantic-core's Rust regex: ``$``
+# matches only at the very end). Checked in Python with ``fullmatch`` and ``\Z``: Python's ``$``
+# would also match before a trailing newline ("alice\n").
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
+class TurnRefused(ValueError):
+    """A turn that cannot be created: a bad or foreign turn id, or a request over the size cap.
+    The message says which rule and setting; nothing was stored."""
+
+
+def is_valid_id(value: str) -> bool:
+    """True when ``value`` is a valid agent or turn id (``ID_PATTERN``, no trailing newline)."""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
+
+
+def check_turn_id(turn_id: str) -> str:
+    """Return ``turn_id`` if it matches ``ID_PATTERN``; raises ``TurnRefused`` otherwise."""
+    if not is_valid_id(turn_id):
+        raise TurnRefused(f"turn id {turn_id[:80]!r} must match {ID_PATTERN}")
+    return turn_id
 
 
 class TurnStatus(str, Enum):
@@ -88,7 +110,8 @@ class TurnRequest(BaseModel):
     - ``model`` / ``instructions``: override the settings' model; system instructions.
     - ``max_model_calls``: cap on model calls in this turn (default from settings).
     - ``token_budget``: input/output/total token limits of the turn (``TokenBudget``).
-    - ``idempotency_key``: enqueueing twice with the same key returns the same turn id.
+    - ``idempotency_key``: enqueueing twice with the same key *for the same agent* returns the
+      same turn id (keys are scoped per agent: two agents using one key get two turns).
     - ``queue``: where the turn's model steps run (``turns``, ``background``, ``workflow``).
     - ``finish_tool``: the tool that must end the turn (``submit_result`` in workflow task turns).
     - ``metadata``: free JSON for the control plane (``workflow_task_id``, ``background_job_id``...).
@@ -96,7 +119,7 @@ class TurnRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    agent_id: str = "agent"
+    agent_id: str = Field(default="agent", pattern=ID_PATTERN)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     model: str | None = None
@@ -115,6 +138,6 @@ class TurnRequest(BaseModel):
     @field_validator("agent_id")
     @classmethod
     def _agent_id(cls, v: str) -> str:
-        if not AGENT_ID.match(v):
-            raise ValueError("agent_id must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ (it names a directory)")
+        if not is_valid_id(v):  # pattern= already ran; this also refuses a trailing newline in Python terms
+            raise ValueError(f"agent_id must match {ID_PATTERN} (it names a directory)")
         return v

@@ -29,7 +29,8 @@ Cluster slot):
 - ``turn:{id}:cancel``: the cancel flag.
 - ``turns:watch`` sorted set: turn id scored by its progress deadline (watchdog).
 - ``turns:finishing`` sorted set: ended turns whose end hooks have not reported done.
-- ``turn-idem:<key>``: idempotency key -> turn id.
+- ``turn-idem:<agent_id>:<key>``: an agent's idempotency key -> turn id (per agent: agent ids
+  cannot contain ``:``, so two agents never share a key).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import redis
 
 from worker.model.items import unanswered_call_ids
 from worker.turn.dispatch import Batch, PlannedCall
-from worker.turn.request import TurnStatus
+from worker.turn.request import TurnRefused, TurnStatus
 from worker.turn.state import CallView, StaleStep, TurnState
 from worker.turn.state import key as _k
 
@@ -160,9 +161,9 @@ class TurnStore:
         """True once the control plane asked to cancel the turn."""
         return bool(self.r.exists(_k(turn_id, "cancel")))
 
-    def find_by_idempotency_key(self, key: str) -> str | None:
-        """The turn id enqueued with this idempotency key, if any."""
-        v = self.r.get(f"turn-idem:{key}")
+    def find_by_idempotency_key(self, agent_id: str, key: str) -> str | None:
+        """The turn id ``agent_id`` enqueued with this idempotency key, if any."""
+        v = self.r.get(f"turn-idem:{agent_id}:{key}")
         return v.decode() if v else None
 
     def agent_turns(self, agent_id: str, limit: int = 50) -> list[str]:
@@ -196,43 +197,63 @@ class TurnStore:
         idempotency_key: str | None = None,
         fields: dict[str, str] | None = None,
     ) -> tuple[str, bool]:
-        """Create the turn (``fields``: extra hash fields, e.g. the ``traceparent``). Returns
-        ``(turn_id, created)``; with an idempotency key already used, returns the existing turn id
-        and ``False``."""
-        if idempotency_key:
-            if not self.r.set(f"turn-idem:{idempotency_key}", turn_id, nx=True, ex=RETENTION_SECONDS):
-                existing = self.find_by_idempotency_key(idempotency_key)
-                if existing:
-                    return existing, False
-        now = time.time()
+        """Create the turn, atomically (``WATCH`` on the turn and the idempotency key);
+        ``fields``: extra hash fields (e.g. the ``traceparent``).
+
+        Returns ``(turn_id, True)`` for a new turn. Returns ``(existing_id, False)``, storing
+        nothing, when the agent already used ``idempotency_key`` (keys are scoped per agent),
+        or when ``turn_id`` already exists *for the same agent* (enqueueing is idempotent on
+        the turn id). Raises ``TurnRefused`` when ``turn_id`` belongs to another agent:
+        nothing is overwritten and nothing of that turn is returned.
+        """
         agent_id = request.get("agent_id", "agent")
-        p = self.r.pipeline(transaction=True)
-        p.hset(
-            _k(turn_id),
-            mapping={
-                "status": TurnStatus.queued.value,
-                "step": 0,
-                "phase": "model",
-                "model_calls": 0,
-                "request": orjson.dumps(request),
-                "agent_id": agent_id,
-                "terminate": "0",
-                "invalid_counts": "{}",
-                "loaded_tools": "[]",
-                "created_at": now,
-                "updated_at": now,
-                "redrives": 0,
-                **(fields or {}),
-            },
-        )
-        if initial_items:
-            p.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in initial_items])
-        p.zadd("turns:watch", {turn_id: now + self.progress_timeout})
-        p.lpush(f"agent:{agent_id}:turns", turn_id)
-        p.ltrim(f"agent:{agent_id}:turns", 0, 499)
-        p.execute()
-        self.event(turn_id, "turn_queued")
-        return turn_id, True
+        key = _k(turn_id)
+        idem = f"turn-idem:{agent_id}:{idempotency_key}" if idempotency_key else None
+
+        def txn(pipe: Any) -> tuple[str, bool]:
+            if idem is not None:
+                existing = pipe.get(idem)
+                if existing:
+                    return existing.decode(), False
+            owner = pipe.hget(key, "agent_id")
+            if owner is not None:
+                if owner.decode() != agent_id:
+                    raise TurnRefused(f"turn id {turn_id!r} is already used by another agent; choose another id")
+                return turn_id, False
+            now = time.time()
+            pipe.multi()
+            if idem is not None:
+                pipe.set(idem, turn_id, ex=RETENTION_SECONDS)
+            pipe.hset(
+                key,
+                mapping={
+                    "status": TurnStatus.queued.value,
+                    "step": 0,
+                    "phase": "model",
+                    "model_calls": 0,
+                    "request": orjson.dumps(request),
+                    "agent_id": agent_id,
+                    "terminate": "0",
+                    "invalid_counts": "{}",
+                    "loaded_tools": "[]",
+                    "created_at": now,
+                    "updated_at": now,
+                    "redrives": 0,
+                    **(fields or {}),
+                },
+            )
+            if initial_items:
+                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in initial_items])
+            pipe.zadd("turns:watch", {turn_id: now + self.progress_timeout})
+            pipe.lpush(f"agent:{agent_id}:turns", turn_id)
+            pipe.ltrim(f"agent:{agent_id}:turns", 0, 499)
+            return turn_id, True
+
+        watched = [key] + ([idem] if idem is not None else [])
+        tid, created = self.r.transaction(txn, *watched, value_from_callable=True)
+        if created:
+            self.event(turn_id, "turn_queued")
+        return tid, created
 
     def _guarded(
         self,

@@ -20,7 +20,10 @@
   ``regex`` package so that each match attempt has a timeout (a
   catastrophically backtracking pattern ends with "pattern too slow").
 
-Every path goes through ``worker.tools.computer.confine.resolve_in_home``. User errors
+The file tools open every path through ``worker.tools.computer.home_fs``
+(component by component from a descriptor of the home; race-free) and
+refuse special files and files with several hard links; ``run_command``'s
+``cwd`` is checked with ``worker.tools.computer.confine.resolve_in_home``. User errors
 (bad paths, missing files, ambiguous edits, special files, names too long
 for the file system) come back as ``ToolResult(is_error=True)`` with a message
 for the model; ``execute`` does not raise for them (an ``OSError`` escaping a

@@ -1,13 +1,11 @@
-"""Shared by the computer tools: error results, labels, and opening only regular files."""
+"""Shared by the computer tools: error results, labels, errno phrases, kinds of special files."""
 
 from __future__ import annotations
 
 import errno
 import functools
-import os
 import stat
-from pathlib import Path
-from typing import IO, Callable
+from typing import Callable
 
 from worker.tooling.contract import ToolResult
 
@@ -91,45 +89,5 @@ def kind(mode: int) -> str:
     return "a special file"
 
 
-def open_regular(path: Path, mode: str = "r", **kwargs: object) -> IO:
-    """Open ``path`` for reading only if it is a regular file; never blocks on a FIFO.
-
-    The file is opened with ``O_NONBLOCK`` (opening a FIFO for reading then
-    returns at once instead of waiting for a writer) and ``O_NOFOLLOW`` on the
-    final component, and the *opened* file is checked with ``fstat``; anything
-    but a regular file raises ``NotRegularFile``. ``mode`` is ``"r"`` or
-    ``"rb"``; ``kwargs`` go to ``os.fdopen``.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(errno.EINVAL, f"{kind(st.st_mode)}, not a regular file")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, mode, **kwargs)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def not_regular_reason(path: Path) -> str | None:
-    """Why an *existing* ``path`` is not a regular file, or ``None`` (regular, or missing)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISREG(st.st_mode):
-        return None
-    return kind(st.st_mode)
-
-
 # Bytes sniffed to tell a binary file (one with a NUL byte) from text.
 BINARY_SNIFF_BYTES = 8192
-
-
-def is_binary(path: Path) -> bool:
-    """True when the first bytes hold a NUL. Raises ``NotRegularFile`` for special files."""
-    with open_regular(path, "rb") as fh:
-        return b"\x00" in fh.read(BINARY_SNIFF_BYTES)

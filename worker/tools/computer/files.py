@@ -1,8 +1,15 @@
-"""The file tools: ``read_file``, ``write_file``, ``edit_file`` and ``list_files``, confined to the agent home."""
+"""The file tools: ``read_file``, ``write_file``, ``edit_file`` and ``list_files``, confined to the agent home.
+
+Every path is opened through ``home_fs.HomeDir`` (component by component from
+a descriptor of the home, symlinks followed only while they stay inside) and
+the tools act on that descriptor only: read and edit through it, write
+through it after ``fstat`` says it is a regular file with one link, list
+with ``os.scandir(fd)`` and ``home_fs.walk``. Writes are in place (truncate,
+then write), as before.
+"""
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from pathlib import Path
@@ -11,18 +18,9 @@ from pydantic import BaseModel, Field
 
 from worker.settings import Settings
 from worker.tooling.contract import ToolContext, ToolResult
-from worker.tools.computer.common import (
-    NotRegularFile,
-    count_lines,
-    fail,
-    is_binary,
-    kind,
-    not_regular_reason,
-    open_regular,
-    os_reason,
-    plural,
-)
-from worker.tools.computer.confine import ConfinementError, display_path, is_inside_home, resolve_in_home
+from worker.tools.computer.common import BINARY_SNIFF_BYTES, NotRegularFile, count_lines, fail, os_reason, plural
+from worker.tools.computer.confine import ConfinementError
+from worker.tools.computer.home_fs import HomeDir, Opened, read_fd, require_lone_regular, walk
 
 # Reads: default/maximum lines per call, longest line kept, bytes sniffed for binary.
 READ_DEFAULT_LINES = 2000
@@ -52,48 +50,61 @@ class ReadFileParams(BaseModel):
     line_numbers: bool = Field(True, description="Prefix each line with its number.")
 
 
-def _read_file(params: ReadFileParams, ctx: ToolContext, settings: Settings) -> ToolResult:
+def _open(
+    home: Path, path: str, verb: str, missing: str, flags: int = os.O_RDONLY, **kw: object
+) -> Opened | ToolResult:
+    """Open ``path`` race-free in the home, or the error result for the usual refusals."""
     try:
-        path = resolve_in_home(ctx.home, params.path)
+        with HomeDir(home) as hd:
+            return hd.open(path, flags, **kw)  # type: ignore[arg-type]
     except ConfinementError as exc:
         return fail(str(exc))
-    shown = display_path(ctx.home, path)
-    if not path.exists():
-        return fail(f"{shown}: no such file")
-    if path.is_dir():
-        return fail(f"{shown} is a directory; use list_files")
-    special = not_regular_reason(path)
-    if special:
-        return fail(f"{shown} is {special}, not a regular file; not read")
-    try:
-        if is_binary(path):
-            return fail(f"{shown} looks like a binary file; not shown")
-        char_cap = settings.max_output_chars
-        out: list[str] = []
-        size = 0
-        last = params.offset - 1
-        total = 0
-        stopped_at_cap = False
-        end = params.offset + params.limit - 1
-        with open_regular(path, "r", encoding="utf-8", errors="replace", newline=None) as fh:
-            for n, line in enumerate(fh, start=1):
-                total = n
-                if n < params.offset or n > end or stopped_at_cap:
-                    continue
-                text = line.rstrip("\n")
-                if len(text) > READ_MAX_LINE_CHARS:
-                    text = text[:READ_MAX_LINE_CHARS] + f" [... line cut at {READ_MAX_LINE_CHARS} chars]"
-                rendered = f"{n:>6}\t{text}" if params.line_numbers else text
-                if size + len(rendered) + 1 > char_cap and out:
-                    stopped_at_cap = True
-                    continue
-                out.append(rendered)
-                size += len(rendered) + 1
-                last = n
+    except FileNotFoundError as exc:
+        return fail(f"{exc.filename}: {missing}")
     except NotRegularFile as exc:
-        return fail(f"{shown} is {exc.strerror}; not read")
-    except OSError as exc:
-        return fail(f"{shown}: cannot read ({os_reason(exc)})")
+        return fail(f"{exc.filename} is {exc.strerror}; not {verb}")
+
+
+def _read_file(params: ReadFileParams, ctx: ToolContext, settings: Settings) -> ToolResult:
+    opened = _open(ctx.home, params.path, "read", "no such file")
+    if isinstance(opened, ToolResult):
+        return opened
+    with opened:
+        shown = opened.rel
+        if stat.S_ISDIR(opened.st.st_mode):
+            return fail(f"{shown} is a directory; use list_files")
+        try:
+            require_lone_regular(opened.st, shown)
+        except NotRegularFile as exc:
+            return fail(f"{shown} is {exc.strerror}; not read")
+        try:
+            if b"\x00" in os.pread(opened.fd, BINARY_SNIFF_BYTES, 0):
+                return fail(f"{shown} looks like a binary file; not shown")
+            char_cap = settings.max_output_chars
+            out: list[str] = []
+            size = 0
+            last = params.offset - 1
+            total = 0
+            stopped_at_cap = False
+            end = params.offset + params.limit - 1
+            # Read through the descriptor that was checked (a duplicate, so ``opened`` still owns its own).
+            with os.fdopen(os.dup(opened.fd), "r", encoding="utf-8", errors="replace", newline=None) as fh:
+                for n, line in enumerate(fh, start=1):
+                    total = n
+                    if n < params.offset or n > end or stopped_at_cap:
+                        continue
+                    text = line.rstrip("\n")
+                    if len(text) > READ_MAX_LINE_CHARS:
+                        text = text[:READ_MAX_LINE_CHARS] + f" [... line cut at {READ_MAX_LINE_CHARS} chars]"
+                    rendered = f"{n:>6}\t{text}" if params.line_numbers else text
+                    if size + len(rendered) + 1 > char_cap and out:
+                        stopped_at_cap = True
+                        continue
+                    out.append(rendered)
+                    size += len(rendered) + 1
+                    last = n
+        except OSError as exc:
+            return fail(f"{shown}: cannot read ({os_reason(exc)})")
     lines_read = len(out)
     details = {"path": shown, "lines_read": lines_read, "total_lines": total, "first_line": params.offset}
     if total == 0:
@@ -120,34 +131,13 @@ def _describe_read_done(p: ReadFileParams, r: ToolResult) -> str:
 # --------------------------------------------------------------------------- write_file / edit_file
 
 
-def _write_text(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` without following a symlink at the final component.
-
-    Only a regular file (new or existing) is written: the open is
-    non-blocking (a FIFO without a reader fails at once instead of hanging)
-    and the opened file is checked with ``fstat`` before anything is written;
-    otherwise ``NotRegularFile`` is raised. ``O_TRUNC`` is applied only after
-    that check, so a special file is never truncated.
-    """
-    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a FIFO with no reader
-            raise NotRegularFile(errno.ENXIO, "a FIFO (named pipe), not a regular file") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(errno.EINVAL, f"{kind(st.st_mode)}, not a regular file")
-        os.set_blocking(fd, True)
-        os.ftruncate(fd, 0)
-        fh = os.fdopen(fd, "w", encoding="utf-8", newline="")
-    except BaseException:
-        os.close(fd)
-        raise
-    with fh:
-        fh.write(text)
+def _replace_content(fd: int, data: bytes) -> None:
+    """Replace the whole content of the (checked, regular) file open on ``fd`` with ``data``."""
+    os.ftruncate(fd, 0)
+    view = memoryview(data)
+    offset = 0
+    while offset < len(view):
+        offset += os.pwrite(fd, view[offset:], offset)
 
 
 class WriteFileParams(BaseModel):
@@ -159,26 +149,24 @@ class WriteFileParams(BaseModel):
 
 def _write_file(params: WriteFileParams, ctx: ToolContext) -> ToolResult:
     try:
-        path = resolve_in_home(ctx.home, params.path)
-    except ConfinementError as exc:
-        return fail(str(exc))
-    shown = display_path(ctx.home, path)
-    if path.is_dir():
-        return fail(f"{shown} is a directory")
-    special = not_regular_reason(path)
-    if special:
-        return fail(f"{shown} is {special}, not a regular file; not written")
-    try:
-        existed = path.exists()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # mkdir followed no symlink out (the resolved parent is real), but re-check the result.
-        if not is_inside_home(ctx.home, path.parent):
-            return fail(f"{params.path} resolves outside the agent home; refused")
-        _write_text(path, params.content)
-    except NotRegularFile as exc:
-        return fail(f"{shown} is {exc.strerror}; not written")
-    except OSError as exc:
-        return fail(f"{shown}: cannot write ({os_reason(exc)})")
+        opened = _open(ctx.home, params.path, "written", "no such file", os.O_WRONLY | os.O_CREAT, create_dirs=True)
+    except IsADirectoryError as exc:
+        return fail(f"{exc.filename} is a directory")
+    except NotADirectoryError as exc:
+        return fail(f"{exc.filename}: a parent of the path is not a directory")
+    if isinstance(opened, ToolResult):
+        return opened
+    with opened:
+        shown = opened.rel
+        existed = not opened.created
+        try:
+            # Checked before truncating: a special or hard-linked file is left as it was.
+            require_lone_regular(opened.st, shown)
+            _replace_content(opened.fd, params.content.encode("utf-8"))
+        except NotRegularFile as exc:
+            return fail(f"{shown} is {exc.strerror}; not written")
+        except OSError as exc:
+            return fail(f"{shown}: cannot write ({os_reason(exc)})")
     lines = count_lines(params.content)
     size = len(params.content.encode("utf-8"))
     verb = "Overwrote" if existed else "Created"
@@ -209,46 +197,46 @@ class EditFileParams(BaseModel):
 
 def _edit_file(params: EditFileParams, ctx: ToolContext) -> ToolResult:
     try:
-        path = resolve_in_home(ctx.home, params.path)
-    except ConfinementError as exc:
-        return fail(str(exc))
-    shown = display_path(ctx.home, path)
-    if not path.is_file():
-        if not path.exists():
-            return fail(f"{shown}: no such file")
-        return fail(f"{shown} is {not_regular_reason(path) or 'a special file'}, not a regular file; not edited")
-    if params.old_string == params.new_string:
-        return fail("old_string and new_string are identical; nothing to change")
-    try:
-        if is_binary(path):
+        opened = _open(ctx.home, params.path, "edited", "no such file", os.O_RDWR)
+    except IsADirectoryError as exc:
+        return fail(f"{exc.filename} is a directory, not a regular file; not edited")
+    if isinstance(opened, ToolResult):
+        return opened
+    with opened:
+        shown = opened.rel
+        try:
+            require_lone_regular(opened.st, shown)
+        except NotRegularFile as exc:
+            return fail(f"{shown} is {exc.strerror}; not edited")
+        if params.old_string == params.new_string:
+            return fail("old_string and new_string are identical; nothing to change")
+        try:
+            data = read_fd(opened.fd)
+        except OSError as exc:
+            return fail(f"{shown}: cannot read ({os_reason(exc)})")
+        if b"\x00" in data[:BINARY_SNIFF_BYTES]:
             return fail(f"{shown} looks like a binary file; not edited")
-        with open_regular(path, "r", encoding="utf-8", newline="") as fh:  # newline="": keep CRLF as is
-            text = fh.read()
-    except UnicodeDecodeError:
-        return fail(f"{shown} is not valid UTF-8 text; not edited")
-    except NotRegularFile as exc:
-        return fail(f"{shown} is {exc.strerror}; not edited")
-    except OSError as exc:
-        return fail(f"{shown}: cannot read ({os_reason(exc)})")
-    count = text.count(params.old_string)
-    if count == 0:
-        return fail(f"old_string was not found in {shown}; read the file and copy the text exactly")
-    if count > 1 and not params.replace_all:
-        return fail(
-            f"old_string occurs {count} times in {shown}; include more surrounding text to make it "
-            f"unique, or set replace_all=true"
+        try:
+            text = data.decode("utf-8")  # bytes as they are: CRLF stays CRLF
+        except UnicodeDecodeError:
+            return fail(f"{shown} is not valid UTF-8 text; not edited")
+        count = text.count(params.old_string)
+        if count == 0:
+            return fail(f"old_string was not found in {shown}; read the file and copy the text exactly")
+        if count > 1 and not params.replace_all:
+            return fail(
+                f"old_string occurs {count} times in {shown}; include more surrounding text to make it "
+                f"unique, or set replace_all=true"
+            )
+        new_text = (
+            text.replace(params.old_string, params.new_string)
+            if params.replace_all
+            else text.replace(params.old_string, params.new_string, 1)
         )
-    new_text = (
-        text.replace(params.old_string, params.new_string)
-        if params.replace_all
-        else text.replace(params.old_string, params.new_string, 1)
-    )
-    try:
-        _write_text(path, new_text)
-    except NotRegularFile as exc:
-        return fail(f"{shown} is {exc.strerror}; not edited")
-    except OSError as exc:
-        return fail(f"{shown}: cannot write ({os_reason(exc)})")
+        try:
+            _replace_content(opened.fd, new_text.encode("utf-8"))  # the same descriptor that was read and checked
+        except OSError as exc:
+            return fail(f"{shown}: cannot write ({os_reason(exc)})")
     replaced = count if params.replace_all else 1
     return ToolResult(
         content=f"Edited {shown}: {plural(replaced, 'replacement')}", details={"path": shown, "replacements": replaced}
@@ -279,28 +267,28 @@ class ListFilesParams(BaseModel):
     )
 
 
-def _entry_line(home: Path, full: Path, rel: str) -> str:
+def _entry_line(hd: HomeDir, dir_fd: int, name: str, rel: str, from_home: str) -> str:
+    """One listing line; ``rel`` is shown, ``from_home`` locates the entry for the symlink check."""
     try:
-        if full.is_symlink():
-            target = os.readlink(full)
-            where = "" if is_inside_home(home, full) else " (outside the home: not accessible)"
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(name, dir_fd=dir_fd)
+            where = "" if hd.leads_inside(from_home) else " (outside the home: not accessible)"
             return f"{rel} -> {target}{where}"
-        if full.is_dir():
+        if stat.S_ISDIR(st.st_mode):
             return rel + "/"
-        return f"{rel}  ({full.stat().st_size:,} bytes)"
+        return f"{rel}  ({st.st_size:,} bytes)"
     except OSError:
         return rel
 
 
 def _list_files(params: ListFilesParams, ctx: ToolContext) -> ToolResult:
-    try:
-        root = resolve_in_home(ctx.home, params.path)
-    except ConfinementError as exc:
-        return fail(str(exc))
-    shown = display_path(ctx.home, root)
-    if not root.exists():
-        return fail(f"{shown}: no such directory")
-    if not root.is_dir():
+    opened = _open(ctx.home, params.path, "listed", "no such directory")
+    if isinstance(opened, ToolResult):
+        return opened
+    shown = opened.rel
+    if not stat.S_ISDIR(opened.st.st_mode):
+        opened.close()
         return fail(f"{shown} is a file, not a directory; use read_file")
     lines: list[str] = []
     truncated = False
@@ -308,27 +296,30 @@ def _list_files(params: ListFilesParams, ctx: ToolContext) -> ToolResult:
     def visible(name: str) -> bool:
         return params.include_hidden or not name.startswith(".")
 
+    def under(rel: str) -> str:
+        return rel if shown == "." else f"{shown}/{rel}"
+
     try:
-        if params.recursive:
-            for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-                dirnames[:] = sorted(d for d in dirnames if visible(d) and d not in SKIP_DIRS)
-                base = Path(dirpath)
-                for name in sorted(dirnames + [f for f in filenames if visible(f)]):
+        with opened, HomeDir(ctx.home) as hd:
+            if params.recursive:
+                for rel_dir, dir_fd, dirnames, others in walk(opened):
+                    dirnames[:] = [d for d in dirnames if visible(d) and d not in SKIP_DIRS]
+                    for name in sorted(dirnames + [f for f in others if visible(f)]):
+                        if len(lines) >= params.max_entries:
+                            truncated = True
+                            break
+                        rel = f"{rel_dir}/{name}" if rel_dir else name
+                        lines.append(_entry_line(hd, dir_fd, name, rel, under(rel)))
+                    if truncated:
+                        break
+            else:
+                with os.scandir(opened.fd) as it:
+                    names = sorted(e.name for e in it if visible(e.name))
+                for name in names:
                     if len(lines) >= params.max_entries:
                         truncated = True
                         break
-                    full = base / name
-                    lines.append(_entry_line(ctx.home, full, str(full.relative_to(root))))
-                if truncated:
-                    break
-        else:
-            with os.scandir(root) as it:
-                names = sorted(e.name for e in it if visible(e.name))
-            for name in names:
-                if len(lines) >= params.max_entries:
-                    truncated = True
-                    break
-                lines.append(_entry_line(ctx.home, root / name, name))
+                    lines.append(_entry_line(hd, opened.fd, name, name, under(name)))
     except OSError as exc:
         return fail(f"{shown}: cannot list ({os_reason(exc)})")
     header = f"{shown}/" if shown != "." else "./ (agent home)"

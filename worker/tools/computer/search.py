@@ -1,19 +1,30 @@
-"""The ``search_files`` tool: regex or literal search under a path of the agent home, each match attempt timed."""
+"""The ``search_files`` tool: regex or literal search under a path of the agent home, each match attempt timed.
+
+The path is opened with ``home_fs.HomeDir``; directories are walked by
+descriptors (``home_fs.walk``) and each file is opened relative to its
+directory's descriptor with ``O_NOFOLLOW``. A symlink met on the way is
+searched only if it resolves inside the home; special files, files with
+several hard links, binary files and files over ``SEARCH_MAX_FILE_BYTES``
+are skipped.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fnmatch
 import os
+import stat
 import time
-from pathlib import Path
 from typing import Iterator
 
 import regex
 from pydantic import BaseModel, Field
 
 from worker.tooling.contract import ToolContext, ToolResult
-from worker.tools.computer.common import fail, is_binary, open_regular, short
-from worker.tools.computer.confine import ConfinementError, display_path, is_inside_home, resolve_in_home
+from worker.tools.computer.common import BINARY_SNIFF_BYTES, NotRegularFile, fail, short
+from worker.tools.computer.confine import ConfinementError
+from worker.tools.computer.home_fs import HardLinkedFile, HomeDir, Opened, require_lone_regular, walk
 
 # Listing and search caps.
 LIST_DEFAULT_ENTRIES = 200
@@ -44,42 +55,105 @@ class SearchFilesParams(BaseModel):
     )
 
 
-def _iter_search_files(root: Path, glob: str | None) -> Iterator[Path]:
-    if root.is_file():
-        yield root
-        return
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        for name in sorted(filenames):
-            full = Path(dirpath) / name
-            if glob:
-                rel = str(full.relative_to(root))
-                if not (fnmatch.fnmatch(name, glob) or fnmatch.fnmatch(rel, glob)):
-                    continue
-            yield full
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _open_searchable(hd: HomeDir, dir_fd: int, name: str, from_home: str) -> Opened | None:
+    """Open one file met by the walk, or ``None`` to skip it.
+
+    A plain name is opened relative to its directory's descriptor with
+    ``O_NOFOLLOW``; a symlink is resolved from the home (skipped if it leads
+    out). Then ``_keep`` decides.
+    """
+    try:
+        try:
+            fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                return None
+            return _keep(hd.open(from_home))  # a symlink: followed only while it stays inside
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            raise
+        return _keep(Opened(fd, from_home, st))
+    except (ValueError, OSError):
+        return None
+
+
+def _keep(opened: Opened) -> Opened | None:
+    """``opened`` (made blocking) if it is a lone regular file, not too big, not binary; else close it."""
+    try:
+        require_lone_regular(opened.st, opened.rel)
+        if opened.st.st_size > SEARCH_MAX_FILE_BYTES or b"\x00" in os.pread(opened.fd, BINARY_SNIFF_BYTES, 0):
+            raise NotRegularFile(errno.EINVAL, "skipped")
+        os.set_blocking(opened.fd, True)
+    except OSError:
+        opened.close()
+        return None
+    return opened
+
+
+def _candidates(root: Opened, glob: str | None) -> Iterator[tuple[int, str, str]]:
+    """``(dir_fd, name, rel)`` of each file under the directory ``root``, by descriptors (``home_fs.walk``)."""
+    for rel_dir, dir_fd, dirnames, others in walk(root):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+        for name in others:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if glob and not (fnmatch.fnmatch(name, glob) or fnmatch.fnmatch(rel, glob)):
+                continue
+            yield dir_fd, name, rel
 
 
 def _search_files(params: SearchFilesParams, ctx: ToolContext) -> ToolResult:
-    try:
-        root = resolve_in_home(ctx.home, params.path)
-    except ConfinementError as exc:
-        return fail(str(exc))
-    shown = display_path(ctx.home, root)
-    if not root.exists():
-        return fail(f"{shown}: no such file or directory")
     flags = regex.VERSION0 if params.case_sensitive else regex.VERSION0 | regex.IGNORECASE
     source = regex.escape(params.pattern) if params.literal else params.pattern
     try:
-        rx = regex.compile(source, flags)
-    except (regex.error, ValueError, TypeError, OverflowError, RecursionError) as exc:
-        return fail(f"invalid regular expression {params.pattern!r}: {exc}; set literal=true for plain text")
+        with HomeDir(ctx.home) as hd:
+            try:
+                root: Opened | str = hd.open(params.path)
+            except NotRegularFile as exc:  # a FIFO, socket or device: nothing to search in
+                root = exc.filename or hd.rel(params.path)
+            with contextlib.ExitStack() as stack:
+                if isinstance(root, Opened):
+                    stack.enter_context(root)
+                    if stat.S_ISREG(root.st.st_mode) and root.st.st_nlink > 1:
+                        try:
+                            require_lone_regular(root.st, root.rel)
+                        except HardLinkedFile as exc:
+                            return fail(f"{root.rel} is {exc.strerror}; not searched")
+                shown = root.rel if isinstance(root, Opened) else root
+                try:
+                    rx = regex.compile(source, flags)
+                except (regex.error, ValueError, TypeError, OverflowError, RecursionError) as exc:
+                    return fail(
+                        f"invalid regular expression {params.pattern!r}: {exc}; set literal=true for plain text"
+                    )
+                return _run_search(params, ctx, hd, root, shown, rx)
+    except ConfinementError as exc:
+        return fail(str(exc))
+    except FileNotFoundError as exc:
+        return fail(f"{exc.filename}: no such file or directory")
+
+
+def _run_search(
+    params: SearchFilesParams, ctx: ToolContext, hd: HomeDir, root: Opened | str, shown: str, rx: regex.Pattern
+) -> ToolResult:
     results: list[str] = []
     files_with_matches = 0
     files_searched = 0
     truncated = False
     timed_out = False
     deadline = time.monotonic() + SEARCH_TIME_BUDGET
-    for full in _iter_search_files(root, params.glob):
+    prefix = "" if shown == "." else f"{shown}/"
+    if not isinstance(root, Opened):
+        files: Iterator[tuple[int, str, str]] = iter(())
+    elif stat.S_ISDIR(root.st.st_mode):
+        files = _candidates(root, params.glob)
+    else:
+        files = iter([(-1, "", shown)])
+    for dir_fd, name, rel in files:
         if truncated or timed_out:
             break
         if ctx.abort.aborted:
@@ -87,17 +161,19 @@ def _search_files(params: SearchFilesParams, ctx: ToolContext) -> ToolResult:
         if time.monotonic() > deadline:
             timed_out = True
             break
+        if dir_fd < 0:  # the root is the file itself
+            assert isinstance(root, Opened)
+            label = shown
+            opened = _keep(Opened(os.dup(root.fd), shown, root.st))
+        else:
+            label = prefix + rel
+            opened = _open_searchable(hd, dir_fd, name, label)
+        if opened is None:
+            continue
         try:
-            if full.is_symlink() and not is_inside_home(ctx.home, full):
-                continue  # never read through a symlink that leaves the home
-            if not full.is_file() or full.stat().st_size > SEARCH_MAX_FILE_BYTES or is_binary(full):
-                continue
             files_searched += 1
             matched_here = False
-            rel = str(full.relative_to(root)) if root.is_dir() else display_path(ctx.home, full)
-            if root.is_dir() and shown != ".":
-                rel = f"{shown}/{rel}"
-            with open_regular(full, "r", encoding="utf-8", errors="replace") as fh:
+            with opened, os.fdopen(os.dup(opened.fd), "r", encoding="utf-8", errors="replace") as fh:
                 for n, line in enumerate(fh, start=1):
                     if ctx.abort.aborted:
                         return fail("search cancelled: the turn was aborted")
@@ -116,7 +192,7 @@ def _search_files(params: SearchFilesParams, ctx: ToolContext) -> ToolResult:
                             break
                         return fail(
                             f"pattern too slow; simplify it: {params.pattern!r} took more than "
-                            f"{SEARCH_PATTERN_TIMEOUT:g}s on one line ({rel}:{n}); avoid nested "
+                            f"{SEARCH_PATTERN_TIMEOUT:g}s on one line ({label}:{n}); avoid nested "
                             f"repetition like (a+)+ or use literal=true",
                             path=shown,
                             pattern_timeout=True,
@@ -126,7 +202,7 @@ def _search_files(params: SearchFilesParams, ctx: ToolContext) -> ToolResult:
                         text = line.rstrip("\n")
                         if len(text) > SEARCH_MAX_LINE_CHARS:
                             text = text[:SEARCH_MAX_LINE_CHARS] + " […]"
-                        results.append(f"{rel}:{n}: {text}")
+                        results.append(f"{label}:{n}: {text}")
                         if len(results) >= params.max_results:
                             truncated = True
                             break

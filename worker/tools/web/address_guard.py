@@ -1,14 +1,16 @@
 """Address checks for outbound fetches (SSRF guard).
 
 The rule (OWASP SSRF prevention; cloud metadata endpoints per AWS/GCP/Azure
-docs): a fetch may only reach globally routable unicast addresses. Refused:
-loopback, private (RFC 1918, ULA ``fc00::/7``), link-local (``169.254/16``,
-``fe80::/10``), CGNAT (``100.64/10``), multicast, reserved, unspecified,
-documentation/benchmark ranges, and the cloud metadata addresses
-``169.254.169.254``, ``fd00:ec2::254`` and ``100.100.100.200`` (each also
-falls in a refused range). IPv4 embedded in IPv6 (mapped ``::ffff:a.b.c.d``,
-NAT64 ``64:ff9b::/96``, 6to4 ``2002::/16``, Teredo) is judged by the
-embedded IPv4 address.
+docs): a fetch may only reach globally routable unicast addresses. The deny
+list is explicit (``SPECIAL_PURPOSE_V4`` / ``SPECIAL_PURPOSE_V6``): every block
+of the IANA IPv4 and IPv6 Special-Purpose Address Registries, plus multicast,
+IPv6 site-local and everything outside IPv6 global unicast ``2000::/3``;
+Python's ``ipaddress`` flags stay as a last net only (they miss ``fec0::/10``,
+``192.0.0.8`` and ``192.88.99.0/24``, issue 9). The cloud metadata addresses
+``169.254.169.254``, ``fd00:ec2::254`` and ``100.100.100.200`` get their own
+reason. IPv4 embedded in IPv6 (mapped ``::ffff:0:0/96``, NAT64 ``64:ff9b::/96``,
+6to4 ``2002::/16``) is judged by the embedded IPv4 address; Teredo
+(``2001::/32``) is refused as part of ``2001::/23``.
 
 The checks run *after* DNS resolution and at connect time:
 ``GuardedNetworkBackend`` resolves the host, refuses if *any* resolved address
@@ -40,12 +42,81 @@ import httpx
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200"))
-CGNAT = ipaddress.ip_network("100.64.0.0/10")
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+# Sources: IANA IPv4 Special-Purpose Address Registry
+# (https://www.iana.org/assignments/iana-ipv4-special-registry/, RFC 6890 and later updates),
+# IANA IPv4 Multicast Address Space Registry (224.0.0.0/4). Every block is refused, also the
+# few the registry marks globally reachable (AS112, AMT, PCP/TURN anycast): no page lives there.
+# More specific blocks come first so the reason names them.
+SPECIAL_PURPOSE_V4: tuple[tuple[ipaddress.IPv4Network, str], ...] = tuple(
+    (ipaddress.IPv4Network(net), reason)
+    for net, reason in (
+        ("0.0.0.0/8", "an unspecified (this network) address"),  # RFC 791, 0.0.0.0/32 included
+        ("10.0.0.0/8", "a private address"),  # RFC 1918
+        ("100.64.0.0/10", "a carrier-grade NAT (shared) address"),  # RFC 6598
+        ("127.0.0.0/8", "a loopback address"),  # RFC 1122
+        ("169.254.0.0/16", "a link-local address"),  # RFC 3927
+        ("172.16.0.0/12", "a private address"),  # RFC 1918
+        (
+            "192.0.0.0/24",
+            "an IETF protocol assignment (192.0.0.0/24)",
+        ),  # RFC 6890: DS-Lite, 192.0.0.8 dummy, NAT64 discovery...
+        ("192.0.2.0/24", "a documentation address (TEST-NET-1)"),  # RFC 5737
+        ("192.31.196.0/24", "an AS112 address"),  # RFC 7535
+        ("192.52.193.0/24", "an AMT address"),  # RFC 7450
+        ("192.88.99.0/24", "a deprecated 6to4 relay anycast address"),  # RFC 7526
+        ("192.168.0.0/16", "a private address"),  # RFC 1918
+        ("192.175.48.0/24", "an AS112 direct delegation address"),  # RFC 7534
+        ("198.18.0.0/15", "a benchmarking address"),  # RFC 2544
+        ("198.51.100.0/24", "a documentation address (TEST-NET-2)"),  # RFC 5737
+        ("203.0.113.0/24", "a documentation address (TEST-NET-3)"),  # RFC 5737
+        ("224.0.0.0/4", "a multicast address"),  # RFC 5771
+        ("255.255.255.255/32", "the limited broadcast address"),  # RFC 919
+        ("240.0.0.0/4", "a reserved address"),  # RFC 1112
+    )
+)
+
+# Sources: IANA IPv6 Special-Purpose Address Registry
+# (https://www.iana.org/assignments/iana-ipv6-special-registry/), IANA IPv6 Address Space
+# (fec0::/10 deprecated site-local, RFC 3879; ff00::/8 multicast, RFC 4291). The blocks that
+# embed an IPv4 address (::ffff:0:0/96, 64:ff9b::/96, 2002::/16) are judged by that address
+# before this table is read.
+SPECIAL_PURPOSE_V6: tuple[tuple[ipaddress.IPv6Network, str], ...] = tuple(
+    (ipaddress.IPv6Network(net), reason)
+    for net, reason in (
+        ("::/128", "an unspecified address"),  # RFC 4291
+        ("::1/128", "a loopback address"),  # RFC 4291
+        ("::/96", "a deprecated IPv4-compatible address"),  # RFC 4291
+        ("64:ff9b:1::/48", "a local-use IPv4/IPv6 translation address"),  # RFC 8215
+        ("100::/64", "a discard-only address"),  # RFC 6666
+        ("100:0:0:1::/64", "a dummy IPv6 prefix address"),  # RFC 9780
+        ("2001::/32", "a Teredo address"),  # RFC 4380
+        ("2001::/23", "an IETF protocol assignment (2001::/23)"),  # RFC 2928: PCP, TURN, benchmarking, AMT, ORCHID...
+        ("2001:db8::/32", "a documentation address"),  # RFC 3849
+        ("2620:4f:8000::/48", "an AS112 direct delegation address"),  # RFC 7534
+        ("3fff::/20", "a documentation address"),  # RFC 9637
+        ("5f00::/16", "a segment routing (SRv6) SID address"),  # RFC 9602
+        ("fc00::/7", "a private (unique local) address"),  # RFC 4193
+        ("fe80::/10", "a link-local address"),  # RFC 4291
+        ("fec0::/10", "a deprecated site-local address"),  # RFC 3879
+        ("ff00::/8", "a multicast address"),  # RFC 4291
+    )
+)
+GLOBAL_UNICAST_V6 = ipaddress.IPv6Network("2000::/3")  # RFC 4291: the only global unicast space allocated
 
 
 class BlockedAddressError(ValueError):
     """A fetch target that resolves to an address the guard refuses. The message names host, address and reason."""
+
+
+def _embedded_ipv4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address inside a mapped, NAT64 (well-known prefix) or 6to4 IPv6 address."""
+    if addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    if addr in NAT64:
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    return addr.sixtofour
 
 
 def block_reason(ip: str | IPAddress, *, allow_loopback: bool = False) -> str | None:
@@ -58,31 +129,22 @@ def block_reason(ip: str | IPAddress, *, allow_loopback: bool = False) -> str | 
     if isinstance(addr, ipaddress.IPv6Address):
         if addr.scope_id:
             return "a scoped IPv6 address"
-        embedded = addr.ipv4_mapped or addr.sixtofour
-        if embedded is None and addr.teredo:
-            embedded = addr.teredo[1]
-        if embedded is None and addr in NAT64:
-            embedded = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+        embedded = _embedded_ipv4(addr)
         if embedded is not None:
             inner = block_reason(embedded, allow_loopback=allow_loopback)
             return f"{inner} (embedded in IPv6)" if inner else None
     if addr in METADATA_ADDRESSES:
         return "the cloud metadata address"
-    if addr.is_unspecified:
-        return "an unspecified address"
-    if addr.is_loopback:
-        return None if allow_loopback else "a loopback address"
-    if addr.is_link_local:
-        return "a link-local address"
-    if addr.is_multicast:
-        return "a multicast address"
-    if isinstance(addr, ipaddress.IPv4Address) and addr in CGNAT:
-        return "a carrier-grade NAT (shared) address"
-    if addr.is_private:
-        return "a private address"
-    if addr.is_reserved:
-        return "a reserved address"
-    if not addr.is_global:
+    if addr.is_loopback and allow_loopback:
+        return None
+    table = SPECIAL_PURPOSE_V6 if isinstance(addr, ipaddress.IPv6Address) else SPECIAL_PURPOSE_V4
+    for net, reason in table:
+        if addr in net:
+            return reason
+    if isinstance(addr, ipaddress.IPv6Address) and addr not in GLOBAL_UNICAST_V6:
+        return "not a global unicast address (outside 2000::/3)"
+    # Last net: Python's tables (a newer interpreter may know a block this list does not).
+    if addr.is_private or addr.is_reserved or addr.is_link_local or addr.is_multicast or not addr.is_global:
         return "a non-global address"
     return None
 

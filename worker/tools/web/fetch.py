@@ -22,6 +22,7 @@ from worker.tools.web.common import (
     size_label,
     url_label,
 )
+from worker.tools.web.decoding import ACCEPT_ENCODING, BoundedDecoder, ContentEncodingError, parse_content_encoding
 
 # --------------------------------------------------------------------------- web_fetch
 
@@ -108,7 +109,11 @@ def _fetch_in_thread(run: _FetchRun, transport: GuardedTransport, settings: Sett
             transport=transport,
             follow_redirects=False,
             trust_env=False,
-            headers={"User-Agent": USER_AGENT, "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5"},
+            headers={
+                "User-Agent": USER_AGENT,
+                "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5",
+                "Accept-Encoding": ACCEPT_ENCODING,
+            },
         ) as client:
             while True:
                 _check_url(url, allow_loopback)  # before any connection (the transport checks again)
@@ -146,24 +151,40 @@ def _fetch_in_thread(run: _FetchRun, transport: GuardedTransport, settings: Sett
                             url=final_url,
                         )
                         return
+                    try:
+                        decoder = BoundedDecoder(parse_content_encoding(resp.headers.get("content-encoding")))
+                    except ContentEncodingError as exc:
+                        run.error = fail(f"{url_label(final_url)}: {exc}; not fetched", status=status, url=final_url)
+                        return
                     with run.lock:
                         run.status = status
                         run.content_type = content_type
                         run.charset = resp.charset_encoding
                         run.final_url = final_url
                         run.headers_done = True
-                    for chunk in resp.iter_bytes():
-                        with run.lock:
-                            if run.stop:
-                                return
-                            run.body += chunk
-                            if len(run.body) >= cap:
-                                del run.body[cap:]
+                    # Raw bytes, decoded here with a bound per stage: httpx's own decoding of
+                    # stacked encodings is unbounded per chunk (decompression bomb, issue 9).
+                    raw_seen = 0
+                    for raw in resp.iter_raw():
+                        raw_seen += len(raw)
+                        for piece in decoder.feed(raw):
+                            with run.lock:
+                                if run.stop:
+                                    return
+                                run.body += piece
+                                if len(run.body) >= cap:
+                                    del run.body[cap:]
+                                    run.truncated = True
+                                    return
+                        if raw_seen >= cap:  # a body that decodes to (almost) nothing is capped too
+                            with run.lock:
                                 run.truncated = True
-                                return
+                            return
                     return
     except BlockedAddressError as exc:
         run.error = fail(str(exc), redirects=list(run.redirects))
+    except ContentEncodingError as exc:
+        run.error = fail(f"could not decode {url_label(str(url))}: {exc}", redirects=list(run.redirects))
     except httpx.TimeoutException:
         run.timed_out = True
     except httpx.HTTPError as exc:

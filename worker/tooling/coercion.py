@@ -1,0 +1,168 @@
+"""The one coercion rule, the same for pydantic and raw-schema tools.
+
+A value is coerced only where the tool's own schema cannot take it as sent,
+only to the JSON value the text spells, and each coercion is recorded as
+``coerced:<field>``:
+
+- a string that is exactly a JSON number (``"890"``, ``"-1.5"``, ``"2e3"``)
+  where the schema takes ``integer`` or ``number`` and no string: the number
+  (an integer only for an integer spelling, or a number whose value is whole
+  where only ``integer`` is allowed); a spelling that a float cannot hold
+  exactly (``"0.1000000000000000000001"``) is left alone;
+- ``"true"`` / ``"false"`` (exactly) where the schema takes ``boolean`` and no
+  string: the boolean;
+- a number with a zero fraction (``3.0``) where the schema takes ``integer``
+  and not ``number``: the integer (JSON Schema already counts it as one, a
+  strict pydantic ``int`` does not).
+
+Nothing else: no ``"yes"``/``1`` to booleans, no numbers to strings, no
+``"null"`` to null, no trimming. Pydantic tools validate in strict mode
+(``worker.tooling.param_validation``), so lax-mode conversions do not apply to
+them either: this rule is the only one. Source: issue 10 item 5; the
+``get_pull_request`` ``"890"`` case (``tests/fixtures/cases/malformed-arguments-2.json``, B09).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any, Callable
+
+from worker.tooling.strict_nulls import pick_branch
+
+_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_MAX_STEPS = 4 * 128
+
+
+def schema_types(schema: Any, resolve: Callable[[Any], Any], steps: int = 0) -> set[str] | None:
+    """The JSON types a schema can take (through ``$ref``, ``anyOf``/``oneOf``/``allOf``), or
+    ``None`` when it takes any type (no ``type`` anywhere). ``enum``/``const`` give their values' types."""
+    schema = resolve(schema)
+    if steps > 32 or not isinstance(schema, dict):
+        return None
+    types: set[str] = set()
+    t = schema.get("type")
+    if isinstance(t, str):
+        types.add(t)
+    elif isinstance(t, list):
+        types.update(x for x in t if isinstance(x, str))
+    for key in ("enum", "const"):
+        if key in schema:
+            values = schema[key] if key == "enum" and isinstance(schema[key], list) else [schema[key]]
+            types.update(_json_type(v) for v in values)
+    branches = [b for key in ("anyOf", "oneOf") for b in (schema.get(key) or [])]
+    for b in branches:
+        sub = schema_types(b, resolve, steps + 1)
+        if sub is None:
+            return None
+        types |= sub
+    if not types and not branches:
+        for b in schema.get("allOf") or []:
+            sub = schema_types(b, resolve, steps + 1)
+            if sub is not None:
+                types |= sub
+    if not types:
+        return None
+    if "integer" in types and "number" in types:
+        types.discard("integer")
+    return types
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+_UNCHANGED = object()
+
+
+def _scalar(value: Any, types: set[str] | None) -> Any:
+    """The coerced scalar, or ``_UNCHANGED``."""
+    if types is None:
+        return _UNCHANGED
+    if isinstance(value, str):
+        if "string" in types:
+            return _UNCHANGED
+        if ("integer" in types or "number" in types) and _NUMBER.fullmatch(value):
+            if _INT.fullmatch(value):
+                return int(value)
+            f = float(value)
+            try:
+                exact = Decimal(repr(f)) == Decimal(value)
+            except InvalidOperation:
+                exact = False
+            if not exact:
+                return _UNCHANGED
+            if "number" not in types:
+                return int(f) if f.is_integer() else _UNCHANGED
+            return f
+        if "boolean" in types and value in ("true", "false"):
+            return value == "true"
+        return _UNCHANGED
+    if isinstance(value, float) and "integer" in types and "number" not in types and value.is_integer():
+        return int(value)
+    return _UNCHANGED
+
+
+def coerce(
+    value: Any, schema: Any, resolve: Callable[[Any], Any], applied: list[str], loc: str = "", steps: int = 0
+) -> Any:
+    """``value`` with the coercion rule applied where ``schema`` needs it; each coerced
+    location appended to ``applied`` (``"todos[0].priority"``). Returns the same object
+    when nothing changed. Bounded: at most ``_MAX_STEPS`` schema steps per path."""
+    if steps > _MAX_STEPS:
+        return value
+    schema = resolve(schema)
+    if not isinstance(schema, dict):
+        return value
+    if not isinstance(value, (dict, list)):
+        new = _scalar(value, schema_types(schema, resolve))
+        if new is _UNCHANGED:
+            return value
+        applied.append(loc or "<root>")
+        return new
+    for sub in schema.get("allOf") or []:
+        value = coerce(value, sub, resolve, applied, loc, steps + 1)
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list):
+            branch = pick_branch(value, branches, resolve)
+            if branch is not None:
+                value = coerce(value, branch, resolve, applied, loc, steps + 1)
+    if isinstance(value, dict):
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
+        out = None
+        for key, v in value.items():
+            sub = props.get(key, extra)
+            if sub is None:
+                continue
+            nv = coerce(v, sub, resolve, applied, f"{loc}.{key}" if loc else key, steps + 1)
+            if nv is not v:
+                if out is None:
+                    out = dict(value)
+                out[key] = nv
+        return value if out is None else out
+    prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []
+    items = schema.get("items") if isinstance(schema.get("items"), dict) else None
+    new_list = None
+    for i, v in enumerate(value):
+        sub = prefix[i] if i < len(prefix) else items
+        if sub is None:
+            continue
+        nv = coerce(v, sub, resolve, applied, f"{loc}[{i}]", steps + 1)
+        if nv is not v:
+            if new_list is None:
+                new_list = list(value)
+            new_list[i] = nv
+    return value if new_list is None else new_list

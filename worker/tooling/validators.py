@@ -1,0 +1,114 @@
+"""Compiled JSON Schema validators for raw-schema tools, and the failing-field shape.
+
+A raw-schema tool (every MCP tool) validates each call with a validator compiled
+once per tool (``compile_validator``): ``jsonschema-rs`` (Rust; Draft 4, 6, 7,
+2019-09 and 2020-12, local ``$ref`` resolved at compile time, format checking
+on, remote retrieval off), about 10x faster than the pure-Python ``jsonschema``
+on a schema with ``$defs``. A schema ``jsonschema-rs`` cannot compile (Draft 3,
+a regex its engine refuses) falls back to ``jsonschema`` with the same draft and
+format checking; ``CompiledValidator.engine`` says which one runs and why
+(``worker.tooling.schemas.ValidationInfo.engine``).
+
+Both engines report every failing field as a ``FieldError`` whose ``loc`` is
+the instance path (``todos[0].status``); a missing required property is
+reported at its own location (``files[0].path``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jsonschema
+import jsonschema_rs
+
+RUST_ENGINE = "jsonschema-rs"
+
+
+class FieldError:
+    """One failing field: ``loc`` is a dotted/indexed path (``todos[0].status``), ``msg`` the reason."""
+
+    __slots__ = ("loc", "msg")
+
+    def __init__(self, loc: str, msg: str):
+        self.loc = loc
+        self.msg = msg
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FieldError) and (self.loc, self.msg) == (other.loc, other.msg)
+
+    def __hash__(self) -> int:
+        return hash((self.loc, self.msg))
+
+    def __repr__(self) -> str:
+        return f"FieldError(loc={self.loc!r}, msg={self.msg!r})"
+
+
+def loc_of(parts: Any) -> str:
+    """``["todos", 0, "status"]`` -> ``"todos[0].status"``; an empty path is ``"<root>"``."""
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += f".{p}" if out else str(p)
+    return out or "<root>"
+
+
+REQUIRED_MSG = "required property is missing"
+_PY_REQUIRED = re.compile(r"^'(.+)' is a required property$")
+
+
+class CompiledValidator:
+    """``is_valid(data) -> bool`` and ``field_errors(data) -> list[FieldError]`` (sorted by ``loc``).
+
+    ``engine`` is ``"jsonschema-rs"`` or ``"jsonschema (fallback: <reason>)"``.
+    Both methods may raise for a schema that cannot be applied; callers turn
+    that into an error output.
+    """
+
+    __slots__ = ("engine", "_rs", "_py", "is_valid")
+
+    def __init__(self, engine: str, rs: Any = None, py: Any = None):
+        self.engine = engine
+        self._rs = rs
+        self._py = py
+        self.is_valid = (rs or py).is_valid
+
+    def field_errors(self, data: Any) -> list[FieldError]:
+        errors: list[FieldError] = []
+        if self._rs is not None:
+            for e in self._rs.iter_errors(data):
+                path = list(e.instance_path)
+                prop = getattr(e.kind, "property", None) if type(e.kind).__name__ == "Required" else None
+                if isinstance(prop, str):
+                    errors.append(FieldError(loc_of(path + [prop]), REQUIRED_MSG))
+                else:
+                    errors.append(FieldError(loc_of(path), e.message))
+        else:
+            for e in self._py.iter_errors(data):
+                path = list(e.absolute_path)
+                m = _PY_REQUIRED.match(e.message) if e.validator == "required" else None
+                if m:
+                    errors.append(FieldError(loc_of(path + [m.group(1)]), REQUIRED_MSG))
+                else:
+                    errors.append(FieldError(loc_of(path), e.message))
+        errors.sort(key=lambda f: f.loc)
+        return errors
+
+
+def compile_validator(schema: dict[str, Any]) -> CompiledValidator:
+    """A validator for ``schema`` (already checked at definition: valid, local refs only).
+
+    ``jsonschema-rs`` first (``validate_formats=True``, ``offline=True``: nothing is
+    ever fetched); when it cannot compile the schema, ``jsonschema`` with the
+    schema's own draft (Draft 2020-12 by default) and its format checker.
+    """
+    try:
+        rs = jsonschema_rs.validator_for(schema, validate_formats=True, offline=True)
+        return CompiledValidator(RUST_ENGINE, rs=rs)
+    except Exception as exc:  # jsonschema-rs raises ValidationError/ValueError for what it cannot compile
+        reason = str(exc).split("\n", 1)[0][:200]
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    py = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    return CompiledValidator(f"jsonschema (fallback: jsonschema-rs cannot compile this schema: {reason})", py=py)
