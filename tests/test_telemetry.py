@@ -15,7 +15,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -31,30 +33,21 @@ QUEUES = ("turns", "tools", "background", "workflow")
 SECRET = "s3cr3t-argument-value"
 
 
-@pytest.fixture(scope="module")
-def ops_worker(redis_url, tmp_path_factory):
-    """A prefork worker with tracing and metrics on, alone on its own Redis database (its own
+@contextmanager
+def _worker_alone(redis_url: str, db: int, env: dict[str, str], logs: Path) -> Iterator[dict]:
+    """A prefork worker (2 processes) with metrics on, alone on Redis database ``db`` (its own
     queues: no other worker of the session can take its tasks), and a control plane for it."""
     from control.client import ControlPlane
 
-    url = redis_url.rsplit("/", 1)[0] + "/3"
-    spans = tmp_path_factory.mktemp("otel") / "spans.jsonl"
+    url = redis_url.rsplit("/", 1)[0] + f"/{db}"
     port = free_port()
-    log = tmp_path_factory.mktemp("logs") / "ops-worker.log"
+    log = logs / f"worker-db{db}.log"
     cmd = [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-Q", ",".join(QUEUES)]
-    env = {
-        **os.environ,
-        "REDIS_URL": url,
-        "AGENT_OTEL_FILE": str(spans),
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
-        "OTEL_SERVICE_NAME": "agent-test",
-        "AGENT_METRICS_PORT": str(port),
-    }
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [*cmd, "--pool", "prefork", "-c", "2", "-l", "INFO", "--without-gossip", "--without-mingle"],
             cwd=ROOT,
-            env=env,
+            env={**os.environ, "REDIS_URL": url, "AGENT_METRICS_PORT": str(port), **env},
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -68,9 +61,72 @@ def ops_worker(redis_url, tmp_path_factory):
 
     try:
         wait_for(ready, timeout=60, poll=0.3)
-        yield {"spans": spans, "port": port, "control": ControlPlane(url), "url": url, "log": log}
+        yield {"port": port, "control": ControlPlane(url), "url": url, "log": log}
     finally:
         stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def ops_worker(redis_url, tmp_path_factory):
+    """The worker of this module's tests: spans to a JSON-lines file, metrics on."""
+    spans = tmp_path_factory.mktemp("otel") / "spans.jsonl"
+    env = {"AGENT_OTEL_FILE": str(spans), "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_SERVICE_NAME": "agent-test"}
+    with _worker_alone(redis_url, 3, env, tmp_path_factory.mktemp("logs")) as worker:
+        yield {**worker, "spans": spans}
+
+
+class _OtlpReceiver:
+    """An OTLP/HTTP trace receiver (``POST /v1/traces``, protobuf ``ExportTraceServiceRequest``)."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        received = self.spans = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = ExportTraceServiceRequest.FromString(body)
+                for rs in request.resource_spans:
+                    service = {a.key: a.value.string_value for a in rs.resource.attributes}.get("service.name")
+                    for ss in rs.scope_spans:
+                        received.extend((service, span) for span in ss.spans)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def test_spans_go_over_otlp_when_the_endpoint_is_set(redis_url, tmp_path, gateway, script_name):
+    receiver = _OtlpReceiver()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    try:
+        with _worker_alone(redis_url, 4, env, tmp_path) as worker:
+            control = worker["control"]
+            gateway.add_script(script_name, [{"output": [fc("read_thing", {"label": "x"})]}, {"output": [msg("ok")]}])
+            turn_id = control.enqueue({"agent_id": "otlp", "input": "go", "model": script_name, "toolset": "testing"})
+            assert control.wait(turn_id, timeout=90).status == TurnStatus.completed
+            root = parse_traceparent(control.store.load(turn_id).traceparent)
+
+            def arrived():
+                return [(svc, s) for svc, s in receiver.spans if int.from_bytes(s.trace_id, "big") == root.trace_id]
+
+            expected = {"invoke_agent otlp", "turn_step", "tool_call", f"chat {script_name}", "execute_tool read_thing"}
+            spans = wait_for(lambda: (got := arrived()) and expected <= {s.name for _, s in got} and got)
+    finally:
+        receiver.server.shutdown()
+    assert {svc for svc, _ in spans} == {"agent-worker"}  # the default OTEL_SERVICE_NAME
+    (top,) = [s for _, s in spans if s.name == "invoke_agent otlp"]
+    assert int.from_bytes(top.span_id, "big") == root.span_id and not top.parent_span_id
 
 
 def _trace_spans(path: Path, trace_id: str) -> list[dict]:
@@ -103,7 +159,9 @@ def test_one_trace_per_turn_across_tasks_and_processes(ops_worker, gateway, scri
     def complete():
         spans = _trace_spans(ops_worker["spans"], trace_id)
         names = [s["name"] for s in spans]
-        return spans if "invoke_agent tracer" in names and names.count("tool_call") == 3 else None
+        ids = {s["context"]["span_id"] for s in spans}
+        whole = all(s["parent_id"] is None or s["parent_id"] in ids for s in spans)  # a task span ends last
+        return spans if whole and "invoke_agent tracer" in names and names.count("tool_call") == 3 else None
 
     spans = wait_for(complete, timeout=30)
     by_id = {s["context"]["span_id"]: s for s in spans}
