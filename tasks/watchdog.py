@@ -1,19 +1,24 @@
 """The watchdog: re-drives turns whose progress deadline passed (lost message, crash
 between barrier and enqueue), fails a turn after ``MAX_REDRIVES`` re-drives without
 progress, and re-sends the end hooks of ended turns whose hooks never reported done.
-Run by celery beat every 15 s (``beat_schedule`` in ``tasks.app``)."""
+Run by celery beat every 15 s (``beat_schedule`` in ``tasks.app``).
+
+A sweep that failed turns reports FAILURE (``TurnFailed`` naming them), after all its work,
+so that Flower shows those turns as failures like the ones a step ends (``tasks.turns``)."""
 
 from __future__ import annotations
 
 from tasks.app import app
 from tasks.runtime import get_engine
+from tasks.turns import TurnFailed
 
 MAX_REDRIVES = 3
 
 
-@app.task(name="tasks.watchdog.sweep", acks_late=True)
+@app.task(name="tasks.watchdog.sweep", acks_late=True, throws=(TurnFailed,))
 def sweep() -> dict:
-    """Re-drive every overdue turn once; returns ``{turn_id: action}``."""
+    """Re-drive every overdue turn once; returns ``{turn_id: action}``. Raises ``TurnFailed``
+    (after everything is done) when it failed turns that made no progress."""
     engine = get_engine()
     done = {}
     for turn_id in engine.store.overdue():
@@ -21,4 +26,7 @@ def sweep() -> dict:
     for turn_id in engine.store.hooks_overdue():  # a lost turn_finished message
         engine.dispatcher.turn_finished(turn_id)
         done[turn_id] = "hooks re-sent"
+    failed = sorted(t for t, action in done.items() if action == "failed")
+    if failed:
+        raise TurnFailed(f"the watchdog failed {len(failed)} turn(s) that made no progress: {', '.join(failed)}")
     return done

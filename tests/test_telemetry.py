@@ -334,3 +334,26 @@ def test_flower_sees_agent_turn_step_tool_and_a_failed_turn(ops_worker, gateway,
     assert f"agent=flower-agent turn={turn_id} step=1" in labels
     assert received[fail["uuid"]]["name"] == "tasks.turns.turn_step"
     assert "budget_exceeded" in fail["exception"] and "token_budget.total_tokens" in fail["exception"]
+
+
+def test_flower_sees_a_turn_the_watchdog_failed(ops_worker):
+    from tasks.app import app
+    from tasks.watchdog import MAX_REDRIVES
+    from worker.turn.state import key
+
+    control = ops_worker["control"]
+    # A turn whose messages were lost: queued, overdue, and already re-driven MAX_REDRIVES times.
+    turn_id, _ = control.store.create("stuck" + os.urandom(6).hex(), {"agent_id": "stuck", "input": "x"}, [])
+    control.store.r.hset(key(turn_id), "redrives", MAX_REDRIVES)
+    control.store.r.zadd("turns:watch", {turn_id: 0})
+    with _Events(ops_worker["url"]) as events:
+        with app.connection_for_write(ops_worker["url"]) as conn:
+            app.signature("tasks.watchdog.sweep").apply_async(queue="turns", connection=conn)
+
+        def failed():
+            return [e for e in events.seen if e["type"] == "task-failed" and turn_id in str(e.get("exception"))]
+
+        (fail,) = wait_for(failed, timeout=30)
+    assert "no progress" in fail["exception"]
+    view = control.status(turn_id)
+    assert view.status == TurnStatus.failed and view.error == f"no progress after {MAX_REDRIVES} re-drives"
