@@ -110,15 +110,33 @@ def _wait_worker(stack: Stack, timeout: float = 40) -> None:
     raise RuntimeError("the Celery worker did not come up; see var/logs/worker.log")
 
 
+def _blocked_signals(pid: int) -> int:
+    """The signal mask of process ``pid`` (Linux ``/proc``); 0 when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("SigBlk:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+_FATAL = sum(1 << (s - 1) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+
+
 def exit_with_parent(poll: float = 0.5) -> None:
-    """Send ourselves SIGTERM when the process that started us exits (``make`` killed by a signal
-    it does not forward): the stack never outlives the command that started it."""
+    """Send ourselves SIGTERM when the process that started us exits, or (Linux) starts dying of a
+    signal it does not forward: GNU make, sent SIGINT or SIGHUP, blocks it and waits in its handler
+    for its children to exit, expecting the terminal to have signalled them too. The stack never
+    outlives the command that started it."""
     parent = os.getppid()
     if parent <= 1:
         return
+    usual = _blocked_signals(parent) & _FATAL  # a parent that always blocks them proves nothing
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent and not (_blocked_signals(parent) & _FATAL & ~usual):
             time.sleep(poll)
         os.kill(os.getpid(), signal.SIGTERM)
 

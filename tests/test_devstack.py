@@ -80,6 +80,34 @@ def test_the_stack_stops_when_the_process_that_started_it_dies(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+def test_sigint_sent_to_make_alone_stops_the_stack(tmp_path):
+    """GNU make does not forward a SIGINT sent to its PID (it waits for its children, expecting the
+    terminal to have signalled the whole group): the stack sees it and stops anyway."""
+    mark = uuid.uuid4().hex
+    log = tmp_path / "stack.log"
+    makefile = tmp_path / "Makefile"
+    makefile.write_text(f"serve:\n\tcd {ROOT} && exec {sys.executable} -m devtools.devstack --serve\n")
+    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731  (as in a terminal)
+    make = subprocess.Popen(
+        ["make", "-s", "-f", str(makefile)],
+        env=_env(mark),
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        preexec_fn=restore,
+    )
+    try:
+        wait_for(lambda: "stack is up" in log.read_text(), timeout=90, poll=0.3)
+        make.send_signal(signal.SIGINT)
+        wait_for(lambda: not _marked(mark), timeout=60)
+        assert make.wait(30) != 0
+        assert "stopped everything this command started" in log.read_text()
+    finally:
+        if make.poll() is None:
+            make.kill()
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_worker_that_exits_at_start_is_reported_at_once_with_its_log(tmp_path):
     mark = uuid.uuid4().hex
     log = tmp_path / "stack.log"
