@@ -53,6 +53,8 @@ bench: $(STAMP)
 	$(PY) bench/arguments.py
 	$(PY) bench/turn_overhead.py
 	$(PY) bench/file_tools.py
+	$(PY) bench/sandbox.py
+	$(PY) bench/streaming.py
 	$(PY) bench/tracing_overhead.py
 
 stack: $(STAMP)

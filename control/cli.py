@@ -1,4 +1,5 @@
-"""``agent-runtime``: the control-plane CLI (enqueue, wait, status, items, transcript, cancel, schema).
+"""``agent-runtime``: the control-plane CLI (enqueue, wait, status, items, transcript, cancel, schema,
+approvals, approve, reject).
 
 Reads ``REDIS_URL`` like the workers. Exit codes: 0 success, 1 turn ended
 without completing, 2 bad input or unreachable Redis.
@@ -15,6 +16,7 @@ import orjson
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
@@ -74,6 +76,8 @@ def enqueue(
     instructions: str = typer.Option(None, help="system instructions"),
     idempotency_key: str = typer.Option(None, help="enqueue at most once per key"),
     spawn_jobs: bool = typer.Option(False, help="offer background job tools"),
+    network: str = typer.Option("none", help="commands' network: none, or egress (through the guarded proxy)"),
+    allow_host: list[str] = typer.Option(None, help="with --network egress: a host egress may reach (repeatable)"),
     wait: bool = typer.Option(False, help="follow the transcript until the turn ends"),
 ) -> None:
     """Enqueue a turn and print its id (or follow it with --wait)."""
@@ -98,6 +102,8 @@ def enqueue(
                 "instructions": instructions,
                 "idempotency_key": idempotency_key,
                 "supports": {"spawn_jobs": spawn_jobs},
+                "network": network,
+                "egress_allow_hosts": allow_host or None,
             }
         )
     if not wait:
@@ -208,6 +214,72 @@ def cancel(turn_id: str) -> None:
     control = _control()
     with _exit_on_errors():
         print("cancelling" if control.cancel(turn_id) else "already ended")
+
+
+@app.command()
+def approvals(
+    turn: str = typer.Option(None, help="only this turn's calls"),
+    agent: str = typer.Option(None, help="only this agent's turns"),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table"),
+) -> None:
+    """List the tool calls waiting for a decision (all turns, one agent's, or one turn's)."""
+    import time
+
+    control = _control()
+    with _exit_on_errors():
+        pending = control.pending_approvals(turn_id=turn, agent_id=agent)
+    if as_json:
+        for rec in pending:
+            sys.stdout.write(orjson.dumps(rec).decode() + "\n")
+        return
+    if not pending:
+        console.print("no calls wait for approval")
+        return
+    for rec in pending:
+        left = max(0, int(rec["deadline"] - time.time()))
+        console.print(
+            f"[bold]{rec['turn_id']}[/] {rec['call_id']}  [cyan]{rec['name']}[/]  "
+            f"wants to run: [yellow]{escape(rec['activity'])}[/]  (agent {rec['agent_id']}, {left} s left)"
+        )
+        console.print(f"    arguments: {escape(orjson.dumps(rec['arguments']).decode())}")
+
+
+def _print_decision(rec: dict) -> None:
+    what = rec["status"] if rec["changed"] else f"already {rec['status']} (by {rec['by']})"
+    print(f"{rec['call_id']}: {what}")
+
+
+@app.command()
+def approve(
+    turn_id: str,
+    call_id: str,
+    by: str = typer.Option("cli", help="who decides (recorded with the time)"),
+    params: str = typer.Option(None, help="edited arguments, a JSON object (checked against the tool's schema)"),
+) -> None:
+    """Approve a waiting call (optionally with edited params); the turn resumes once its calls are decided."""
+    edited = None
+    if params is not None:
+        try:
+            edited = orjson.loads(params)
+        except orjson.JSONDecodeError as exc:
+            err.print(f"[red]error:[/] --params is not JSON: {exc}")
+            raise typer.Exit(2) from exc
+    control = _control()
+    with _exit_on_errors():
+        _print_decision(control.approve(turn_id, call_id, by=by, params=edited))
+
+
+@app.command()
+def reject(
+    turn_id: str,
+    call_id: str,
+    reason: str = typer.Argument(..., help="why (the model reads it as the call's output)"),
+    by: str = typer.Option("cli", help="who decides (recorded with the time)"),
+) -> None:
+    """Reject a waiting call: it does not run, and the model is told the reason."""
+    control = _control()
+    with _exit_on_errors():
+        _print_decision(control.reject(turn_id, call_id, reason, by=by))
 
 
 @app.command()

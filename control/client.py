@@ -1,4 +1,5 @@
-"""The control-plane client: enqueue a turn, wait for it, read its items and events, cancel it.
+"""The control-plane client: enqueue a turn, wait for it, read its items and events, cancel it,
+and decide the tool calls that wait for a person's approval.
 
 Usable from any Python process that can reach the Redis broker; it never
 imports tool code. ``ControlPlane(redis_url)`` raises ``ControlPlaneError``
@@ -20,6 +21,7 @@ from control.errors import ControlPlaneError
 from tasks.dispatcher import CeleryDispatcher
 from worker.settings import get_settings, redact_url
 from worker.tools.toolsets import toolset_names
+from worker.turn import approvals, parking
 from worker.turn.engine import TurnEngine
 from worker.turn.request import TurnRefused, TurnRequest, TurnStatus
 from worker.turn.store import TurnStore
@@ -176,3 +178,41 @@ class ControlPlane:
         self.status(turn_id)
         with _redis_errors(self.url):
             return self._engine.cancel(turn_id)
+
+    # ----- approvals (worker.turn.approvals) ---------------------------------
+    def pending_approvals(self, turn_id: str | None = None, agent_id: str | None = None) -> list[dict[str, Any]]:
+        """Calls waiting for a decision: of one turn, of one agent's turns, or all, oldest first.
+
+        Each is a dict: ``turn_id``, ``agent_id``, ``step``, ``call_id``, ``name``, ``activity``
+        (e.g. "Running rm -rf build/"), ``arguments``, ``requested_at`` and ``deadline`` (epoch s),
+        ``status`` (``pending``).
+        """
+        with _redis_errors(self.url):
+            return [rec.public() for rec in approvals.pending(self.store.r, turn_id=turn_id, agent_id=agent_id)]
+
+    def approve(
+        self, turn_id: str, call_id: str, *, by: str = "control plane", params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Approve a waiting call, optionally with edited ``params`` (checked against the tool's
+        JSON Schema; invalid -> ``ControlPlaneError`` naming the fields, nothing changes).
+
+        Idempotent (the same approval again returns the record with ``changed: False``). The
+        decision that completes the step's gate resumes the turn. Returns the record plus ``changed``.
+        Raises ``ControlPlaneError`` (unknown turn or call, turn ended, decided otherwise before).
+        """
+        return self._decide(turn_id, call_id, "approved", by=by, params=params)
+
+    def reject(self, turn_id: str, call_id: str, reason: str, *, by: str = "control plane") -> dict[str, Any]:
+        """Reject a waiting call: it does not run and its ``function_call_output`` gives ``reason``
+        to the model. Idempotent like ``approve``; raises ``ControlPlaneError``."""
+        if not reason or not reason.strip():
+            raise ControlPlaneError("a rejection needs a reason (the model reads it)")
+        return self._decide(turn_id, call_id, "rejected", by=by, reason=reason)
+
+    def _decide(self, turn_id: str, call_id: str, decision: approvals.Decision, **kw: Any) -> dict[str, Any]:
+        try:
+            with _redis_errors(self.url):
+                rec, changed = parking.decide(self._engine, turn_id, call_id, decision, **kw)
+        except approvals.ApprovalError as exc:
+            raise ControlPlaneError(str(exc)) from exc
+        return {**rec.public(), "changed": changed}

@@ -2,7 +2,8 @@
 
 Shows each model call, each batch of tool calls (a parallel group or a
 sequential call), the activity labels before and after every call, repaired
-arguments, rejected calls and the final answer.
+arguments, rejected calls, calls waiting for approval and their decisions, the
+model's text as it is written (``model_delta`` events) and the final answer.
 """
 
 from __future__ import annotations
@@ -65,10 +66,42 @@ def print_transcript(
     batches_shown: set[tuple[int, int]] = set()
     planned_by_step: dict[int, list[dict[str, Any]]] = {}
     final = None
+    streamed: dict[int, str] = {}  # step -> attempt whose text was printed
+    open_line = False
     events = _tail(control, turn_id, timeout, console) if follow else iter(control.events(turn_id))
     for e in events:
         kind = e["kind"]
-        if kind == "turn_started":
+        if kind == "model_delta":
+            if e.get("type") != "text":
+                continue
+            if streamed.get(e["step"]) != e["attempt"]:
+                if open_line:
+                    console.print()
+                console.print("  [italic]model:[/] ", end="")
+                streamed[e["step"]] = e["attempt"]
+            console.print(escape(e["delta"]), end="", soft_wrap=True, highlight=False)
+            open_line = True
+            continue
+        if open_line:
+            console.print()
+            open_line = False
+        if kind == "model_stream_broken":
+            console.print(f"  [yellow]model stream broke[/]: {escape(str(e.get('error')))}")
+        elif kind == "approval_requested":
+            console.print(
+                f"  [bold yellow]? approval needed[/] wants to run: {escape(e['activity'])}  "
+                f"[dim](agent-runtime approve {turn_id} {e['call_id']} | reject {turn_id} {e['call_id']} REASON)[/]"
+            )
+        elif kind == "approval_decided":
+            edited = " with edited arguments" if e.get("edited") else ""
+            if e["decision"] == "approved":
+                console.print(f"  [green]approved[/] by {escape(str(e['by']))}{edited}: {escape(e['activity'])}")
+            else:
+                console.print(
+                    f"  [red]rejected[/] by {escape(str(e['by']))}: {escape(e['activity'])} "
+                    f"({escape(str(e.get('reason')))})"
+                )
+        elif kind == "turn_started":
             console.print(f"[bold]turn {turn_id}[/] started for agent [cyan]{escape(e.get('agent_id', ''))}[/]")
         elif kind == "model_reply":
             used = e.get("usage") or {}
@@ -77,7 +110,7 @@ def print_transcript(
                 f"\n[bold magenta]model call {e['step'] + 1}[/] -> {e['calls']} function call(s), "
                 f"status {e['status']} ({e['ms']} ms{tokens})"
             )
-            if e.get("text") and e["calls"]:
+            if e.get("text") and e["calls"] and e["step"] not in streamed:
                 console.print(f"  [italic]model:[/] {escape(e['text'])}")
         elif kind == "call_planned":
             planned_by_step.setdefault(e["step"], []).append(e)
@@ -92,7 +125,8 @@ def print_transcript(
                 label = "parallel group" if e["mode"] == "parallel" else "sequential (runs alone, in order)"
                 console.print(f"  [bold]batch {batch + 1}[/]: {label}")
             repaired = f" [yellow](repaired: {', '.join(e['repairs'])})[/]" if e.get("repairs") else ""
-            console.print(f"    - {escape(e['activity'])}{repaired}")
+            asks = " [yellow](needs approval)[/]" if e.get("needs_approval") else ""
+            console.print(f"    - {escape(e['activity'])}{repaired}{asks}")
         elif kind == "call_completed":
             mark = "[red]failed[/]" if e.get("is_error") else "[green]done[/]"
             console.print(f"    {mark} {escape(e['activity'])} ({e.get('ms')} ms)")
@@ -103,6 +137,7 @@ def print_transcript(
             console.print(f"  [yellow]repair instruction[/]: the model must call {e.get('tool')}")
         elif kind == "model_retry":
             console.print(f"  [yellow]model call retry in {e.get('in_s')}s[/]: {escape(str(e.get('error')))}")
+            streamed.pop(e.get("step"), None)
         elif kind == "turn_finished":
             final = e
             status = e.get("status")

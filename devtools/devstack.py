@@ -313,7 +313,7 @@ def serve(stack: Stack) -> None:
 
 @cli.command()
 def run(
-    demo: str = typer.Option("demo", help="demo to run: demo, workflow or jobs"),
+    demo: str = typer.Option("demo", help="demo to run: demo, workflow, jobs or approval"),
     keep: bool = typer.Option(False, "--serve", help="start the stack and keep it up (no demo)"),
 ) -> None:
     """Start the stack, run the demo turn, print its transcript, stop everything (or keep it up with --serve)."""
@@ -334,7 +334,7 @@ def run(
             serve(stack)
             ok = True
             return
-        start_stack(stack, demo if demo != "jobs" else "jobs-main")
+        start_stack(stack, {"jobs": "jobs-main", "approval": "demo-approval"}.get(demo, demo))
         if demo == "demo":
             ok = run_basic_demo(stack.spans)
         elif demo == "workflow":
@@ -347,8 +347,13 @@ def run(
             from devtools.jobs_demo import run_schedule_and_job_demo
 
             ok = run_schedule_and_job_demo(ControlPlane(), console=console)
+        elif demo == "approval":
+            from control.client import ControlPlane
+            from devtools.approval_demo import run_approval_demo
+
+            ok = run_approval_demo(ControlPlane(), console=console, homes_root=Path(os.environ["AGENT_HOMES_ROOT"]))
         else:
-            console.print(f"[red]unknown demo {demo!r}[/]: use demo, workflow or jobs")
+            console.print(f"[red]unknown demo {demo!r}[/]: use demo, workflow, jobs or approval")
     except KeyboardInterrupt:
         console.print("interrupted")
     except RuntimeError as exc:  # a process of the stack did not come up: say which, with its log

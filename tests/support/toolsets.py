@@ -100,6 +100,26 @@ def testing_tools(ctx: TurnContext):
             describe_activity=lambda p: f"Writing {p.label}",
         ),
         define_worker_tool(
+            name="guarded_write",
+            description="Write a thing; a person must approve every call (sequential).",
+            input_model=SleepArgs,
+            execute=_logged("guarded_write", _sleep),
+            execution_mode="sequential",
+            is_destructive=True,
+            needs_approval=True,
+            describe_activity=lambda p: f"Overwriting {p.label}",
+        ),
+        define_worker_tool(
+            name="maybe_write",
+            description="Write a thing; labels starting with 'danger' need approval (parallel).",
+            input_model=SleepArgs,
+            execute=_logged("maybe_write", _sleep),
+            execution_mode="parallel",
+            is_destructive=True,
+            needs_approval=lambda p, ctx: p.label.startswith("danger"),
+            describe_activity=lambda p: f"Writing {p.label}",
+        ),
+        define_worker_tool(
             name="boom", description="Always raises.", input_model=NoArgs, execute=_logged("boom", _boom)
         ),
         define_worker_tool(

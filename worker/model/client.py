@@ -110,6 +110,11 @@ class ResponsesClient:
             transport=transport,
         )
 
+    @property
+    def http(self) -> httpx.Client:
+        """The pooled ``httpx.Client`` (base URL and headers set): ``worker.model.streaming`` streams through it."""
+        return self._client
+
     def close(self) -> None:
         """Close the pooled connections."""
         self._client.close()

@@ -12,7 +12,10 @@ the input has no ``function_call_output`` ("No tool output found for function
 call ..."), when an output has no call, or when an output is not a string.
 
 Script format (JSON file or Python list): a list of steps, each
-``{"output": [item, ...], "status": "completed" | "incomplete"}``. Items:
+``{"output": [item, ...], "status": "completed" | "incomplete"}``, optionally with
+streaming knobs ``stream_chunk`` (characters per delta, default 12), ``stream_delay_ms``
+(pause before each delta, default 0) and ``stream_break_after`` (close the connection
+after that many deltas, without a terminal event: a stream cut mid-way). Items:
 ``{"type": "function_call", "name": ..., "arguments": "<raw string>"}`` or
 ``{"type": "message", "text": ...}``. A step may also be a callable
 ``(request_body) -> step dict`` (in-process scripts for tests).
@@ -21,6 +24,10 @@ Every reply carries ``usage`` like the real API's: ``input_tokens`` (about one p
 characters of the request's ``instructions``, ``input`` and ``tools``), ``output_tokens`` (same
 over the output items), ``total_tokens``, ``input_tokens_details.cached_tokens`` and
 ``output_tokens_details.reasoning_tokens`` (0). A step's ``usage`` object overrides these counts.
+
+A request with ``stream: true`` is answered with server-sent events carrying the real event
+names and shapes (``worker.model.sse_script``), unless the gateway was built with
+``streaming=False`` (an endpoint without streaming: it answers the JSON body).
 
 Run: ``python -m worker.model.scripted_gateway --port 8089 --scripts scripts/``.
 """
@@ -31,11 +38,14 @@ import argparse
 import hashlib
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
 import orjson
+
+from worker.model.sse_script import sse_events
 
 Step = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -77,9 +87,19 @@ class ScriptedGateway:
     ``requests`` keeps every request body received (for tests), newest last.
     """
 
-    def __init__(self, scripts: dict[str, list[Step]] | None = None, port: int = 0, host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        scripts: dict[str, list[Step]] | None = None,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        *,
+        streaming: bool = True,
+    ):
         self.scripts: dict[str, list[Step]] = dict(scripts or {})
         self.requests: list[dict[str, Any]] = []
+        self.streaming = streaming
+        # Wall-clock time (time.time()) at which the first delta of each streamed response id was written.
+        self.first_delta_at: dict[str, float] = {}
         self._lock = threading.Lock()
         gateway = self
 
@@ -103,8 +123,38 @@ class ScriptedGateway:
                 except orjson.JSONDecodeError:
                     self._send(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
                     return
-                status, payload = gateway.respond(body)
-                self._send(status, payload)
+                status, payload, step = gateway.respond_step(body)
+                if status == 200 and body.get("stream") is True and gateway.streaming:
+                    self._stream(payload, step)
+                else:
+                    self._send(status, payload)
+
+            def _stream(self, payload: dict[str, Any], step: dict[str, Any]) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                delay = float(step.get("stream_delay_ms", 0)) / 1000
+                cut = step.get("stream_break_after")
+                deltas = 0
+                for event in sse_events(payload, chunk=int(step.get("stream_chunk", 12))):
+                    is_delta = event["type"].endswith(".delta")
+                    if is_delta:
+                        if cut is not None and deltas >= int(cut):
+                            return  # the connection closes without a terminal event
+                        if delay:
+                            time.sleep(delay)
+                        if not deltas:
+                            gateway.first_delta_at.setdefault(payload["id"], time.time())
+                        deltas += 1
+                    frame = b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+                    try:
+                        self.wfile.write(frame)
+                        self.wfile.flush()
+                    except (BrokenPipeError, ConnectionResetError):
+                        return
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
                 data = orjson.dumps(payload)
@@ -140,26 +190,35 @@ class ScriptedGateway:
 
     def respond(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """Answer one request body: ``(http_status, json_payload)``."""
+        status, payload, _ = self.respond_step(body)
+        return status, payload
+
+    def respond_step(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        """``respond`` plus the script step played (its streaming knobs); ``{}`` for an error."""
         with self._lock:
             self.requests.append(body)
         items = body.get("input")
         if isinstance(items, str):
             items = [{"type": "message", "role": "user", "content": items}]
         if not isinstance(items, list):
-            return 400, {"error": {"message": "input must be a string or a list", "type": "invalid_request_error"}}
+            return (
+                400,
+                {"error": {"message": "input must be a string or a list", "type": "invalid_request_error"}},
+                {},
+            )
         problem = _check_history(items)
         if problem:
-            return 400, {"error": {"message": problem, "type": "invalid_request_error", "param": "input", "code": None}}
+            error = {"message": problem, "type": "invalid_request_error", "param": "input", "code": None}
+            return 400, {"error": error}, {}
         model = body.get("model", "")
         script = self.scripts.get(model)
         if script is None:
-            return 404, {
-                "error": {
-                    "message": f"The model `{model}` does not exist",
-                    "type": "invalid_request_error",
-                    "code": "model_not_found",
-                }
+            error = {
+                "message": f"The model `{model}` does not exist",
+                "type": "invalid_request_error",
+                "code": "model_not_found",
             }
+            return 404, {"error": error}, {}
         n = _next_step(items)
         if n >= len(script):
             step: dict[str, Any] = {"output": [{"type": "message", "text": "(script finished)"}]}
@@ -167,7 +226,7 @@ class ScriptedGateway:
             step = script[n]
             if callable(step):
                 step = step(body)
-        return 200, self._render(model, n, step, body)
+        return 200, self._render(model, n, step, body), step
 
     @staticmethod
     def _usage(body: dict[str, Any], output: list[dict[str, Any]], given: dict[str, Any] | None) -> dict[str, Any]:
@@ -246,8 +305,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8089)
     parser.add_argument("--scripts", type=Path, required=True, help="folder of *.json scripts")
+    parser.add_argument("--no-stream", action="store_true", help="answer JSON even when a request asks to stream")
     args = parser.parse_args(argv)
-    gw = ScriptedGateway(port=args.port, host=args.host)
+    gw = ScriptedGateway(port=args.port, host=args.host, streaming=not args.no_stream)
     gw.load_dir(args.scripts)
     print(
         f"scripted gateway on http://{args.host}:{gw.port}/v1 with scripts: {', '.join(sorted(gw.scripts))}", flush=True

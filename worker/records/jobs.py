@@ -149,6 +149,6 @@ class JobStore:
 
 def live_status(rec: dict[str, Any], turn_status: str | None) -> str:
     """A record's status for readers: ``running`` while its turn runs, else the stored one."""
-    if rec["status"] == "queued" and turn_status == "running":
+    if rec["status"] == "queued" and turn_status in ("running", "awaiting_approval"):
         return "running"
     return rec["status"]

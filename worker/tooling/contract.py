@@ -26,6 +26,9 @@ from worker.tooling.schemas import function_definition
 
 ExecutionMode = Literal["parallel", "sequential"]
 
+NeedsApproval = bool | Callable[[Any, Any], bool]
+"""``True``/``False``, or ``(validated_params, turn_context) -> bool`` deciding per call."""
+
 # OpenAI function names: "a-z, A-Z, 0-9, underscores and dashes, max length 64"
 # (Responses API reference, FunctionTool.name).
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -177,6 +180,20 @@ class WorkerTool(Generic[P]):
     is_destructive: bool = False
     describe_activity: Callable[[P], str] | None = None
     describe_completed_activity: Callable[[P, ToolResult], str] | None = None
+    needs_approval: NeedsApproval = False
+
+    def approval_required(self, params: P, ctx: Any) -> bool:
+        """Whether a person must approve this call before it runs (the tool's own declaration).
+
+        ``ctx`` is the turn's ``TurnContext``. A decision function that raises counts as
+        "needs approval": when in doubt, ask.
+        """
+        if not callable(self.needs_approval):
+            return bool(self.needs_approval)
+        try:
+            return bool(self.needs_approval(params, ctx))
+        except Exception:
+            return True
 
     @property
     def is_async(self) -> bool:
@@ -217,6 +234,7 @@ def define_worker_tool(
     is_destructive: bool = False,
     describe_activity: Callable[[Any], str] | None = None,
     describe_completed_activity: Callable[[Any, ToolResult], str] | None = None,
+    needs_approval: NeedsApproval = False,
 ) -> WorkerTool[Any]:
     """Build a ``WorkerTool`` and check it can be offered to a model.
 
@@ -231,7 +249,13 @@ def define_worker_tool(
     ``strict`` is asked of a schema that OpenAI strict mode cannot express
     (the error names the field and the rule); the description is empty or
     longer than ``MAX_DESCRIPTION_CHARS`` (1024, the API's limit); or a raw
-    schema has a ``$ref`` that is not local or does not resolve.
+    schema has a ``$ref`` that is not local or does not resolve; ``needs_approval`` is
+    neither a bool nor a callable.
+
+    ``needs_approval``: ``True`` (every call waits for a person), ``False``, or a function
+    ``(validated_params, turn_context) -> bool`` deciding per call (e.g. a command tool that
+    needs approval unless the command is on an allowlist). Whether it is honoured depends on
+    the turn's approval mode (``worker.turn.approvals``).
     """
     if not TOOL_NAME_PATTERN.match(name or ""):
         raise ToolDefinitionError(
@@ -259,6 +283,8 @@ def define_worker_tool(
         raise ToolDefinitionError(f"tool {name!r}: namespace {namespace!r} must match ^[A-Za-z0-9_-]{{1,64}}$")
     if not callable(execute):
         raise ToolDefinitionError(f"tool {name!r}: execute must be callable")
+    if not (isinstance(needs_approval, bool) or callable(needs_approval)):
+        raise ToolDefinitionError(f"tool {name!r}: needs_approval must be a bool or a callable (params, context)")
     tool = WorkerTool(
         name=name,
         description=description,
@@ -274,6 +300,7 @@ def define_worker_tool(
         is_destructive=bool(is_destructive),
         describe_activity=describe_activity,
         describe_completed_activity=describe_completed_activity,
+        needs_approval=needs_approval,
     )
     try:
         function_definition(tool)  # generates, checks and caches the parameters schema

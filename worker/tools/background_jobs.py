@@ -17,6 +17,7 @@ the job's own turn:
                 model=<parent metadata.job_model, else the parent's model>, toolset="text",
                 queue="background", supports={"spawn_jobs": False, "brain": <parent's>},
                 metadata={"background_job_id", "parent_turn_id", + carried schedule keys},
+                network=<parent's>, egress_allow_hosts=<parent's>,
                 idempotency_key="background-job:<job_id>")
 
 ``spawn_jobs=False`` means a job cannot start jobs. Ids derive from
@@ -135,6 +136,9 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
                 **{k: meta[k] for k in CARRIED_METADATA if k in meta},
             },
             "idempotency_key": f"background-job:{job_id}",
+            # A job's commands get its parent turn's network, never more.
+            "network": parent.get("network", "none"),
+            "egress_allow_hosts": parent.get("egress_allow_hosts"),
         }
         try:
             tctx.services["enqueue_turn"](request, job_turn_id)

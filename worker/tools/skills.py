@@ -21,8 +21,11 @@ mcporter facts (README of mcporter 0.9, checked against the CLI):
   and parameters.
 
 mcporter itself must be on the command ``PATH`` (see
-``worker.tools.computer.catalog.command_env``); the worker does not use ``npx`` at
-run time, which would download an unpinned package.
+``worker.tools.computer.launch.command_env``): put its ``node_modules/.bin`` in
+``AGENT_COMMAND_EXTRA_PATH``, which the command sandbox mounts read-only; an
+MCP server runs inside the same sandbox as the command (its files must be in
+the home or a mounted directory; no network unless the turn allows egress).
+The worker does not use ``npx`` at run time, which would download an unpinned package.
 """
 
 from __future__ import annotations

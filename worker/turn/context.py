@@ -37,3 +37,7 @@ class TurnContext:
     skills: tuple[Skill, ...] = ()
     services: dict[str, Callable[..., Any]] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Network of the turn's commands (``TurnRequest.network``): "none" or "egress" through the
+    # egress proxy; ``egress_allow_hosts`` None means any host the address guard allows.
+    network: str = "none"
+    egress_allow_hosts: tuple[str, ...] | None = None

@@ -34,6 +34,8 @@ class PlannedCall:
     repairs: list[str] = field(default_factory=list)
     destructive: bool = False
     error_kind: str | None = None
+    # A person must approve the call before it runs (``worker.turn.approvals``).
+    needs_approval: bool = False
 
     @property
     def runnable(self) -> bool:

@@ -36,12 +36,13 @@ from worker.model.items import (
     storable,
     user_message,
 )
+from worker.model.streaming import stream_reply
 from worker.settings import Settings
 from worker.tooling.arguments import validate_params
 from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, TurnAborted, WorkerTool
 from worker.tooling.schemas import collect_tool_definitions
 from worker.tooling.tool_search import with_tool_search
-from worker.turn import metrics, telemetry
+from worker.turn import metrics, parking, telemetry
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall, plan_batches
 from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, call_labels, no_toolsets, step_label
@@ -138,6 +139,8 @@ class TurnEngine:
             },
             metadata=dict(request.metadata),
             workflow_task=request.toolset == "workflow_task",
+            network=request.network,
+            egress_allow_hosts=tuple(request.egress_allow_hosts) if request.egress_allow_hosts is not None else None,
         )
 
     def tools_for(self, ctx: TurnContext, request: TurnRequest) -> list[WorkerTool]:
@@ -208,7 +211,7 @@ class TurnEngine:
             started = time.perf_counter()
             with telemetry.model_call_span(model, turn_id, request.agent_id, step) as span:
                 try:
-                    reply = self.client.create(body)
+                    reply = self._create(turn_id, step, body)
                 except GatewayError as exc:
                     metrics.MODEL_CALL_SECONDS.labels(model).observe(time.perf_counter() - started)
                     if exc.retryable:
@@ -258,14 +261,20 @@ class TurnEngine:
             return StepOutcome(status.value)
 
         planned, pre_results, invalid_counts = plan_calls(
-            turn_id, state.invalid_counts, tools, calls, reply.status, self.settings.max_raw_arguments_echo
+            turn_id,
+            state.invalid_counts,
+            tools,
+            calls,
+            reply.status,
+            self.settings.max_raw_arguments_echo,
+            approval=parking.approval_rule(ctx, request, self.settings),
         )
-        batches = plan_batches(planned)
+        batches, asks = parking.plan_approvals(self, turn_id, step, request, planned, tools, plan_batches(planned))
         reply_items = cut_replayed_arguments(
             reply_items, {c.call_id for c in planned if not c.runnable}, self.settings.max_replay_arguments
         )
         try:
-            self.store.begin_tools(turn_id, step, reply_items, planned, batches, pre_results, invalid_counts)
+            self.store.begin_tools(turn_id, step, reply_items, planned, batches, pre_results, invalid_counts, also=asks)
         except StaleStep:
             return StepOutcome("dropped", "plan already recorded")
         batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
@@ -286,6 +295,7 @@ class TurnEngine:
                         "error": call.error_kind,
                         "batch": batch_of.get(call.call_id),
                         "arguments": call.data if call.runnable else None,
+                        "needs_approval": call.needs_approval,
                     },
                 )
                 for call in planned
@@ -295,16 +305,22 @@ class TurnEngine:
         if over or not batches:
             # Nothing to run (all calls failed validation): close the step now.
             self._advance(turn_id, step, request, batches, -1)
-        else:
-            self.dispatcher.dispatch_batch(
-                turn_id,
-                step,
-                0,
-                batches[0],
-                queue="tools",
-                labels=call_labels(request.agent_id, turn_id, step, planned),
-            )
+        elif not parking.dispatch_batch(self, turn_id, step, 0, batches, planned, agent_id=request.agent_id):
+            return StepOutcome("parked", "calls await approval")
         return StepOutcome("dispatched", f"{len(planned)} calls in {len(batches)} batches")
+
+    def _create(self, turn_id: str, step: int, body: dict[str, Any]) -> ModelReply:
+        """The model call: streamed (deltas batched into the event stream) unless ``AGENT_MODEL_STREAM=0``."""
+        assert self.client is not None
+        if not self.settings.model_stream:
+            return self.client.create(body)
+        return stream_reply(
+            self.client,
+            body,
+            lambda events: self.store.add_events(turn_id, events),
+            step=step,
+            interval=self.settings.stream_flush_ms / 1000,
+        )
 
     def _prose_without_finish(
         self, turn_id: str, step: int, state: TurnState, request: TurnRequest, reply_items: list[dict[str, Any]]
@@ -372,6 +388,7 @@ class TurnEngine:
         self.store.request_cancel(turn_id)
         if state.status == TurnStatus.queued:  # nothing runs yet; the queued step will be fenced out
             self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
+        parking.cancel_parked(self, state)
         return True
 
     def fail_turn(self, turn_id: str, status: TurnStatus, error: str) -> bool:
@@ -411,12 +428,25 @@ class TurnEngine:
         batch_index = next(i for i, b in enumerate(batches) if call_id in b.call_ids)
         batch_ids = batches[batch_index].call_ids
         request = TurnRequest.model_validate(state.request)
+        rejected, edited = None, False
+        if call.needs_approval and not view.has_result:
+            approved, rejected = parking.gate_call(self, turn_id, step, call)
+            if approved is None and rejected is None:
+                return StepOutcome("dropped", "call awaits approval")
+            edited = approved is not None and approved.data != call.data
+            call = approved or call
         if view.has_result:
             done = self.store.batch_done(turn_id, step, batch_index, batch_ids)
+        elif rejected is not None:
+            event = {"step": step, "call_id": call_id, "name": call.name, "activity": rejected["activity"]}
+            event.update(is_error=True, ms=0.0, terminate=False, preview=rejected["output"][:300])
+            _, done = self.store.record_and_check(turn_id, step, call_id, rejected, batch_index, batch_ids, event)
         else:
             result, event = self._execute_once(turn_id, step, call, state, request, batch_index, view.cancelled)
             if result is None:
                 return StepOutcome("dropped", "call is running elsewhere")
+            if edited:
+                result = parking.note_edit(result, call)
             _, done = self.store.record_and_check(turn_id, step, call_id, result, batch_index, batch_ids, event)
         if done:
             self._advance(turn_id, step, request, batches, batch_index)
@@ -561,14 +591,8 @@ class TurnEngine:
         assert plan is not None
         calls, _ = plan
         if nxt < len(batches) and not (state.terminate or over or cancelled):
-            self.dispatcher.dispatch_batch(
-                turn_id,
-                step,
-                nxt,
-                batches[nxt],
-                queue="tools",
-                labels=call_labels(request.agent_id, turn_id, step, calls),
-            )
+            # A gated batch may park here.
+            parking.dispatch_batch(self, turn_id, step, nxt, batches, calls, agent_id=request.agent_id)
             return
         results = self.store.results(turn_id, step)
         outputs = []
@@ -637,6 +661,10 @@ class TurnEngine:
         if state.redrives >= max_redrives:
             self.fail_turn(turn_id, TurnStatus.failed, f"no progress after {state.redrives} re-drives")
             return StepOutcome("failed", "watchdog gave up")
+        if state.status == TurnStatus.awaiting_approval and state.phase == "tools":
+            parked = parking.redrive_parked(self, state)
+            if parked is not None:
+                return parked
         self.store.note_redrive(turn_id)
         metrics.REDRIVES.inc()
         with telemetry.under_turn(state.traceparent):  # re-sent tasks stay in the turn's trace

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -23,6 +23,7 @@ def plan_calls(
     calls: list[dict[str, Any]],
     reply_status: str,
     max_raw_echo: int,
+    approval: Callable[[WorkerTool, Any], bool] | None = None,
 ) -> tuple[list[PlannedCall], dict[str, dict[str, Any]], dict[str, int]]:
     """Validate each ``function_call`` of a reply against the turn's tools, in emitted order.
 
@@ -30,6 +31,7 @@ def plan_calls(
     validated ``data``), the outputs already known for calls that will not run (duplicate
     ``call_id``, unknown tool, invalid arguments; keyed by ``call_id``), and the per-tool
     invalid-call counts including this reply (the retry budget, DESIGN-NOTES section 6).
+    ``approval(tool, params)`` marks a runnable call ``needs_approval`` (``worker.turn.approvals``).
     Never raises for bad model output.
     """
     by_name = {t.name: t for t in tools}
@@ -113,6 +115,7 @@ def plan_calls(
                 activity=tool.activity(outcome.params),
                 repairs=outcome.repairs,
                 destructive=tool.is_destructive,
+                needs_approval=bool(approval and approval(tool, outcome.params)),
             )
         )
     return planned, pre, invalid_counts

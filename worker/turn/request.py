@@ -34,10 +34,11 @@ def check_turn_id(turn_id: str) -> str:
 
 
 class TurnStatus(str, Enum):
-    """Lifecycle of a turn. Terminal: every value but ``queued`` and ``running``."""
+    """Lifecycle of a turn. Terminal: every value but ``queued``, ``running`` and ``awaiting_approval``."""
 
     queued = "queued"
     running = "running"
+    awaiting_approval = "awaiting_approval"  # calls wait for a person's decision; no task runs for them
     completed = "completed"  # the model answered without calling tools
     incomplete = "incomplete"  # the model's answer stopped at the output-token limit
     terminated = "terminated"  # a tool result asked to end the turn
@@ -49,8 +50,8 @@ class TurnStatus(str, Enum):
 
     @property
     def terminal(self) -> bool:
-        """True for every status but ``queued`` and ``running``."""
-        return self not in (TurnStatus.queued, TurnStatus.running)
+        """True for every status but ``queued``, ``running`` and ``awaiting_approval``."""
+        return self not in (TurnStatus.queued, TurnStatus.running, TurnStatus.awaiting_approval)
 
     @property
     def failure(self) -> bool:
@@ -100,6 +101,23 @@ class TokenBudget(BaseModel):
     total_tokens: int | None = Field(default=None, ge=1)
 
 
+ApprovalMode = Literal["declared", "destructive", "off"]
+
+
+class ApprovalPolicy(BaseModel):
+    """Which calls of the turn wait for a person (``worker.turn.approvals``).
+
+    - ``mode``: ``declared`` (each tool's own ``needs_approval``), ``destructive`` (also every
+      destructive call), ``off`` (waived: nothing waits); ``None`` takes ``AGENT_APPROVAL_MODE``.
+    - ``timeout``: seconds a call may wait for a decision before it is rejected
+      (``None``: ``AGENT_APPROVAL_TIMEOUT``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    mode: ApprovalMode | None = None
+    timeout: float | None = Field(default=None, gt=0, le=30 * 24 * 3600)
+
+
 class TurnRequest(BaseModel):
     """A turn to run, as enqueued by a control plane (JSON Schema: ``TurnRequest.model_json_schema()``).
 
@@ -114,7 +132,10 @@ class TurnRequest(BaseModel):
       same turn id (keys are scoped per agent: two agents using one key get two turns).
     - ``queue``: where the turn's model steps run (``turns``, ``background``, ``workflow``).
     - ``finish_tool``: the tool that must end the turn (``submit_result`` in workflow task turns).
+    - ``approval``: which calls wait for a person's decision, and for how long (``ApprovalPolicy``).
     - ``metadata``: free JSON for the control plane (``workflow_task_id``, ``background_job_id``...).
+    - ``network``: ``none`` (commands have no network) or ``egress`` (through the egress proxy and
+      its address guard); ``egress_allow_hosts``: optional host allowlist for egress.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -133,7 +154,14 @@ class TurnRequest(BaseModel):
     # When set, the turn may only end through this tool (a result with the terminate flag);
     # a reply in prose gets one repair instruction, a second one fails the turn.
     finish_tool: str | None = None
+    approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # Network of the turn's commands: "none" (default, no network at all) or "egress" (through
+    # the worker's egress proxy, which refuses loopback, private, link-local and metadata
+    # addresses). ``egress_allow_hosts``: when set, the only hosts egress may reach
+    # ("example.com", or ".example.com" for its subdomains).
+    network: Literal["none", "egress"] = "none"
+    egress_allow_hosts: list[str] | None = Field(default=None, max_length=100)
 
     @field_validator("agent_id")
     @classmethod

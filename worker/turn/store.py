@@ -28,6 +28,8 @@ Cluster slot):
 - ``turn:{id}:events`` stream: activity events for the control plane.
 - ``turn:{id}:cancel``: the cancel flag.
 - ``turns:watch`` sorted set: turn id scored by its progress deadline (watchdog).
+- ``turn:{id}:approvals:{n}``, ``turn:{id}:gate:{n}:{b}``, ``approvals:pending``: approvals,
+  written by ``worker.turn.approvals``.
 - ``turns:finishing`` sorted set: ended turns whose end hooks have not reported done.
 - ``turn-idem:<agent_id>:<key>``: an agent's idempotency key -> turn id (per agent: agent ids
   cannot contain ``:``, so two agents never share a key).
@@ -312,10 +314,12 @@ class TurnStore:
         pre_results: dict[str, dict[str, Any]],
         invalid_counts: dict[str, int],
         loaded_tools: list[str] | None = None,
+        also: Callable[[Any], None] | None = None,
     ) -> None:
         """Record the reply's items and the dispatch plan; move to phase ``tools``.
 
-        Raises ``StaleStep`` if another delivery already did it.
+        ``also(pipe)`` adds writes to the same MULTI (the approval requests of
+        ``worker.turn.approvals``). Raises ``StaleStep`` if another delivery already did it.
         """
 
         def w(pipe: Any, h: dict) -> None:
@@ -342,6 +346,8 @@ class TurnStore:
             if loaded_tools is not None:
                 fields["loaded_tools"] = orjson.dumps(loaded_tools)
             self._touch(pipe, turn_id, fields)
+            if also is not None:
+                also(pipe)
 
         self._guarded(turn_id, step, "model", w)
 

@@ -3,7 +3,9 @@
 ``create_computer_tools(ctx)`` returns, in this order:
 
 - ``run_command`` (sequential, destructive): ``bash -c <command>`` with cwd
-  in the home, a minimal environment (no worker secrets), a timeout capped by
+  in the home, inside the bubblewrap sandbox (``sandbox.py``: no network
+  unless the turn allows egress through the proxy of ``egress.py``), a
+  minimal environment (no worker secrets), a timeout capped by
   ``settings.command_timeout`` and output capped by
   ``settings.command_output_cap``. A command's lifetime bounds all of its
   descendants: background processes (``cmd &``, ``nohup``, ``setsid``,
@@ -36,6 +38,7 @@ from typing import Callable
 
 from worker.settings import Settings
 from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
+from worker.tools.computer.approval import command_needs_approval
 from worker.tools.computer.commands import RunCommandParams, _describe_command, _describe_command_done, _run_command
 from worker.tools.computer.common import guarded
 from worker.tools.computer.files import (
@@ -56,6 +59,7 @@ from worker.tools.computer.files import (
     _read_file,
     _write_file,
 )
+from worker.tools.computer.launch import NetworkPolicy
 from worker.tools.computer.search import SearchFilesParams, _describe_search, _describe_search_done, _search_files
 from worker.turn.context import TurnContext
 
@@ -78,6 +82,17 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
     """
     settings = ctx.settings
     cap_s = f"{settings.command_timeout:g}"
+    policy = NetworkPolicy(mode=ctx.network, allow_hosts=ctx.egress_allow_hosts)
+    run_command = guarded(_run_command)
+    if ctx.network == "egress":
+        network = (
+            "Network: outbound HTTP(S) only through the proxy set in HTTP_PROXY/HTTPS_PROXY "
+            "(public addresses only"
+            + (f"; allowed hosts: {', '.join(ctx.egress_allow_hosts)}" if ctx.egress_allow_hosts is not None else "")
+            + ")."
+        )
+    else:
+        network = "No network access."
     return [
         define_worker_tool(
             name="run_command",
@@ -85,12 +100,14 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
                 "Run a shell command (bash -c) in the agent's home directory and return its combined "
                 f"stdout/stderr and exit code. Time limit: at most {cap_s}s. Long output is cut in the "
                 "middle. The environment is minimal (no credentials); HOME is the agent home. Background "
-                "processes are stopped when the command ends (nothing started with & outlives it)."
+                "processes are stopped when the command ends (nothing started with & outlives it). "
+                f"It runs in a sandbox: only the home is writable, other files are read-only system files. {network}"
             ),
             input_model=RunCommandParams,
-            execute=_bind(_run_command, settings),
+            execute=lambda params, tctx: run_command(params, tctx, settings, policy),
             execution_mode="sequential",
             is_destructive=True,
+            needs_approval=command_needs_approval,
             describe_activity=_describe_command,
             describe_completed_activity=_describe_command_done,
         ),

@@ -1,4 +1,8 @@
-"""The ``run_command`` tool: a shell command in the agent home, its output capped, its processes reaped."""
+"""The ``run_command`` tool: a shell command in the agent home, sandboxed, its output capped, its processes reaped.
+
+How the command is started (the bubblewrap sandbox, or the development-only
+unsandboxed runner) is ``worker.tools.computer.launch``.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,9 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 
@@ -18,50 +20,13 @@ from worker.settings import Settings
 from worker.tooling.contract import ToolContext, ToolResult
 from worker.tools.computer.common import fail, short
 from worker.tools.computer.confine import ConfinementError, display_path, home_root, resolve_in_home
+from worker.tools.computer.launch import KILL_GRACE, NetworkPolicy, command_env, prepare
+from worker.tools.computer.sandbox import SandboxUnavailable
 
-# Grace between SIGTERM and SIGKILL when killing a command's process group.
-KILL_GRACE = 1.0
+__all__ = ["RunCommandParams", "command_env"]
+
 # After the shell exits, how long to wait for background children to release the output pipe.
 PIPE_DRAIN_GRACE = 0.5
-# Grace between SIGTERM and SIGKILL for background processes left when the shell exits.
-LEFTOVER_GRACE = 0.3
-
-# Environment variables copied from the worker into commands: locale and
-# terminal only. Everything else (API keys, Redis URLs, cloud credentials) is
-# left out by construction; PATH, HOME and the like are set explicitly.
-ENV_PASSTHROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-# --------------------------------------------------------------------------- run_command
-
-
-def command_env(home: Path, settings: Settings) -> dict[str, str]:
-    """The environment a command runs with: an allowlist, not ``os.environ``.
-
-    ``PATH`` is the worker's ``PATH`` (directories, not secrets) with the
-    optional ``settings.command_extra_path`` (``os.pathsep``-separated,
-    e.g. where ``mcporter`` is installed) in front; ``HOME`` is the agent
-    home; ``LANG``/``LC_*``/``TZ`` are copied; ``TERM=dumb`` and
-    ``NO_COLOR=1`` keep output plain.
-    """
-    path = os.environ.get("PATH") or DEFAULT_PATH
-    extra = settings.command_extra_path
-    if extra:
-        path = os.pathsep.join([p for p in extra.split(os.pathsep) if p] + [path])
-    env = {
-        "PATH": path,
-        "HOME": str(home),
-        "USER": "agent",
-        "LOGNAME": "agent",
-        "SHELL": "/bin/bash",
-        "TERM": "dumb",
-        "NO_COLOR": "1",
-        "LANG": "C.UTF-8",
-    }
-    for name in ENV_PASSTHROUGH:
-        if os.environ.get(name):
-            env[name] = os.environ[name]
-    return env
 
 
 class _CappedSink:
@@ -127,117 +92,6 @@ def _kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE) -> None:
         pass
 
 
-# The command runner: a tiny Python program (run as ``python -I -S -c _RUNNER
-# <grace> <leftover_grace> <shell> -c <command>``) between the worker and the
-# shell. It makes *itself* a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``,
-# Linux), so every orphaned descendant of the command (``cmd &`` after the
-# shell exits, ``setsid``, ``nohup``, double forks) is reparented to it rather
-# than to init and stays findable through ``/proc/*/stat`` ppid chains. When
-# the shell exits, the runner SIGTERMs whatever is left, SIGKILLs it after a
-# short grace, repeats until it has no descendants, and exits with the shell's
-# status. On SIGTERM (the worker's timeout or abort) it does the same to the
-# whole tree, shell included. The worker itself never becomes a subreaper.
-_RUNNER = r"""
-import os, signal, sys, time
-grace, leftover_grace, argv = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
-me = os.getpid()
-try:
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-except Exception:
-    pass
-class Stop(Exception):
-    pass
-def on_term(signum, frame):
-    raise Stop()
-signal.signal(signal.SIGTERM, on_term)
-shell_pid, shell_status, stopped = None, None, False
-def descendants():
-    children = {}
-    try:
-        names = os.listdir('/proc')
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open('/proc/' + name + '/stat', 'rb') as fh:
-                data = fh.read()
-            fields = data[data.rindex(b')') + 2:].split()
-            children.setdefault(int(fields[1]), []).append((int(name), fields[0] == b'Z'))
-        except (OSError, ValueError, IndexError):
-            continue
-    found, todo = [], [me]
-    while todo:
-        for pid, zombie in children.get(todo.pop(), ()):
-            found.append((pid, zombie))
-            todo.append(pid)
-    return found
-def reap():
-    global shell_status
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        if pid == shell_pid:
-            shell_status = status
-def live():
-    reap()
-    return [pid for pid, zombie in descendants() if not zombie]
-def signal_all(sig):
-    pids = live()
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-    return pids
-def wait_gone(seconds):
-    end = time.monotonic() + seconds
-    while live() and time.monotonic() < end:
-        time.sleep(0.02)
-try:
-    shell_pid = os.posix_spawn(argv[0], argv, os.environ,
-                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM))
-    while shell_status is None:
-        pid, status = os.waitpid(shell_pid, 0)
-        if pid == shell_pid:
-            shell_status = status
-except Stop:
-    stopped = True
-finally:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if signal_all(signal.SIGTERM):
-        wait_gone(grace if stopped else leftover_grace)
-    end = time.monotonic() + 10
-    while signal_all(signal.SIGKILL) and time.monotonic() < end:
-        time.sleep(0.01)
-    reap()
-if shell_status is None:
-    os._exit(128 + signal.SIGTERM)
-if os.WIFSIGNALED(shell_status):
-    sig = os.WTERMSIG(shell_status)
-    try:
-        signal.signal(sig, signal.SIG_DFL)
-    except (OSError, ValueError):
-        pass
-    os.kill(me, sig)
-    os._exit(128 + sig)
-os._exit(os.waitstatus_to_exitcode(shell_status))
-"""
-
-
-def _runner_argv(shell: str, command: str) -> list[str]:
-    """``argv`` that runs ``shell -c command`` under ``_RUNNER`` (or directly when it cannot be used)."""
-    if sys.platform.startswith("linux") and sys.executable and os.path.exists("/proc/self/stat"):
-        return [sys.executable, "-I", "-S", "-c", _RUNNER, str(KILL_GRACE), str(LEFTOVER_GRACE), shell, "-c", command]
-    return [shell, "-c", command]
-
-
 def _stop_runner(proc: subprocess.Popen) -> None:
     """Timeout/abort: SIGTERM the runner (which stops the whole tree), then SIGKILL the group if needed."""
     try:
@@ -261,14 +115,18 @@ class RunCommandParams(BaseModel):
     cwd: str | None = Field(None, description="Working directory relative to the agent home (default: the home).")
 
 
-def _run_command(params: RunCommandParams, ctx: ToolContext, settings: Settings) -> ToolResult:
-    """Run ``params.command`` under ``_RUNNER``; its lifetime bounds all its descendants.
+def _run_command(
+    params: RunCommandParams, ctx: ToolContext, settings: Settings, policy: NetworkPolicy = NetworkPolicy()
+) -> ToolResult:
+    """Run ``params.command`` in the sandbox (``launch.prepare``); its lifetime bounds all its descendants.
 
-    Output (stdout and stderr merged) is capped by ``_CappedSink``. When the
-    shell exits, background processes it left are stopped (SIGTERM, then
-    SIGKILL after ``LEFTOVER_GRACE``); on timeout or abort the whole tree is
-    stopped (SIGTERM, then SIGKILL after ``KILL_GRACE``), including processes
-    that moved to another session or process group.
+    Output (stdout and stderr merged) is capped by ``_CappedSink``. Sandboxed,
+    the command is its sandbox's PID namespace: when the shell exits, or on
+    timeout or abort (bwrap is killed, ``--die-with-parent``), every process
+    in it dies. Unsandboxed (``AGENT_COMMAND_SANDBOX=off``), ``_RUNNER`` stops
+    the tree (SIGTERM, then SIGKILL). ``policy`` is the turn's network. When
+    the sandbox cannot be created the result is an error naming the cause and
+    the setting; nothing runs.
     """
     try:
         cwd = resolve_in_home(ctx.home, params.cwd or ".")
@@ -280,21 +138,44 @@ def _run_command(params: RunCommandParams, ctx: ToolContext, settings: Settings)
     timeout = min(params.timeout_seconds, limit) if params.timeout_seconds else limit
     shell = shutil.which("bash") or "/bin/sh"
     home = home_root(ctx.home)
+    try:
+        launch = prepare(settings, policy, home, cwd, params.command, shell)
+    except SandboxUnavailable as exc:
+        return fail(str(exc), sandbox="unavailable")
     sink = _CappedSink(settings.command_output_cap)
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
-            _runner_argv(shell, params.command),
-            cwd=str(cwd),
-            env=command_env(home, settings),
+            launch.argv,
+            cwd=launch.cwd if launch.sandboxed else str(cwd),
+            env=launch.env if launch.sandboxed else command_env(home, settings),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: killpg reaches every child
             close_fds=True,
+            pass_fds=launch.pass_fds,
         )
     except OSError as exc:
+        launch.cleanup()
         return fail(f"could not start the command: {exc.strerror or exc}")
+    launch.spawned()
+    try:
+        return _supervise(proc, params, ctx, sink, started, timeout, cwd)
+    finally:
+        launch.cleanup()
+
+
+def _supervise(
+    proc: subprocess.Popen,
+    params: RunCommandParams,
+    ctx: ToolContext,
+    sink: _CappedSink,
+    started: float,
+    timeout: float,
+    cwd,
+) -> ToolResult:
+    """Pump output, enforce the timeout and abort, and build the result."""
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -320,8 +201,13 @@ def _run_command(params: RunCommandParams, ctx: ToolContext, settings: Settings)
         if ctx.abort.aborted:
             outcome = "aborted"
             break
+        if reader.is_alive():
+            # The output pipe closes when the last process of the command exits: waking on the
+            # reader's end answers at once, where Popen.wait polls with growing sleeps.
+            reader.join(min(0.05, left))
+            continue
         try:
-            proc.wait(timeout=min(0.1, left))
+            proc.wait(timeout=min(0.05, left))
         except subprocess.TimeoutExpired:
             pass
     if outcome != "exited":

@@ -1,0 +1,158 @@
+"""The command sandbox's parts, called directly: mounts, limits, the egress proxy's rules, the opt-out."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from worker.settings import Settings
+from worker.tools.computer import launch, sandbox
+from worker.tools.computer.egress import EgressProxy, host_allowed
+from worker.tools.web.address_guard import BlockedAddressError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_limits_line_has_every_limit():
+    limits = sandbox.Limits.from_settings(Settings())
+    line = limits.ulimit_line()
+    for flag, value in (("-t", 300), ("-v", 4 * 1024**2), ("-u", 256), ("-f", 1024**2), ("-n", 1024), ("-c", 0)):
+        assert f"{flag} {value}" in line
+
+
+def test_bind_sources_never_expose_homes_or_the_project(tmp_path):
+    homes = tmp_path / "homes"
+    homes.mkdir()
+    for bad in ("/", "/root", "/proc", "/run", "/home", "/var", str(tmp_path), str(homes)):
+        assert sandbox.check_bind_source(bad, homes), bad
+    assert sandbox.check_bind_source(str(ROOT), homes)  # the project (cwd of the tests) holds var/
+    assert sandbox.check_bind_source(str(homes / "x"), homes) is None  # below the root is not a holder
+    settings = Settings(homes_root=homes, command_extra_path=os.pathsep.join(["/", str(tmp_path), "/nonexistent"]))
+    # Only the Python prefix, whatever was asked for.
+    assert sandbox.readonly_sources(settings) == sandbox.readonly_sources(Settings(homes_root=homes))
+
+
+def test_extra_path_brings_its_venv_and_node_modules(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    mods = tmp_path / "node" / "node_modules" / ".bin"
+    mods.mkdir(parents=True)
+    settings = Settings(homes_root=tmp_path / "homes", command_extra_path=f"{venv / 'bin'}:{mods}")
+    sources = sandbox.readonly_sources(settings)
+    assert str(venv) in sources and str(mods.parent) in sources
+
+
+def test_host_allowlist_rules():
+    assert host_allowed("example.org", None)
+    assert host_allowed("Example.ORG.", ("example.org",))
+    assert not host_allowed("a.example.org", ("example.org",))
+    assert host_allowed("a.example.org", (".example.org",)) and host_allowed("example.org", (".example.org",))
+    assert not host_allowed("badexample.org", (".example.org",))
+
+
+def test_proxy_vets_like_web_fetch():
+    proxy = EgressProxy()
+    try:
+        assert proxy._vet("93.184.215.14", 443) == ["93.184.215.14"]  # public: attempted
+        for host in ("127.0.0.1", "10.1.2.3", "169.254.169.254", "[::1]", "100.100.100.200", "localhost"):
+            with pytest.raises(BlockedAddressError):
+                proxy._vet(host.strip("[]"), 80)
+    finally:
+        proxy.close()
+    assert not os.path.exists(proxy.socket_path)
+    loop = EgressProxy(loopback_ports=frozenset({8080}))
+    try:
+        assert loop._vet("127.0.0.1", 8080) == ["127.0.0.1"]
+        with pytest.raises(BlockedAddressError):
+            loop._vet("127.0.0.1", 6379)
+    finally:
+        loop.close()
+
+
+def test_process_limit_counts_only_the_sandbox():
+    """RLIMIT_NPROC set inside the sandbox's user namespace ignores the uid's processes outside it.
+
+    As root the test runs as uid 65534 (the kernel exempts uid 0 from RLIMIT_NPROC). 20 processes
+    of that uid outside a sandbox limited to 12 do not stop 6 inside; 30 inside are refused.
+    """
+    bwrap = sandbox.find_bwrap(Settings())
+    as_root = os.geteuid() == 0
+
+    def drop() -> None:
+        if as_root:
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+
+    outside = [subprocess.Popen(["sleep", "60"], preexec_fn=drop) for _ in range(20)]
+    try:
+
+        def inside(n: int) -> str:
+            spawn = f"i=0; while [ $i -lt {n} ]; do sleep 3 & i=$((i+1)); done; echo spawned-{n}"
+            argv = [bwrap, *sandbox.core_args(), "--chdir", "/tmp", "--"]
+            argv += [shutil.which("bash") or "/bin/bash", "-c", f"ulimit -u 12 && exec /bin/sh -c '{spawn}'"]
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, preexec_fn=drop, env={})
+            return proc.stdout + proc.stderr
+
+        out = inside(6)
+        assert "spawned-6" in out and "fork" not in out.lower(), out
+        out = inside(30)
+        assert "fork" in out.lower(), out
+    finally:
+        for p in outside:
+            p.kill()
+            p.wait()
+
+
+def test_off_is_logged_as_a_warning(caplog, monkeypatch):
+    monkeypatch.setattr(launch, "_warned_off", False)
+    with caplog.at_level(logging.WARNING, logger="worker.tools.computer.launch"):
+        assert launch.startup_check(Settings(command_sandbox="off")) == "off"
+    assert any("UNSANDBOXED" in r.message and r.levelno == logging.WARNING for r in caplog.records)
+
+
+def test_startup_check_reports_the_sandbox():
+    status = launch.startup_check(Settings())
+    assert status.startswith("bwrap ") and "process cap by" in status
+
+
+def test_egress_proxy_closes_its_connections():
+    proxy = EgressProxy()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(proxy.socket_path)
+    client.sendall(b"CONNECT 10.0.0.1:443 HTTP/1.1\r\nHost: 10.0.0.1\r\n\r\n")
+    reply = client.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 403") and b"private address" in reply
+    client.close()
+    proxy.close()
+    deadline = time.monotonic() + 2
+    while os.path.exists(proxy.socket_path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proxy.refusals and not os.path.exists(proxy.socket_path)
+
+
+def test_no_nested_user_namespaces_and_no_capabilities(tmp_path):
+    from worker.tooling.contract import AbortSignal, ToolContext
+    from worker.tools.computer.catalog import create_computer_tools
+    from worker.turn.context import TurnContext
+
+    home = tmp_path / "home"
+    home.mkdir()
+    ctx = TurnContext(turn_id="t", agent_id="a", home=home, settings=Settings(homes_root=tmp_path))
+    tool = {t.name: t for t in create_computer_tools(ctx)}["run_command"]
+    command = "unshare -U true; echo userns=$?; grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; id -u; hostname"
+    r = tool.execute(
+        tool.input_model(command=command), ToolContext(turn_id="t", call_id="c", home=home, abort=AbortSignal())
+    )
+    assert "userns=1" in r.content
+    for cap in ("CapEff", "CapPrm", "CapBnd"):
+        assert f"{cap}:\t0000000000000000" in r.content
+    assert "\n1000\nagent\n" in r.content

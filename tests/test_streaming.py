@@ -1,0 +1,190 @@
+"""The model's output streamed as it is written (issue 13, item 5): server-sent events from the
+scripted gateway (real event names and shapes), deltas batched into the turn's event stream,
+the reply memoized as before, a cut stream retried, a non-streaming endpoint still served."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from tests.support.scripts import fc, msg
+from tests.test_idempotency import RecordingDispatcher
+from worker.model.client import GatewayError, ResponsesClient
+from worker.model.scripted_gateway import ScriptedGateway
+from worker.model.sse_script import sse_events
+from worker.model.streaming import DeltaBatcher, stream_reply
+from worker.settings import Settings
+from worker.tools.toolsets import toolset_resolver
+from worker.turn.engine import TurnEngine
+from worker.turn.request import TurnRequest, TurnStatus
+from worker.turn.store import TurnStore
+
+TEXT = (
+    "Streaming lets a person read the answer while the model is still writing it; "
+    "every piece below arrives as its own delta, in order, and together they make the final text."
+)
+
+
+def test_text_deltas_arrive_in_order_before_the_step_ends(control, gateway, script_name):
+    gateway.add_script(script_name, [{"output": [msg(TEXT)], "stream_chunk": 5, "stream_delay_ms": 2}])
+    turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
+    view = control.wait(turn_id, timeout=30)
+    assert view.status == TurnStatus.completed and view.final_output == TEXT
+    events = control.events(turn_id)
+    order = [e["kind"] for e in events]
+    deltas = [e for e in events if e["kind"] == "model_delta"]
+    assert deltas, "the worker streamed"
+    assert max(i for i, k in enumerate(order) if k == "model_delta") < order.index("model_reply")
+    assert [d["seq"] for d in deltas] == list(range(len(deltas)))
+    assert len({d["attempt"] for d in deltas}) == 1
+    assert "".join(d["delta"] for d in deltas if d["type"] == "text") == TEXT
+    assert [b.get("stream") for b in gateway.requests if b["model"] == script_name] == [True]
+
+
+def test_function_call_argument_deltas_carry_the_call(control, gateway, script_name):
+    args = '{"label": "streamed-arguments", "ms": 1}'
+    gateway.add_script(script_name, [{"output": [fc("read_thing", args)], "stream_chunk": 4}, {"output": [msg("ok")]}])
+    turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
+    assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
+    deltas = [e for e in control.events(turn_id) if e["kind"] == "model_delta"]
+    arg_deltas = [d for d in deltas if d["type"] == "arguments"]
+    [call] = [i for i in control.items(turn_id) if i["type"] == "function_call"]
+    assert "".join(d["delta"] for d in arg_deltas) == args
+    assert {(d["call_id"], d["name"]) for d in arg_deltas} == {(call["call_id"], "read_thing")}
+
+
+def test_a_stream_cut_mid_way_is_retried_and_the_reader_can_tell(control, gateway, script_name):
+    served = []
+
+    def step(body):
+        served.append(1)
+        # The first answer breaks after three deltas, without a terminal event.
+        return {"output": [msg(TEXT)], "stream_chunk": 8, "stream_break_after": 3 if len(served) == 1 else None}
+
+    gateway.add_script(script_name, [step])
+    turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
+    view = control.wait(turn_id, timeout=60)
+    assert view.status == TurnStatus.completed and view.final_output == TEXT
+    assert len(served) == 2
+    events = control.events(turn_id)
+    [broken] = [e for e in events if e["kind"] == "model_stream_broken"]
+    assert "ended before response.completed" in broken["error"]
+    assert [e["kind"] for e in events].count("model_retry") == 1
+    deltas = [e for e in events if e["kind"] == "model_delta"]
+    first, second = broken["attempt"], {d["attempt"] for d in deltas} - {broken["attempt"]}
+    assert "".join(d["delta"] for d in deltas if d["attempt"] == first) == TEXT[:24]
+    [second] = second
+    assert "".join(d["delta"] for d in deltas if d["attempt"] == second) == TEXT
+
+
+def test_a_streamed_incomplete_answer_follows_the_incomplete_rule(control, gateway, script_name):
+    gateway.add_script(script_name, [{"output": [msg("The answer stops here bec")], "status": "incomplete"}])
+    turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
+    view = control.wait(turn_id, timeout=30)
+    assert view.status == TurnStatus.incomplete and "output-token limit" in view.error
+
+
+@pytest.fixture
+def engine(redis_url, gateway):
+    settings = Settings()
+    store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60.0)
+    return TurnEngine(
+        store, settings, RecordingDispatcher(), toolset_resolver(settings), ResponsesClient(gateway.base_url)
+    )
+
+
+def test_a_redelivered_step_uses_the_memoized_reply(engine, gateway, script_name):
+    gateway.add_script(script_name, [{"output": [msg(TEXT)]}])
+    turn_id = uuid.uuid4().hex
+    engine.create_turn(TurnRequest(input="go", model=script_name, toolset="testing"), turn_id)
+    # a first delivery streamed the whole reply, memoized it, and died before recording the turn's end
+    body = engine.client.build_request(model=script_name, input=engine.store.items(turn_id), tools=[])
+    reply = stream_reply(engine.client, body, lambda evs: engine.store.add_events(turn_id, evs), step=0)
+    engine.store.save_reply(turn_id, 0, reply.to_json())
+    n = len(gateway.requests)
+    assert engine.run_step(turn_id, 0).action == "completed"
+    assert len(gateway.requests) == n, "no second model call"
+    assert engine.store.load(turn_id).final_output == TEXT
+
+
+def test_an_endpoint_without_streaming_still_works(redis_url):
+    plain = ScriptedGateway({"plain": [{"output": [msg("a whole answer at once")]}]}, streaming=False).start()
+    try:
+        settings = Settings()
+        store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60.0)
+        eng = TurnEngine(
+            store, settings, RecordingDispatcher(), toolset_resolver(settings), ResponsesClient(plain.base_url)
+        )
+        turn_id = uuid.uuid4().hex
+        eng.create_turn(TurnRequest(input="go", model="plain", toolset="testing"), turn_id)
+        assert eng.run_step(turn_id, 0).action == "completed"
+        assert plain.requests[-1]["stream"] is True, "asked to stream; the endpoint answered JSON"
+        assert store.load(turn_id).final_output == "a whole answer at once"
+        assert not [e for _, e in store.events(turn_id) if e["kind"] == "model_delta"]
+    finally:
+        plain.stop()
+
+
+def test_gateway_events_are_the_real_typed_events(gateway, script_name):
+    gateway.add_script(script_name, [{"output": [msg("hi there"), fc("read_thing", '{"label": "x"}')]}])
+    _, payload, _ = gateway.respond_step({"model": script_name, "input": "go"})
+    adapter = TypeAdapter(ResponseStreamEvent)
+    events = list(sse_events(payload, chunk=3))
+    typed = [adapter.validate_python(e) for e in events]
+    names = [type(t).__name__ for t in typed]
+    assert names[0] == "ResponseCreatedEvent" and names[-1] == "ResponseCompletedEvent"
+    assert "ResponseTextDeltaEvent" in names and "ResponseFunctionCallArgumentsDeltaEvent" in names
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    # the guard: a broken event is refused by the typed models
+    with pytest.raises(Exception):  # noqa: B017 - pydantic's ValidationError
+        adapter.validate_python({"type": "response.output_text.delta", "sequence_number": 0})
+
+
+def test_batcher_joins_deltas_and_flushes_at_close():
+    published: list = []
+    b = DeltaBatcher(published.extend, step=3, interval=60.0)
+    for piece in ("a", "b", "c"):
+        b.add("text", 0, piece, {})
+    b.add("arguments", 1, '{"x"', {"call_id": "c1", "name": "t"})
+    b.add("arguments", 1, ": 1}", {"call_id": "c1", "name": "t"})
+    b.close()
+    # the first delta goes at once (time to first token); the rest is joined per item and kind
+    assert [(e["type"], e["delta"], e["seq"]) for _, e in published] == [
+        ("text", "a", 0),
+        ("text", "bc", 1),
+        ("arguments", '{"x": 1}', 2),
+    ]
+    assert all(kind == "model_delta" and e["step"] == 3 for kind, e in published)
+
+
+def test_gateway_failures_map_to_gateway_errors(gateway):
+    client = ResponsesClient(gateway.base_url)
+    body = client.build_request(model="no-such-script", input="go", tools=[])
+    with pytest.raises(GatewayError) as info:
+        stream_reply(client, body, lambda evs: None, step=0)
+    assert info.value.status_code == 404 and not info.value.retryable
+
+
+def test_transcript_prints_the_streamed_text_once_as_written(control, gateway, script_name):
+    import io
+
+    from rich.console import Console
+
+    from control.transcript import print_transcript
+
+    intro = "First I read the thing, then I answer."
+    gateway.add_script(
+        script_name,
+        [{"output": [msg(intro), fc("read_thing", {"label": "t"})], "stream_chunk": 4}, {"output": [msg(TEXT)]}],
+    )
+    turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
+    out = io.StringIO()
+    final = print_transcript(control, turn_id, Console(file=out, width=1000), follow=True, timeout=30)
+    assert final["status"] == "completed"
+    text = out.getvalue()
+    assert text.count(intro) == 1, "streamed text is not printed again with the model call's summary"
+    assert f"model: {intro}" in text and f"model: {TEXT}" in text

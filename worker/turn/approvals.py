@@ -1,0 +1,396 @@
+"""Human approval of tool calls: who must approve, the records in Redis, the decisions, the gates.
+
+Rule (DESIGN-NOTES section 11): a wait for a person is state in Redis, never a task. When a
+step's plan holds calls that need approval, ``begin_tools`` records one ``pending`` record per
+such call (same MULTI as the plan) and the turn takes status ``awaiting_approval``. Batches
+run in emitted order as usual (``worker.turn.dispatch``); a batch holding an approval call is
+*gated*: it is dispatched once (a) the batch before it passed its barrier and (b) every
+approval call in it is decided. Whoever makes the second of those true (the barrier's last
+call, or the decision) opens the gate with ``SET NX`` and dispatches, so a batch is sent
+exactly once whatever the interleaving. Free calls before the first gated batch run at once.
+
+Keys (beside ``worker.turn.store``'s):
+
+- ``turn:{id}:approvals:{n}`` hash ``call_id`` -> record JSON (``ApprovalRecord``).
+- ``turn:{id}:gate:{n}:{b}``: set once by whoever dispatches gated batch b.
+- ``approvals:pending`` sorted set: turn id scored by its earliest approval deadline.
+
+A decision is guarded (WATCH/MULTI on the turn and its records; the turn must be at step n,
+phase ``tools``, not ended), recorded with ``by`` and the time, and idempotent: the same
+decision again changes nothing; a different one raises ``ApprovalConflict``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import orjson
+import redis
+from jsonschema import Draft202012Validator
+
+from worker.settings import Settings
+from worker.tooling.contract import WorkerTool
+from worker.turn.dispatch import Batch, PlannedCall
+from worker.turn.request import TurnRequest, TurnStatus
+from worker.turn.state import key as _k
+
+PENDING_KEY = "approvals:pending"
+EVENTS_MAXLEN = 10_000
+RETENTION_SECONDS = 7 * 24 * 3600
+
+Decision = Literal["approved", "rejected"]
+
+
+class ApprovalError(ValueError):
+    """A decision that cannot apply: unknown turn or call, turn ended or moved on, invalid edited params."""
+
+
+class ApprovalConflict(ApprovalError):
+    """The call was already decided the other way (or with other params)."""
+
+
+@dataclass
+class ApprovalRecord:
+    """One call waiting for (or given) a person's decision.
+
+    ``arguments``: the validated params the model sent (JSON); ``params``: edited params the
+    approver substituted (None: run as sent); ``schema``: the tool's own parameters JSON Schema
+    (edited params are checked against it); times are epoch seconds; ``status`` is
+    ``pending``, ``approved`` or ``rejected``.
+    """
+
+    turn_id: str
+    agent_id: str
+    step: int
+    call_id: str
+    name: str
+    activity: str
+    arguments: dict[str, Any]
+    requested_at: float
+    deadline: float
+    status: str = "pending"
+    by: str | None = None
+    decided_at: float | None = None
+    reason: str | None = None
+    params: dict[str, Any] | None = None
+    schema: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "ApprovalRecord":
+        return cls(**orjson.loads(raw))
+
+    def public(self) -> dict[str, Any]:
+        """The record as shown to people (without the schema)."""
+        d = asdict(self)
+        d.pop("schema")
+        return d
+
+
+# ----- who must approve --------------------------------------------------------
+
+
+def approval_mode(request: TurnRequest, settings: Settings) -> str:
+    """The turn's approval mode: the request's, else ``AGENT_APPROVAL_MODE``."""
+    return request.approval.mode or settings.approval_mode
+
+
+def approval_timeout(request: TurnRequest, settings: Settings) -> float:
+    """Seconds a call may wait for a decision: the request's, else ``AGENT_APPROVAL_TIMEOUT``."""
+    return request.approval.timeout or settings.approval_timeout
+
+
+def call_needs_approval(tool: WorkerTool, params: Any, ctx: Any, mode: str) -> bool:
+    """Whether this validated call waits for a person under ``mode``.
+
+    ``off``: never; ``destructive``: every destructive tool, plus what tools declare;
+    ``declared``: what the tool's ``needs_approval`` says (a bool, or its decision function).
+    """
+    if mode == "off":
+        return False
+    if mode == "destructive" and tool.is_destructive:
+        return True
+    return tool.approval_required(params, ctx)
+
+
+# ----- records -------------------------------------------------------------------
+
+
+def approvals_key(turn_id: str, step: int) -> str:
+    return _k(turn_id, "approvals", step)
+
+
+def gate_key(turn_id: str, step: int, batch_index: int) -> str:
+    return _k(turn_id, "gate", step, batch_index)
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return orjson.dumps({"kind": kind, "at": round(time.time(), 3), **data})
+
+
+EVENT_ARGUMENTS_CHARS = 2_000  # bigger arguments (a whole file's content) stay in the record only
+
+
+def requested_event(rec: ApprovalRecord) -> dict[str, Any]:
+    """Fields of ``approval_requested`` (a UI shows "Wants to run: <activity> -- approve?").
+
+    ``arguments`` is the params object, or None with ``arguments_preview`` (the JSON cut to
+    ``EVENT_ARGUMENTS_CHARS``) when it is longer; ``pending_approvals`` always has them whole.
+    """
+    text = orjson.dumps(rec.arguments).decode()
+    big = len(text) > EVENT_ARGUMENTS_CHARS
+    return {
+        "step": rec.step,
+        "call_id": rec.call_id,
+        "name": rec.name,
+        "activity": rec.activity,
+        "arguments": None if big else rec.arguments,
+        **({"arguments_preview": text[:EVENT_ARGUMENTS_CHARS]} if big else {}),
+        "deadline": rec.deadline,
+    }
+
+
+def new_records(
+    turn_id: str, agent_id: str, step: int, calls: list[PlannedCall], schemas: dict[str, dict[str, Any]], timeout: float
+) -> list[ApprovalRecord]:
+    """Pending records for the step's calls that need approval (emitted order)."""
+    now = time.time()
+    return [
+        ApprovalRecord(
+            turn_id=turn_id,
+            agent_id=agent_id,
+            step=step,
+            call_id=c.call_id,
+            name=c.name,
+            activity=c.activity,
+            arguments=c.data or {},
+            requested_at=now,
+            deadline=now + timeout,
+            schema=schemas.get(c.name, {}),
+        )
+        for c in calls
+        if c.needs_approval and c.runnable
+    ]
+
+
+def write_requests(pipe: Any, turn_id: str, records: list[ApprovalRecord]) -> None:
+    """Inside ``begin_tools``'s MULTI: store the pending records, park the turn, announce them."""
+    if not records:
+        return
+    step = records[0].step
+    pipe.hset(approvals_key(turn_id, step), mapping={r.call_id: r.to_json() for r in records})
+    pipe.expire(approvals_key(turn_id, step), RETENTION_SECONDS)
+    pipe.hset(_k(turn_id), "status", TurnStatus.awaiting_approval.value)
+    pipe.zadd(PENDING_KEY, {turn_id: min(r.deadline for r in records)})
+    for rec in records:
+        pipe.xadd(
+            _k(turn_id, "events"),
+            {"e": _event("approval_requested", requested_event(rec))},
+            maxlen=EVENTS_MAXLEN,
+            approximate=True,
+        )
+
+
+def records(r: redis.Redis, turn_id: str, step: int) -> dict[str, ApprovalRecord]:
+    """The step's approval records by ``call_id``."""
+    return {k.decode(): ApprovalRecord.from_json(v) for k, v in r.hgetall(approvals_key(turn_id, step)).items()}
+
+
+def record(r: redis.Redis, turn_id: str, step: int, call_id: str) -> ApprovalRecord | None:
+    """One call's approval record, or None."""
+    raw = r.hget(approvals_key(turn_id, step), call_id)
+    return ApprovalRecord.from_json(raw) if raw else None
+
+
+def pending(r: redis.Redis, turn_id: str | None = None, agent_id: str | None = None) -> list[ApprovalRecord]:
+    """Undecided records of parked turns: of one turn, of one agent's turns, or all (oldest first)."""
+    ids = [turn_id] if turn_id else [x.decode() for x in r.zrange(PENDING_KEY, 0, -1)]
+    out: list[ApprovalRecord] = []
+    for tid in ids:
+        h = r.hmget(_k(tid), "status", "step", "phase", "agent_id")
+        if h[0] is None:
+            r.zrem(PENDING_KEY, tid)
+            continue
+        if agent_id and (h[3] or b"").decode() != agent_id:
+            continue
+        if TurnStatus(h[0].decode()).terminal or h[2] != b"tools":
+            r.zrem(PENDING_KEY, tid)  # ended or moved on: nothing waits anymore
+            continue
+        out.extend(rec for rec in records(r, tid, int(h[1])).values() if rec.status == "pending")
+    return sorted(out, key=lambda rec: (rec.requested_at, rec.turn_id, rec.call_id))
+
+
+def check_params(rec: ApprovalRecord, params: dict[str, Any]) -> None:
+    """Check edited params against the tool's own JSON Schema; raises ``ApprovalError`` naming each field."""
+    if not isinstance(params, dict):
+        raise ApprovalError("edited params must be a JSON object")
+    validator = Draft202012Validator(rec.schema or {"type": "object"})
+    errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
+    if errors:
+        detail = "; ".join(f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors)
+        raise ApprovalError(f"edited params for {rec.name} are invalid: {detail}")
+
+
+def decide(
+    r: redis.Redis,
+    turn_id: str,
+    call_id: str,
+    decision: Decision,
+    *,
+    by: str,
+    reason: str | None = None,
+    params: dict[str, Any] | None = None,
+    progress_timeout: float = 600.0,
+) -> tuple[ApprovalRecord, bool]:
+    """Record a decision on a pending call of the turn's current step.
+
+    Returns ``(record, changed)``; ``changed`` is False when the same decision was already
+    recorded (idempotent). The last decision of the step sets the turn back to ``running``.
+    Raises ``ApprovalError`` (unknown turn or call, turn ended, invalid edited params: nothing
+    changes) and ``ApprovalConflict`` (decided otherwise before).
+    """
+    if decision not in ("approved", "rejected"):
+        raise ApprovalError(f"decision must be 'approved' or 'rejected', not {decision!r}")
+    if params is not None and decision != "approved":
+        raise ApprovalError("edited params go with an approval only")
+    key = _k(turn_id)
+    result: dict[str, Any] = {}
+
+    def txn(pipe: Any) -> None:
+        h = pipe.hgetall(key)
+        if not h:
+            raise ApprovalError(f"unknown turn {turn_id}")
+        status = TurnStatus(h[b"status"].decode())
+        step, raw = int(h[b"step"]), None
+        # The current step's records first; an older step's only to answer a repeated decision.
+        for n in range(int(h[b"step"]), -1, -1):
+            pipe.watch(approvals_key(turn_id, n))  # watched before read: a concurrent decision retries us
+            raw = pipe.hget(approvals_key(turn_id, n), call_id)
+            if raw is not None:
+                step = n
+                break
+        if raw is None:
+            raise ApprovalError(f"call {call_id} of turn {turn_id} is not waiting for approval")
+        akey = approvals_key(turn_id, step)
+        rec = ApprovalRecord.from_json(raw)
+        if rec.status != "pending":
+            same = rec.status == decision and (params is None or params == rec.params)
+            if same:
+                result.update(rec=rec, changed=False)
+                pipe.multi()
+                return
+            raise ApprovalConflict(
+                f"call {call_id} was already {rec.status} by {rec.by} at "
+                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(rec.decided_at or 0))}"
+            )
+        if status.terminal or h[b"phase"] != b"tools" or int(h[b"step"]) != step:
+            raise ApprovalError(f"turn {turn_id} is {status.value}: nothing waits for a decision")
+        if params is not None:
+            check_params(rec, params)
+        others = [ApprovalRecord.from_json(v) for k, v in pipe.hgetall(akey).items() if k.decode() != call_id]
+        rec.status, rec.by, rec.decided_at = decision, by, time.time()
+        rec.reason, rec.params = reason, params
+        last = all(o.status != "pending" for o in others)
+        pipe.multi()
+        pipe.hset(akey, call_id, rec.to_json())
+        event = {
+            "step": step,
+            "call_id": call_id,
+            "name": rec.name,
+            "activity": rec.activity,
+            "decision": decision,
+            "by": by,
+            "reason": reason,
+            "edited": params is not None,
+        }
+        pipe.xadd(
+            _k(turn_id, "events"), {"e": _event("approval_decided", event)}, maxlen=EVENTS_MAXLEN, approximate=True
+        )
+        now = time.time()
+        fields: dict[str, Any] = {"updated_at": now, "redrives": 0}
+        if last:
+            fields["status"] = TurnStatus.running.value
+            pipe.zrem(PENDING_KEY, turn_id)
+        pipe.hset(key, mapping=fields)
+        pipe.zadd("turns:watch", {turn_id: now + progress_timeout})
+        result.update(rec=rec, changed=True)
+
+    r.transaction(txn, key)
+    return result["rec"], result["changed"]
+
+
+def rejection_result(rec: ApprovalRecord) -> dict[str, Any]:
+    """The stored result of a rejected call: its ``function_call_output`` carries the reason."""
+    who = "the approval deadline" if rec.by == "deadline" else (rec.by or "a person")
+    reason = rec.reason or "no reason given"
+    return {
+        "output": f"Rejected by {who}: {reason}. The call did not run.",
+        "is_error": True,
+        "details": {"error": "rejected", "by": rec.by, "reason": rec.reason},
+        "activity": f"Rejected: {rec.activity}",
+        "ms": 0.0,
+    }
+
+
+# ----- gates -----------------------------------------------------------------------
+
+
+def split_for_approval(batches: list[Batch], calls: list[PlannedCall]) -> list[Batch]:
+    """Let free calls run before a decision without breaking the batch rules of ``worker.turn.dispatch``.
+
+    A sequential batch (a chain) is cut before its first call that needs approval: the calls
+    before it run now, the rest (in order) waits. A parallel batch (a group, no order among its
+    calls) is split into its free calls, then its calls that need approval.
+    """
+    need = {c.call_id for c in calls if c.needs_approval}
+    out: list[Batch] = []
+    for b in batches:
+        ids = b.call_ids
+        if not need.intersection(ids):
+            out.append(b)
+            continue
+        if b.mode == "sequential":
+            cut = next(i for i, cid in enumerate(ids) if cid in need)
+            parts = [ids[:cut], ids[cut:]]
+        else:
+            parts = [[c for c in ids if c not in need], [c for c in ids if c in need]]
+        out.extend(Batch(b.mode, part) for part in parts if part)
+    return out
+
+
+def gated(batch: Batch, calls: list[PlannedCall]) -> bool:
+    """True when the batch holds a call that needs approval."""
+    need = {c.call_id for c in calls if c.needs_approval}
+    return any(cid in need for cid in batch.call_ids)
+
+
+def try_open(
+    r: redis.Redis, turn_id: str, step: int, batch_index: int, batches: list[Batch], calls: list[PlannedCall]
+) -> bool:
+    """True exactly once, for the caller that finds gated batch ``batch_index`` ready to dispatch:
+    the batch before it passed its barrier and every approval call in it is decided."""
+    if batch_index > 0 and not r.exists(_k(turn_id, "adv", step, batch_index - 1)):
+        return False
+    need = {c.call_id for c in calls if c.needs_approval} & set(batches[batch_index].call_ids)
+    recs = records(r, turn_id, step)
+    if any(recs.get(cid) is None or recs[cid].status == "pending" for cid in need):
+        return False
+    return bool(r.set(gate_key(turn_id, step, batch_index), "1", nx=True, ex=RETENTION_SECONDS))
+
+
+def next_gated(r: redis.Redis, turn_id: str, step: int, batches: list[Batch], calls: list[PlannedCall]) -> int | None:
+    """Index of the first gated batch not yet opened, or None."""
+    for i, b in enumerate(batches):
+        if gated(b, calls) and not r.exists(gate_key(turn_id, step, i)):
+            return i
+    return None
+
+
+def overdue_turns(r: redis.Redis, now: float | None = None, limit: int = 100) -> list[str]:
+    """Parked turns whose earliest approval deadline has passed (for the watchdog sweep)."""
+    now = time.time() if now is None else now
+    return [x.decode() for x in r.zrangebyscore(PENDING_KEY, "-inf", now, start=0, num=limit)]
