@@ -34,9 +34,11 @@ $(MCPORTER): | $(STAMP)
 
 node: $(MCPORTER)
 
+# `exec`: the recipe's shell becomes the Python process, so the SIGTERM that make forwards to its
+# child (and a SIGINT sent to the process group) reaches devstack, which stops everything it started.
 run: $(STAMP)
 	-@$(MAKE) --no-print-directory node
-	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) $(PY) -m devtools.devstack --demo $(DEMO)
+	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --demo $(DEMO)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -53,10 +55,11 @@ bench: $(STAMP)
 	$(PY) bench/file_tools.py
 	$(PY) bench/sandbox.py
 	$(PY) bench/streaming.py
+	$(PY) bench/tracing_overhead.py
 
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node
-	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) $(PY) -m devtools.devstack --serve
+	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --serve
 
 # Fresh ACL passwords each start; the URLs go to var/redis.env (mode 0600), never to the terminal.
 redis: $(STAMP)
@@ -73,10 +76,11 @@ beat: $(STAMP)
 	exec $(VENV)/bin/celery -A tasks.app beat -S tasks.beat:ResilientRedBeatScheduler -l INFO
 
 # Basic auth on every route, /metrics included; credentials from the environment only (tasks/flower.py).
+# Needs REDIS_URL like `make worker`; `exec` lets a SIGTERM sent to make reach Flower.
 flower: $(STAMP)
-	$(PY) -m pip install --quiet 'flower>=2.0,<3'
+	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one: . var/redis.env)}
 	@: $${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password in the environment}
-	$(PY) -m tasks.flower
+	exec $(PY) -m tasks.flower --port=$${FLOWER_PORT:-5555}
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

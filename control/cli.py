@@ -20,7 +20,7 @@ from rich.markup import escape
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 
 
 @contextmanager
@@ -45,11 +45,33 @@ def _control():
         return ControlPlane()
 
 
+# Workflow task turns need a result schema and a finish tool: they are started through
+# ControlPlane().workflows() (or the workflow_start tool), never as a plain turn.
+NOT_FROM_CLI = {"workflow_task": "workflow task turns are started with ControlPlane().workflows().start_workflow_task"}
+
+
+def _read_input_items(path: str) -> list:
+    """The Responses input items in ``path`` (``-``: stdin): a JSON array of objects. Exit 2 otherwise."""
+    try:
+        raw = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        items = json.loads(raw)
+    except (OSError, ValueError) as exc:
+        err.print(f"[red]error:[/] cannot read input items from {path}: {exc}")
+        raise typer.Exit(2) from exc
+    if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+        err.print(f"[red]error:[/] {path} must hold a non-empty JSON array of input items (objects)")
+        raise typer.Exit(2)
+    return items
+
+
 @app.command()
 def enqueue(
-    text: str = typer.Argument(..., help="the user's message"),
+    text: str = typer.Argument(None, help="the user's message (or --input-file)"),
+    input_file: str = typer.Option(
+        None, "--input-file", help="a JSON array of Responses input items instead of a message ('-': stdin)"
+    ),
     agent: str = typer.Option("agent", help="agent id (its home is <homes_root>/<agent>)"),
-    toolset: str = typer.Option("text", help="toolset: text, workflow_task or a configured extra"),
+    toolset: str = typer.Option("text", help="toolset: text or one configured in AGENT_EXTRA_TOOLSETS"),
     model: str = typer.Option(None, help="model name (default: OPENAI_MODEL)"),
     instructions: str = typer.Option(None, help="system instructions"),
     idempotency_key: str = typer.Option(None, help="enqueue at most once per key"),
@@ -59,12 +81,22 @@ def enqueue(
     wait: bool = typer.Option(False, help="follow the transcript until the turn ends"),
 ) -> None:
     """Enqueue a turn and print its id (or follow it with --wait)."""
+    if (text is None) == (input_file is None):
+        err.print("[red]error:[/] give a message or --input-file, not both and not neither")
+        raise typer.Exit(2)
+    if text is not None and not text.strip():
+        err.print("[red]error:[/] the message is empty")
+        raise typer.Exit(2)
+    if toolset in NOT_FROM_CLI:
+        err.print(f"[red]error:[/] toolset {toolset!r} cannot run from this command: {NOT_FROM_CLI[toolset]}")
+        raise typer.Exit(2)
+    message = text if input_file is None else _read_input_items(input_file)
     control = _control()
     with _exit_on_errors():
         turn_id = control.enqueue(
             {
                 "agent_id": agent,
-                "input": text,
+                "input": message,
                 "toolset": toolset,
                 "model": model,
                 "instructions": instructions,
@@ -89,7 +121,9 @@ def enqueue(
 def status(turn_id: str) -> None:
     """Print the turn's status as JSON."""
     with _exit_on_errors():
-        v = _control().status(turn_id)
+        control = _control()
+        v = control.status(turn_id)
+        used = control.usage(turn_id)["total"]
     print(
         json.dumps(
             {
@@ -99,9 +133,47 @@ def status(turn_id: str) -> None:
                 "model_calls": v.model_calls,
                 "final_output": v.final_output,
                 "error": v.error,
+                "usage": used,
             }
         )
     )
+
+
+@app.command()
+def usage(turn_id: str) -> None:
+    """Print the turn's token usage as JSON: totals, each model call's, and the budget."""
+    with _exit_on_errors():
+        print(json.dumps(_control().usage(turn_id)))
+
+
+@app.command()
+def trace(
+    turn_id: str,
+    spans: str = typer.Option(None, help="span file written by the workers (default: AGENT_OTEL_FILE)"),
+    as_json: bool = typer.Option(False, "--json", help="print the spans as JSON lines instead of a tree"),
+) -> None:
+    """Print the turn's span tree, from the JSON-lines span file the workers write (AGENT_OTEL_FILE)."""
+    import os
+    from pathlib import Path
+
+    from control.span_tree import span_tree, turn_spans
+
+    path = spans or os.environ.get("AGENT_OTEL_FILE")
+    if not path:
+        err.print("[red]error:[/] no span file: pass --spans or set AGENT_OTEL_FILE (as on the workers)")
+        raise typer.Exit(2)
+    control = _control()
+    with _exit_on_errors():
+        control.status(turn_id)
+        found = turn_spans(Path(path), control.store.load(turn_id).traceparent)
+    if not found:
+        err.print(f"[red]error:[/] no span of turn {turn_id} in {path}")
+        raise typer.Exit(1)
+    if as_json:
+        for span in found:
+            sys.stdout.write(json.dumps(span) + "\n")
+        return
+    console.print(span_tree(found, f"trace of turn {turn_id}"))
 
 
 @app.command("wait")

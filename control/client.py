@@ -66,10 +66,14 @@ class ControlPlane:
     def __init__(self, redis_url: str | None = None):
         settings = get_settings()
         self.url = redis_url or settings.control_redis_url or settings.redis_url
-        self.store = TurnStore(
-            redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=30),
-            progress_timeout=settings.progress_timeout,
-        )
+        try:
+            client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=30)
+        except ValueError as exc:  # a malformed URL (scheme, port): say so in one line, naming its variable
+            source = (
+                "the given URL" if redis_url else "CONTROL_REDIS_URL" if settings.control_redis_url else "REDIS_URL"
+            )
+            raise ControlPlaneError(f"{source} {redact_url(self.url)!r} is not a Redis URL: {exc}") from exc
+        self.store = TurnStore(client, progress_timeout=settings.progress_timeout)
         try:
             self.store.r.ping()
         except redis.RedisError as exc:
@@ -134,6 +138,25 @@ class ControlPlane:
         """The turn's Responses input items so far (user input, model output, function_call_output)."""
         with _redis_errors(self.url):
             return self.store.items(turn_id)
+
+    def usage(self, turn_id: str) -> dict[str, Any]:
+        """The turn's token usage, from the Responses ``usage`` of each model call
+        (``worker.turn.usage``): ``{"total": {input_tokens, output_tokens, total_tokens,
+        cached_tokens, reasoning_tokens, model_calls}, "steps": [{"step", "model", ...counts}],
+        "budget": the request's token_budget or None}``.
+
+        Raises ``ControlPlaneError`` for an unknown turn.
+        """
+        with _redis_errors(self.url):
+            state = self.store.load(turn_id)
+            if state is None:
+                raise ControlPlaneError(f"unknown turn {turn_id}")
+            ledger = self._engine.usage
+            return {
+                "total": ledger.totals(turn_id),
+                "steps": ledger.steps(turn_id),
+                "budget": state.request.get("token_budget"),
+            }
 
     def events(self, turn_id: str, after: str = "0-0") -> list[dict[str, Any]]:
         """Activity events (``kind``, ``at`` and fields) in order."""

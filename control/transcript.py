@@ -17,6 +17,7 @@ from rich.markup import escape
 from control.client import ControlPlane
 
 NO_WORKER_HINT_AFTER = 5.0  # seconds a turn may stay queued before the tail says why it may be stuck
+FINISHED_EVENT_GRACE = 3.0  # seconds to wait for turn_finished once the status is terminal
 
 
 def _tail(control: ControlPlane, turn_id: str, timeout: float, console: Console) -> Iterator[dict[str, Any]]:
@@ -24,6 +25,7 @@ def _tail(control: ControlPlane, turn_id: str, timeout: float, console: Console)
     started = time.monotonic()
     deadline = started + timeout
     hinted = False
+    ended_at = 0.0
     while time.monotonic() < deadline:
         if (
             not hinted
@@ -41,7 +43,10 @@ def _tail(control: ControlPlane, turn_id: str, timeout: float, console: Console)
             if event["kind"] == "turn_finished":
                 return
         if control.status(turn_id).done and not control.store.events(turn_id, after=last):
-            return
+            # The terminal status is written just before the turn_finished event: give it a moment.
+            ended_at = ended_at or time.monotonic()
+            if time.monotonic() - ended_at > FINISHED_EVENT_GRACE:
+                return
 
 
 def print_transcript(
@@ -99,9 +104,11 @@ def print_transcript(
         elif kind == "turn_started":
             console.print(f"[bold]turn {turn_id}[/] started for agent [cyan]{escape(e.get('agent_id', ''))}[/]")
         elif kind == "model_reply":
+            used = e.get("usage") or {}
+            tokens = f", {used.get('input_tokens', 0)} in / {used.get('output_tokens', 0)} out tokens" if used else ""
             console.print(
                 f"\n[bold magenta]model call {e['step'] + 1}[/] -> {e['calls']} function call(s), "
-                f"status {e['status']} ({e['ms']} ms)"
+                f"status {e['status']} ({e['ms']} ms{tokens})"
             )
             if e.get("text") and e["calls"] and e["step"] not in streamed:
                 console.print(f"  [italic]model:[/] {escape(e['text'])}")
@@ -140,4 +147,11 @@ def print_transcript(
                 console.print(f"reason: {escape(str(e['error']))}")
             if e.get("final_output"):
                 console.print(f"[bold]final answer:[/] {escape(e['final_output'])}")
+            if e.get("usage"):
+                u = e["usage"]
+                console.print(
+                    f"tokens: {u.get('input_tokens', 0)} in ({u.get('cached_tokens', 0)} cached), "
+                    f"{u.get('output_tokens', 0)} out ({u.get('reasoning_tokens', 0)} reasoning), "
+                    f"{u.get('total_tokens', 0)} total over {u.get('model_calls', 0)} model call(s)"
+                )
     return final

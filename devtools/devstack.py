@@ -7,8 +7,11 @@
   scripted gateway playing ``scripts/<demo>.json``.
 - Workers: the node's two pools (``devtools.workers``: threads for the queues that wait on
   the model, prefork for ``tools``) and celery beat (redbeat) firing schedules and the
-  watchdog sweep, all restarted if they exit.
-Everything started here is stopped on exit, also on Ctrl-C.
+  watchdog sweep, all restarted if they exit (a Redis restart they did not survive).
+- Traces: unless ``OTEL_*`` / ``AGENT_OTEL_FILE`` say otherwise, the worker writes its spans to
+  ``var/logs/spans.jsonl`` and the demo prints the turn's span tree at the end.
+Everything started here is stopped on exit: on Ctrl-C, on SIGTERM, and when the process that
+started this one (``make``) dies, since make does not forward a SIGINT sent to its own PID.
 """
 
 from __future__ import annotations
@@ -16,13 +19,18 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from devtools.workers import Supervisor, beat_command, worker_commands
 
@@ -40,6 +48,11 @@ class Stack:
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.redis = None
+        self.spans: Path | None = None
+        tag = uuid.uuid4().hex[:4]
+        self.worker_tag = tag
+        # Both pools' node names: the readiness check waits for these two only.
+        self.worker_names = [f"io-{tag}@{socket.gethostname()}", f"tools-{tag}@{socket.gethostname()}"]
         self.logdir = ROOT / "var" / "logs"
         self.logdir.mkdir(parents=True, exist_ok=True)
         # Workers and beat: restarted if they exit (e.g. a Redis restart they did not survive).
@@ -84,28 +97,99 @@ def _wait_http(url: str, timeout: float = 15) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
-def _without(*names: str) -> dict[str, str]:
-    """This environment minus ``names`` (a process gets only the secrets it uses)."""
-    return {k: v for k, v in os.environ.items() if k not in names}
+def _last_lines(path: Path, n: int = 5) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()] if path.exists() else []
+    return "\n".join(lines[-n:])
 
 
-def _wait_worker(timeout: float = 40) -> None:
-    """Wait until both pools (``io-*`` and ``tools-*`` nodes) answer a ping."""
+def _wait_worker(stack: Stack, timeout: float = 40) -> None:
+    """Wait until the worker answers a ping. Raises ``RuntimeError`` with the end of its log as soon
+    as the worker or beat exits (a bad setting stops it at start), or after ``timeout`` seconds."""
     from tasks.app import app
 
     deadline = time.monotonic() + timeout
     seen: set[str] = set()
     while time.monotonic() < deadline:
-        seen |= {name.split("-", 1)[0] for reply in app.control.ping(timeout=0.5) or [] for name in reply}
-        if {"io", "tools"} <= seen:
+        supervised = list(stack.supervisor.procs.items())
+        for name, proc in [*stack.procs, *supervised]:
+            if proc.poll() is not None or stack.supervisor.restarts.get(name):
+                log = stack.logdir / f"{name}.log"
+                what = "worker" if name.startswith("worker") else name
+                raise RuntimeError(
+                    f"the {what} exited at start ({name}, code {proc.returncode}); {log}:\n{_last_lines(log)}"
+                )
+        # Our workers' answers only: another worker on the same Redis proves nothing.
+        for reply in app.control.ping(destination=stack.worker_names, timeout=0.5) or []:
+            seen.update(reply)
+        if seen >= set(stack.worker_names):
             return
-    missing = sorted({"io", "tools"} - seen)
-    raise RuntimeError(f"worker pool(s) {missing} did not come up; see var/logs/worker-*.log")
+    raise RuntimeError("the Celery workers did not come up; see var/logs/worker-io.log and worker-tools.log")
+
+
+def _blocked_signals(pid: int) -> int:
+    """The signal mask of process ``pid`` (Linux ``/proc``); 0 when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("SigBlk:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+_FATAL = sum(1 << (s - 1) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+
+
+def exit_with_parent(poll: float = 0.5) -> None:
+    """Send ourselves SIGTERM when the process that started us exits, or (Linux) starts dying of a
+    signal it does not forward: GNU make, sent SIGINT or SIGHUP, blocks it and waits in its handler
+    for its children to exit, expecting the terminal to have signalled them too. The stack never
+    outlives the command that started it."""
+    parent = os.getppid()
+    if parent <= 1:
+        return
+    usual = _blocked_signals(parent) & _FATAL  # a parent that always blocks them proves nothing
+
+    def watch() -> None:
+        while os.getppid() == parent and not (_blocked_signals(parent) & _FATAL & ~usual):
+            time.sleep(poll)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _enable_demo_traces(stack: Stack) -> Path | None:
+    """Unless tracing is configured already, have the worker write spans to ``var/logs/spans.jsonl``."""
+    if any(os.environ.get(v) for v in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "AGENT_OTEL_FILE")):
+        return Path(os.environ["AGENT_OTEL_FILE"]) if os.environ.get("AGENT_OTEL_FILE") else None
+    path = stack.logdir / "spans.jsonl"
+    path.unlink(missing_ok=True)
+    os.environ["AGENT_OTEL_FILE"] = str(path)
+    os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "200")  # ms: spans reach the file quickly
+    return path
+
+
+def print_span_tree(control: Any, turn_id: str, spans_file: Path | None, wait: float = 5.0) -> None:
+    """Print the turn's span tree from ``spans_file`` once its root span (written when the turn ends) is there."""
+    from control.span_tree import span_tree, turn_spans
+
+    if spans_file is None:
+        return
+    traceparent = control.store.load(turn_id).traceparent
+    deadline = time.monotonic() + wait
+    spans = turn_spans(spans_file, traceparent)
+    while not any(s["name"].startswith("invoke_agent") for s in spans) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        spans = turn_spans(spans_file, traceparent)
+    if spans:
+        console.print()
+        console.print(span_tree(spans, f"trace of turn {turn_id} ({len(spans)} spans, {spans_file})"))
 
 
 def start_stack(stack: Stack, demo: str) -> None:
     """Start what is missing: embedded Redis (unless ``REDIS_URL``), the scripted gateway (unless
-    ``OPENAI_BASE_URL``), the node's two worker pools and beat. Raises ``RuntimeError`` if one does not come up."""
+    ``OPENAI_BASE_URL``), one worker for every queue and beat. Raises ``RuntimeError`` if one does not come up."""
     from devtools.embedded_redis import EmbeddedRedis, free_port
     from worker.settings import redact_url
 
@@ -138,19 +222,19 @@ def start_stack(stack: Stack, demo: str) -> None:
     else:
         console.print(f"model gateway {os.environ['OPENAI_BASE_URL']} (model {os.environ.get('OPENAI_MODEL')})")
     os.environ.setdefault("AGENT_HOMES_ROOT", str(ROOT / "var" / "homes"))
+    stack.spans = _enable_demo_traces(stack)
     from worker.settings import get_settings
 
     get_settings.cache_clear()
     stack.supervisor.on_restart = lambda name, code: console.print(
         f"[yellow]{name} exited (code {code}); restarting it[/] (see var/logs/{name}.log)"
     )
-    worker_env = _without("CONTROL_REDIS_URL")
-    for name, cmd in worker_commands().items():
+    worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
+    for name, cmd in worker_commands(tag=stack.worker_tag).items():
         stack.supervisor.start(name, cmd, env=worker_env)
-    stack.supervisor.start(
-        "beat", beat_command(), env=_without("CONTROL_REDIS_URL", "OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY")
-    )
-    _wait_worker()
+    beat_env = {k: v for k, v in worker_env.items() if k not in ("OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY")}
+    stack.supervisor.start("beat", beat_command(), env=beat_env)
+    _wait_worker(stack)
     console.print("workers up: turns, background, workflow on a threads pool; tools on prefork; beat (redbeat) up\n")
 
 
@@ -165,7 +249,7 @@ def seed_home(agent_id: str) -> Path:
     return home
 
 
-def run_basic_demo() -> bool:
+def run_basic_demo(spans_file: Path | None = None) -> bool:
     """Enqueue the demo turn, print its transcript live; True when it completed."""
     from control.client import ControlPlane
     from control.transcript import print_transcript
@@ -185,6 +269,7 @@ def run_basic_demo() -> bool:
     final = print_transcript(control, turn_id, console)
     wall = time.perf_counter() - started
     console.print(f"\nwall time {wall:.2f} s; items recorded: {len(control.items(turn_id))}")
+    print_span_tree(control, turn_id, spans_file)
     return bool(final and final.get("status") == "completed")
 
 
@@ -199,11 +284,13 @@ def serve(stack: Stack) -> None:
     # The URLs carry Redis passwords: they go to a 0600 file, never to the terminal or a log.
     print(f"  . {STACK_ENV.relative_to(ROOT)}    # REDIS_URL, CONTROL_REDIS_URL, OPENAI_* (mode 0600)", flush=True)
     console.print("  .venv/bin/agent-runtime enqueue 'list my files' --agent alice --wait\n")
+    if stack.spans:
+        console.print(f"  .venv/bin/agent-runtime trace <turn_id> --spans {stack.spans}   # the turn's span tree\n")
     console.print("Ctrl-C stops everything.")
     try:
-        while all(p.poll() is None for _, p in stack.procs):  # workers and beat are restarted if they exit
+        while all(p.poll() is None for _, p in stack.procs):
             time.sleep(0.5)
-        console.print("[red]the model gateway exited[/]; see var/logs/gateway.log")
+        console.print("[red]a process of the stack exited[/]; see var/logs/")
     except KeyboardInterrupt:
         pass
     finally:
@@ -224,6 +311,7 @@ def run(
 
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
+    exit_with_parent()
     stack = Stack()
     ok = False
     try:
@@ -234,7 +322,7 @@ def run(
             return
         start_stack(stack, {"jobs": "jobs-main", "approval": "demo-approval"}.get(demo, demo))
         if demo == "demo":
-            ok = run_basic_demo()
+            ok = run_basic_demo(stack.spans)
         elif demo == "workflow":
             from control.client import ControlPlane
             from devtools.workflow_demo import run_workflow_demo
@@ -254,6 +342,8 @@ def run(
             console.print(f"[red]unknown demo {demo!r}[/]: use demo, workflow, jobs or approval")
     except KeyboardInterrupt:
         console.print("interrupted")
+    except RuntimeError as exc:  # a process of the stack did not come up: say which, with its log
+        console.print(f"[red]error:[/] {escape(str(exc))}")
     finally:
         stack.close()
         console.print("stopped everything this command started")

@@ -38,13 +38,18 @@ log = logging.getLogger("agent.supervisor")
 
 
 def worker_commands(
-    *, io_concurrency: int | None = None, tools_concurrency: int | None = None, loglevel: str = "INFO"
+    *,
+    io_concurrency: int | None = None,
+    tools_concurrency: int | None = None,
+    loglevel: str = "INFO",
+    tag: str | None = None,
 ) -> dict[str, list[str]]:
-    """``{name: argv}`` of the node's two workers. Concurrency defaults: ``AGENT_IO_CONCURRENCY``
-    (256 threads) and ``AGENT_TOOLS_CONCURRENCY`` (the number of cores)."""
+    """``{name: argv}`` of the node's two workers, named ``io-<tag>@<host>`` and ``tools-<tag>@<host>``.
+    Concurrency defaults: ``AGENT_IO_CONCURRENCY`` (256 threads) and ``AGENT_TOOLS_CONCURRENCY``
+    (the number of cores)."""
     io_c = io_concurrency or int(os.environ.get("AGENT_IO_CONCURRENCY", "256"))
     tools_c = tools_concurrency or int(os.environ.get("AGENT_TOOLS_CONCURRENCY", str(os.cpu_count() or 2)))
-    tag = uuid.uuid4().hex[:4]
+    tag = tag or uuid.uuid4().hex[:4]
     common = [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-l", loglevel]
     quiet = ["--without-gossip", "--without-mingle"]
     return {

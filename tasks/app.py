@@ -19,8 +19,13 @@ from celery import Celery
 from celery.signals import worker_init
 from kombu import Queue
 
+from tasks import telemetry  # noqa: F401  (signal handlers: trace context in headers, SDK setup)
+from tasks.metrics import prepare_multiprocess_dir
 from tasks.serialization import SERIALIZER, register_orjson
 from worker.settings import get_settings
+
+# Before any task module imports prometheus_client (worker.turn.metrics): see tasks.metrics.
+prepare_multiprocess_dir()
 
 QUEUES = ("turns", "tools", "background", "workflow")
 

@@ -9,6 +9,7 @@ result backend for every message.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, Callable
 
 from celery import chain, group
@@ -21,6 +22,17 @@ from worker.turn.request import TurnRequest
 TURN_STEP = "tasks.turns.turn_step"
 TOOL_CALL = "tasks.turns.tool_call"
 TURN_FINISHED = "tasks.turns.turn_finished"
+
+# The turn that ended during the current task, if any (a task runs in one thread: a context variable).
+_ENDED_HERE: ContextVar[str | None] = ContextVar("agent_turn_ended_here", default=None)
+
+
+def ended_here(reset: bool = True) -> str | None:
+    """The id of the turn whose end was reported during the current task (and forget it)."""
+    turn_id = _ENDED_HERE.get()
+    if reset and turn_id is not None:
+        _ENDED_HERE.set(None)
+    return turn_id
 
 
 class CeleryDispatcher:
@@ -44,14 +56,29 @@ class CeleryDispatcher:
             self._conn = app.connection_for_write(self._broker_url)
         return {"connection": self._conn}
 
-    def enqueue_step(self, turn_id: str, step: int, *, queue: str) -> None:
-        """Send ``turn_step(turn_id, step)`` to ``queue``."""
-        app.signature(TURN_STEP, (turn_id, step)).apply_async(queue=queue, ignore_result=True, **self._options())
+    def enqueue_step(self, turn_id: str, step: int, *, queue: str, label: str = "") -> None:
+        """Send ``turn_step(turn_id, step)`` to ``queue``; ``label`` is what Flower shows as its args."""
+        app.signature(TURN_STEP, (turn_id, step)).apply_async(
+            queue=queue, ignore_result=True, argsrepr=label or f"turn={turn_id} step={step}", **self._options()
+        )
 
-    def dispatch_batch(self, turn_id: str, step: int, batch_index: int, batch: Batch, *, queue: str) -> None:
-        """Send the batch's ``tool_call`` tasks: one task, a group (parallel) or a chain (sequential)."""
+    def dispatch_batch(
+        self,
+        turn_id: str,
+        step: int,
+        batch_index: int,
+        batch: Batch,
+        *,
+        queue: str,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        """Send the batch's ``tool_call`` tasks: one task, a group (parallel) or a chain (sequential).
+        ``labels[call_id]`` is what Flower shows as a call's args (``tool agent= turn= step= call=``)."""
+        labels = labels or {}
         sigs = [
-            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(queue=queue, ignore_result=True)
+            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(
+                queue=queue, ignore_result=True, argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}"
+            )
             for cid in batch.call_ids
         ]
         if len(sigs) == 1:
@@ -61,9 +88,14 @@ class CeleryDispatcher:
         else:
             chain(*sigs).apply_async()
 
-    def turn_finished(self, turn_id: str) -> None:
-        """Send ``turn_finished(turn_id)`` (the control-plane hooks) to ``turns``."""
-        app.signature(TURN_FINISHED, (turn_id,)).apply_async(queue="turns", ignore_result=True, **self._options())
+    def turn_finished(self, turn_id: str, hooks: bool = True) -> None:
+        """Note that the turn ended in the current task (``ended_here``: the task reports a failed turn
+        as FAILURE) and, when it has end hooks (``hooks``), send ``turn_finished(turn_id)`` to ``turns``."""
+        _ENDED_HERE.set(turn_id)
+        if hooks:
+            app.signature(TURN_FINISHED, (turn_id,)).apply_async(
+                queue="turns", ignore_result=True, argsrepr=f"turn={turn_id}", **self._options()
+            )
 
     def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
         """Turn-scoped callables for tool creators (``tasks.services.turn_services``)."""

@@ -2,6 +2,11 @@
 
 Messages carry ids and the step number only; everything else is read from the
 turn store. Neither task ever waits on another (no ``.get()``).
+
+The task during which a turn ends with a failure status (``TurnStatus.failure``) raises
+``TurnFailed`` after everything is recorded, so that monitors see the failure (Flower's
+FAILURE state and Failed filter, ``task-failed`` events). It is an expected exception
+(``throws``): logged in one line, and the message is acknowledged, never retried.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import time
 from typing import Callable, TypeVar
 
 from tasks.app import app
+from tasks.dispatcher import ended_here
 from tasks.runtime import get_engine
 from worker.model.client import GatewayError
 from worker.settings import get_settings
@@ -21,6 +27,20 @@ log = logging.getLogger("agent.tasks")
 T = TypeVar("T")
 
 MAX_MODEL_RETRIES = 5
+
+
+class TurnFailed(Exception):
+    """The turn this task worked on ended with a failure status; the message names the status and reason."""
+
+
+def _report(turn_id: str, result: dict) -> dict:
+    # Raise when this very task ended the turn with a failure status (ended_here is set by the dispatcher).
+    if ended_here() != turn_id:
+        return result
+    state = get_engine().store.load(turn_id)
+    if state is not None and state.status.failure:
+        raise TurnFailed(f"turn {turn_id} ended {state.status.value}: {state.error or ''}".strip())
+    return result
 
 
 def _through_outages(run: Callable[[], T], what: str) -> T:
@@ -43,10 +63,11 @@ def _through_outages(run: Callable[[], T], what: str) -> T:
             delay = min(delay * 2, 5.0)
 
 
-@app.task(name="tasks.turns.turn_step", bind=True, acks_late=True, max_retries=MAX_MODEL_RETRIES)
+@app.task(name="tasks.turns.turn_step", bind=True, acks_late=True, max_retries=MAX_MODEL_RETRIES, throws=(TurnFailed,))
 def turn_step(self, turn_id: str, step: int) -> dict:
     """Run model step ``step`` of ``turn_id``; retried with backoff on retryable gateway errors."""
     engine = get_engine()
+    ended_here()  # forget an end seen by an earlier task of this process
     try:
         outcome = _through_outages(lambda: engine.run_step(turn_id, step), f"turn {turn_id} step {step}")
     except GatewayError as exc:
@@ -65,7 +86,7 @@ def turn_step(self, turn_id: str, step: int) -> dict:
             lambda: engine.fail_turn(turn_id, TurnStatus.failed, f"model gateway failed after retries: {error}"),
             f"turn {turn_id}",
         )
-        return {"action": "failed"}
+        return _report(turn_id, {"action": "failed"})
     except OUTAGE_ERRORS as exc:
         # Redis stayed away longer than redis_outage_timeout: the turn's state is fine; the
         # watchdog re-drives the step once Redis is back.
@@ -74,20 +95,23 @@ def turn_step(self, turn_id: str, step: int) -> dict:
     except Exception as exc:  # never leave a turn hanging on a bug: end it with the reason
         log.exception("turn %s step %s crashed", turn_id, step)
         engine.fail_turn(turn_id, TurnStatus.failed, f"internal error in step {step}: {exc.__class__.__name__}: {exc}")
-        return {"action": "failed"}
-    return {"action": outcome.action, "detail": outcome.detail}
+        return _report(turn_id, {"action": "failed"})
+    return _report(turn_id, {"action": outcome.action, "detail": outcome.detail})
 
 
 _limit = get_settings().tool_time_limit
 
 
-@app.task(name="tasks.turns.tool_call", acks_late=True, soft_time_limit=_limit, time_limit=_limit + 30)
+@app.task(
+    name="tasks.turns.tool_call", acks_late=True, soft_time_limit=_limit, time_limit=_limit + 30, throws=(TurnFailed,)
+)
 def tool_call(turn_id: str, step: int, call_id: str) -> dict:
     """Run one tool call of step ``step``; the last call of a batch advances the turn. A Redis
     outage is waited out (the call's result is kept until stored: ``worker.turn.outage``)."""
+    ended_here()
     engine = get_engine()
     outcome = _through_outages(lambda: engine.run_call(turn_id, step, call_id), f"call {call_id} of turn {turn_id}")
-    return {"action": outcome.action, "detail": outcome.detail}
+    return _report(turn_id, {"action": outcome.action, "detail": outcome.detail})
 
 
 @app.task(name="tasks.turns.turn_finished", acks_late=True)

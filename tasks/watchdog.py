@@ -11,18 +11,23 @@
 
 A turn whose owner is alive is never re-driven for taking long: its deadline covers the longest
 single wait (``Settings.progress_timeout``); a turn parked on approvals holds nothing to re-drive.
+
+A sweep that failed turns reports FAILURE (``TurnFailed`` naming them), after all its work,
+so that Flower shows those turns as failures like the ones a step ends (``tasks.turns``).
 """
 
 from __future__ import annotations
 
 from tasks.app import app
 from tasks.runtime import get_engine
+from tasks.turns import TurnFailed
 from worker.turn.parking import expire
 
 
-@app.task(name="tasks.watchdog.sweep", acks_late=True)
+@app.task(name="tasks.watchdog.sweep", acks_late=True, throws=(TurnFailed,))
 def sweep() -> dict:
-    """One pass; returns ``{turn_id: action}`` for the log."""
+    """Re-drive every overdue turn once; returns ``{turn_id: action}``. Raises ``TurnFailed``
+    (after everything is done) when it failed turns that made no progress."""
     engine = get_engine()
     limit = engine.settings.max_redrives
     done = {}
@@ -37,4 +42,7 @@ def sweep() -> dict:
     for turn_id in engine.store.hooks_overdue():  # a lost turn_finished message
         engine.dispatcher.turn_finished(turn_id)
         done[turn_id] = "hooks re-sent"
+    failed = sorted(t for t, action in done.items() if action == "failed")
+    if failed:
+        raise TurnFailed(f"the watchdog failed {len(failed)} turn(s) that made no progress: {', '.join(failed)}")
     return done

@@ -38,7 +38,7 @@ def test_every_service_command_is_provided_by_the_project():
     services = _compose()["services"]
     served = set()
     for name, svc in services.items():
-        if name == "redis":
+        if "image" in svc:  # third-party services (Redis, Prometheus, Jaeger): checked by their own tests
             continue
         cmd = svc["command"]
         if cmd[0] == "celery":
@@ -154,11 +154,11 @@ def test_the_model_key_only_reaches_the_services_that_call_the_model():
     assert with_key == {"worker-turns", "worker-background", "worker-workflow"}
 
 
-def test_nothing_is_published_but_flower_on_localhost():
+def test_nothing_is_published_but_the_operator_uis_on_localhost():
     services = _compose()["services"]
     published = {n: s["ports"] for n, s in services.items() if s.get("ports")}
-    assert list(published) == ["flower"]
-    assert all(p.startswith("127.0.0.1:") for p in published["flower"])
+    assert set(published) == {"flower", "prometheus", "jaeger"}  # Flower, metrics and traces (issue 12)
+    assert all(p.startswith("127.0.0.1:") for ports in published.values() for p in ports)
     assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
 
 
@@ -245,3 +245,31 @@ def test_celery_settings_follow_the_reliability_rules():
     assert conf.broker_transport_options["visibility_timeout"] >= 4 * get_settings().tool_time_limit
     assert conf.task_serializer == "orjson" and "pickle" not in conf.accept_content
     assert conf.worker_send_task_events and conf.task_send_sent_event
+
+
+def test_every_service_has_a_health_check():
+    for name, svc in _compose()["services"].items():
+        assert svc.get("healthcheck", {}).get("test"), f"{name} has no health check"
+        assert "REDIS_PASSWORD" not in str(svc["healthcheck"]["test"]).replace("$$", ""), name
+
+
+def test_prometheus_scrapes_every_worker_service_on_its_metrics_port():
+    compose = _compose()
+    services = compose["services"]
+    workers = {n for n, s in services.items() if "worker" in s.get("command", [])[:4]}
+    assert workers and {services[n]["environment"]["AGENT_METRICS_PORT"] for n in workers} == {"9808"}
+    assert compose["networks"]["ops"]["internal"] is True
+    assert all("ops" in services[n]["networks"] for n in workers | {"prometheus", "jaeger"})
+    (mount,) = [v for v in services["prometheus"]["volumes"] if v.endswith("/etc/prometheus/prometheus.yml:ro")]
+    config = yaml.safe_load((ROOT / mount.split(":")[0]).read_text())
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "agent-workers"]
+    (sd,) = job["dns_sd_configs"]
+    assert set(sd["names"]) == workers and sd["port"] == 9808
+
+
+def test_workers_send_traces_to_the_jaeger_service():
+    services = _compose()["services"]
+    for name in ("worker-turns", "worker-tools", "worker-background", "worker-workflow"):
+        env = services[name]["environment"]
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith("jaeger:4318}") and "otlp" in env["OTEL_TRACES_EXPORTER"]
+    assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"

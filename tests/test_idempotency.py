@@ -26,17 +26,18 @@ class RecordingDispatcher:
     def __init__(self):
         self.sent = []
 
-    def enqueue_step(self, turn_id, step, *, queue):
+    def enqueue_step(self, turn_id, step, *, queue, label=""):
         self.sent.append(("step", turn_id, step))
 
-    def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue):
+    def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue, labels=None):
         self.sent.append(("batch", turn_id, step, batch_index, list(batch.call_ids), batch.mode))
 
     def services(self, request):
         return {}
 
-    def turn_finished(self, turn_id):
-        self.sent.append(("finished", turn_id))
+    def turn_finished(self, turn_id, hooks=True):
+        if hooks:
+            self.sent.append(("finished", turn_id))
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -114,6 +114,19 @@ class Settings(BaseSettings):
 
     # Extra named toolsets "name=module:function,..." allowed for turns (tests, plugins).
     extra_toolsets: str = ""
+
+    # Operating it (README "Operating it"). Traces are configured by the standard OTEL_* variables
+    # (tasks.telemetry); tool arguments and outputs go into spans only when this is on (they may hold secrets).
+    otel_record_content: bool = Field(
+        False,
+        validation_alias=AliasChoices(
+            "AGENT_OTEL_RECORD_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "otel_record_content"
+        ),
+    )
+    # A development exporter: spans as JSON lines appended to this file (tasks.telemetry).
+    otel_file: Path | None = None
+    # Prometheus /metrics port of a worker (0: no metrics server); see tasks.metrics.
+    metrics_port: int = Field(0, ge=0, le=65535)
 
     @property
     def progress_timeout(self) -> float:

@@ -20,6 +20,11 @@ after that many deltas, without a terminal event: a stream cut mid-way). Items:
 ``{"type": "message", "text": ...}``. A step may also be a callable
 ``(request_body) -> step dict`` (in-process scripts for tests).
 
+Every reply carries ``usage`` like the real API's: ``input_tokens`` (about one per four
+characters of the request's ``instructions``, ``input`` and ``tools``), ``output_tokens`` (same
+over the output items), ``total_tokens``, ``input_tokens_details.cached_tokens`` and
+``output_tokens_details.reasoning_tokens`` (0). A step's ``usage`` object overrides these counts.
+
 A request with ``stream: true`` is answered with server-sent events carrying the real event
 names and shapes (``worker.model.sse_script``), unless the gateway was built with
 ``streaming=False`` (an endpoint without streaming: it answers the JSON body).
@@ -248,9 +253,23 @@ class ScriptedGateway:
             step = script[n]
             if callable(step):
                 step = step(body)
-        return 200, self._render(model, n, step), step
+        return 200, self._render(model, n, step, body), step
 
-    def _render(self, model: str, n: int, step: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def _usage(body: dict[str, Any], output: list[dict[str, Any]], given: dict[str, Any] | None) -> dict[str, Any]:
+        # A rough tokenizer (4 characters a token) is enough for budgets and metrics to move.
+        sent = len(orjson.dumps([body.get("instructions"), body.get("input"), body.get("tools")]))
+        counts = {"input_tokens": max(1, sent // 4), "output_tokens": max(1, len(orjson.dumps(output)) // 4)}
+        counts.update({k: v for k, v in (given or {}).items() if k in ("input_tokens", "output_tokens")})
+        given = given or {}
+        return {
+            **counts,
+            "total_tokens": given.get("total_tokens", counts["input_tokens"] + counts["output_tokens"]),
+            "input_tokens_details": {"cached_tokens": given.get("cached_tokens", 0), "cache_write_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": given.get("reasoning_tokens", 0)},
+        }
+
+    def _render(self, model: str, n: int, step: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         seed = hashlib.sha1(orjson.dumps([model, n])).hexdigest()[:8]
         output: list[dict[str, Any]] = []
         for i, item in enumerate(step.get("output", [])):
@@ -286,13 +305,7 @@ class ScriptedGateway:
             "parallel_tool_calls": True,
             "tool_choice": "auto",
             "tools": [],
-            "usage": {
-                "input_tokens": 0,
-                "output_tokens": 0,
-                "total_tokens": 0,
-                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                "output_tokens_details": {"reasoning_tokens": 0},
-            },
+            "usage": self._usage(body, output, step.get("usage")),
         }
         payload["incomplete_details"] = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return payload

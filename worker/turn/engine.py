@@ -42,15 +42,16 @@ from worker.tooling.arguments import validate_params
 from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, TurnAborted, WorkerTool
 from worker.tooling.schemas import collect_tool_definitions
 from worker.tooling.tool_search import with_tool_search
-from worker.turn import parking
+from worker.turn import metrics, parking, telemetry
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall, plan_batches
-from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, no_toolsets
+from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, call_labels, no_toolsets, step_label
 from worker.turn.liveness import Liveness, owner
 from worker.turn.outage import OUTAGE_ERRORS, Unsaved, save_until_stored
 from worker.turn.planning import plan_calls
 from worker.turn.request import Skill, TurnRefused, TurnRequest, TurnStatus, check_turn_id
 from worker.turn.store import StaleStep, TurnState, TurnStore
+from worker.turn.usage import UsageLedger, budget_exceeded, normalize_usage
 
 log = logging.getLogger("agent.loop")
 
@@ -89,6 +90,7 @@ class TurnEngine:
         self.client = client
         self.project_skills = project_skills
         self.liveness = Liveness(store.r, settings.liveness_ttl)
+        self.usage = UsageLedger(store.r)
 
     # ----- enqueueing ------------------------------------------------------
     def create_turn(self, request: TurnRequest, turn_id: str) -> tuple[str, bool]:
@@ -108,9 +110,13 @@ class TurnEngine:
                 f"the limit is {self.settings.max_input_bytes:,} (AGENT_MAX_INPUT_BYTES)"
             )
         items = [user_message(request.input)] if isinstance(request.input, str) else list(request.input)
-        tid, created = self.store.create(turn_id, dumped, items, idempotency_key=request.idempotency_key)
+        traceparent = telemetry.new_traceparent()
+        tid, created = self.store.create(
+            turn_id, dumped, items, idempotency_key=request.idempotency_key, fields={"traceparent": traceparent}
+        )
         if created:
-            self.dispatcher.enqueue_step(tid, 0, queue=request.queue)
+            with telemetry.under_turn(traceparent):
+                self.dispatcher.enqueue_step(tid, 0, queue=request.queue, label=step_label(request.agent_id, tid, 0))
         return tid, created
 
     def enqueue_turn(self, request: dict[str, Any] | TurnRequest, turn_id: str | None = None) -> str:
@@ -190,6 +196,10 @@ class TurnEngine:
                 error=f"stopped after {state.model_calls} model calls (max_model_calls={max_calls})",
             )
             return StepOutcome("ended", "max_model_calls")
+        over_budget = request.token_budget and budget_exceeded(self.usage.totals(turn_id), request.token_budget)
+        if over_budget:
+            self._end(turn_id, step, TurnStatus.budget_exceeded, error=over_budget)
+            return StepOutcome("ended", "budget_exceeded")
 
         ctx = self.context(state, request)
         tools = self.tools_for(ctx, request)
@@ -215,6 +225,10 @@ class TurnEngine:
                 return called
             reply_data, cancelled = called
         reply = ModelReply.from_json(reply_data)
+        # Once per step, also when the reply came from the memo (a crash after the call).
+        step_usage = normalize_usage(reply.usage)
+        if self.usage.record(turn_id, step, step_usage, request.model or self.settings.model):
+            metrics.tokens_used(request.model or self.settings.model, step_usage)
         if cancelled:  # cancelled while the model was answering
             self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
             return StepOutcome("cancelled")
@@ -230,15 +244,11 @@ class TurnEngine:
                 if status == TurnStatus.incomplete
                 else None
             )
-            finished = {"status": status.value, "error": error, "final_output": reply.text}
             try:
-                hooks = self.store.complete(
-                    turn_id, step, reply_items, status, final_output=reply.text, error=error, finished_event=finished
-                )
+                hooks = self.store.complete(turn_id, step, reply_items, status, final_output=reply.text, error=error)
             except StaleStep:
                 return StepOutcome("dropped", "already completed")
-            if hooks:
-                self.dispatcher.turn_finished(turn_id)
+            self._finished(turn_id, status, final_output=reply.text, error=error, hooks=hooks)
             return StepOutcome(status.value)
 
         planned, pre_results, invalid_counts = plan_calls(
@@ -287,11 +297,13 @@ class TurnEngine:
             )
         except StaleStep:
             return StepOutcome("dropped", "plan already recorded")
+        metrics.calls_planned(planned, {t.name for t in tools})
+        telemetry.planned_calls(planned, batch_of)
         over = [n for n, c in invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool]
         if over or not batches:
             # Nothing to run (all calls failed validation): close the step now.
             self._advance(turn_id, step, request, batches, -1)
-        elif not parking.dispatch_batch(self, turn_id, step, 0, batches, planned):
+        elif not parking.dispatch_batch(self, turn_id, step, 0, batches, planned, agent_id=request.agent_id):
             return StepOutcome("parked", "calls await approval")
         return StepOutcome("dispatched", f"{len(planned)} calls in {len(batches)} batches")
 
@@ -300,7 +312,9 @@ class TurnEngine:
         elsewhere is making it (a duplicate or re-driven delivery must not pay the model twice)."""
         # The model call may take up to model_timeout: the claim and the progress deadline cover it.
         lease = self.settings.model_timeout + 60
-        holder = self.store.begin_model_call(turn_id, step, owner(), lease, {"agent_id": request.agent_id})
+        holder, started = self.store.begin_model_call(turn_id, step, owner(), lease, {"agent_id": request.agent_id})
+        if started:
+            metrics.TURNS_STARTED.labels(request.queue).inc()
         if holder is None or holder == owner():
             return True
         if self.liveness.owner_is_dead(holder):
@@ -324,21 +338,28 @@ class TurnEngine:
     ) -> tuple[dict[str, Any], bool] | StepOutcome:
         """Call the model once for the step and store its reply; returns ``(stored reply (JSON),
         cancelled meanwhile)`` or, for a request the gateway refused, the outcome of the ended turn."""
+        model = request.model or self.settings.model
         body = self.client.build_request(
-            model=request.model or self.settings.model,
+            model=model,
             input=history,
             tools=collect_tool_definitions(tools, loaded=state.loaded_tools),
             instructions=self.instructions_for(ctx, request),
             max_output_tokens=self.settings.max_output_tokens,
         )
         started = time.perf_counter()
-        try:
-            reply = self._create(turn_id, step, body)
-        except GatewayError as exc:
-            if exc.retryable:
-                raise
-            self._end(turn_id, step, TurnStatus.failed, error=str(exc))
-            return StepOutcome("ended", "model request rejected")
+        with telemetry.model_call_span(model, turn_id, request.agent_id, step) as span:
+            try:
+                reply = self._create(turn_id, step, body)
+            except GatewayError as exc:
+                metrics.MODEL_CALL_SECONDS.labels(model).observe(time.perf_counter() - started)
+                if exc.retryable:
+                    raise
+                self._end(turn_id, step, TurnStatus.failed, error=str(exc))
+                return StepOutcome("ended", "model request rejected")
+            elapsed = time.perf_counter() - started
+            metrics.MODEL_CALL_SECONDS.labels(model).observe(elapsed)
+            usage = normalize_usage(reply.usage)
+            telemetry.model_reply(span, reply.id, reply.status, usage, len(reply.function_calls))
         # Paid for: keep it until stored, so neither an outage nor a redelivery pays again.
         _UNSAVED_REPLIES.put((turn_id, step), reply.to_json())
         event = {
@@ -346,7 +367,8 @@ class TurnEngine:
             "status": reply.status,
             "text": reply.text[:1000],
             "calls": len(reply.function_calls),
-            "ms": round((time.perf_counter() - started) * 1000, 1),
+            "ms": round(elapsed * 1000, 1),
+            "usage": usage,
         }
         stored = save_until_stored(
             lambda: self.store.save_reply_and_check(turn_id, step, reply.to_json(), event),
@@ -392,17 +414,43 @@ class TurnEngine:
         except StaleStep:
             return StepOutcome("dropped", "already continued")
         self.store.event(turn_id, "repair_instruction", step=step, tool=tool)
-        self.dispatcher.enqueue_step(turn_id, step + 1, queue=request.queue)
+        with telemetry.under_turn(state.traceparent):
+            self.dispatcher.enqueue_step(
+                turn_id, step + 1, queue=request.queue, label=step_label(request.agent_id, turn_id, step + 1)
+            )
         return StepOutcome("repair_instruction")
 
     def _finished(
-        self, turn_id: str, status: TurnStatus, *, error: str | None = None, final_output: str | None = None
+        self,
+        turn_id: str,
+        status: TurnStatus,
+        *,
+        error: str | None = None,
+        final_output: str | None = None,
+        hooks: bool | None = None,
     ) -> None:
-        """Every terminal transition ends here: the event for tails, then the queue layer's end hooks
-        for a turn that has some (``END_HOOK_METADATA``)."""
-        self.store.event(turn_id, "turn_finished", status=status.value, error=error, final_output=final_output)
-        if self.store.awaits_hooks(turn_id):
-            self.dispatcher.turn_finished(turn_id)
+        """Every terminal transition ends here: the event for tails (with the turn's token usage),
+        the turn's metric and root span, then the queue layer: ``turn_finished`` notes where the turn
+        ended and, for a turn with end hooks (``hooks``; read from the store when None), runs them."""
+        usage = self.usage.totals(turn_id)
+        self.store.event(
+            turn_id, "turn_finished", status=status.value, error=error, final_output=final_output, usage=usage
+        )
+        metrics.TURNS_ENDED.labels(status.value).inc()
+        state = self.store.load(turn_id) if telemetry.tracing_active() else None
+        if state is not None:
+            telemetry.emit_turn_span(
+                state.traceparent,
+                turn_id=turn_id,
+                agent_id=state.agent_id,
+                status=status.value,
+                error=error,
+                created_at=state.created_at,
+                queue=str(state.request.get("queue", "turns")),
+                model_calls=state.model_calls,
+                usage=usage,
+            )
+        self.dispatcher.turn_finished(turn_id, hooks=self.store.awaits_hooks(turn_id) if hooks is None else hooks)
 
     def cancel(self, turn_id: str) -> bool:
         """Ask a turn to stop: sets the cancel flag (running tools see their abort signal; the
@@ -536,15 +584,20 @@ class TurnEngine:
                 "details": {"error": "interrupted"},
             }
             return result, self._completed_event(step, call, result)
-        try:
-            result = storable(self.execute_call(turn_id, call, state, request))
-        except Exception as exc:  # whatever breaks around the tool, the call still gets an output
-            log.exception("call %s of turn %s failed outside the tool", call.call_id, turn_id)
-            result = {
-                "output": f"Error: {call.name} failed: {exc.__class__.__name__}: {exc}",
-                "is_error": True,
-                "details": {"error": "exception", "type": exc.__class__.__name__},
-            }
+        record = self.settings.otel_record_content
+        started_at = time.perf_counter()
+        with telemetry.tool_call_span(call, turn_id, request.agent_id, step, batch_index, record) as span:
+            try:
+                result = storable(self.execute_call(turn_id, call, state, request))
+            except Exception as exc:  # whatever breaks around the tool, the call still gets an output
+                log.exception("call %s of turn %s failed outside the tool", call.call_id, turn_id)
+                result = {
+                    "output": f"Error: {call.name} failed: {exc.__class__.__name__}: {exc}",
+                    "is_error": True,
+                    "details": {"error": "exception", "type": exc.__class__.__name__},
+                }
+            telemetry.tool_outcome(span, result, record)
+        metrics.TOOL_CALL_SECONDS.labels(call.name).observe(time.perf_counter() - started_at)
         return result, self._completed_event(step, call, result)
 
     @staticmethod
@@ -637,7 +690,8 @@ class TurnEngine:
         assert plan is not None
         calls, _ = plan
         if nxt < len(batches) and not (state.terminate or over or cancelled):
-            parking.dispatch_batch(self, turn_id, step, nxt, batches, calls)  # a gated batch may park here
+            # A gated batch may park here.
+            parking.dispatch_batch(self, turn_id, step, nxt, batches, calls, agent_id=request.agent_id)
             return
         outputs = []
         for call in sorted(calls, key=lambda c: c.index):
@@ -674,7 +728,10 @@ class TurnEngine:
         if terminal is not None:
             self._finished(turn_id, terminal, error=error)
             return
-        self.dispatcher.enqueue_step(turn_id, step + 1, queue=request.queue)
+        with telemetry.under_turn(state.traceparent):
+            self.dispatcher.enqueue_step(
+                turn_id, step + 1, queue=request.queue, label=step_label(request.agent_id, turn_id, step + 1)
+            )
 
     @staticmethod
     def _loaded_tools(state: TurnState, results: dict[str, dict[str, Any]]) -> list[str]:
@@ -712,19 +769,33 @@ class TurnEngine:
                 return parked
         self.store.note_redrive(turn_id)
         self.store.event(turn_id, "turn_redriven", step=state.step, phase=state.phase, reason=reason)
-        request = TurnRequest.model_validate(state.request)
+        metrics.REDRIVES.inc()
+        with telemetry.under_turn(state.traceparent):  # re-sent tasks stay in the turn's trace
+            return self._redrive(state, TurnRequest.model_validate(state.request))
+
+    def _redrive(self, state: TurnState, request: TurnRequest) -> StepOutcome:
+        turn_id = state.turn_id
         if state.phase == "model":
-            self.dispatcher.enqueue_step(turn_id, state.step, queue=request.queue)
+            self.dispatcher.enqueue_step(
+                turn_id, state.step, queue=request.queue, label=step_label(request.agent_id, turn_id, state.step)
+            )
             return StepOutcome("redriven", f"step {state.step}")
         plan = self.store.plan(turn_id, state.step)
         if plan is None:
             return StepOutcome("dropped", "no plan")
-        _, batches = plan
+        calls, batches = plan
         results = self.store.results(turn_id, state.step)
         for i, batch in enumerate(batches):
             missing = [c for c in batch.call_ids if c not in results]
             if missing:
-                self.dispatcher.dispatch_batch(turn_id, state.step, i, Batch(batch.mode, missing), queue="tools")
+                self.dispatcher.dispatch_batch(
+                    turn_id,
+                    state.step,
+                    i,
+                    Batch(batch.mode, missing),
+                    queue="tools",
+                    labels=call_labels(request.agent_id, turn_id, state.step, calls),
+                )
                 return StepOutcome("redriven", f"batch {i}")
         # All results present but the barrier never advanced: advance now.
         self._advance(turn_id, state.step, request, batches, len(batches) - 1)

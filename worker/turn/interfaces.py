@@ -11,27 +11,48 @@ from typing import Any, Callable, Protocol
 
 from worker.tooling.contract import WorkerTool
 from worker.turn.context import TurnContext
-from worker.turn.dispatch import Batch
+from worker.turn.dispatch import Batch, PlannedCall
 from worker.turn.request import TurnRequest
 
 
 class Dispatcher(Protocol):
     """How the engine hands work to the queue layer."""
 
-    def enqueue_step(self, turn_id: str, step: int, *, queue: str) -> None:
-        """Run model step ``step`` of the turn later, on ``queue``."""
+    def enqueue_step(self, turn_id: str, step: int, *, queue: str, label: str = "") -> None:
+        """Run model step ``step`` of the turn later, on ``queue``. ``label`` describes it for
+        monitors (``step_label``)."""
 
-    def dispatch_batch(self, turn_id: str, step: int, batch_index: int, batch: Batch, *, queue: str) -> None:
-        """Run the batch's calls: together (``parallel``) or one after another (``sequential``)."""
+    def dispatch_batch(
+        self,
+        turn_id: str,
+        step: int,
+        batch_index: int,
+        batch: Batch,
+        *,
+        queue: str,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        """Run the batch's calls: together (``parallel``) or one after another (``sequential``).
+        ``labels`` describes each call by ``call_id`` for monitors (``call_labels``)."""
 
     def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
         """Turn-scoped callables for tool creators (e.g. ``enqueue_turn``)."""
 
-    def turn_finished(self, turn_id: str) -> None:
-        """Run the control-plane hooks of a turn that just ended."""
+    def turn_finished(self, turn_id: str, hooks: bool = True) -> None:
+        """A turn just ended here; run its control-plane hooks when it has some (``hooks``)."""
 
 
 Toolset = Callable[[TurnContext], list[WorkerTool]]
+
+
+def step_label(agent_id: str, turn_id: str, step: int) -> str:
+    """How a model step shows in a monitor (Flower's args column): ``agent=.. turn=.. step=..``."""
+    return f"agent={agent_id} turn={turn_id} step={step}"
+
+
+def call_labels(agent_id: str, turn_id: str, step: int, calls: list[PlannedCall]) -> dict[str, str]:
+    """How each tool call shows in a monitor, by ``call_id``: ``<tool> agent=.. turn=.. step=.. call=..``."""
+    return {c.call_id: f"{c.name} agent={agent_id} turn={turn_id} step={step} call={c.call_id}" for c in calls}
 
 
 def no_toolsets(name: str) -> Toolset:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -21,9 +22,9 @@ import orjson
 from worker.settings import Settings
 from worker.tooling.contract import WorkerTool
 from worker.tooling.schemas import source_schema
-from worker.turn import approvals
+from worker.turn import approvals, telemetry
 from worker.turn.dispatch import Batch, PlannedCall
-from worker.turn.interfaces import StepOutcome
+from worker.turn.interfaces import StepOutcome, call_labels
 from worker.turn.request import TurnRequest, TurnStatus
 from worker.turn.state import TurnState
 
@@ -67,16 +68,32 @@ def plan_approvals(
 
 
 def dispatch_batch(
-    engine: "TurnEngine", turn_id: str, step: int, index: int, batches: list[Batch], calls: list[PlannedCall]
+    engine: "TurnEngine",
+    turn_id: str,
+    step: int,
+    index: int,
+    batches: list[Batch],
+    calls: list[PlannedCall],
+    agent_id: str | None = None,
 ) -> bool:
     """Send batch ``index`` unless it waits for a decision. Returns True when it was sent.
 
     A gated batch is sent by whoever opens its gate (``approvals.try_open``: exactly once).
+    ``agent_id`` names the agent in the calls' monitor labels; without it (an approval decision,
+    a re-drive) the turn is read, and the batch is sent inside the turn's trace.
     """
     batch = batches[index]
     if approvals.gated(batch, calls) and not approvals.try_open(engine.store.r, turn_id, step, index, batches, calls):
         return False  # parked: the decision (or the barrier before it) that completes the gate sends it
-    engine.dispatcher.dispatch_batch(turn_id, step, index, batch, queue="tools")
+    within: Any = nullcontext()
+    if agent_id is None:
+        state = engine.store.load(turn_id)
+        agent_id = state.agent_id if state else ""
+        within = telemetry.under_turn(state.traceparent if state else None)
+    with within:
+        engine.dispatcher.dispatch_batch(
+            turn_id, step, index, batch, queue="tools", labels=call_labels(agent_id, turn_id, step, calls)
+        )
     return True
 
 

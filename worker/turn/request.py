@@ -49,6 +49,7 @@ class TurnStatus(str, Enum):
     terminated = "terminated"  # a tool result asked to end the turn
     max_model_calls = "max_model_calls"  # runaway turn stopped at the model-call cap
     invalid_arguments = "invalid_arguments"  # a tool's retry budget for invalid calls ran out
+    budget_exceeded = "budget_exceeded"  # the turn's token budget (TurnRequest.token_budget) was used up
     cancelled = "cancelled"
     failed = "failed"
 
@@ -56,6 +57,17 @@ class TurnStatus(str, Enum):
     def terminal(self) -> bool:
         """True for every status but ``queued``, ``running`` and ``awaiting_approval``."""
         return self not in (TurnStatus.queued, TurnStatus.running, TurnStatus.awaiting_approval)
+
+    @property
+    def failure(self) -> bool:
+        """True for the endings that are failures, shown as such by monitors (Flower, traces):
+        ``failed``, ``invalid_arguments``, ``max_model_calls``, ``budget_exceeded``."""
+        return self in (
+            TurnStatus.failed,
+            TurnStatus.invalid_arguments,
+            TurnStatus.max_model_calls,
+            TurnStatus.budget_exceeded,
+        )
 
 
 class Skill(BaseModel):
@@ -78,6 +90,20 @@ class TurnSupports(BaseModel):
     model_config = ConfigDict(extra="forbid")
     spawn_jobs: bool = False
     brain: bool = False
+
+
+class TokenBudget(BaseModel):
+    """Token limits of one turn, summed over its model calls (the Responses ``usage`` of each reply).
+
+    A turn whose totals reached a limit makes no further model call: it ends with status
+    ``budget_exceeded`` and an error naming the limit. The reply that crossed the limit is
+    kept (its tool calls run, or its answer completes the turn).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    input_tokens: int | None = Field(default=None, ge=1)
+    output_tokens: int | None = Field(default=None, ge=1)
+    total_tokens: int | None = Field(default=None, ge=1)
 
 
 ApprovalMode = Literal["declared", "destructive", "off"]
@@ -106,6 +132,7 @@ class TurnRequest(BaseModel):
       or a name configured in ``AGENT_EXTRA_TOOLSETS``.
     - ``model`` / ``instructions``: override the settings' model; system instructions.
     - ``max_model_calls``: cap on model calls in this turn (default from settings).
+    - ``token_budget``: input/output/total token limits of the turn (``TokenBudget``).
     - ``idempotency_key``: enqueueing twice with the same key *for the same agent* returns the
       same turn id (keys are scoped per agent: two agents using one key get two turns).
     - ``queue``: where the turn's model steps run (``turns``, ``background``, ``workflow``).
@@ -126,6 +153,7 @@ class TurnRequest(BaseModel):
     supports: TurnSupports = Field(default_factory=TurnSupports)
     skills: list[Skill] = Field(default_factory=list)
     max_model_calls: int | None = Field(default=None, ge=1, le=200)
+    token_budget: TokenBudget | None = None
     idempotency_key: str | None = Field(default=None, max_length=200)
     queue: Literal["turns", "background", "workflow"] = "turns"
     # When set, the turn may only end through this tool (a result with the terminate flag);

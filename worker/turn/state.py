@@ -60,6 +60,7 @@ class TurnState:
     created_at: float = 0.0
     updated_at: float = 0.0
     redrives: int = 0
+    traceparent: str | None = None
 
     @classmethod
     def from_hash(cls, turn_id: str, h: dict[bytes, bytes]) -> "TurnState":
@@ -83,6 +84,7 @@ class TurnState:
             created_at=float(g("created_at", b"0")),
             updated_at=float(g("updated_at", b"0")),
             redrives=int(g("redrives", b"0")),
+            traceparent=dec(g("traceparent")),
         )
 
 

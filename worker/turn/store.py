@@ -15,7 +15,9 @@ Cluster slot):
 - ``turn:{id}`` hash: ``status``, ``step``, ``phase`` (``model`` | ``tools``),
   ``model_calls``, ``request`` (JSON), ``agent_id``, ``final_output``,
   ``error``, ``terminate``, ``invalid_counts`` (JSON), ``loaded_tools``
-  (JSON), ``created_at``/``updated_at`` (epoch seconds), ``redrives``.
+  (JSON), ``created_at``/``updated_at`` (epoch seconds), ``redrives``,
+  ``traceparent`` (the turn's trace, ``worker.turn.telemetry``).
+- ``turn:{id}:usage`` hash step -> token usage of that model call (``worker.turn.usage``).
 - ``turn:{id}:items`` list: the Responses input items (JSON), in order.
 - ``turn:{id}:reply:{n}``: the memoized model reply of step n (a crash
   never pays for the same tokens twice).
@@ -94,8 +96,9 @@ local h = redis.call('HMGET', KEYS[1], 'status', 'step', 'phase')
 if h[1] == 'queued' and h[2] == ARGV[4] and h[3] == 'model' then
   redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[5], 'redrives', 0)
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[6])
+  return {1, 1}
 end
-return {1, false}
+return {1, 0}
 """
 
 # The turn-hash fields that guarded transitions read (``TurnStore._guarded``).
@@ -250,8 +253,10 @@ class TurnStore:
         request: dict[str, Any],
         initial_items: list[dict[str, Any]],
         idempotency_key: str | None = None,
+        fields: dict[str, str] | None = None,
     ) -> tuple[str, bool]:
-        """Create the turn, atomically (``WATCH`` on the turn and the idempotency key).
+        """Create the turn, atomically (``WATCH`` on the turn and the idempotency key);
+        ``fields``: extra hash fields (e.g. the ``traceparent``).
 
         Returns ``(turn_id, True)`` for a new turn. Returns ``(existing_id, False)``, storing
         nothing, when the agent already used ``idempotency_key`` (keys are scoped per agent),
@@ -294,6 +299,7 @@ class TurnStore:
                     "created_at": now,
                     "updated_at": now,
                     "redrives": 0,
+                    **(fields or {}),
                 },
             )
             if initial_items:
@@ -464,10 +470,11 @@ class TurnStore:
 
     def begin_model_call(
         self, turn_id: str, step: int, owner: str, lease: float, started_event: dict[str, Any] | None = None
-    ) -> str | None:
+    ) -> tuple[str | None, bool]:
         """Take step ``step``'s model call for ``owner``, push the progress deadline past ``lease``
         seconds and, for a queued turn, move it to ``running`` with the ``turn_started`` event
-        ``started_event``: one round trip. Returns None when won, else the current holder."""
+        ``started_event``: one round trip. Returns ``(None, started)`` when won (``started``: the
+        turn was moved to running), else ``(holder, False)``."""
         now = time.time()
         won, held = self._begin_model(
             keys=[_k(turn_id), _k(turn_id, "stepclaim", step), "turns:watch", _k(turn_id, "events")],
@@ -483,8 +490,8 @@ class TurnStore:
             ],
         )
         if won:
-            return None
-        return held.decode() if held else None
+            return None, bool(held)
+        return (held.decode() if held else None), False
 
     def claim_step(self, turn_id: str, step: int, owner: str, lease: float) -> str | None:
         """Take step ``step``'s model call for ``owner`` (``lease`` seconds). Returns None when won,
@@ -618,10 +625,8 @@ class TurnStore:
         final_output: str | None = None,
         error: str | None = None,
         count_model_call: bool = True,
-        finished_event: dict[str, Any] | None = None,
     ) -> bool:
-        """End the turn at a model step (final answer, cap reached, failure), with the
-        ``turn_finished`` event ``finished_event`` in the same transaction. Returns True when the
+        """End the turn at a model step (final answer, cap reached, failure). Returns True when the
         turn has end hooks to run (``END_HOOK_METADATA``)."""
         hooks = False
 
@@ -638,8 +643,6 @@ class TurnStore:
                 fields["error"] = error
             self._touch(pipe, turn_id, fields)
             hooks = self._retire(pipe, turn_id, h)
-            if finished_event is not None:
-                self._xadd(pipe, turn_id, "turn_finished", finished_event)
 
         self._guarded(turn_id, step, "model", w)
         return hooks

@@ -1,0 +1,115 @@
+"""A worker's Prometheus endpoint (``prometheus-client``): ``AGENT_METRICS_PORT`` (0: none).
+
+The metrics themselves are ``worker.turn.metrics``. A prefork worker counts in several
+processes, so the client runs in multiprocess mode: every process writes its values to files
+in ``PROMETHEUS_MULTIPROC_DIR`` and the worker's main process serves their sum
+(prometheus-client docs, "Multiprocess Mode"). The directory must be known before the metric
+objects are created: ``prepare_multiprocess_dir`` runs when ``tasks.app`` is imported, before
+the task modules, creating a fresh one unless the variable names one (which must then be
+emptied between runs by whoever sets it). The server starts once the pool is up (``worker_ready``),
+plus ``agent_turns_in_flight``, read from Redis at each scrape.
+
+Unauthenticated, like most exporters: expose the port to the Prometheus network only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any, Iterator
+
+from celery.signals import worker_ready, worker_shutdown
+
+log = logging.getLogger("agent.metrics")
+_state: dict[str, Any] = {"dir": None, "server": None}
+
+
+def metrics_port(env: dict[str, str] | os._Environ | None = None) -> int:
+    """``AGENT_METRICS_PORT`` as an int (0 when unset). Raises ``ValueError`` naming it when malformed."""
+    raw = (os.environ if env is None else env).get("AGENT_METRICS_PORT", "").strip() or "0"
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ValueError(f"AGENT_METRICS_PORT must be a port number, not {raw!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"AGENT_METRICS_PORT must be within 0-65535, not {port}")
+    return port
+
+
+def prepare_multiprocess_dir() -> None:
+    """With metrics on and no ``PROMETHEUS_MULTIPROC_DIR``, create a fresh one (removed at shutdown).
+
+    A malformed port is left for ``worker.settings`` to refuse at start (naming the variable).
+    """
+    try:
+        on = metrics_port() > 0
+    except ValueError:
+        return
+    if on and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        _state["dir"] = tempfile.mkdtemp(prefix="agent-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = _state["dir"]
+        values = sys.modules.get("prometheus_client.values")
+        if values is not None:
+            # Already imported (e.g. by the Flower plugin the celery CLI loads): the value class was
+            # chosen without the directory. Metrics created from now on (worker.turn.metrics is
+            # imported with the task modules, later) take the multiprocess one.
+            values.ValueClass = values.get_value_class()
+
+
+class TurnsInFlight:
+    """A collector: ``agent_turns_in_flight``, the turns queued or running (those with a progress
+    deadline in ``turns:watch``), read from Redis at scrape time (nothing when Redis fails)."""
+
+    def __init__(self, redis_client: Any):
+        self.r = redis_client
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the gauge family."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        try:
+            n = self.r.zcard("turns:watch")
+        except Exception:  # a scrape must not fail because Redis did
+            log.warning("agent_turns_in_flight: Redis unavailable")
+            return
+        yield GaugeMetricFamily("agent_turns_in_flight", "Turns queued or running (with a progress deadline).", n)
+
+
+def start_metrics_server(port: int) -> int:
+    """Serve ``/metrics`` on ``port`` (0.0.0.0) from this process; returns the port."""
+    import redis
+    from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
+    from worker.settings import get_settings
+
+    registry = CollectorRegistry()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.MultiProcessCollector(registry)
+    else:  # a process that imported prometheus_client before the directory was set: its own values
+        from prometheus_client import REGISTRY
+
+        registry = REGISTRY
+    client = redis.Redis.from_url(get_settings().redis_url, socket_timeout=5, socket_connect_timeout=2)
+    registry.register(TurnsInFlight(client))
+    server, _thread = start_http_server(port, registry=registry)
+    _state["server"] = server
+    log.info("metrics on :%s/metrics", port)
+    return port
+
+
+@worker_ready.connect(weak=False)
+def _on_ready(**_: Any) -> None:
+    port = metrics_port()
+    if port and _state["server"] is None:
+        start_metrics_server(port)
+
+
+@worker_shutdown.connect(weak=False)
+def _on_exit(**_: Any) -> None:
+    if _state["server"] is not None:
+        _state["server"].shutdown()
+    if _state["dir"]:
+        shutil.rmtree(_state["dir"], ignore_errors=True)

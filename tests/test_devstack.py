@@ -1,0 +1,126 @@
+"""``make stack`` / ``make run`` (``devtools.devstack``): it stops everything it started on SIGTERM and
+when the process that started it dies, and reports a worker that exits at start with its log line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from tests.conftest import ROOT
+from tests.support.scripts import wait_for
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes whose environment carries ``mark`` (everything the stack started inherits it)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if mark.encode() in (proc / "environ").read_bytes() and b"Z" not in (proc / "stat").read_bytes().split()[2]:
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _env(mark: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "AGENT_OTEL_FILE"}
+    return {**env, "STACK_TEST_MARK": mark, **extra}
+
+
+def _serve(env: dict[str, str], log: Path, parent: bool = False) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "devtools.devstack", "--serve"]
+    if parent:  # an intermediate process (like make) that starts the stack and waits for it
+        cmd = [sys.executable, "-c", f"import subprocess; subprocess.run({cmd!r})"]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def _stack_up(proc: subprocess.Popen, log: Path) -> None:
+    def up():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        return "stack is up" in log.read_text()
+
+    wait_for(up, timeout=90, poll=0.3)
+
+
+def test_sigterm_stops_everything_the_stack_started(tmp_path):
+    mark = uuid.uuid4().hex
+    log = tmp_path / "stack.log"
+    proc = _serve(_env(mark), log)
+    try:
+        _stack_up(proc, log)
+        assert len(_marked(mark)) >= 4  # devstack, gateway, worker (and its pool), beat
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        wait_for(lambda: not _marked(mark), timeout=30)
+        assert "stopped everything this command started" in log.read_text()
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_stack_stops_when_the_process_that_started_it_dies(tmp_path):
+    mark = uuid.uuid4().hex
+    log = tmp_path / "stack.log"
+    parent = _serve(_env(mark), log, parent=True)
+    try:
+        wait_for(lambda: "stack is up" in log.read_text(), timeout=90, poll=0.3)
+        parent.kill()  # like a make that exits without forwarding the signal
+        parent.wait(10)
+        wait_for(lambda: not _marked(mark), timeout=60)
+        assert "stopped everything this command started" in log.read_text()
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_sigint_sent_to_make_alone_stops_the_stack(tmp_path):
+    """GNU make does not forward a SIGINT sent to its PID (it waits for its children, expecting the
+    terminal to have signalled the whole group): the stack sees it and stops anyway."""
+    mark = uuid.uuid4().hex
+    log = tmp_path / "stack.log"
+    makefile = tmp_path / "Makefile"
+    makefile.write_text(f"serve:\n\tcd {ROOT} && exec {sys.executable} -m devtools.devstack --serve\n")
+    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731  (as in a terminal)
+    make = subprocess.Popen(
+        ["make", "-s", "-f", str(makefile)],
+        env=_env(mark),
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        preexec_fn=restore,
+    )
+    try:
+        wait_for(lambda: "stack is up" in log.read_text(), timeout=90, poll=0.3)
+        make.send_signal(signal.SIGINT)
+        wait_for(lambda: not _marked(mark), timeout=60)
+        assert make.wait(30) != 0
+        assert "stopped everything this command started" in log.read_text()
+    finally:
+        if make.poll() is None:
+            make.kill()
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_that_exits_at_start_is_reported_at_once_with_its_log(tmp_path):
+    mark = uuid.uuid4().hex
+    log = tmp_path / "stack.log"
+    proc = _serve(_env(mark, AGENT_EXTRA_TOOLSETS="broken=no_such_module_xyz:tools"), log)
+    try:
+        assert proc.wait(60) == 1
+        out = log.read_text()
+        assert "the worker exited at start" in out
+        assert "no_such_module_xyz" in out, out[-2000:]  # the worker's own log line
+        assert "did not come up" not in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        time.sleep(0.5)
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,96 @@
+"""Token usage of a turn, per model step and in total, and the turn's token budgets.
+
+The Responses API reports ``usage`` on every reply: ``input_tokens``, ``output_tokens``,
+``total_tokens``, ``input_tokens_details.cached_tokens`` and
+``output_tokens_details.reasoning_tokens`` (OpenAI API reference, "The response object").
+``UsageLedger`` keeps one record per step in the hash ``turn:{id}:usage`` (field = step
+number, first write wins, like the memoized reply it comes from), so a redelivered step
+never counts its tokens twice; totals are the sum of the steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import redis
+
+from worker.turn.request import TokenBudget
+from worker.turn.state import key as _k
+
+USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")
+RETENTION_SECONDS = 7 * 24 * 3600
+
+
+def _count(value: Any) -> int:
+    # A gateway may omit a count or send null: that is 0, never an error (usage is advisory).
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def normalize_usage(raw: dict[str, Any] | None) -> dict[str, int]:
+    """The five counts of a Responses ``usage`` object, flattened: ``input_tokens``, ``output_tokens``,
+    ``total_tokens`` (``input + output`` when absent), ``cached_tokens``, ``reasoning_tokens``.
+
+    A missing or malformed count reads as 0.
+    """
+    raw = raw if isinstance(raw, dict) else {}
+    in_details = raw.get("input_tokens_details") if isinstance(raw.get("input_tokens_details"), dict) else {}
+    out_details = raw.get("output_tokens_details") if isinstance(raw.get("output_tokens_details"), dict) else {}
+    inp, out = _count(raw.get("input_tokens")), _count(raw.get("output_tokens"))
+    return {
+        "input_tokens": inp,
+        "output_tokens": out,
+        "total_tokens": _count(raw.get("total_tokens")) or inp + out,
+        "cached_tokens": _count(in_details.get("cached_tokens")),
+        "reasoning_tokens": _count(out_details.get("reasoning_tokens")),
+    }
+
+
+def add_usage(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """Field-wise sum of two normalized usages."""
+    return {f: a.get(f, 0) + b.get(f, 0) for f in USAGE_FIELDS}
+
+
+def budget_exceeded(totals: dict[str, int], budget: TokenBudget | None) -> str | None:
+    """The error text when ``totals`` reached a limit of ``budget`` (``>=``: a turn at its budget
+    may not start another model call), else None."""
+    if budget is None:
+        return None
+    for field in ("input_tokens", "output_tokens", "total_tokens"):
+        limit = getattr(budget, field)
+        if limit is not None and totals.get(field, 0) >= limit:
+            return (
+                f"token budget exceeded: {totals.get(field, 0)} {field.replace('_', ' ')} used, "
+                f"budget {limit} (token_budget.{field})"
+            )
+    return None
+
+
+class UsageLedger:
+    """Per-step usage records of turns in Redis (``client``: a ``redis.Redis``, bytes responses)."""
+
+    def __init__(self, client: redis.Redis):
+        self.r = client
+
+    def record(self, turn_id: str, step: int, usage: dict[str, int], model: str = "") -> bool:
+        """Record the usage of model step ``step`` once. Returns True if this call stored it
+        (False: a redelivery, already counted)."""
+        p = self.r.pipeline(transaction=False)
+        p.hsetnx(_k(turn_id, "usage"), str(step), orjson.dumps({"step": step, "model": model, **usage}))
+        p.expire(_k(turn_id, "usage"), RETENTION_SECONDS)
+        stored, _ = p.execute()
+        return bool(stored)
+
+    def steps(self, turn_id: str) -> list[dict[str, Any]]:
+        """``[{"step", "model", input_tokens, output_tokens, total_tokens, cached_tokens, reasoning_tokens}]``
+        ordered by step."""
+        rows = [orjson.loads(v) for v in self.r.hvals(_k(turn_id, "usage"))]
+        return sorted(rows, key=lambda r: r["step"])
+
+    def totals(self, turn_id: str) -> dict[str, int]:
+        """The turn's total usage so far (all five counts, plus ``model_calls`` counted)."""
+        total = {f: 0 for f in USAGE_FIELDS}
+        rows = self.steps(turn_id)
+        for row in rows:
+            total = add_usage(total, row)
+        return {**total, "model_calls": len(rows)}
