@@ -338,9 +338,10 @@ def test_flower_sees_agent_turn_step_tool_and_a_failed_turn(ops_worker, gateway,
 
 def test_flower_sees_a_turn_the_watchdog_failed(ops_worker):
     from tasks.app import app
-    from tasks.watchdog import MAX_REDRIVES
+    from worker.settings import get_settings
     from worker.turn.state import key
 
+    MAX_REDRIVES = get_settings().max_redrives
     control = ops_worker["control"]
     # A turn whose messages were lost: queued, overdue, and already re-driven MAX_REDRIVES times.
     turn_id, _ = control.store.create("stuck" + os.urandom(6).hex(), {"agent_id": "stuck", "input": "x"}, [])

@@ -51,9 +51,9 @@ class Settings(BaseSettings):
 
     # Recovery (DESIGN-NOTES sections 1 and 11). A worker node's heartbeat lives this long; the
     # watchdog re-drives the turns a node held once its heartbeat has been gone this long.
-    liveness_ttl: float = 10.0
+    liveness_ttl: float = 4.0
     # How often beat runs the watchdog sweep.
-    watchdog_interval: float = 2.0
+    watchdog_interval: float = 1.0
     # A turn nobody is known to hold is re-driven after its longest single wait plus this slack.
     progress_slack: float = 60.0
     # Re-drives of a turn without progress before it fails (a crash loop ends, a lost message recovers).

@@ -74,7 +74,7 @@ class PrivateStack:
                 "-n",
                 f"{name}@%h",
                 "-l",
-                "WARNING",
+                os.environ.get("PRIVATE_STACK_LOGLEVEL", "WARNING"),
                 "--without-gossip",
                 "--without-mingle",
                 *extra,

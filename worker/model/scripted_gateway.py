@@ -106,6 +106,8 @@ class ScriptedGateway:
         self.peak_in_flight = 0
         # Wall-clock time (time.time()) at which the first delta of each streamed response id was written.
         self.first_delta_at: dict[str, float] = {}
+        # Optional JSON-lines record of every answer (bench/soak.py counts paid model calls with it).
+        self.answer_log: Path | None = None
         self._lock = threading.Lock()
         gateway = self
 
@@ -149,11 +151,16 @@ class ScriptedGateway:
                     with gateway._lock:
                         gateway.in_flight -= 1
                 if status == 200 and body.get("stream") is True and gateway.streaming:
-                    self._stream(payload, step)
+                    complete = self._stream(payload, step)
                 else:
-                    self._send(status, payload)
+                    try:
+                        self._send(status, payload)
+                        complete = True
+                    except (BrokenPipeError, ConnectionResetError):
+                        complete = False
+                gateway.note_answer(body, status, complete)
 
-            def _stream(self, payload: dict[str, Any], step: dict[str, Any]) -> None:
+            def _stream(self, payload: dict[str, Any], step: dict[str, Any]) -> bool:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream; charset=utf-8")
                 self.send_header("Cache-Control", "no-cache")
@@ -167,7 +174,7 @@ class ScriptedGateway:
                     is_delta = event["type"].endswith(".delta")
                     if is_delta:
                         if cut is not None and deltas >= int(cut):
-                            return  # the connection closes without a terminal event
+                            return False  # the connection closes without a terminal event
                         if delay:
                             time.sleep(delay)
                         if not deltas:
@@ -178,7 +185,8 @@ class ScriptedGateway:
                         self.wfile.write(frame)
                         self.wfile.flush()
                     except (BrokenPipeError, ConnectionResetError):
-                        return
+                        return False
+                return True
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
                 data = orjson.dumps(payload)
@@ -219,6 +227,21 @@ class ScriptedGateway:
         """Answer one request body: ``(http_status, json_payload)``."""
         status, payload, _ = self.respond_step(body)
         return status, payload
+
+    def note_answer(self, body: dict[str, Any], status: int, complete: bool) -> None:
+        """Append ``{"at", "model", "input", "step", "status", "complete"}`` to ``answer_log`` (if set):
+        ``input`` is the first user text, ``step`` the model items already in the input, ``complete``
+        whether the whole answer reached the client (a paid model call)."""
+        if self.answer_log is None:
+            return
+        items = body.get("input") if isinstance(body.get("input"), list) else []
+        first = next((i.get("content") for i in items if isinstance(i, dict) and i.get("role") == "user"), None)
+        if isinstance(first, list):
+            first = " ".join(str(c.get("text", "")) for c in first if isinstance(c, dict))
+        line = {"at": time.time(), "model": body.get("model"), "input": first, "step": _next_step(items),
+                "status": status, "complete": complete}  # fmt: skip
+        with self._lock, open(self.answer_log, "ab") as fh:
+            fh.write(orjson.dumps(line) + b"\n")
 
     def respond_step(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]]:
         """``respond`` plus the script step played (its streaming knobs); ``{}`` for an error."""
@@ -334,8 +357,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scripts", type=Path, required=True, help="folder of *.json scripts")
     parser.add_argument("--no-stream", action="store_true", help="answer JSON even when a request asks to stream")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds before each answer (a real model's pace)")
+    parser.add_argument("--answer-log", type=Path, default=None, help="append a JSON line per answer here")
     args = parser.parse_args(argv)
     gw = ScriptedGateway(port=args.port, host=args.host, streaming=not args.no_stream, latency=args.latency)
+    gw.answer_log = args.answer_log
     gw.load_dir(args.scripts)
     print(
         f"scripted gateway on http://{args.host}:{gw.port}/v1 with scripts: {', '.join(sorted(gw.scripts))}", flush=True

@@ -46,7 +46,7 @@ from worker.turn import metrics, parking, telemetry
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall, plan_batches
 from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, call_labels, no_toolsets, step_label
-from worker.turn.liveness import Liveness, owner
+from worker.turn.liveness import Liveness, held_key, node, owner
 from worker.turn.outage import OUTAGE_ERRORS, Unsaved, save_until_stored
 from worker.turn.planning import plan_calls
 from worker.turn.request import Skill, TurnRefused, TurnRequest, TurnStatus, check_turn_id
@@ -312,7 +312,9 @@ class TurnEngine:
         elsewhere is making it (a duplicate or re-driven delivery must not pay the model twice)."""
         # The model call may take up to model_timeout: the claim and the progress deadline cover it.
         lease = self.settings.model_timeout + 60
-        holder, started = self.store.begin_model_call(turn_id, step, owner(), lease, {"agent_id": request.agent_id})
+        holder, started = self.store.begin_model_call(
+            turn_id, step, owner(), lease, {"agent_id": request.agent_id}, held_key=held_key(node())
+        )
         if started:
             metrics.TURNS_STARTED.labels(request.queue).inc()
         if holder is None or holder == owner():

@@ -7,9 +7,10 @@ heartbeat is gone, the watchdog re-drives the turns it held at once, instead of 
 the broker's ``visibility_timeout`` (DESIGN-NOTES section 11: on the Redis broker, messages
 reserved by a dead worker come back only after it).
 
-A claim owner (a tool call's or a model step's) is ``host:node_pid:pid``: the process that
-runs it under its node. It is dead when its process is gone on this host, or its node's
-heartbeat has expired.
+A claim owner (a tool call's or a model step's) is ``host:node_pid:pid:thread``: the thread that
+runs it, in its process, under its node (under a threads pool a duplicate delivery runs in
+another thread of the same process, and must not pass for the claim's owner). It is dead when
+its process is gone on this host, or its node's heartbeat has expired.
 
 Keys: ``agent:alive:<node>`` (heartbeat, TTL), ``agent:nodes`` (set of known nodes),
 ``agent:node:<node>:tasks`` (hash ``task_id`` -> ``turn_id``), ``agent:suspect:<node>``
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -44,16 +46,21 @@ def node() -> str:
 
 
 def owner() -> str:
-    """This process as a claim owner: ``host:node_pid:pid`` (computed per call: prefork children fork after import)."""
-    return f"{node()}:{os.getpid()}"
+    """This thread as a claim owner: ``host:node_pid:pid:thread`` (computed per call: prefork
+    children fork after import, and each pool thread is its own owner)."""
+    return f"{node()}:{os.getpid()}:{threading.get_ident()}"
 
 
 def _alive_key(node_id: str) -> str:
     return f"agent:alive:{node_id}"
 
 
-def _tasks_key(node_id: str) -> str:
+def held_key(node_id: str) -> str:
+    """The hash of the turn tasks ``node_id`` holds (``task_id`` -> ``turn_id``)."""
     return f"agent:node:{node_id}:tasks"
+
+
+_tasks_key = held_key
 
 
 def _pid_gone(pid: int) -> bool:
@@ -110,11 +117,11 @@ class Liveness:
         return bool(self.r.exists(_alive_key(node_id)))
 
     def owner_is_dead(self, claim_owner: str) -> bool:
-        """True when a claim's owner (``host:node_pid:pid`` or the older ``host:pid``) is gone:
+        """True when a claim's owner (``host:node_pid:pid:thread``, or a bare ``host:pid``) is gone:
         its process is dead on this host, or its node's heartbeat expired."""
-        parts = claim_owner.rsplit(":", 2)
-        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-            host, node_pid, pid = parts
+        parts = claim_owner.split(":")
+        if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
+            host, node_pid, pid, _thread = parts
             node_id = f"{host}:{node_pid}"
         else:
             host, _, pid = claim_owner.rpartition(":")

@@ -86,10 +86,14 @@ return {stored, 0}
 
 # Begin a step's model call in one round trip: take the step claim, push the progress deadline
 # and, at the turn's first step, move it from queued to running with its turn_started event.
-# KEYS: turn hash, step claim, watch zset, events; ARGV: owner, lease s, deadline, step, now,
-# event JSON, events maxlen, turn id.
+# It also records the turn as held by the caller's node (KEYS[5], ``worker.turn.liveness``), so
+# a node killed during its first model call is known to hold the turn before its heartbeat
+# thread writes its held tasks.
+# KEYS: turn hash, step claim, watch zset, events, node's held tasks; ARGV: owner, lease s,
+# deadline, step, now, event JSON, events maxlen, turn id.
 _BEGIN_MODEL_LUA = """
 local won = redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2])
+if won then redis.call('HSET', KEYS[5], 'step:' .. ARGV[8], ARGV[8]) end
 redis.call('ZADD', KEYS[3], 'XX', 'GT', ARGV[3], ARGV[8])
 if not won then return {0, redis.call('GET', KEYS[2])} end
 local h = redis.call('HMGET', KEYS[1], 'status', 'step', 'phase')
@@ -469,15 +473,22 @@ class TurnStore:
         return False, orjson.loads(raw) if raw else None
 
     def begin_model_call(
-        self, turn_id: str, step: int, owner: str, lease: float, started_event: dict[str, Any] | None = None
+        self,
+        turn_id: str,
+        step: int,
+        owner: str,
+        lease: float,
+        started_event: dict[str, Any] | None = None,
+        held_key: str = "agent:node:unknown:tasks",
     ) -> tuple[str | None, bool]:
         """Take step ``step``'s model call for ``owner``, push the progress deadline past ``lease``
         seconds and, for a queued turn, move it to ``running`` with the ``turn_started`` event
         ``started_event``: one round trip. Returns ``(None, started)`` when won (``started``: the
-        turn was moved to running), else ``(holder, False)``."""
+        turn was moved to running), else ``(holder, False)``. ``held_key``: the caller's node's held
+        tasks (``worker.turn.liveness.held_key``), where the turn is recorded."""
         now = time.time()
         won, held = self._begin_model(
-            keys=[_k(turn_id), _k(turn_id, "stepclaim", step), "turns:watch", _k(turn_id, "events")],
+            keys=[_k(turn_id), _k(turn_id, "stepclaim", step), "turns:watch", _k(turn_id, "events"), held_key],
             args=[
                 owner,
                 max(1, int(lease)),

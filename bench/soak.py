@@ -1,0 +1,293 @@
+"""Kill-loop soak (``make soak``): turns keep running while their processes and Redis are killed.
+
+One node as ``make stack`` runs it (``devtools.workers``: a threads pool for the steps, prefork
+for the tools, beat, all under the supervisor that restarts what exits), an embedded Redis with
+an append-only file, and the scripted gateway as its own process (``--latency``). ``--turns``
+turns are enqueued over the run; each makes three model calls and three tool calls, two of them
+destructive (``append_marker``: a line in the agent's home per execution, outside Redis). Every
+2-5 s one of these happens at random: SIGKILL of the steps worker's main process, of a tools
+pool child, of the tools worker's main process, of beat, of the gateway (restarted after 1 s), or
+a Redis crash (SIGKILL, restarted after 1-3 s; at least ``--redis-restarts`` of them).
+
+Printed at the end: turns lost (unknown), stuck (not ended), failed; destructive calls run twice
+(a marker line twice); model calls paid twice (two complete answers for one step of one turn,
+split into "after a worker kill" (the reply died with the process before it was stored) and
+"otherwise", which the runtime must keep at 0); unanswered calls in ended turns; recovery latency
+after each SIGKILL of a worker main process (from the kill to the watchdog's re-drive of its
+turns: min/median/max); whether the workers and beat are alive at the end.
+
+Run: ``make soak`` or ``.venv/bin/python bench/soak.py [--turns 200] [--minutes 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import orjson
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from devtools.embedded_redis import EmbeddedRedis, free_port  # noqa: E402
+from devtools.workers import Supervisor, beat_command, worker_commands  # noqa: E402
+
+SCRIPT = {
+    "name": "soak",
+    "steps": [
+        {
+            "output": [
+                {"type": "function_call", "name": "append_marker", "arguments": '{"label": "a", "ms": 300}'},
+                {"type": "function_call", "name": "read_thing", "arguments": '{"label": "r", "ms": 100}'},
+            ]
+        },
+        {"output": [{"type": "function_call", "name": "append_marker", "arguments": '{"label": "b", "ms": 300}'}]},
+        {"output": [{"type": "message", "text": "done"}]},
+    ],
+}
+TERMINAL = {b"completed", b"failed", b"cancelled", b"incomplete", b"terminated", b"max_model_calls",
+            b"invalid_arguments", b"budget_exceeded"}  # fmt: skip
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(proc.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+class Gateway:
+    """The scripted gateway as a process of its own (so chaos can kill it), logging its answers."""
+
+    def __init__(self, scripts: Path, log: Path, latency: float, logdir: Path):
+        self.port = free_port()
+        self.cmd = [sys.executable, "-m", "worker.model.scripted_gateway", "--port", str(self.port),
+                    "--scripts", str(scripts), "--latency", str(latency), "--answer-log", str(log)]  # fmt: skip
+        self.logdir = logdir
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "CONTROL_REDIS_URL")}
+        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=env, stdout=open(self.logdir / "gateway.log", "a"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise SystemExit("the scripted gateway did not start")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--minutes", type=float, default=3.0, help="how long chaos goes on")
+    parser.add_argument("--latency", type=float, default=0.5, help="seconds the model takes to answer")
+    parser.add_argument("--redis-restarts", type=int, default=4, help="at least this many Redis crashes")
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="soak-"))
+    logs, homes, scripts = work / "logs", work / "homes", work / "scripts"
+    for d in (logs, homes, scripts):
+        d.mkdir()
+    (scripts / "soak.json").write_bytes(orjson.dumps(SCRIPT))
+    answers = work / "answers.jsonl"
+
+    srv = EmbeddedRedis(persist=True)
+    srv.start()
+    gateway = Gateway(scripts, answers, args.latency, logs)
+    gateway.start()
+    os.environ.update(
+        REDIS_URL=srv.url,
+        CONTROL_REDIS_URL=srv.control_url,
+        OPENAI_BASE_URL=f"http://127.0.0.1:{gateway.port}/v1",
+        OPENAI_API_KEY="soak",
+        AGENT_HOMES_ROOT=str(homes),
+        AGENT_EXTRA_TOOLSETS="testing=tests.support.toolsets:testing_tools",
+        AGENT_APPROVAL_MODE="off",
+        AGENT_MODEL_TIMEOUT="30",
+        AGENT_TOOL_TIME_LIMIT="30",
+    )
+    from control.client import ControlPlane
+    from worker.model.items import unanswered_call_ids
+    from worker.settings import get_settings
+
+    get_settings.cache_clear()
+    worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
+    restarted: list[tuple[float, str]] = []
+    sup = Supervisor(logs, on_restart=lambda name, code: restarted.append((time.time(), name)))
+    for name, cmd in worker_commands(io_concurrency=64, tools_concurrency=2, loglevel="WARNING").items():
+        sup.start(name, cmd, env=worker_env)
+    sup.start("beat", beat_command("WARNING"), env=worker_env)
+    r = redis.Redis.from_url(srv.control_url)
+    host = socket.gethostname()
+
+    def alive(name: str) -> bool:
+        return r.exists(f"agent:alive:{host}:{sup.procs[name].pid}") == 1
+
+    deadline = time.monotonic() + 60
+    while not (alive("worker-io") and alive("worker-tools")):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the workers did not start; see {logs}")
+        time.sleep(0.2)
+    control = ControlPlane(srv.control_url)
+
+    events: list[tuple[float, str, str]] = []  # (when, what, detail)
+    ids: list[str] = []
+    started = time.monotonic()
+    chaos_until = started + args.minutes * 60
+    enqueue_every = (args.minutes * 60 * 0.8) / max(args.turns, 1)
+    next_enqueue = started
+    next_chaos = started + rng.uniform(2, 5)
+    redis_restarts = 0
+    print(f"soak: {args.turns} turns over {args.minutes:g} min, chaos every 2-5 s; logs {work}", flush=True)
+    while time.monotonic() < chaos_until or len(ids) < args.turns:
+        now = time.monotonic()
+        if len(ids) < args.turns and now >= next_enqueue:
+            i = len(ids)
+            try:
+                ids.append(control.enqueue({"agent_id": f"soak-{i}", "input": f"soak {i}", "model": "soak",
+                                            "toolset": "testing"}, turn_id=f"soak-{i}"))  # fmt: skip
+                next_enqueue = now + enqueue_every
+            except Exception as exc:  # Redis down this instant: try again shortly
+                print(f"  enqueue {i} deferred: {exc.__class__.__name__}", flush=True)
+                next_enqueue = now + 0.5
+        if now >= next_chaos and now < chaos_until:
+            left = args.redis_restarts - redis_restarts
+            remaining_slots = max(1, int((chaos_until - now) / 3.5))
+            action = "redis" if left > 0 and rng.random() < left / remaining_slots else rng.choice(
+                ["worker-io", "tools-child", "worker-tools", "beat", "gateway", "redis"])  # fmt: skip
+            when = time.time()
+            if action in ("worker-io", "worker-tools", "beat"):
+                proc = sup.procs[action]
+                node = f"{host}:{proc.pid}"
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                events.append((when, action, node))
+            elif action == "tools-child":
+                kids = _children(sup.procs["worker-tools"].pid)
+                if kids:
+                    os.kill(rng.choice(kids), signal.SIGKILL)
+                events.append((when, action, ""))
+            elif action == "gateway":
+                gateway.kill()
+                events.append((when, action, ""))
+                time.sleep(1)
+                gateway.start()
+            else:
+                srv.halt(kill=True)
+                events.append((when, "redis", ""))
+                time.sleep(rng.uniform(1, 3))
+                srv.restart()
+                redis_restarts += 1
+            print(f"  {time.monotonic() - started:6.1f}s chaos: {action} ({len(ids)} turns enqueued)", flush=True)
+            next_chaos = time.monotonic() + rng.uniform(2, 5)
+        time.sleep(0.05)
+
+    print("chaos over; waiting for every turn to end", flush=True)
+    wait_until = time.monotonic() + 240
+    pending = set(ids)
+    while pending and time.monotonic() < wait_until:
+        try:
+            with r.pipeline(transaction=False) as p:
+                order = sorted(pending)
+                for tid in order:
+                    p.hget(f"turn:{{{tid}}}", "status")
+                for tid, status in zip(order, p.execute(), strict=True):
+                    if status in TERMINAL:
+                        pending.discard(tid)
+        except redis.RedisError:
+            pass
+        time.sleep(1)
+
+    statuses, unanswered = {}, 0
+    for tid in ids:
+        statuses[tid] = r.hget(f"turn:{{{tid}}}", "status")
+        if statuses[tid] in TERMINAL:
+            unanswered += len(unanswered_call_ids(control.items(tid)))
+    lost = sum(s is None for s in statuses.values())
+    stuck = sum(s is not None and s not in TERMINAL for s in statuses.values())
+    failed = sum(s in TERMINAL and s != b"completed" for s in statuses.values())
+    twice = 0
+    for i in range(len(ids)):
+        marks = homes / f"soak-{i}" / "markers.txt"
+        if marks.exists():
+            twice += sum(n - 1 for n in Counter(marks.read_text().split()).values() if n > 1)
+
+    # Paid model calls: complete answers per (turn input, step).
+    paid = defaultdict(list)
+    for line in answers.read_bytes().splitlines():
+        a = orjson.loads(line)
+        if a["complete"] and a["status"] == 200 and a["model"] == "soak":
+            paid[(a["input"], a["step"])].append(a["at"])
+    worker_kills = [w for w, what, _ in events if what in ("worker-io",)]
+    repaid_kill = repaid_other = 0
+    for times in paid.values():
+        times.sort()
+        for first, again in zip(times, times[1:], strict=False):
+            if any(first - 1 <= k <= again for k in worker_kills):
+                repaid_kill += 1
+            else:
+                repaid_other += 1
+
+    # Recovery: from each SIGKILL of a worker main process to the first re-drive of its turns.
+    redriven: dict[str, float] = {}
+    for tid in ids:
+        for e in control.events(tid):
+            if e.get("kind") == "turn_redriven" and "stopped" in str(e.get("reason", "")):
+                node = str(e["reason"]).split("worker ", 1)[-1].split(" stopped")[0]
+                redriven[node] = min(redriven.get(node, float("inf")), float(e["at"]))
+    recovery = [redriven[node] - when for when, what, node in events
+                if what in ("worker-io", "worker-tools") and node in redriven]  # fmt: skip
+
+    alive_at_end = {name: proc.poll() is None for name, proc in sup.procs.items()}
+    kinds = Counter(what for _, what, _ in events)
+    print()
+    print(f"turns: {len(ids)}; chaos events: {dict(kinds)}; processes restarted by the supervisor: {len(restarted)}")
+    print(f"lost {lost}, stuck {stuck}, failed {failed}")
+    print(f"destructive calls run twice: {twice}")
+    print(f"model calls paid twice: {repaid_other} (besides {repaid_kill} after a steps-worker kill lost the reply)")
+    print(f"unanswered calls in ended turns: {unanswered}")
+    if recovery:
+        print(f"recovery after a worker-main SIGKILL (kill -> re-drive), {len(recovery)} kills with turns held: "
+              f"min {min(recovery):.1f} s, median {statistics.median(recovery):.1f} s, max {max(recovery):.1f} s")  # fmt: skip
+    else:
+        print("recovery: no worker-main kill held a turn")
+    print(f"alive at the end: {alive_at_end}")
+    sup.stop()
+    gateway.kill()
+    srv.stop()
+    if os.environ.get("SOAK_KEEP") != "1":
+        shutil.rmtree(homes, ignore_errors=True)
+    bad = lost or stuck or twice or repaid_other or unanswered or not all(alive_at_end.values())
+    raise SystemExit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
