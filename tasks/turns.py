@@ -16,7 +16,7 @@ import time
 from typing import Callable, TypeVar
 
 from tasks.app import app
-from tasks.dispatcher import ended_here
+from tasks.dispatcher import ended_as, ended_here
 from tasks.runtime import get_engine
 from worker.model.client import GatewayError
 from worker.settings import get_settings
@@ -37,9 +37,14 @@ def _report(turn_id: str, result: dict) -> dict:
     # Raise when this very task ended the turn with a failure status (ended_here is set by the dispatcher).
     if ended_here() != turn_id:
         return result
-    state = get_engine().store.load(turn_id)
-    if state is not None and state.status.failure:
-        raise TurnFailed(f"turn {turn_id} ended {state.status.value}: {state.error or ''}".strip())
+    told = ended_as()
+    if told is not None:
+        status, error = told
+    else:
+        state = get_engine().store.load(turn_id)
+        status, error = (state.status, state.error) if state is not None else (None, None)
+    if status is not None and status.failure:
+        raise TurnFailed(f"turn {turn_id} ended {status.value}: {error or ''}".strip())
     return result
 
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -137,6 +138,43 @@ def test_egress_proxy_closes_its_connections():
     while os.path.exists(proxy.socket_path) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert proxy.refusals and not os.path.exists(proxy.socket_path)
+
+
+def test_egress_proxy_bounds_what_a_command_holds_of_the_worker(monkeypatch):
+    """Found by an attacker: 24,000 half-sent requests from one command took 20,000 threads and every
+    descriptor of the worker. Connections are capped per proxy (more are refused at once) and a
+    request head that never comes is dropped after HEAD_TIMEOUT."""
+    from worker.tools.computer import egress
+
+    monkeypatch.setattr(egress, "HEAD_TIMEOUT", 0.5)
+    proxy = EgressProxy()
+    held = []
+    try:
+        for _ in range(egress.MAX_CONNECTIONS):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(proxy.socket_path)
+            s.sendall(b"CONNECT half")  # never finished
+            held.append(s)
+        extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        extra.connect(proxy.socket_path)
+        extra.settimeout(5)
+        assert extra.recv(4096).startswith(b"HTTP/1.1 503")
+        extra.close()
+        for s in held:  # each half-sent request is dropped by the proxy after HEAD_TIMEOUT
+            s.settimeout(5)
+            assert s.recv(4096) == b""
+        threads = [t for t in threading.enumerate() if t.name == "egress-conn"]
+        assert len(threads) <= egress.MAX_CONNECTIONS
+        again = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # slots are free again
+        again.connect(proxy.socket_path)
+        again.sendall(b"CONNECT 10.0.0.1:443 HTTP/1.1\r\n\r\n")
+        again.settimeout(5)
+        assert again.recv(4096).startswith(b"HTTP/1.1 403")
+        again.close()
+    finally:
+        for s in held:
+            s.close()
+        proxy.close()
 
 
 def test_no_nested_user_namespaces_and_no_capabilities(tmp_path):

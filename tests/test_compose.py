@@ -273,3 +273,18 @@ def test_workers_send_traces_to_the_jaeger_service():
         env = services[name]["environment"]
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith("jaeger:4318}") and "otlp" in env["OTEL_TRACES_EXPORTER"]
     assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+
+
+def test_model_queues_on_an_io_pool_tools_on_prefork_and_every_service_restarts():
+    """Issue 11: a step waiting on the model must not hold a process; tools keep prefork; whatever
+    exits (a Redis restart it did not survive) is restarted."""
+    services = _compose()["services"]
+    for queue in ("turns", "background", "workflow"):
+        cmd = services[f"worker-{queue}"]["command"]
+        assert _opt(cmd, "--pool") == "threads" and int(_opt(cmd, "-c")) >= 100, cmd
+        assert "--without-gossip" in cmd and "--without-mingle" in cmd
+    tools = services["worker-tools"]["command"]
+    assert _opt(tools, "--pool") == "prefork" and "--without-gossip" in tools
+    assert _opt(services["beat"]["command"], "-S") == "tasks.beat:ResilientRedBeatScheduler"
+    for name, svc in services.items():
+        assert svc.get("restart") == "unless-stopped", name

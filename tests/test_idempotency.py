@@ -35,7 +35,7 @@ class RecordingDispatcher:
     def services(self, request):
         return {}
 
-    def turn_finished(self, turn_id, hooks=True):
+    def turn_finished(self, turn_id, hooks=True, status=None, error=None):
         if hooks:
             self.sent.append(("finished", turn_id))
 

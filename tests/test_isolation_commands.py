@@ -155,6 +155,27 @@ def test_command_cannot_write_outside_its_home(control, gateway, script_name, ho
     assert "TMP-OK" in outs[0]  # a private /tmp
 
 
+def test_scratch_space_is_sized_and_the_root_read_only(control, gateway, script_name):
+    """A RAM-backed tmpfs grows to half the host's RAM unless sized: /tmp and /dev/shm are capped
+    (AGENT_COMMAND_TMP_BYTES, 64 MiB), and the sandbox's root and /dev are read-only."""
+    view, outs = run_commands(
+        control,
+        gateway,
+        script_name,
+        [
+            "touch /rootfile 2>&1; touch /dev/devfile 2>&1; "
+            "dd if=/dev/zero of=/tmp/big bs=1M count=400 2>/dev/null; echo tmp=$(du -m /tmp/big | cut -f1); "
+            "dd if=/dev/zero of=/dev/shm/big bs=1M count=200 2>/dev/null; echo shm=$(du -m /dev/shm/big | cut -f1)"
+        ],
+    )
+    assert view.status == TurnStatus.completed
+    out = outs[0]
+    assert out.count("Read-only file system") == 2, out
+    tmp_mb = int(out.split("tmp=")[1].split()[0])
+    shm_mb = int(out.split("shm=")[1].split()[0])
+    assert tmp_mb <= 256 and shm_mb <= 64, out
+
+
 def test_command_cannot_kill_the_worker(control, gateway, script_name, solo_worker):
     view, outs = run_commands(control, gateway, script_name, [f"kill -9 {solo_worker.pid}; echo rc=$?"])
     assert view.status == TurnStatus.completed

@@ -85,6 +85,7 @@ class Settings(BaseSettings):
     command_max_processes: int = Field(256, ge=8)  # processes + threads of one command (RLIMIT_NPROC)
     command_max_file_bytes: int = Field(1024**3, ge=1024)  # largest file a command may write (RLIMIT_FSIZE)
     command_max_open_files: int = Field(1024, ge=16)  # RLIMIT_NOFILE
+    command_tmp_bytes: int = Field(256 * 1024**2, ge=1024**2)  # size of a command's private /tmp (RAM-backed)
     # TEST ONLY: loopback ports the egress proxy may reach (comma-separated), for the positive
     # egress test against a local web server. Never set in production.
     test_only_egress_loopback_ports: str = ""

@@ -60,9 +60,16 @@ _UNSAVED_REPLIES = Unsaved()
 _UNSAVED_RESULTS = Unsaved()
 
 
+_HOMES: dict[tuple[str, str], Path] = {}  # (homes root, agent) -> resolved home, made once per process
+
+
 def _agent_home(settings: Settings, agent_id: str) -> Path:
-    home = (Path(settings.homes_root) / agent_id).resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    key = (str(settings.homes_root), agent_id)
+    home = _HOMES.get(key)
+    if home is None or not home.is_dir():  # one stat per step instead of realpath + mkdir
+        home = (Path(settings.homes_root) / agent_id).resolve()
+        home.mkdir(parents=True, exist_ok=True)
+        _HOMES[key] = home
     return home
 
 
@@ -452,7 +459,9 @@ class TurnEngine:
                 model_calls=state.model_calls,
                 usage=usage,
             )
-        self.dispatcher.turn_finished(turn_id, hooks=self.store.awaits_hooks(turn_id) if hooks is None else hooks)
+        self.dispatcher.turn_finished(
+            turn_id, hooks=self.store.awaits_hooks(turn_id) if hooks is None else hooks, status=status, error=error
+        )
 
     def cancel(self, turn_id: str) -> bool:
         """Ask a turn to stop: sets the cancel flag (running tools see their abort signal; the

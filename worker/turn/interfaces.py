@@ -38,8 +38,9 @@ class Dispatcher(Protocol):
     def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
         """Turn-scoped callables for tool creators (e.g. ``enqueue_turn``)."""
 
-    def turn_finished(self, turn_id: str, hooks: bool = True) -> None:
-        """A turn just ended here; run its control-plane hooks when it has some (``hooks``)."""
+    def turn_finished(self, turn_id: str, hooks: bool = True, status: Any = None, error: str | None = None) -> None:
+        """A turn just ended here with ``status`` (a ``TurnStatus``) and ``error``; run its
+        control-plane hooks when it has some (``hooks``)."""
 
 
 Toolset = Callable[[TurnContext], list[WorkerTool]]

@@ -10,10 +10,14 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-# Programs that only read (with the options that write or execute refused below).
+# Programs that only read, whatever their options (``find``'s writing actions refused below).
+# Not here, because an option or an operand makes them write: ``sort`` (``-o``, also as ``-uo``
+# or ``-oFILE``), ``uniq`` (a second operand is its output file), ``tree`` (``-o``), ``file``
+# (``-C`` compiles a magic file), ``date`` (``-s``), ``tee``, ``cp``, ``env``/``xargs``/``nice``/
+# ``timeout`` (they run another program).
 READ_ONLY_COMMANDS = frozenset(
-    {"ls", "cat", "head", "tail", "wc", "grep", "pwd", "echo", "stat", "du", "df", "date", "whoami"}
-    | {"file", "sort", "uniq", "diff", "tree", "find", "basename", "dirname", "realpath", "true"}
+    {"ls", "cat", "head", "tail", "wc", "grep", "pwd", "echo", "stat", "du", "df", "whoami"}
+    | {"diff", "find", "basename", "dirname", "realpath", "true"}
 )
 # Characters that chain, redirect, substitute or background a command in bash.
 _SHELL_OPERATORS = set(";&|<>`$(){}\n\r\\")
@@ -24,8 +28,8 @@ _FIND_ACTIONS = {"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-f
 def command_needs_approval(params: Any, ctx: Any = None) -> bool:
     """``needs_approval`` of ``run_command``: False only for one allowlisted read-only program.
 
-    ``params`` has a ``command`` string (``RunCommandParams``). ``sort -o`` (writes a file) and
-    ``find -delete``/``-exec`` need approval.
+    ``params`` has a ``command`` string (``RunCommandParams``). ``find`` with an action that
+    writes or runs something (``-delete``, ``-exec``, ``-fprint``...) needs approval.
     """
     command = str(getattr(params, "command", "") or "")
     if not command.strip() or any(ch in _SHELL_OPERATORS for ch in command):
@@ -37,7 +41,5 @@ def command_needs_approval(params: Any, ctx: Any = None) -> bool:
     if not argv or argv[0] not in READ_ONLY_COMMANDS:
         return True
     if argv[0] == "find" and any(a in _FIND_ACTIONS for a in argv):
-        return True
-    if argv[0] == "sort" and any(a == "-o" or a.startswith("--output") for a in argv):
         return True
     return False

@@ -28,6 +28,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from urllib.parse import urlsplit
 
 from worker.tools.web.address_guard import BlockedAddressError, resolve_vetted
@@ -38,6 +39,11 @@ SOCKET_IN_SANDBOX = "/run/agent-egress.sock"
 PROXY_PORT = 3128
 HEAD_LIMIT = 64 * 1024
 CONNECT_TIMEOUT = 10.0
+# What one command may hold of the worker's resources through its proxy (the sandbox's limits do
+# not count the worker's side): connections at once (each a thread and up to two descriptors; more
+# are refused at once), and seconds to send a request head (a half-sent request is dropped).
+MAX_CONNECTIONS = 32
+HEAD_TIMEOUT = 10.0
 
 # Runs inside the sandbox: python -I -S -c RELAY <unix socket> <port>. Prints "ready" once listening.
 RELAY = r"""
@@ -114,6 +120,7 @@ class EgressProxy:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._closed = False
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.refusals: list[str] = []
         threading.Thread(target=self._accept, name="egress-proxy", daemon=True).start()
 
@@ -129,8 +136,17 @@ class EgressProxy:
             try:
                 conn, _ = self._server.accept()
             except OSError:
-                return
+                if self._closed:
+                    return
+                time.sleep(0.1)  # out of descriptors for a moment: keep serving, never quit
+                continue
+            if not self._slots.acquire(blocking=False):
+                self.refusals.append("too many connections")
+                _reply(conn, "503 Service Unavailable", f"more than {MAX_CONNECTIONS} connections at once")
+                conn.close()
+                continue
             if not self._track(conn):
+                self._slots.release()
                 conn.close()
                 return
             threading.Thread(target=self._serve, args=(conn,), name="egress-conn", daemon=True).start()
@@ -151,6 +167,7 @@ class EgressProxy:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
+            conn.settimeout(HEAD_TIMEOUT)
             head = b""
             while b"\r\n\r\n" not in head:
                 chunk = conn.recv(65536)
@@ -211,13 +228,15 @@ class EgressProxy:
                 upstream.sendall(first)
             if rest:
                 upstream.sendall(rest)
+            conn.settimeout(None)  # relayed traffic may idle; the selector waits, not recv
             self._splice(conn, upstream)
-        except OSError:
+        except OSError:  # socket.timeout included: a request head that never came
             pass
         finally:
             with self._lock:
                 self._open.discard(conn)
             conn.close()
+            self._slots.release()
 
     def _splice(self, a: socket.socket, b: socket.socket) -> None:
         sel = selectors.DefaultSelector()

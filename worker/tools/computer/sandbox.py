@@ -165,8 +165,17 @@ def _system_args() -> list[str]:
     return args
 
 
-def core_args() -> list[str]:
-    """Namespaces, session, capabilities, identity and the system mounts (no home, no command)."""
+# Size of the sandbox's RAM-backed scratch space: its private /tmp (``AGENT_COMMAND_TMP_BYTES``) and
+# /dev/shm. Without a size a tmpfs may grow to half the host's RAM, outside the command's memory limit.
+SHM_BYTES = 64 * 1024**2
+
+
+def core_args(tmp_bytes: int = 256 * 1024**2) -> list[str]:
+    """Namespaces, session, capabilities, identity and the system mounts (no home, no command).
+
+    ``/tmp`` is a private tmpfs of ``tmp_bytes`` bytes and ``/dev/shm`` one of ``SHM_BYTES``; the
+    rest of the root and ``/dev`` are made read-only by ``READ_ONLY_ROOT`` at the end of the argv.
+    """
     return [
         "--unshare-all",
         "--unshare-user",
@@ -186,10 +195,21 @@ def core_args() -> list[str]:
         "/proc",
         "--dev",
         "/dev",
+        "--size",
+        str(SHM_BYTES),
+        "--tmpfs",
+        "/dev/shm",
+        "--size",
+        str(tmp_bytes),
         "--tmpfs",
         "/tmp",
         "--clearenv",
     ]
+
+
+# After every mount: the sandbox's own root and /dev become read-only (a command cannot fill host
+# RAM by writing anywhere but its sized /tmp, /dev/shm and its home).
+READ_ONLY_ROOT = ["--remount-ro", "/dev", "--remount-ro", "/"]
 
 
 @dataclass
@@ -218,7 +238,7 @@ def probe(bwrap: str) -> ProbeResult:
             return _probed[bwrap]
         try:
             proc = subprocess.run(
-                [bwrap, *core_args(), "--", "/bin/sh", "-c", "exit 0"],
+                [bwrap, *core_args(), *READ_ONLY_ROOT, "--", "/bin/sh", "-c", "exit 0"],
                 capture_output=True,
                 text=True,
                 timeout=PROBE_TIMEOUT,
@@ -360,13 +380,13 @@ def build_argv(
     passwd, group = passwd_data()
     pfd, gfd = data_fd(passwd), data_fd(group)
     fds += [pfd, gfd]
-    argv = [bwrap, *core_args()]
+    argv = [bwrap, *core_args(settings.command_tmp_bytes)]
     argv += ["--ro-bind-data", str(pfd), "/etc/passwd", "--ro-bind-data", str(gfd), "/etc/group"]
     for src in readonly_sources(settings):
         argv += ["--ro-bind", src, src]
     for src, dest in extra_binds:
         argv += ["--ro-bind", src, dest]
-    argv += ["--bind", str(home), str(home), "--chdir", str(cwd)]
+    argv += ["--bind", str(home), str(home), "--chdir", str(cwd), *READ_ONLY_ROOT]
     for key, value in env.items():
         argv += ["--setenv", key, value]
     argv += ["--", shell, "-c", script, shell, command]
