@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -15,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from devtools.workers import beat_command
 from tests.conftest import stop_process
 from tests.support.scripts import fc, msg, wait_for
 from tests.support.scripts import output_texts as outputs
@@ -54,26 +54,7 @@ def agent_id():
 def beat(solo_worker, redis_url):
     """``celery beat`` with the redbeat scheduler, ticking at least every second; stopped after the module."""
     log = open(Path(tempfile.gettempdir()) / f"beat-{uuid.uuid4().hex[:6]}.log", "w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tasks.app",
-            "beat",
-            "-S",
-            "tasks.beat:ResilientRedBeatScheduler",
-            "--max-interval",
-            "1",
-            "-l",
-            "INFO",
-        ],
-        cwd=ROOT,
-        env=dict(os.environ),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc = subprocess.Popen(beat_command(), cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
     import redis
 
     r = redis.Redis.from_url(redis_url)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.embedded_redis import EmbeddedRedis
+from devtools.workers import beat_command
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -94,23 +95,7 @@ class PrivateStack:
 
     def start_beat(self) -> subprocess.Popen:
         """celery beat (the Redis-restart-proof redbeat scheduler) on this Redis."""
-        proc = self._spawn(
-            "beat",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tasks.app",
-                "beat",
-                "-S",
-                "tasks.beat:ResilientRedBeatScheduler",
-                "--max-interval",
-                "1",
-                "-l",
-                "INFO",
-            ],
-        )
+        proc = self._spawn("beat", beat_command())
         deadline = time.monotonic() + 30
         while not self.control.store.r.exists("redbeat::lock"):  # taken once its scheduler runs
             if proc.poll() is not None or time.monotonic() > deadline:

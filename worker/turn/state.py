@@ -13,6 +13,10 @@ import orjson
 from worker.turn.dispatch import Batch, PlannedCall
 from worker.turn.request import TurnStatus
 
+# Events kept per turn (a Redis Stream, trimmed approximately), and how long an ended turn's keys live.
+EVENTS_MAXLEN = 10_000
+RETENTION_SECONDS = 7 * 24 * 3600
+
 
 @dataclass
 class CallView:

@@ -91,3 +91,7 @@ def kind(mode: int) -> str:
 
 # Bytes sniffed to tell a binary file (one with a NUL byte) from text.
 BINARY_SNIFF_BYTES = 8192
+
+
+# Directories skipped by recursive listing and search (noise, not secrets).
+SKIP_DIRS = frozenset({".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache"})

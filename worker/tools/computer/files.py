@@ -18,25 +18,24 @@ from pydantic import BaseModel, Field
 
 from worker.settings import Settings
 from worker.tooling.contract import ToolContext, ToolResult
-from worker.tools.computer.common import BINARY_SNIFF_BYTES, NotRegularFile, count_lines, fail, os_reason, plural
+from worker.tools.computer.common import (
+    BINARY_SNIFF_BYTES,
+    SKIP_DIRS,
+    NotRegularFile,
+    count_lines,
+    fail,
+    os_reason,
+    plural,
+)
 from worker.tools.computer.confine import ConfinementError
 from worker.tools.computer.home_fs import HomeDir, Opened, read_fd, require_lone_regular, walk
 
 # Reads: default/maximum lines per call, longest line kept, bytes sniffed for binary.
 READ_DEFAULT_LINES = 2000
 READ_MAX_LINE_CHARS = 2000
-# Listing and search caps.
+# Listing caps.
 LIST_DEFAULT_ENTRIES = 200
 LIST_MAX_ENTRIES = 2000
-SEARCH_DEFAULT_RESULTS = 100
-SEARCH_MAX_RESULTS = 1000
-SEARCH_MAX_FILE_BYTES = 2_000_000
-SEARCH_MAX_LINE_CHARS = 300
-SEARCH_TIME_BUDGET = 20.0  # seconds
-# Longest one regex search over one line may take (also bounded by what is left of the budget).
-SEARCH_PATTERN_TIMEOUT = 2.0  # seconds
-# Directories skipped by recursive listing and search (noise, not secrets).
-SKIP_DIRS = frozenset({".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache"})
 
 # --------------------------------------------------------------------------- read_file
 
