@@ -217,16 +217,23 @@ def wire_copy(schema: dict[str, Any], tool_name: str, resolve: Callable[[Any], A
             node["description"] = with_note(node.get("description"), note)
         if _is_object_schema(node) and not isinstance(node.get("required"), list):
             node["required"] = []
-        for key in _SUB_MAPS:
-            if isinstance(node.get(key), dict):
-                stack.extend(node[key].values())
-        for key in _SUB_LISTS:
-            if isinstance(node.get(key), list):
-                stack.extend(node[key])
-        for key in _SUB_ONE:
-            if isinstance(node.get(key), dict):
-                stack.append(node[key])
+        stack.extend(_subschemas(node))
     return root
+
+
+def _subschemas(node: dict[str, Any]) -> list[Any]:
+    """The schemas directly inside ``node`` (under maps, lists and single-schema keywords)."""
+    out: list[Any] = []
+    for key in _SUB_MAPS:
+        if isinstance(node.get(key), dict):
+            out.extend(node[key].values())
+    for key in _SUB_LISTS:
+        if isinstance(node.get(key), list):
+            out.extend(node[key])
+    for key in _SUB_ONE:
+        if isinstance(node.get(key), dict):
+            out.append(node[key])
+    return out
 
 
 def _needs_change(root: dict[str, Any]) -> bool:
@@ -239,13 +246,5 @@ def _needs_change(root: dict[str, Any]) -> bool:
             return True
         if _is_object_schema(node) and not isinstance(node.get("required"), list):
             return True
-        for key in _SUB_MAPS:
-            if isinstance(node.get(key), dict):
-                stack.extend(node[key].values())
-        for key in _SUB_LISTS:
-            if isinstance(node.get(key), list):
-                stack.extend(node[key])
-        for key in _SUB_ONE:
-            if isinstance(node.get(key), dict):
-                stack.append(node[key])
+        stack.extend(_subschemas(node))
     return False
