@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devtools.embedded_redis import EmbeddedRedis  # noqa: E402
+from devtools.workers import worker_argv  # noqa: E402
 from worker.model.scripted_gateway import ScriptedGateway  # noqa: E402
 
 
@@ -79,13 +80,13 @@ def _wait_heartbeat(r: redis.Redis, pid: int, proc: subprocess.Popen, what: str)
 
 
 def _celery(app: str, queues: str, pool: str, concurrency: int) -> list[str]:
-    return [
-        sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queues, "-P", pool, "-c", str(concurrency),
-        "-n", f"{uuid.uuid4().hex[:6]}@%h", "-l", "WARNING", "--without-gossip", "--without-mingle",
-    ]  # fmt: skip
+    name = f"{uuid.uuid4().hex[:6]}@%h"
+    return worker_argv(queues, name=name, pool=pool, concurrency=concurrency, loglevel="WARNING", app=app)
 
 
 def run_ours(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurrency: int, logs: Path) -> dict:
+    """``n`` runtime turns on a fresh steps worker (``pool``, ``concurrency``) and a prefork tools worker.
+    Returns ``{"wall" s, "peak" calls in flight, "unfinished", "failed", "rss" MB, "enqueue" s, "redis_calls"}``."""
     homes = Path(tempfile.mkdtemp(prefix="bench-homes-"))
     env = {
         **os.environ,
@@ -148,6 +149,7 @@ def run_ours(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurr
 
 
 def run_bare(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurrency: int, logs: Path) -> dict:
+    """``n`` floor turns (``bench/bare_celery.py``) on the same pools; returns the same shape as ``run_ours``."""
     env = {**os.environ, "REDIS_URL": srv.url, "BENCH_MODEL_URL": gw.base_url, "BENCH_MODEL": "bench"}
     bench_dir = ROOT / "bench"
     steps = _spawn(_celery("bare_celery", "bare", pool, concurrency), env, bench_dir, logs / f"bare-{pool}.log")

@@ -29,27 +29,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from devtools.workers import worker_argv  # noqa: E402
+
 
 def _worker(url: str, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tasks.app",
-            "worker",
-            "-Q",
-            "turns,tools,background,workflow",
-            "--pool",
-            "solo",
-            "-n",
-            f"bench-{uuid.uuid4().hex[:6]}@%h",
-            "-l",
-            "ERROR",
-            "--without-gossip",
-            "--without-mingle",
-        ],
+        worker_argv(
+            "turns,tools,background,workflow", name=f"bench-{uuid.uuid4().hex[:6]}@%h", pool="solo", loglevel="ERROR"
+        ),
         cwd=ROOT,
         env={**os.environ, "REDIS_URL": url, **env},
         stdout=subprocess.DEVNULL,

@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from devtools.workers import worker_argv  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -54,24 +56,13 @@ def main() -> None:
         }
     )
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tasks.app",
-            "worker",
-            "-Q",
+        worker_argv(
             "turns,tools,background,workflow",
-            "--pool",
-            args.pool,
-            "-c",
-            str(args.concurrency),
-            "-l",
-            "ERROR",
-            "--without-gossip",
-            "--without-mingle",
-        ],
+            name=f"bench-{uuid.uuid4().hex[:6]}@%h",
+            pool=args.pool,
+            concurrency=args.concurrency,
+            loglevel="ERROR",
+        ),
         cwd=ROOT,
         env=os.environ.copy(),
         stdout=subprocess.DEVNULL,

@@ -37,6 +37,26 @@ TOOL_QUEUES = "tools"
 log = logging.getLogger("agent.supervisor")
 
 
+def worker_argv(
+    queues: str,
+    *,
+    name: str,
+    pool: str | None = None,
+    concurrency: int | None = None,
+    loglevel: str = "INFO",
+    app: str = "tasks.app",
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    """argv of one ``celery worker`` on ``queues`` (comma-separated) named ``name`` (``x@%h``), without
+    gossip and mingle (see the module docstring); ``pool``/``concurrency`` default to Celery's."""
+    argv = [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queues, "-n", name, "-l", loglevel]
+    if pool:
+        argv += ["--pool", pool]
+    if concurrency:
+        argv += ["-c", str(concurrency)]
+    return [*argv, "--without-gossip", "--without-mingle", *extra]
+
+
 def worker_commands(
     *,
     io_concurrency: int | None = None,
@@ -50,22 +70,11 @@ def worker_commands(
     io_c = io_concurrency or int(os.environ.get("AGENT_IO_CONCURRENCY", "256"))
     tools_c = tools_concurrency or int(os.environ.get("AGENT_TOOLS_CONCURRENCY", str(os.cpu_count() or 2)))
     tag = tag or uuid.uuid4().hex[:4]
-    common = [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-l", loglevel]
-    quiet = ["--without-gossip", "--without-mingle"]
     return {
-        "worker-io": [*common, "-Q", IO_QUEUES, "--pool", "threads", "-c", str(io_c), "-n", f"io-{tag}@%h", *quiet],
-        "worker-tools": [
-            *common,
-            "-Q",
-            TOOL_QUEUES,
-            "--pool",
-            "prefork",
-            "-c",
-            str(tools_c),
-            "-n",
-            f"tools-{tag}@%h",
-            *quiet,
-        ],
+        "worker-io": worker_argv(IO_QUEUES, name=f"io-{tag}@%h", pool="threads", concurrency=io_c, loglevel=loglevel),
+        "worker-tools": worker_argv(
+            TOOL_QUEUES, name=f"tools-{tag}@%h", pool="prefork", concurrency=tools_c, loglevel=loglevel
+        ),
     }
 
 

@@ -78,7 +78,7 @@ def _start_heartbeat(sender=None, **_: object) -> None:
     _in_process = isinstance(pool_cls, type) and not issubclass(pool_cls, PreforkPool)
     node = f"{liveness.HOST}:{os.getpid()}"
     liveness.set_node(node)
-    records = liveness.Liveness(redis_client(), get_settings().liveness_ttl)
+    records = _records_for_this_process()  # shared with the consumer thread (redis-py is thread-safe)
     try:
         records.beat(node)
     except redis.RedisError as exc:
@@ -90,7 +90,7 @@ def _start_heartbeat(sender=None, **_: object) -> None:
 def _retire(**_: object) -> None:
     _stop.set()
     try:
-        liveness.Liveness(redis_client(), get_settings().liveness_ttl).retire(liveness.node())
+        _records_for_this_process().retire(liveness.node())
     except redis.RedisError:
         pass
 

@@ -12,7 +12,6 @@ FAILURE state and Failed filter, ``task-failed`` events). It is an expected exce
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable, TypeVar
 
 from tasks.app import app
@@ -20,7 +19,7 @@ from tasks.dispatcher import ended_as, ended_here
 from tasks.runtime import get_engine
 from worker.model.client import GatewayError
 from worker.settings import get_settings
-from worker.turn.outage import OUTAGE_ERRORS
+from worker.turn.outage import OUTAGE_ERRORS, until_redis_answers
 from worker.turn.request import TurnStatus
 
 log = logging.getLogger("agent.tasks")
@@ -49,23 +48,11 @@ def _report(turn_id: str, result: dict) -> dict:
 
 
 def _through_outages(run: Callable[[], T], what: str) -> T:
-    """Run ``run()``; while Redis does not answer, wait (backoff up to 5 s) and run it again.
-
-    Steps and calls are fenced and claimed, so running again is safe; waiting here, rather than
-    queueing a Celery retry, does not need the broker (the same Redis) to be up. Raises the
-    outage error after ``Settings.redis_outage_timeout`` seconds.
-    """
-    deadline = time.monotonic() + get_settings().redis_outage_timeout
-    delay = 0.2
-    while True:
-        try:
-            return run()
-        except OUTAGE_ERRORS as exc:
-            if time.monotonic() + delay > deadline:
-                raise
-            log.warning("%s: Redis did not answer (%s); again in %.1fs", what, exc, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    """Run ``run()`` again while Redis does not answer (``worker.turn.outage.until_redis_answers``,
+    bounded by ``Settings.redis_outage_timeout``): steps and calls are fenced and claimed, so running
+    again is safe, and waiting here rather than queueing a Celery retry does not need the broker
+    (the same Redis) to be up."""
+    return until_redis_answers(run, what=what, timeout=get_settings().redis_outage_timeout)
 
 
 @app.task(name="tasks.turns.turn_step", bind=True, acks_late=True, max_retries=MAX_MODEL_RETRIES, throws=(TurnFailed,))

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from devtools.workers import worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 _state: dict = {}
@@ -95,23 +96,7 @@ def start_worker_process(
     when the worker uses another broker than the suite's). The process gets ``node_name`` and
     ``log_path`` attributes."""
     name = f"test-{uuid.uuid4().hex[:6]}@%h"
-    cmd = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "tasks.app",
-        "worker",
-        "-Q",
-        queues,
-        "-n",
-        name,
-        "-l",
-        "WARNING",
-        "--without-gossip",
-        "--without-mingle",
-        *extra,
-    ]
+    cmd = worker_argv(queues, name=name, loglevel="WARNING", extra=extra)
     log = open(Path(tempfile.gettempdir()) / f"worker-{uuid.uuid4().hex[:6]}.log", "w")
     # A worker gets its own Redis user only, as in a deployment.
     worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.embedded_redis import EmbeddedRedis
-from devtools.workers import beat_command
+from devtools.workers import beat_command, worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -57,30 +56,11 @@ class PrivateStack:
 
         (Not a ping: Celery's remote control publishes through the app's default broker.)"""
         name = f"private-{uuid.uuid4().hex[:6]}"
-        proc = self._spawn(
-            "worker",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tasks.app",
-                "worker",
-                "-Q",
-                queues,
-                "-P",
-                pool,
-                "-c",
-                str(concurrency),
-                "-n",
-                f"{name}@%h",
-                "-l",
-                os.environ.get("PRIVATE_STACK_LOGLEVEL", "WARNING"),
-                "--without-gossip",
-                "--without-mingle",
-                *extra,
-            ],
+        loglevel = os.environ.get("PRIVATE_STACK_LOGLEVEL", "WARNING")
+        argv = worker_argv(
+            queues, name=f"{name}@%h", pool=pool, concurrency=concurrency, loglevel=loglevel, extra=extra
         )
+        proc = self._spawn("worker", argv)
         from worker.turn.liveness import HOST
 
         deadline = time.monotonic() + 30

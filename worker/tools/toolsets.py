@@ -13,10 +13,7 @@ import importlib
 from typing import Callable
 
 from worker.settings import Settings
-from worker.tooling.contract import WorkerTool
-from worker.turn.context import TurnContext
-
-Toolset = Callable[[TurnContext], list[WorkerTool]]
+from worker.turn.interfaces import Toolset
 
 
 class UnknownToolset(LookupError):

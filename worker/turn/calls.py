@@ -20,7 +20,7 @@ from worker.turn import metrics, parking, telemetry
 from worker.turn.dispatch import PlannedCall
 from worker.turn.interfaces import StepOutcome
 from worker.turn.liveness import owner
-from worker.turn.outage import Unsaved, save_until_stored
+from worker.turn.outage import Unsaved, until_redis_answers
 from worker.turn.request import TurnRequest
 from worker.turn.store import TurnState
 
@@ -77,9 +77,9 @@ class ToolCalls:
                 if edited:
                     result = parking.note_edit(result, call)
                 _UNSAVED_RESULTS.put(key, (result, event))
-            _, done = save_until_stored(
+            _, done = until_redis_answers(
                 lambda: self.store.record_and_check(turn_id, step, call_id, result, batch_index, batch_ids, event),
-                what=f"the result of call {call_id} of turn {turn_id}",
+                what=f"saving the result of call {call_id} of turn {turn_id}",
                 timeout=self.settings.redis_outage_timeout,
             )
             _UNSAVED_RESULTS.drop(key)

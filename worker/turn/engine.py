@@ -39,7 +39,7 @@ from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, plan_batches
 from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, call_labels, no_toolsets, step_label
 from worker.turn.liveness import Liveness, held_key, node, owner
-from worker.turn.outage import OUTAGE_ERRORS, Unsaved, save_until_stored
+from worker.turn.outage import OUTAGE_ERRORS, Unsaved, until_redis_answers
 from worker.turn.planning import plan_calls
 from worker.turn.request import Skill, TurnRefused, TurnRequest, TurnStatus, check_turn_id
 from worker.turn.store import StaleStep, TurnState, TurnStore
@@ -370,9 +370,9 @@ class TurnEngine(ToolCalls):
             "ms": round(elapsed * 1000, 1),
             "usage": usage,
         }
-        stored = save_until_stored(
+        stored = until_redis_answers(
             lambda: self.store.save_reply_and_check(turn_id, step, reply.to_json(), event),
-            what=f"the model reply of turn {turn_id} step {step}",
+            what=f"saving the model reply of turn {turn_id} step {step}",
             timeout=self.settings.redis_outage_timeout,
         )
         _UNSAVED_REPLIES.drop((turn_id, step))

@@ -60,9 +60,6 @@ def held_key(node_id: str) -> str:
     return f"agent:node:{node_id}:tasks"
 
 
-_tasks_key = held_key
-
-
 def _pid_gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -97,11 +94,11 @@ class Liveness:
 
     def hold(self, node_id: str, task_id: str, turn_id: str) -> None:
         """Record that ``node_id`` holds a task of ``turn_id`` (received, reserved or running)."""
-        self.r.hset(_tasks_key(node_id), task_id, turn_id)
+        self.r.hset(held_key(node_id), task_id, turn_id)
 
     def replace_held(self, node_id: str, held: dict[str, str]) -> None:
         """Write the node's whole held set (``task_id`` -> ``turn_id``) in one round trip."""
-        key = _tasks_key(node_id)
+        key = held_key(node_id)
         with self.r.pipeline() as p:
             p.delete(key)
             if held:
@@ -110,7 +107,7 @@ class Liveness:
 
     def release(self, node_id: str, task_id: str) -> None:
         """The task ended (ran or was dropped): the node no longer holds it."""
-        self.r.hdel(_tasks_key(node_id), task_id)
+        self.r.hdel(held_key(node_id), task_id)
 
     def is_alive(self, node_id: str) -> bool:
         """True while ``node_id``'s heartbeat key exists."""
@@ -158,7 +155,7 @@ class Liveness:
 
     def take_held_turns(self, node_id: str) -> set[str]:
         """The turns a dead node held; forgets the node. Each turn id once."""
-        key = _tasks_key(node_id)
+        key = held_key(node_id)
         with self.r.pipeline() as p:
             p.hvals(key)
             p.delete(key)

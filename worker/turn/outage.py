@@ -2,7 +2,7 @@
 
 A model reply or a tool result exists only in this process until the turn store has it.
 If Redis fails at that moment, the step keeps the value (``Unsaved``) and saves it again
-with backoff (``save_until_stored``) until Redis answers, bounded by
+with backoff (``until_redis_answers``) until Redis answers, bounded by
 ``Settings.redis_outage_timeout``. The wait happens in the step itself, so it does not depend
 on the broker (the same Redis) being up to queue a retry; and a redelivered step or call in
 this process finds the value in ``Unsaved`` instead of paying the model or running the tool
@@ -53,22 +53,24 @@ class Unsaved:
             self._items.pop(key, None)
 
 
-def save_until_stored(
-    save: Callable[[], T], *, what: str, timeout: float, sleep: Callable[[float], None] = time.sleep
+def until_redis_answers(
+    run: Callable[[], T], *, what: str, timeout: float, sleep: Callable[[float], None] = time.sleep
 ) -> T:
-    """Call ``save()`` until it returns, retrying Redis outages with backoff (0.2 s doubling to 5 s).
+    """Call ``run()`` until it returns, retrying Redis outages with backoff (0.2 s doubling to 5 s).
 
-    Returns what ``save`` returns. Raises the last ``redis.ConnectionError``/``TimeoutError`` once
+    Used to store what was paid for (a reply, a result) and, in ``tasks.turns``, to run a whole
+    step or call again (fenced and claimed, so safe to repeat). ``what`` names it in the log.
+    Returns what ``run`` returns. Raises the last ``redis.ConnectionError``/``TimeoutError`` once
     ``timeout`` seconds have passed; any other error at once.
     """
     deadline = time.monotonic() + timeout
     delay = 0.2
     while True:
         try:
-            return save()
+            return run()
         except OUTAGE_ERRORS as exc:
             if time.monotonic() + delay > deadline:
                 raise
-            log.warning("Redis did not answer while saving %s (%s); retrying in %.1fs", what, exc, delay)
+            log.warning("%s: Redis did not answer (%s); again in %.1fs", what, exc, delay)
             sleep(delay)
             delay = min(delay * 2, 5.0)

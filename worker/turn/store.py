@@ -92,11 +92,6 @@ class TurnStore(Claims):
                 out.append((eid.decode(), orjson.loads(fields[b"e"])))
         return out
 
-    def reply(self, turn_id: str, step: int) -> dict[str, Any] | None:
-        """The memoized model reply of ``step`` (``ModelReply.to_json`` shape), or None."""
-        raw = self.r.get(_k(turn_id, "reply", step))
-        return orjson.loads(raw) if raw else None
-
     def plan(self, turn_id: str, step: int) -> tuple[list[PlannedCall], list[Batch]] | None:
         """The dispatch plan of ``step``: ``(calls, batches)``, or None before it is recorded."""
         cached = self._plans.get((turn_id, step))
