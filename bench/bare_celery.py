@@ -1,7 +1,8 @@
 """The floor of ``bench/concurrency.py``: a hand-written minimal turn on bare Celery.
 
 Same shape as the runtime's benchmark turn (model call, one tool call, model call), same
-broker, same Celery settings, same pool, same model endpoint, and the least a turn needs:
+broker, same Celery settings, same pool, same model endpoint and request body (the runtime's
+tool definitions, from ``BENCH_MODEL_BODY``), and the least a turn needs:
 its conversation in Redis (read before each model call, the reply and the tool output
 appended). No fencing, validation, claims, events, deadlines or recovery.
 ``bare_step(turn_id, n)`` reads the history and posts it to the model endpoint, appends the
@@ -44,9 +45,19 @@ _redis = redis.Redis(
 )
 
 
+# The rest of the request body the runtime posts (its tool definitions, ``store``,
+# ``parallel_tool_calls``...; ``bench/concurrency.py`` passes it): a turn whose model may call a
+# tool sends the tool's definition, so the floor's requests weigh what the runtime's weigh.
+_BODY = json.loads(os.environ.get("BENCH_MODEL_BODY") or "{}")
+
+
 def _model(turn_id: str) -> dict:
     history = [json.loads(x) for x in _redis.lrange(f"bare:{turn_id}", 0, -1)]
-    body = {"model": os.environ.get("BENCH_MODEL", "bench"), "input": [{"role": "user", "content": turn_id}, *history]}
+    body = {
+        **_BODY,
+        "model": os.environ.get("BENCH_MODEL", "bench"),
+        "input": [{"role": "user", "content": turn_id}, *history],
+    }
     r = _http.post(os.environ["BENCH_MODEL_URL"].rstrip("/") + "/responses", json=body)
     r.raise_for_status()
     reply = r.json()

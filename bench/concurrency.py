@@ -15,6 +15,7 @@ RSS of the steps' worker. Run: ``.venv/bin/python bench/concurrency.py [--turns 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +43,56 @@ def _peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its live descendants."""
+    try:
+        proc = psutil.Process(pid)
+        total = 0.0
+        for p in [proc, *proc.children(recursive=True)]:
+            t = p.cpu_times()
+            total += t.user + t.system
+        return total
+    except psutil.NoSuchProcess:
+        return float("nan")
+
+
+def _profile(pid: int, name: str, children: bool = False) -> subprocess.Popen | None:
+    """With ``BENCH_PROFILE=<prefix>`` (development), py-spy samples the steps worker ``pid`` while
+    it holds the GIL, into ``<prefix>-<name>.txt`` (py-spy's raw format)."""
+    prefix = os.environ.get("BENCH_PROFILE")
+    if not prefix:
+        return None
+    spy = [str(Path(sys.executable).parent / "py-spy"), "record", "-f", "raw", "-r", "100", "--gil"]
+    spy += ["--subprocesses", "--pid"] if children else ["--pid"]
+    proc = subprocess.Popen([*spy, str(pid), "-o", f"{prefix}-{name}.txt"], stdout=subprocess.DEVNULL)
+    time.sleep(1)
+    return proc
+
+
+def _stop_profile(proc: subprocess.Popen | None) -> None:
+    if proc is not None:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+
+
+def _cpu_all(srv: EmbeddedRedis, steps: subprocess.Popen, tools: subprocess.Popen) -> dict[str, float]:
+    """CPU seconds so far of each part sharing the cores: the steps worker, the tools worker (with
+    its pool children), Redis, and this process (the gateway's threads and the enqueueing)."""
+    me = psutil.Process().cpu_times()
+    out = {"steps": _cpu_s(steps.pid), "tools": _cpu_s(tools.pid), "redis": _cpu_s(srv.proc.pid),
+           "bench": me.user + me.system}  # fmt: skip
+    if os.environ.get("BENCH_SYS"):  # development: the steps worker's system time and context switches
+        p = psutil.Process(steps.pid)
+        out["steps_sys"] = p.cpu_times().system
+        out["steps_ctxsw/1000"] = sum(p.num_ctx_switches()) / 1000
+    return out
+
+
+def _cpu_delta(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:
+    """CPU milliseconds per turn of each part between two ``_cpu_all`` readings."""
+    return {k: (after[k] - before[k]) * 1000 / n for k in before}
 
 
 def _redis_calls(r: redis.Redis) -> int:
@@ -113,13 +165,12 @@ def run_ours(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurr
         _wait_heartbeat(r, steps.pid, steps, "the steps worker")
         _wait_heartbeat(r, tools.pid, tools, "the tools worker")
         control = ControlPlane(srv.control_url)
-        profiler = None
-        if os.environ.get("BENCH_PROFILE"):  # py-spy on the steps worker, for development
-            spy = [str(Path(sys.executable).parent / "py-spy"), "record", "-f", "raw", "-r", "200", "--gil", "--pid"]
-            profiler = subprocess.Popen([*spy, str(steps.pid), "-o", os.environ["BENCH_PROFILE"]])
-            time.sleep(1)
+        profiler = _profile(steps.pid, "ours")
+        tools_profiler = _profile(tools.pid, "ours-tools", children=True)
         gw.peak_in_flight = 0
+        del gw.requests[:-1]  # the bodies received so far (the floor reads the newest)
         calls_before = _redis_calls(r)
+        cpu_before = _cpu_all(srv, steps, tools)
         started = time.monotonic()
         ids = [
             control.enqueue({"agent_id": f"b{i}", "input": "go", "model": "bench", "toolset": "testing"})
@@ -131,9 +182,9 @@ def run_ours(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurr
         while r.zcard("turns:watch") and time.monotonic() < deadline:
             time.sleep(0.05)
         wall = time.monotonic() - started
-        if profiler is not None:
-            profiler.send_signal(signal.SIGINT)
-            profiler.wait(30)
+        cpu = _cpu_delta(cpu_before, _cpu_all(srv, steps, tools), n)
+        _stop_profile(profiler)
+        _stop_profile(tools_profiler)
         with r.pipeline(transaction=False) as p:
             for tid in ids:
                 p.hget(f"turn:{{{tid}}}", "status")
@@ -141,16 +192,23 @@ def run_ours(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurr
         failed = sum(s not in (b"completed", None) for s in statuses)
         pending = [tid for tid, s in zip(ids, statuses) if s in (None, b"queued", b"running")]
         return {"wall": wall, "peak": gw.peak_in_flight, "unfinished": len(pending), "failed": failed,
-                "rss": _peak_rss_mb(steps.pid), "enqueue": enqueued,
+                "rss": _peak_rss_mb(steps.pid), "enqueue": enqueued, "cpu": cpu,
                 "redis_calls": (_redis_calls(r) - calls_before) / n}  # fmt: skip
     finally:
         _stop([steps, tools])
         shutil.rmtree(homes, ignore_errors=True)
 
 
-def run_bare(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurrency: int, logs: Path) -> dict:
+def run_bare(
+    srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurrency: int, logs: Path, minimal: bool = False
+) -> dict:
     """``n`` floor turns (``bench/bare_celery.py``) on the same pools; returns the same shape as ``run_ours``."""
-    env = {**os.environ, "REDIS_URL": srv.url, "BENCH_MODEL_URL": gw.base_url, "BENCH_MODEL": "bench"}
+    # The floor posts the body the runtime posted (its tools...), with its own model and input;
+    # ``minimal=True``: only the model and the input (no tool definitions).
+    posted = next(b for b in reversed(gw.requests) if b.get("tools"))
+    body = {} if minimal else {k: v for k, v in posted.items() if k not in ("model", "input")}
+    env = {**os.environ, "REDIS_URL": srv.url, "BENCH_MODEL_URL": gw.base_url, "BENCH_MODEL": "bench",
+           "BENCH_MODEL_BODY": json.dumps(body)}  # fmt: skip
     bench_dir = ROOT / "bench"
     steps = _spawn(_celery("bare_celery", "bare", pool, concurrency), env, bench_dir, logs / f"bare-{pool}.log")
     tools = _spawn(_celery("bare_celery", "bare_tools", "prefork", 2), env, bench_dir, logs / f"bare-{pool}-tools.log")
@@ -165,8 +223,11 @@ def run_bare(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurr
         if steps.poll() is not None or tools.poll() is not None:
             raise SystemExit("the bare Celery workers did not start")
         r.delete("bare:done")
+        profiler = _profile(steps.pid, "bare")
+        tools_profiler = _profile(tools.pid, "bare-tools", children=True)
         gw.peak_in_flight = 0
         calls_before = _redis_calls(r)
+        cpu_before = _cpu_all(srv, steps, tools)
         started = time.monotonic()
         run = uuid.uuid4().hex[:6]  # fresh conversations every round
         for i in range(n):
@@ -176,8 +237,11 @@ def run_bare(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurr
         while r.llen("bare:done") < n and time.monotonic() < deadline:
             time.sleep(0.05)
         wall = time.monotonic() - started
+        cpu = _cpu_delta(cpu_before, _cpu_all(srv, steps, tools), n)
+        _stop_profile(profiler)
+        _stop_profile(tools_profiler)
         return {"wall": wall, "peak": gw.peak_in_flight, "unfinished": n - r.llen("bare:done"), "failed": 0,
-                "rss": _peak_rss_mb(steps.pid), "enqueue": enqueued,
+                "rss": _peak_rss_mb(steps.pid), "enqueue": enqueued, "cpu": cpu,
                 "redis_calls": (_redis_calls(r) - calls_before) / n}  # fmt: skip
     finally:
         _stop([steps, tools])
@@ -189,7 +253,13 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=1.0, help="seconds the model takes to answer")
     parser.add_argument("--pools", default="threads", help="comma-separated: threads, prefork")
     parser.add_argument("--concurrency", type=int, default=0, help="default: turns (threads) or 8 (prefork)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternated floor/runtime rounds per pool")
+    parser.add_argument("--rounds", type=int, default=4, help="alternated floor/runtime rounds per pool")
+    parser.add_argument(
+        "--floor-body",
+        choices=("same", "minimal"),
+        default="same",
+        help="the floor's request body: the runtime's (tool definitions included) or only model and input",
+    )
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="bench-concurrency-"))
     srv = EmbeddedRedis()
@@ -201,20 +271,25 @@ def main() -> None:
     ideal = 2 * args.latency
     print(f"{args.turns} turns (model {args.latency:g} s, tool call, model {args.latency:g} s); ideal {ideal:g} s")
     print(f"{'pool':10} {'runtime':8} {'wall s':>7} {'/ideal':>7} {'/floor':>7} {'turns/s':>8} {'in flight':>9} "
-          f"{'unfinished':>10} {'failed':>6} {'RSS MB':>7} {'enqueue s':>9} {'Redis cmds/turn':>15}")  # fmt: skip
+          f"{'unfinished':>10} {'failed':>6} {'RSS MB':>7} {'enqueue s':>9} {'Redis cmds/turn':>15}   CPU ms/turn")  # fmt: skip
     try:
         for pool in args.pools.split(","):
             c = args.concurrency or (args.turns if pool == "threads" else 8)
             ratios = []
-            for _ in range(args.rounds):  # alternated, so load on the shared machine hits both alike
-                bare = run_bare(srv, gw, args.turns, pool, c, logs)
-                ours = run_ours(srv, gw, args.turns, pool, c, logs)
+            for i in range(args.rounds):  # alternated, and which goes first too: drift hits both alike
+                if i % 2:
+                    bare = run_bare(srv, gw, args.turns, pool, c, logs, args.floor_body == "minimal")
+                    ours = run_ours(srv, gw, args.turns, pool, c, logs)
+                else:  # the runtime first: the floor posts the request body it posted
+                    ours = run_ours(srv, gw, args.turns, pool, c, logs)
+                    bare = run_bare(srv, gw, args.turns, pool, c, logs, args.floor_body == "minimal")
                 ratios.append(ours["wall"] / bare["wall"])
                 for name, m in (("bare", bare), ("ours", ours)):
                     print(f"{pool + ' -c ' + str(c):10} {name:8} {m['wall']:7.2f} {m['wall'] / ideal:7.2f} "
                           f"{m['wall'] / bare['wall']:7.2f} {args.turns / m['wall']:8.1f} {m['peak']:9d} "
                           f"{m['unfinished']:10d} {m['failed']:6d} {m['rss']:7.0f} {m['enqueue']:9.2f} "
-                          f"{m['redis_calls']:15.0f}", flush=True)  # fmt: skip
+                          f"{m['redis_calls']:15.0f}   "
+                          + " ".join(f"{k} {v:.1f}" for k, v in m["cpu"].items()), flush=True)  # fmt: skip
             print(f"{pool}: runtime / floor, median of {args.rounds} rounds: {statistics.median(ratios):.2f}x "
                   f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
     finally:

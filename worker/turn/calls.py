@@ -37,7 +37,8 @@ class ToolCalls:
         """Run one planned call, store its result, and pass the barrier if it is the batch's last.
 
         Three Redis round trips besides the tool's own: read (state, plan, result, cancel flag),
-        claim (+ ``call_started``), record (+ ``call_completed`` + barrier).
+        claim (+ ``call_started``), record (+ ``call_completed`` + barrier, whose winner also gets
+        what closing the batch reads).
         """
         view = self.store.call_view(turn_id, step, call_id)
         state = view.state
@@ -83,8 +84,8 @@ class ToolCalls:
                 timeout=self.settings.redis_outage_timeout,
             )
             _UNSAVED_RESULTS.drop(key)
-        if done:
-            self._advance(turn_id, step, request, batches, batch_index)
+        if done is not None:
+            self._advance(turn_id, step, request, batches, batch_index, view=done)
             return StepOutcome("advanced", f"batch {batch_index} done")
         return StepOutcome("ran")
 

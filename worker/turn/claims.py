@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 import redis
 
-from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS
+from worker.turn.request import TurnStatus
+from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, AdvanceView, StepClaim, StepView, TurnState
 from worker.turn.state import key as _k
 
 # Claim a call for execution and announce it in one round trip.
@@ -29,9 +30,11 @@ return {0, redis.call('HGET', KEYS[1], ARGV[1])}
 """
 
 # Store a call's result (first write wins), announce it, and pass the batch barrier, in one round trip.
-# The barrier sets the "advanced" key once, only when every call of the batch has a result.
-# KEYS: results, turn hash, events, adv; ARGV: call_id, result ('' = only check the barrier), ttl,
-# terminate, event, maxlen, call_ids...
+# The barrier sets the "advanced" key once, only when every call of the batch has a result; its
+# winner gets what closing the batch reads (the turn hash, the cancel flag, the step's results).
+# KEYS: results, turn hash, events, adv, cancel; ARGV: call_id, result ('' = only check the
+# barrier), ttl, terminate, event, maxlen, call_ids...
+# Returns {stored, 0} or {stored, 1, turn hash (flat), cancelled, results (flat)}.
 _RECORD_LUA = """
 local stored = 0
 if ARGV[2] ~= '' then stored = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
@@ -43,30 +46,53 @@ end
 for i = 7, #ARGV do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then return {stored, 0} end
 end
-if redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then return {stored, 1} end
+if redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then
+  return {stored, 1, redis.call('HGETALL', KEYS[2]), redis.call('EXISTS', KEYS[5]), redis.call('HGETALL', KEYS[1])}
+end
 return {stored, 0}
 """
 
-# Begin a step's model call in one round trip: take the step claim, push the progress deadline
-# and, at the turn's first step, move it from queued to running with its turn_started event.
-# It also records the turn as held by the caller's node (KEYS[5], ``worker.turn.liveness``), so
-# a node killed during its first model call is known to hold the turn before its heartbeat
-# thread writes its held tasks.
-# KEYS: turn hash, step claim, watch zset, events, node's held tasks; ARGV: owner, lease s,
-# deadline, step, now, event JSON, events maxlen, turn id.
-_BEGIN_MODEL_LUA = """
-local won = redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2])
-if won then redis.call('HSET', KEYS[5], 'step:' .. ARGV[8], ARGV[8]) end
-redis.call('ZADD', KEYS[3], 'XX', 'GT', ARGV[3], ARGV[8])
-if not won then return {0, redis.call('GET', KEYS[2])} end
-local h = redis.call('HMGET', KEYS[1], 'status', 'step', 'phase')
-if h[1] == 'queued' and h[2] == ARGV[4] and h[3] == 'model' then
-  redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[5], 'redrives', 0)
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[6])
-  return {1, 1}
+# Begin a model step in one round trip: read what the step needs (the turn hash, the history, the
+# step's memoized reply, the cancel flag) and, when the step is the turn's current one, runnable
+# and not memoized, take its model-call claim, push the progress deadline and, at the turn's
+# first step, move it from queued to running with its turn_started event. A won claim also
+# records the turn as held by the caller's node (KEYS[8], ``worker.turn.liveness``), so a node
+# killed during its first model call is known to hold the turn before its heartbeat thread
+# writes its held tasks.
+# KEYS: turn hash, items, reply memo, cancel, step claim, watch zset, events, node's held tasks;
+# ARGV: owner, lease s, deadline, step, now, events maxlen, turn id.
+# Returns {hash (flat), items, memo or '', cancelled, claim, started, holder}: claim 0 = not tried
+# (nothing to claim), 1 = won, 2 = held by ``holder``.
+_BEGIN_STEP_LUA = (
+    "local terminal = {"
+    + ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal)
+    + "}\n"
+    + """
+local h = redis.call('HGETALL', KEYS[1])
+if #h == 0 then return {h, {}, '', 0, 0, 0, ''} end
+local f, at = {}, {}
+for i = 1, #h, 2 do f[h[i]] = h[i + 1]; at[h[i]] = i + 1 end
+local items = redis.call('LRANGE', KEYS[2], 0, -1)
+local memo = redis.call('GET', KEYS[3])
+local cancelled = redis.call('EXISTS', KEYS[4])
+if memo or cancelled == 1 or terminal[f['status']] or f['step'] ~= ARGV[4] or f['phase'] ~= 'model' then
+  return {h, items, memo or '', cancelled, 0, 0, ''}
 end
-return {1, 0}
+local won = redis.call('SET', KEYS[5], ARGV[1], 'NX', 'EX', ARGV[2])
+if won then redis.call('HSET', KEYS[8], 'step:' .. ARGV[7], ARGV[7]) end
+redis.call('ZADD', KEYS[6], 'XX', 'GT', ARGV[3], ARGV[7])
+if not won then return {h, items, '', 0, 2, 0, redis.call('GET', KEYS[5]) or ''} end
+local started = 0
+if f['status'] == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[5], 'redrives', 0)
+  local event = cjson.encode({kind = 'turn_started', at = tonumber(ARGV[5]), agent_id = f['agent_id']})
+  redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[6], '*', 'e', event)
+  h[at['status']] = 'running'
+  started = 1
+end
+return {h, items, '', 0, 1, started, ''}
 """
+)
 
 
 # Delete a claim only if it is still ours (one round trip).
@@ -107,37 +133,44 @@ class Claims:
             return True, None
         return False, orjson.loads(raw) if raw else None
 
-    def begin_model_call(
-        self,
-        turn_id: str,
-        step: int,
-        owner: str,
-        lease: float,
-        started_event: dict[str, Any] | None = None,
-        held_key: str = "agent:node:unknown:tasks",
-    ) -> tuple[str | None, bool]:
-        """Take step ``step``'s model call for ``owner``, push the progress deadline past ``lease``
-        seconds and, for a queued turn, move it to ``running`` with the ``turn_started`` event
-        ``started_event``: one round trip. Returns ``(None, started)`` when won (``started``: the
-        turn was moved to running), else ``(holder, False)``. ``held_key``: the caller's node's held
-        tasks (``worker.turn.liveness.held_key``), where the turn is recorded."""
-        now = time.time()
-        won, held = self._begin_model(
-            keys=[_k(turn_id), _k(turn_id, "stepclaim", step), "turns:watch", _k(turn_id, "events"), held_key],
+    def begin_step(self, turn_id: str, step: int, owner: str, lease: float, held_key: str) -> StepView:
+        """Read model step ``step``'s view and, if it is runnable and not memoized, take its model
+        call for ``owner`` (``lease`` seconds; the progress deadline is pushed past it), moving a
+        queued turn to ``running`` with its ``turn_started`` event: one round trip. ``held_key``:
+        the caller's node's held tasks (``worker.turn.liveness.held_key``), where a won claim is
+        recorded. The view's ``claim`` says what happened: ``StepClaim(tried, holder, started)``."""
+        now = round(time.time(), 3)
+        h, items, memo, cancelled, claim, started, holder = self._begin_step(
+            keys=[
+                _k(turn_id),
+                _k(turn_id, "items"),
+                _k(turn_id, "reply", step),
+                _k(turn_id, "cancel"),
+                _k(turn_id, "stepclaim", step),
+                "turns:watch",
+                _k(turn_id, "events"),
+                held_key,
+            ],
             args=[
                 owner,
                 max(1, int(lease)),
                 now + max(lease, self.progress_timeout),
                 step,
                 now,
-                self._event_json("turn_started", started_event or {}),
                 EVENTS_MAXLEN,
                 turn_id,
             ],
         )
-        if won:
-            return None, bool(held)
-        return (held.decode() if held else None), False
+        pairs = dict(zip(h[0::2], h[1::2], strict=True))
+        return StepView(
+            TurnState.from_hash(turn_id, pairs) if pairs else None,
+            [orjson.loads(x) for x in items],
+            orjson.loads(memo) if memo else None,
+            bool(cancelled),
+            StepClaim(
+                tried=claim != 0, holder=holder.decode() if claim == 2 and holder else None, started=bool(started)
+            ),
+        )
 
     def take_over_step(self, turn_id: str, step: int, owner: str, lease: float) -> None:
         """Replace a dead holder's step claim with ours."""
@@ -168,20 +201,16 @@ class Claims:
         batch_index: int,
         batch_call_ids: list[str],
         completed_event: dict[str, Any] | None = None,
-    ) -> tuple[bool, bool]:
+    ) -> tuple[bool, AdvanceView | None]:
         """Store a result (first write wins), append ``call_completed``, and pass the barrier.
 
-        Returns ``(stored, batch_done)``; ``batch_done`` is True exactly once per batch.
+        Returns ``(stored, view)``: ``view`` (what closing the batch reads, as ``advance_view``
+        returns it) exactly once per batch, to the caller that completed it; else None.
         """
         event = self._event_json("call_completed", completed_event) if completed_event else b""
         p = self.r.pipeline(transaction=False)
         self._record(
-            keys=[
-                _k(turn_id, "results", step),
-                _k(turn_id),
-                _k(turn_id, "events"),
-                _k(turn_id, "adv", step, batch_index),
-            ],
+            keys=self._record_keys(turn_id, step, batch_index),
             args=[
                 call_id,
                 orjson.dumps(result),
@@ -194,18 +223,37 @@ class Claims:
             client=p,
         )
         p.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout}, xx=True)
-        (stored, done), _ = p.execute()
-        return bool(stored), bool(done)
+        reply, _ = p.execute()
+        return bool(reply[0]), _advance_view(turn_id, reply)
 
-    def batch_done(self, turn_id: str, step: int, batch_index: int, call_ids: list[str]) -> bool:
-        """The barrier alone: True exactly once, for the caller that sees the batch's last result."""
-        _, done = self._record(
-            keys=[
-                _k(turn_id, "results", step),
-                _k(turn_id),
-                _k(turn_id, "events"),
-                _k(turn_id, "adv", step, batch_index),
-            ],
+    def batch_done(self, turn_id: str, step: int, batch_index: int, call_ids: list[str]) -> AdvanceView | None:
+        """The barrier alone: the batch's ``AdvanceView`` exactly once, for the caller that sees the
+        batch's last result; else None."""
+        reply = self._record(
+            keys=self._record_keys(turn_id, step, batch_index),
             args=["", "", RETENTION_SECONDS, "0", "", EVENTS_MAXLEN, *call_ids],
         )
-        return bool(done)
+        return _advance_view(turn_id, reply)
+
+    @staticmethod
+    def _record_keys(turn_id: str, step: int, batch_index: int) -> list[str]:
+        return [
+            _k(turn_id, "results", step),
+            _k(turn_id),
+            _k(turn_id, "events"),
+            _k(turn_id, "adv", step, batch_index),
+            _k(turn_id, "cancel"),
+        ]
+
+
+def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    return dict(zip(flat[0::2], flat[1::2], strict=True))
+
+
+def _advance_view(turn_id: str, reply: list[Any]) -> AdvanceView | None:
+    """The ``AdvanceView`` in the record script's reply, when the caller completed the batch."""
+    if not reply[1]:
+        return None
+    h = _pairs(reply[2])
+    results = {k.decode(): orjson.loads(v) for k, v in _pairs(reply[4]).items()}
+    return AdvanceView(TurnState.from_hash(turn_id, h) if h else None, bool(reply[3]), results)

@@ -42,7 +42,8 @@ from worker.turn.liveness import Liveness, held_key, node, owner
 from worker.turn.outage import OUTAGE_ERRORS, Unsaved, until_redis_answers
 from worker.turn.planning import plan_calls
 from worker.turn.request import Skill, TurnRefused, TurnRequest, TurnStatus, check_turn_id
-from worker.turn.store import StaleStep, TurnState, TurnStore
+from worker.turn.state import AdvanceView, StaleStep, StepClaim
+from worker.turn.store import TurnState, TurnStore
 from worker.turn.usage import UsageLedger, budget_exceeded, normalize_usage
 
 log = logging.getLogger("agent.loop")
@@ -173,7 +174,10 @@ class TurnEngine(ToolCalls):
 
         Raises ``GatewayError`` (retryable) for the queue layer to retry with backoff.
         """
-        view = self.store.step_view(turn_id, step)  # state, history, memo, cancel flag: one round trip
+        # State, history, memo, cancel flag and, for a runnable step, its model-call claim: one round
+        # trip. The claim covers the model call (up to model_timeout), as does the progress deadline.
+        lease = self.settings.model_timeout + 60
+        view = self.store.begin_step(turn_id, step, owner(), lease, held_key(node()))
         state = view.state
         if state is None:
             return StepOutcome("dropped", "unknown turn")
@@ -205,12 +209,13 @@ class TurnEngine(ToolCalls):
         history = view.items
         reply_data = _UNSAVED_REPLIES.get((turn_id, step)) or view.reply
         cancelled = False
+        recorded: tuple[bool, dict[str, int]] | None = None
         if reply_data is not None and state.status == TurnStatus.queued:  # a memo but never marked running
             self.store.mark_running(turn_id, step, event={"agent_id": request.agent_id})
         if reply_data is None:
             if self.client is None:
                 raise RuntimeError("this engine has no Responses client: it cannot run model steps")
-            if not self._claim_step(turn_id, step, request):
+            if not self._claim_step(turn_id, step, request, view.claim, lease):
                 return StepOutcome("dropped", f"step {step} is running elsewhere")
             try:
                 called = self._call_model(turn_id, step, request, ctx, tools, history, state)
@@ -221,12 +226,16 @@ class TurnEngine(ToolCalls):
                 raise
             if isinstance(called, StepOutcome):
                 return called
-            reply_data, cancelled = called
+            reply_data, cancelled, recorded = called
         reply = ModelReply.from_json(reply_data)
         # Once per step, also when the reply came from the memo (a crash after the call).
         step_usage = normalize_usage(reply.usage)
-        if self.usage.record(turn_id, step, step_usage, request.model or self.settings.model):
-            metrics.tokens_used(request.model or self.settings.model, step_usage)
+        model = request.model or self.settings.model
+        if recorded is None:  # recorded with the reply when this step paid for it
+            recorded = self.usage.record_and_total(turn_id, step, step_usage, model)
+        usage_stored, usage_totals = recorded
+        if usage_stored:
+            metrics.tokens_used(model, step_usage)
         if cancelled:  # cancelled while the model was answering
             self.fail_turn(turn_id, TurnStatus.cancelled, "cancelled by the control plane")
             return StepOutcome("cancelled")
@@ -242,11 +251,14 @@ class TurnEngine(ToolCalls):
                 if status == TurnStatus.incomplete
                 else None
             )
+            finished = {"status": status.value, "error": error, "final_output": reply.text, "usage": usage_totals}
             try:
-                hooks = self.store.complete(turn_id, step, reply_items, status, final_output=reply.text, error=error)
+                hooks = self.store.complete(
+                    turn_id, step, reply_items, status, final_output=reply.text, error=error, finished_event=finished
+                )
             except StaleStep:
                 return StepOutcome("dropped", "already completed")
-            self._finished(turn_id, status, final_output=reply.text, error=error, hooks=hooks)
+            self._finished(turn_id, status, final_output=reply.text, error=error, hooks=hooks, usage=usage_totals)
             return StepOutcome(status.value)
 
         planned, pre_results, invalid_counts = plan_calls(
@@ -305,19 +317,17 @@ class TurnEngine(ToolCalls):
             return StepOutcome("parked", "calls await approval")
         return StepOutcome("dispatched", f"{len(planned)} calls in {len(batches)} batches")
 
-    def _claim_step(self, turn_id: str, step: int, request: TurnRequest) -> bool:
-        """Take the step's model call (a queued turn becomes running); False while a live process
-        elsewhere is making it (a duplicate or re-driven delivery must not pay the model twice)."""
-        # The model call may take up to model_timeout: the claim and the progress deadline cover it.
-        lease = self.settings.model_timeout + 60
-        holder, started = self.store.begin_model_call(
-            turn_id, step, owner(), lease, {"agent_id": request.agent_id}, held_key=held_key(node())
-        )
-        if started:
-            metrics.TURNS_STARTED.labels(request.queue).inc()
-        if holder is None or holder == owner():
+    def _claim_step(self, turn_id: str, step: int, request: TurnRequest, claim: StepClaim, lease: float) -> bool:
+        """Whether this process may make the step's model call, from the claim ``begin_step`` took:
+        False while a live process elsewhere is making it (a duplicate or re-driven delivery must
+        not pay the model twice); a dead holder's claim is taken over."""
+        if not claim.tried:  # nothing was claimable when read (this process holds an unsaved reply)
             return True
-        if self.liveness.owner_is_dead(holder):
+        if claim.started:
+            metrics.TURNS_STARTED.labels(request.queue).inc()
+        if claim.holder is None or claim.holder == owner():
+            return True
+        if self.liveness.owner_is_dead(claim.holder):
             self.store.take_over_step(turn_id, step, owner(), lease)
             try:  # the dead holder may have died before its turn was marked running
                 self.store.mark_running(turn_id, step, event={"agent_id": request.agent_id})
@@ -335,9 +345,10 @@ class TurnEngine(ToolCalls):
         tools: list[WorkerTool],
         history: list[dict[str, Any]],
         state: TurnState,
-    ) -> tuple[dict[str, Any], bool] | StepOutcome:
-        """Call the model once for the step and store its reply; returns ``(stored reply (JSON),
-        cancelled meanwhile)`` or, for a request the gateway refused, the outcome of the ended turn."""
+    ) -> tuple[dict[str, Any], bool, tuple[bool, dict[str, int]]] | StepOutcome:
+        """Call the model once for the step and store its reply with its usage record; returns
+        ``(stored reply (JSON), cancelled meanwhile, (usage stored, turn's usage totals))`` or, for a
+        request the gateway refused, the outcome of the ended turn."""
         model = request.model or self.settings.model
         body = self.client.build_request(
             model=model,
@@ -370,13 +381,19 @@ class TurnEngine(ToolCalls):
             "ms": round(elapsed * 1000, 1),
             "usage": usage,
         }
-        stored = until_redis_answers(
-            lambda: self.store.save_reply_and_check(turn_id, step, reply.to_json(), event),
+        stored, cancelled, extra = until_redis_answers(
+            lambda: self.store.save_reply_and_check(
+                turn_id,
+                step,
+                reply.to_json(),
+                event,
+                also=lambda pipe: self.usage.queue_record(pipe, turn_id, step, usage, model),
+            ),
             what=f"saving the model reply of turn {turn_id} step {step}",
             timeout=self.settings.redis_outage_timeout,
         )
         _UNSAVED_REPLIES.drop((turn_id, step))
-        return stored
+        return stored, cancelled, UsageLedger.recorded(extra)
 
     def _create(self, turn_id: str, step: int, body: dict[str, Any]) -> ModelReply:
         """The model call: streamed (deltas batched into the event stream) unless ``AGENT_MODEL_STREAM=0``."""
@@ -428,14 +445,18 @@ class TurnEngine(ToolCalls):
         error: str | None = None,
         final_output: str | None = None,
         hooks: bool | None = None,
+        usage: dict[str, int] | None = None,
     ) -> None:
         """Every terminal transition ends here: the event for tails (with the turn's token usage),
         the turn's metric and root span, then the queue layer: ``turn_finished`` notes where the turn
-        ended and, for a turn with end hooks (``hooks``; read from the store when None), runs them."""
-        usage = self.usage.totals(turn_id)
-        self.store.event(
-            turn_id, "turn_finished", status=status.value, error=error, final_output=final_output, usage=usage
-        )
+        ended and, for a turn with end hooks (``hooks``; read from the store when None), runs them.
+        ``usage``: the turn's totals, when the transition that ended the turn already wrote the
+        ``turn_finished`` event with them (``TurnStore.complete(finished_event=...)``)."""
+        if usage is None:
+            usage = self.usage.totals(turn_id)
+            self.store.event(
+                turn_id, "turn_finished", status=status.value, error=error, final_output=final_output, usage=usage
+            )
         metrics.TURNS_ENDED.labels(status.value).inc()
         state = self.store.load(turn_id) if telemetry.tracing_active() else None
         if state is not None:
@@ -487,8 +508,18 @@ class TurnEngine(ToolCalls):
         return item
 
     # ----- barrier and step end -------------------------------------------
-    def _advance(self, turn_id: str, step: int, request: TurnRequest, batches: list[Batch], done_index: int) -> None:
-        state, cancelled, results = self.store.advance_view(turn_id, step)
+    def _advance(
+        self,
+        turn_id: str,
+        step: int,
+        request: TurnRequest,
+        batches: list[Batch],
+        done_index: int,
+        view: AdvanceView | None = None,
+    ) -> None:
+        # ``view``: what the barrier returned to its winner; read here otherwise.
+        view = view or self.store.advance_view(turn_id, step)
+        state, cancelled, results = view.state, view.cancelled, view.results
         if state is None or state.status.terminal:
             return
         over = sorted(n for n, c in state.invalid_counts.items() if c > self.settings.max_invalid_calls_per_tool)

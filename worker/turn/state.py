@@ -29,14 +29,37 @@ class CallView:
 
 
 @dataclass
+class AdvanceView:
+    """What closing a batch reads (``TurnEngine._advance``): the state, the cancel flag and the
+    step's results by ``call_id``; returned by the barrier to its winner, or read in one round trip."""
+
+    state: "TurnState | None"
+    cancelled: bool
+    results: dict[str, dict[str, Any]]
+
+
+@dataclass
+class StepClaim:
+    """What ``Claims.begin_step`` did about the step's model call: ``tried`` is False when there
+    was nothing to claim (a memo, a cancel flag, a stale or ended turn); else ``holder`` is None
+    when the claim was won (``started``: the turn was moved to running) or the owner holding it."""
+
+    tried: bool = False
+    holder: str | None = None
+    started: bool = False
+
+
+@dataclass
 class StepView:
     """What a model step reads before running, fetched in one round trip: the state, the
-    history, the memoized reply of the step (or None) and the cancel flag."""
+    history, the memoized reply of the step (or None), the cancel flag and, from
+    ``Claims.begin_step``, the model-call claim."""
 
     state: "TurnState | None"
     items: list[dict[str, Any]]
     reply: dict[str, Any] | None
     cancelled: bool
+    claim: StepClaim = field(default_factory=StepClaim)
 
 
 def key(turn_id: str, *parts: Any) -> str:

@@ -4,10 +4,10 @@ Size: one concept kept whole on purpose: every write to a turn's keys, so that t
 fencing rules (guards on ``step`` and ``phase``) can be read and checked in one place.
 
 A turn is a chain of steps over this state; no task waits on another. Every
-transition is a guarded Redis transaction (``WATCH``/``MULTI``) that checks
-the turn's current ``step`` and ``phase`` first, so a duplicate or late
-message (``acks_late`` redelivery, watchdog re-drive) changes nothing: it is
-fenced out.
+transition is guarded: one Lua script (``worker.turn.guard``) checks the
+turn's current ``step`` and ``phase`` and only then applies the writes, so a
+duplicate or late message (``acks_late`` redelivery, watchdog re-drive)
+changes nothing: it is fenced out.
 
 Keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis
 Cluster slot):
@@ -46,17 +46,15 @@ import orjson
 import redis
 
 from worker.model.items import unanswered_call_ids
-from worker.turn.claims import _BEGIN_MODEL_LUA, _CLAIM_LUA, _RECORD_LUA, _RELEASE_LUA, Claims
+from worker.turn.claims import _BEGIN_STEP_LUA, _CLAIM_LUA, _RECORD_LUA, _RELEASE_LUA, Claims
 from worker.turn.dispatch import Batch, PlannedCall
+from worker.turn.guard import CreateScript, GuardScript, Writes
 from worker.turn.request import END_HOOK_METADATA, TurnRefused, TurnStatus
-from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, CallView, StaleStep, StepView, TurnState
+from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, AdvanceView, CallView, TurnState
 from worker.turn.state import key as _k
 
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
-
-
-# The turn-hash fields that guarded transitions read (``TurnStore._guarded``).
-GUARD_FIELDS = ("status", "step", "phase", "model_calls", "end_hooks")
+FINISHING_KEY = "turns:finishing"
 
 
 class TurnStore(Claims):
@@ -68,7 +66,9 @@ class TurnStore(Claims):
         self._claim = self.r.register_script(_CLAIM_LUA)
         self._record = self.r.register_script(_RECORD_LUA)
         self._release = self.r.register_script(_RELEASE_LUA)
-        self._begin_model = self.r.register_script(_BEGIN_MODEL_LUA)
+        self._begin_step = self.r.register_script(_BEGIN_STEP_LUA)
+        self._guard = GuardScript(self.r, FINISHING_KEY)
+        self._create = CreateScript(self.r)
         self._plans: dict[tuple[str, int], tuple[list[PlannedCall], list[Batch]]] = {}
 
     # ----- reading ---------------------------------------------------------
@@ -111,31 +111,16 @@ class TurnStore(Claims):
         self._plans[(turn_id, step)] = plan
         return plan
 
-    def step_view(self, turn_id: str, step: int) -> StepView:
-        """State, history, the step's memoized reply and the cancel flag, in one round trip."""
-        p = self.r.pipeline(transaction=False)
-        p.hgetall(_k(turn_id))
-        p.lrange(_k(turn_id, "items"), 0, -1)
-        p.get(_k(turn_id, "reply", step))
-        p.exists(_k(turn_id, "cancel"))
-        h, items, reply, cancelled = p.execute()
-        return StepView(
-            TurnState.from_hash(turn_id, h) if h else None,
-            [orjson.loads(x) for x in items],
-            orjson.loads(reply) if reply else None,
-            bool(cancelled),
-        )
-
-    def advance_view(self, turn_id: str, step: int) -> tuple[TurnState | None, bool, dict[str, dict[str, Any]]]:
-        """What the barrier's winner reads to close a batch: ``(state, cancelled, results of step)``,
-        in one round trip."""
+    def advance_view(self, turn_id: str, step: int) -> AdvanceView:
+        """What closing a batch reads: state, cancel flag and the step's results, in one round trip
+        (the barrier's winner gets it from ``record_and_check``; a re-drive reads it here)."""
         with self.r.pipeline(transaction=False) as p:
             p.hgetall(_k(turn_id))
             p.exists(_k(turn_id, "cancel"))
             p.hgetall(_k(turn_id, "results", step))
             h, cancelled, results = p.execute()
         state = TurnState.from_hash(turn_id, h) if h else None
-        return state, bool(cancelled), {k.decode(): orjson.loads(v) for k, v in results.items()}
+        return AdvanceView(state, bool(cancelled), {k.decode(): orjson.loads(v) for k, v in results.items()})
 
     def call_view(self, turn_id: str, step: int, call_id: str) -> CallView:
         """State, plan, whether the call has a result, and the cancel flag, in one round trip."""
@@ -198,8 +183,8 @@ class TurnStore(Claims):
         idempotency_key: str | None = None,
         fields: dict[str, str] | None = None,
     ) -> tuple[str, bool]:
-        """Create the turn, atomically (``WATCH`` on the turn and the idempotency key);
-        ``fields``: extra hash fields (e.g. the ``traceparent``).
+        """Create the turn with its ``turn_queued`` event, atomically and in one round trip
+        (``worker.turn.guard.CreateScript``); ``fields``: extra hash fields (e.g. the ``traceparent``).
 
         Returns ``(turn_id, True)`` for a new turn. Returns ``(existing_id, False)``, storing
         nothing, when the agent already used ``idempotency_key`` (keys are scoped per agent),
@@ -208,82 +193,71 @@ class TurnStore(Claims):
         nothing is overwritten and nothing of that turn is returned.
         """
         agent_id = request.get("agent_id", "agent")
-        key = _k(turn_id)
-        idem = f"turn-idem:{agent_id}:{idempotency_key}" if idempotency_key else None
-
-        def txn(pipe: Any) -> tuple[str, bool]:
-            if idem is not None:
-                existing = pipe.get(idem)
-                if existing:
-                    return existing.decode(), False
-            owner = pipe.hget(key, "agent_id")
-            if owner is not None:
-                if owner.decode() != agent_id:
-                    raise TurnRefused(f"turn id {turn_id!r} is already used by another agent; choose another id")
-                return turn_id, False
-            now = time.time()
-            pipe.multi()
-            if idem is not None:
-                pipe.set(idem, turn_id, ex=RETENTION_SECONDS)
-            pipe.hset(
-                key,
-                mapping={
-                    "status": TurnStatus.queued.value,
-                    "step": 0,
-                    "phase": "model",
-                    "model_calls": 0,
-                    "request": orjson.dumps(request),
-                    # Read by every guarded transition, so the (possibly large) request need not be.
-                    "end_hooks": int(any((request.get("metadata") or {}).get(k) for k in END_HOOK_METADATA)),
-                    "agent_id": agent_id,
-                    "terminate": "0",
-                    "invalid_counts": "{}",
-                    "loaded_tools": "[]",
-                    "created_at": now,
-                    "updated_at": now,
-                    "redrives": 0,
-                    **(fields or {}),
-                },
-            )
-            if initial_items:
-                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in initial_items])
-            pipe.zadd("turns:watch", {turn_id: now + self.progress_timeout})
-            pipe.lpush(f"agent:{agent_id}:turns", turn_id)
-            pipe.ltrim(f"agent:{agent_id}:turns", 0, 499)
-            return turn_id, True
-
-        watched = [key] + ([idem] if idem is not None else [])
-        tid, created = self.r.transaction(txn, *watched, value_from_callable=True)
-        if created:
-            self.event(turn_id, "turn_queued")
-        return tid, created
+        now = time.time()
+        keys = [_k(turn_id), _k(turn_id, "items"), "turns:watch", f"agent:{agent_id}:turns", _k(turn_id, "events")]
+        if idempotency_key:
+            keys.append(f"turn-idem:{agent_id}:{idempotency_key}")
+        fields = {
+            "status": TurnStatus.queued.value,
+            "step": 0,
+            "phase": "model",
+            "model_calls": 0,
+            "request": orjson.dumps(request),
+            # Read by every guarded transition, so the (possibly large) request need not be.
+            "end_hooks": int(any((request.get("metadata") or {}).get(k) for k in END_HOOK_METADATA)),
+            "agent_id": agent_id,
+            "terminate": "0",
+            "invalid_counts": "{}",
+            "loaded_tools": "[]",
+            "created_at": now,
+            "updated_at": now,
+            "redrives": 0,
+            **(fields or {}),
+        }
+        code, tid = self._create.run(
+            keys,
+            agent_id,
+            turn_id,
+            fields,
+            [orjson.dumps(i) for i in initial_items],
+            retention=RETENTION_SECONDS,
+            deadline=now + self.progress_timeout,
+            keep=500,
+            event=self._event_json("turn_queued", {}),
+            events_maxlen=EVENTS_MAXLEN,
+        )
+        if code < 0:
+            raise TurnRefused(f"turn id {turn_id!r} is already used by another agent; choose another id")
+        return tid, code == 1
 
     def _guarded(
         self,
         turn_id: str,
         step: int,
         phase: str | None,
-        write: Callable[[Any, dict], None],
+        write: Callable[[Writes], None],
+        *,
         allow_terminal: bool = False,
-    ) -> None:
-        """Run ``write(pipe, hash)`` in MULTI only if the turn is at ``step``/``phase`` and not terminal."""
-        key = _k(turn_id)
-
-        def txn(pipe: Any) -> None:
-            # The fields a guard or a write reads; not the request, which may be large.
-            values = pipe.hmget(key, GUARD_FIELDS)
-            if values[0] is None:
-                raise StaleStep("turn does not exist")
-            h = {f.encode(): v for f, v in zip(GUARD_FIELDS, values, strict=True) if v is not None}
-            st = TurnStatus(h[b"status"].decode())
-            if st.terminal and not allow_terminal:
-                raise StaleStep(f"turn is {st.value}")
-            if int(h[b"step"]) != step or (phase is not None and h[b"phase"].decode() != phase):
-                raise StaleStep(f"turn is at step {int(h[b'step'])}/{h[b'phase'].decode()}, not {step}/{phase}")
-            pipe.multi()
-            write(pipe, h)
-
-        self.r.transaction(txn, key)
+        only_if_status: TurnStatus | None = None,
+        ends: bool = False,
+    ) -> bool:
+        """Apply the writes ``write(w)`` records, in one round trip, only if the turn is at
+        ``step``/``phase`` and not terminal (``worker.turn.guard``); ``only_if_status``: a turn in
+        another status is left unchanged; ``ends``: the transition ends the turn (its end hooks
+        are scheduled). Returns True when the ended turn has end hooks to run. Raises
+        ``StaleStep`` when fenced out (nothing written)."""
+        writes = Writes()
+        write(writes)
+        return self._guard.run(
+            _k(turn_id),
+            turn_id,
+            step,
+            phase,
+            writes,
+            allow_terminal=allow_terminal,
+            only_if_status=only_if_status.value if only_if_status is not None else None,
+            hooks_deadline=time.time() + HOOK_TIMEOUT if ends else None,
+        )
 
     def _touch(self, pipe: Any, turn_id: str, fields: dict[str, Any]) -> None:
         # Progress: a new deadline, and the watchdog's re-drive count starts again.
@@ -295,28 +269,35 @@ class TurnStore(Claims):
         """``queued`` -> ``running`` at the first step, with the ``turn_started`` event ``event``
         in the same transaction (guarded; raises ``StaleStep`` if fenced out)."""
 
-        def w(pipe: Any, h: dict) -> None:
-            if h[b"status"] == b"queued":
-                self._touch(pipe, turn_id, {"status": TurnStatus.running.value})
-                if event is not None:
-                    self._xadd(pipe, turn_id, "turn_started", event)
+        def w(pipe: Writes) -> None:
+            self._touch(pipe, turn_id, {"status": TurnStatus.running.value})
+            if event is not None:
+                self._xadd(pipe, turn_id, "turn_started", event)
 
-        self._guarded(turn_id, step, "model", w)
+        self._guarded(turn_id, step, "model", w, only_if_status=TurnStatus.queued)
 
     def save_reply_and_check(
-        self, turn_id: str, step: int, reply: dict[str, Any], event: dict[str, Any]
-    ) -> tuple[dict[str, Any], bool]:
+        self,
+        turn_id: str,
+        step: int,
+        reply: dict[str, Any],
+        event: dict[str, Any],
+        also: Callable[[Any], None] | None = None,
+    ) -> tuple[dict[str, Any], bool, list[Any]]:
         """Memoize the model reply of ``step`` (first one wins), append the ``model_reply`` event
-        and read the cancel flag, in one round trip. Returns ``(stored reply, cancelled)``."""
+        and read the cancel flag, in one round trip; ``also(pipe)`` queues more commands in it
+        (the step's usage record). Returns ``(stored reply, cancelled, replies of also's commands)``."""
         with self.r.pipeline(transaction=False) as p:
             p.set(_k(turn_id, "reply", step), orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS)
             self._xadd(p, turn_id, "model_reply", event)
             p.exists(_k(turn_id, "cancel"))
-            won, _, cancelled = p.execute()
+            if also is not None:
+                also(p)
+            won, _, cancelled, *extra = p.execute()
         if won:
-            return reply, bool(cancelled)
+            return reply, bool(cancelled), extra
         raw = self.r.get(_k(turn_id, "reply", step))
-        return (orjson.loads(raw) if raw else reply), bool(cancelled)
+        return (orjson.loads(raw) if raw else reply), bool(cancelled), extra
 
     def save_reply(self, turn_id: str, step: int, reply: dict[str, Any]) -> dict[str, Any]:
         """Memoize the model reply of ``step`` (first one wins); returns the stored reply."""
@@ -345,7 +326,7 @@ class TurnStore(Claims):
         Raises ``StaleStep`` if another delivery already did it.
         """
 
-        def w(pipe: Any, h: dict) -> None:
+        def w(pipe: Writes) -> None:
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
             pipe.set(
@@ -361,14 +342,11 @@ class TurnStore(Claims):
             if pre_results:
                 pipe.hset(_k(turn_id, "results", step), mapping={k: orjson.dumps(v) for k, v in pre_results.items()})
                 pipe.expire(_k(turn_id, "results", step), RETENTION_SECONDS)
-            fields = {
-                "phase": "tools",
-                "model_calls": int(h[b"model_calls"]) + 1,
-                "invalid_counts": orjson.dumps(invalid_counts),
-            }
+            fields = {"phase": "tools", "invalid_counts": orjson.dumps(invalid_counts)}
             if loaded_tools is not None:
                 fields["loaded_tools"] = orjson.dumps(loaded_tools)
             self._touch(pipe, turn_id, fields)
+            pipe.hincrby(_k(turn_id), "model_calls", 1)
             for kind, data in events:
                 self._xadd(pipe, turn_id, kind, data)
             if also is not None:
@@ -394,7 +372,7 @@ class TurnStore(Claims):
     ) -> None:
         """Append the outputs (emitted order) and move to the next step, or end the turn with ``terminal``."""
 
-        def w(pipe: Any, h: dict) -> None:
+        def w(pipe: Writes) -> None:
             if output_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in output_items])
             fields: dict[str, Any] = {"step": step + 1, "phase": "model"}
@@ -406,23 +384,20 @@ class TurnStore(Claims):
                     fields["error"] = error
             self._touch(pipe, turn_id, fields)
             if terminal is not None:
-                self._retire(pipe, turn_id, h)
+                self._retire(pipe, turn_id)
 
-        self._guarded(turn_id, step, "tools", w)
+        self._guarded(turn_id, step, "tools", w, ends=terminal is not None)
 
     def continue_after_reply(
         self, turn_id: str, step: int, items: list[dict[str, Any]], fields: dict[str, Any] | None = None
     ) -> None:
         """Record a reply that ran no tool plus follow-up input items, and move to step + 1."""
 
-        def w(pipe: Any, h: dict) -> None:
+        def w(pipe: Writes) -> None:
             if items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in items])
-            self._touch(
-                pipe,
-                turn_id,
-                {"step": step + 1, "phase": "model", "model_calls": int(h[b"model_calls"]) + 1, **(fields or {})},
-            )
+            self._touch(pipe, turn_id, {"step": step + 1, "phase": "model", **(fields or {})})
+            pipe.hincrby(_k(turn_id), "model_calls", 1)
 
         self._guarded(turn_id, step, "model", w)
 
@@ -435,27 +410,28 @@ class TurnStore(Claims):
         final_output: str | None = None,
         error: str | None = None,
         count_model_call: bool = True,
+        finished_event: dict[str, Any] | None = None,
     ) -> bool:
-        """End the turn at a model step (final answer, cap reached, failure). Returns True when the
-        turn has end hooks to run (``END_HOOK_METADATA``)."""
-        hooks = False
+        """End the turn at a model step (final answer, cap reached, failure), with the
+        ``turn_finished`` event ``finished_event`` if given. Returns True when the turn has end
+        hooks to run (``END_HOOK_METADATA``)."""
 
-        def w(pipe: Any, h: dict) -> None:
-            nonlocal hooks
+        def w(pipe: Writes) -> None:
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
             fields: dict[str, Any] = {"status": status.value}
-            if count_model_call:
-                fields["model_calls"] = int(h[b"model_calls"]) + 1
             if final_output is not None:
                 fields["final_output"] = final_output
             if error:
                 fields["error"] = error
             self._touch(pipe, turn_id, fields)
-            hooks = self._retire(pipe, turn_id, h)
+            if count_model_call:
+                pipe.hincrby(_k(turn_id), "model_calls", 1)
+            if finished_event is not None:
+                self._xadd(pipe, turn_id, "turn_finished", finished_event)
+            self._retire(pipe, turn_id)
 
-        self._guarded(turn_id, step, "model", w)
-        return hooks
+        return self._guarded(turn_id, step, "model", w, ends=True)
 
     def fail(self, turn_id: str, status: TurnStatus, error: str) -> bool:
         """End a non-terminal turn whatever its step (cancel, gateway failure, watchdog give-up).
@@ -497,38 +473,36 @@ class TurnStore(Claims):
                 pipe.rpush(_k(turn_id, "items"), *outputs)
             pipe.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
             self._touch(pipe, turn_id, {"status": status.value, "error": error})
-            self._retire(pipe, turn_id, h)
+            self._retire(pipe, turn_id)
+            if h.get(b"end_hooks") == b"1":  # until its hooks have run (``hooks_done``), the watchdog re-sends them
+                pipe.zadd(FINISHING_KEY, {turn_id: time.time() + HOOK_TIMEOUT})
             ended = True
 
         self.r.transaction(txn, key)
         return ended
 
-    def _retire(self, pipe: Any, turn_id: str, h: dict) -> bool:
-        """Queue the retirement of an ended turn in ``pipe``; True when it has end hooks to run."""
+    def _retire(self, pipe: Any, turn_id: str) -> None:
+        """Queue the retirement of an ended turn in ``pipe``: no longer watched, its keys expire. (Its
+        end hooks are scheduled by the caller: ``_guarded(ends=True)`` or ``fail``.)"""
         pipe.zrem("turns:watch", turn_id)
-        hooks = h.get(b"end_hooks") == b"1"
-        if hooks:
-            # Until its control-plane hooks have run (``hooks_done``), the watchdog re-sends them.
-            pipe.zadd("turns:finishing", {turn_id: time.time() + HOOK_TIMEOUT})
         for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events"), _k(turn_id, "cancel")):
             pipe.expire(key, RETENTION_SECONDS)
-        return hooks
 
     def awaits_hooks(self, turn_id: str) -> bool:
         """True for an ended turn whose end hooks have not reported done (a workflow attempt or a
         background job: ``END_HOOK_METADATA``); other turns have none to run."""
-        return self.r.zscore("turns:finishing", turn_id) is not None
+        return self.r.zscore(FINISHING_KEY, turn_id) is not None
 
     def hooks_done(self, turn_id: str) -> None:
         """The turn's end hooks ran: stop re-sending them."""
-        self.r.zrem("turns:finishing", turn_id)
+        self.r.zrem(FINISHING_KEY, turn_id)
 
     def hooks_overdue(self, now: float | None = None, limit: int = 100) -> list[str]:
         """Ended turns whose hooks did not report done in time; their deadline is pushed as they are returned."""
         now = time.time() if now is None else now
-        ids = [x.decode() for x in self.r.zrangebyscore("turns:finishing", "-inf", now, start=0, num=limit)]
+        ids = [x.decode() for x in self.r.zrangebyscore(FINISHING_KEY, "-inf", now, start=0, num=limit)]
         if ids:
-            self.r.zadd("turns:finishing", {i: now + HOOK_TIMEOUT for i in ids})
+            self.r.zadd(FINISHING_KEY, {i: now + HOOK_TIMEOUT for i in ids})
         return ids
 
     def push_deadline(self, turn_id: str, seconds: float) -> None:

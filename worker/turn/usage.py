@@ -75,11 +75,30 @@ class UsageLedger:
     def record(self, turn_id: str, step: int, usage: dict[str, int], model: str = "") -> bool:
         """Record the usage of model step ``step`` once. Returns True if this call stored it
         (False: a redelivery, already counted)."""
+        return self.record_and_total(turn_id, step, usage, model)[0]
+
+    def record_and_total(
+        self, turn_id: str, step: int, usage: dict[str, int], model: str = ""
+    ) -> tuple[bool, dict[str, int]]:
+        """``record``, and the turn's totals after it (as ``totals``), in one round trip."""
         p = self.r.pipeline(transaction=False)
-        p.hsetnx(_k(turn_id, "usage"), str(step), orjson.dumps({"step": step, "model": model, **usage}))
-        p.expire(_k(turn_id, "usage"), RETENTION_SECONDS)
-        stored, _ = p.execute()
-        return bool(stored)
+        self.queue_record(p, turn_id, step, usage, model)
+        return self.recorded(p.execute())
+
+    @staticmethod
+    def queue_record(pipe: Any, turn_id: str, step: int, usage: dict[str, int], model: str = "") -> None:
+        """Queue in ``pipe`` the record of step ``step`` (first write wins) and a read of all the
+        turn's records: three commands, whose replies ``recorded`` reads."""
+        key = _k(turn_id, "usage")
+        pipe.hsetnx(key, str(step), orjson.dumps({"step": step, "model": model, **usage}))
+        pipe.expire(key, RETENTION_SECONDS)
+        pipe.hvals(key)
+
+    @staticmethod
+    def recorded(replies: list[Any]) -> tuple[bool, dict[str, int]]:
+        """``(stored, totals)`` from the three replies of ``queue_record``."""
+        stored, _, rows = replies
+        return bool(stored), _sum([orjson.loads(v) for v in rows])
 
     def steps(self, turn_id: str) -> list[dict[str, Any]]:
         """``[{"step", "model", input_tokens, output_tokens, total_tokens, cached_tokens, reasoning_tokens}]``
@@ -89,8 +108,11 @@ class UsageLedger:
 
     def totals(self, turn_id: str) -> dict[str, int]:
         """The turn's total usage so far (all five counts, plus ``model_calls`` counted)."""
-        total = {f: 0 for f in USAGE_FIELDS}
-        rows = self.steps(turn_id)
-        for row in rows:
-            total = add_usage(total, row)
-        return {**total, "model_calls": len(rows)}
+        return _sum(self.steps(turn_id))
+
+
+def _sum(rows: list[dict[str, Any]]) -> dict[str, int]:
+    total = {f: 0 for f in USAGE_FIELDS}
+    for row in rows:
+        total = add_usage(total, row)
+    return {**total, "model_calls": len(rows)}

@@ -1,0 +1,133 @@
+"""Guarded transitions and turn creation as Lua scripts (``worker.turn.guard``), against the
+embedded Redis: a fenced-out transition writes nothing, an allowed one writes everything, long
+argument lists survive Lua's unpack limit, creation refuses another agent's id and reuses keys."""
+
+from __future__ import annotations
+
+import uuid
+
+import orjson
+import pytest
+import redis
+
+from worker.turn.guard import Writes
+from worker.turn.request import TurnRefused, TurnStatus
+from worker.turn.state import StaleStep, key
+from worker.turn.store import FINISHING_KEY, TurnStore
+
+
+@pytest.fixture
+def store(redis_url):
+    return TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60)
+
+
+def _new(store: TurnStore, agent: str = "guard-a", items: list | None = None, **kw) -> str:
+    tid = uuid.uuid4().hex
+    got, created = store.create(tid, {"agent_id": agent, "input": "x"}, items or [], **kw)
+    assert created and got == tid
+    return tid
+
+
+def _snapshot(store: TurnStore, tid: str) -> tuple:
+    r = store.r
+    return (
+        r.hgetall(key(tid)),
+        r.lrange(key(tid, "items"), 0, -1),
+        r.xlen(key(tid, "events")),
+        r.zscore("turns:watch", tid),
+        r.exists(key(tid, "plan", 0)),
+    )
+
+
+def test_stale_step_or_phase_writes_nothing(store):
+    tid = _new(store)
+    before = _snapshot(store, tid)
+    with pytest.raises(StaleStep, match="turn is at step 0/model, not 1/model"):
+        store.begin_tools(tid, 1, [{"type": "message"}], [], [], {}, {})
+    with pytest.raises(StaleStep, match="turn is at step 0/model, not 0/tools"):
+        store.finish_tools(tid, 0, [{"type": "function_call_output"}])
+    assert _snapshot(store, tid) == before
+
+
+def test_ended_turn_is_fenced_out_and_unknown_turn_refused(store):
+    tid = _new(store)
+    store.complete(tid, 0, [], TurnStatus.completed, final_output="done")
+    before = _snapshot(store, tid)
+    with pytest.raises(StaleStep, match="turn is completed"):
+        store.complete(tid, 0, [{"type": "message"}], TurnStatus.failed, error="again")
+    assert _snapshot(store, tid) == before
+    with pytest.raises(StaleStep, match="does not exist"):
+        store.mark_running(uuid.uuid4().hex, 0)
+
+
+def test_allowed_transition_writes_everything_once(store):
+    tid = _new(store)
+    store.begin_tools(tid, 0, [{"type": "message", "n": 1}], [], [], {}, {"t": 1}, events=[("call_planned", {"x": 1})])
+    st = store.load(tid)
+    assert (st.step, st.phase, st.model_calls, st.invalid_counts) == (0, "tools", 1, {"t": 1})
+    assert store.items(tid)[-1] == {"type": "message", "n": 1}
+    assert [e["kind"] for _, e in store.events(tid)] == ["turn_queued", "call_planned"]
+    store.finish_tools(tid, 0, [{"type": "function_call_output", "call_id": "c"}])
+    st = store.load(tid)
+    assert (st.step, st.phase, st.model_calls) == (1, "model", 1)
+
+
+def test_mark_running_only_moves_a_queued_turn(store):
+    tid = _new(store)
+    store.mark_running(tid, 0, event={"agent_id": "guard-a"})
+    store.mark_running(tid, 0, event={"agent_id": "guard-a"})  # already running: no second event
+    assert store.load(tid).status == TurnStatus.running
+    assert [e["kind"] for _, e in store.events(tid)].count("turn_started") == 1
+
+
+def test_end_hooks_are_scheduled_only_for_turns_that_have_them(store):
+    plain = _new(store)
+    assert store.complete(plain, 0, [], TurnStatus.completed) is False
+    assert store.r.zscore(FINISHING_KEY, plain) is None
+    hooked = uuid.uuid4().hex
+    store.create(hooked, {"agent_id": "guard-h", "input": "x", "metadata": {"background_job_id": "j1"}}, [])
+    assert store.complete(hooked, 0, [], TurnStatus.completed) is True
+    assert store.r.zscore(FINISHING_KEY, hooked) is not None
+    assert store.r.zscore("turns:watch", hooked) is None
+
+
+def test_long_argument_lists_pass_luas_unpack_limit(store):
+    # Lua's unpack stops at a few thousand values: 20,000 items must still all be written.
+    items = [{"type": "message", "i": i} for i in range(20_000)]
+    tid = _new(store, items=items)
+    assert len(store.items(tid)) == 20_000
+    results = {f"c{i}": {"output": "x"} for i in range(6_000)}
+    store.begin_tools(tid, 0, items, [], [], results, {})
+    assert len(store.items(tid)) == 40_000
+    assert store.r.hlen(key(tid, "results", 0)) == 6_000
+    assert store.items(tid)[-1] == {"type": "message", "i": 19_999}
+
+
+def test_writes_refuse_commands_that_are_not_single_key_writes():
+    w = Writes()
+    w.rpush("k", "a").hset("h", mapping={"f": "v"})
+    assert w.recorded == [("RPUSH", "k", "a"), ("HSET", "h", "f", "v")]
+    for bad in (lambda: w.get("k"), lambda: w.rename("a", "b"), lambda: w.flushall()):
+        with pytest.raises(ValueError, match="single-key writes only"):
+            bad()
+
+
+def test_create_refuses_another_agents_id_and_reuses_ids_and_keys(store):
+    tid = _new(store, agent="guard-owner", idempotency_key="k1")
+    with pytest.raises(TurnRefused, match="another agent"):
+        store.create(tid, {"agent_id": "guard-other", "input": "x"}, [])
+    assert store.load(tid).agent_id == "guard-owner"
+    assert store.create(tid, {"agent_id": "guard-owner", "input": "y"}, []) == (tid, False)
+    again = store.create(uuid.uuid4().hex, {"agent_id": "guard-owner", "input": "z"}, [], idempotency_key="k1")
+    assert again == (tid, False)
+    # Keys are per agent: another agent's k1 is a new turn.
+    other, created = store.create(uuid.uuid4().hex, {"agent_id": "guard-other", "input": "x"}, [], idempotency_key="k1")
+    assert created and other != tid
+    st = store.load(tid)
+    assert (st.status, st.step, st.phase, orjson.loads(store.r.hget(key(tid), "request"))["input"]) == (
+        TurnStatus.queued,
+        0,
+        "model",
+        "x",
+    )
+    assert [e["kind"] for _, e in store.events(tid)] == ["turn_queued"]

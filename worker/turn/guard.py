@@ -1,0 +1,217 @@
+"""Guarded transitions: a turn's fencing check and the transition's writes in one Lua script;
+and the turn's creation, guarded by its id and idempotency key, in another.
+
+A transition (``worker.turn.store``) may only change a turn that is still at the step and phase
+its caller saw, and not ended (DESIGN-NOTES section 1, fencing). ``WATCH``/``HMGET``/``MULTI``
+did that in three round trips; ``GuardScript`` does it in one: the script reads the guard fields,
+and only if they match runs the writes it was given, atomically (a Lua script runs alone on the
+server, and its writes invalidate other clients' ``WATCH`` like any write).
+
+The writes are recorded with redis-py's own command methods (``Writes`` is its ``CoreCommands``
+mixin with ``execute_command`` replaced by a recorder), so each one is built exactly as a
+pipeline would build it; only single-key write commands are accepted, and each key is passed in
+``KEYS``.
+
+``CreateScript`` stores a new turn only if no turn has its id and its agent has not used its
+idempotency key, with its first items, watch deadline, place in the agent's list and
+``turn_queued`` event: one round trip where ``WATCH``/``GET``/``HGET``/``MULTI`` and the event
+took four.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.commands.core import CoreCommands
+
+from worker.turn.request import TurnStatus
+from worker.turn.state import StaleStep
+
+# Write commands a transition may record: each takes its one key as the first argument.
+SINGLE_KEY_WRITES = frozenset(
+    {
+        "RPUSH",
+        "LPUSH",
+        "LTRIM",
+        "SET",
+        "DEL",
+        "HSET",
+        "HDEL",
+        "HINCRBY",
+        "EXPIRE",
+        "ZADD",
+        "ZREM",
+        "XADD",
+        "SADD",
+        "SREM",
+    }
+)
+
+_CHUNK = 1000
+
+_TERMINAL = ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal)
+
+# KEYS[1] turn hash, KEYS[2] the ended turns awaiting hooks (``turns:finishing``), KEYS[3..] the
+# writes' keys in order. ARGV: step, phase ('' = any), allow terminal ('1'), only if status
+# ('' = any; another status skips the writes without an error), hooks deadline ('' = the turn
+# does not end here), turn id, then per write: its argument count after the key, the command
+# name, its arguments.
+# Returns {1, hooks} (hooks: 1 when the ended turn has end hooks), or {0, reason} when fenced out.
+_GUARD_LUA = (
+    "local terminal = {"
+    + _TERMINAL
+    + "}\n"
+    + """
+local h = redis.call('HMGET', KEYS[1], 'status', 'step', 'phase', 'end_hooks')
+if not h[1] then return {0, 'turn does not exist'} end
+if terminal[h[1]] and ARGV[3] ~= '1' then return {0, 'turn is ' .. h[1]} end
+if h[2] ~= ARGV[1] or (ARGV[2] ~= '' and h[3] ~= ARGV[2]) then
+  return {0, 'turn is at step ' .. tostring(h[2]) .. '/' .. tostring(h[3]) .. ', not ' .. ARGV[1] .. '/' .. ARGV[2]}
+end
+if ARGV[4] ~= '' and h[1] ~= ARGV[4] then return {1, 0} end
+local i, k = 7, 3
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  local cmd = {ARGV[i + 1], KEYS[k]}
+  for j = 1, n do cmd[j + 2] = ARGV[i + 1 + j] end
+  redis.call(unpack(cmd))
+  i, k = i + 2 + n, k + 1
+end
+local hooks = 0
+if ARGV[5] ~= '' and h[4] == '1' then
+  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[6])
+  hooks = 1
+end
+return {1, hooks}
+"""
+)
+
+
+class Writes(CoreCommands):
+    """Records redis-py write commands (``rpush``, ``hset``, ``xadd``... as on a pipeline) for a
+    ``GuardScript`` to run; nothing is sent. Raises ``ValueError`` for a command that is not a
+    single-key write (``SINGLE_KEY_WRITES``)."""
+
+    def __init__(self) -> None:
+        self.recorded: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> "Writes":
+        name = str(args[0]).upper()
+        if name not in SINGLE_KEY_WRITES:
+            raise ValueError(f"{name} cannot be part of a guarded transition (single-key writes only)")
+        key, values = args[1], args[2:]
+        # The script unpacks each write's arguments, and Lua's unpack takes a few thousand at most:
+        # long RPUSH/LPUSH/HSET argument lists go as several writes of CHUNK values.
+        step = _CHUNK if name in ("RPUSH", "LPUSH") else 2 * (_CHUNK // 2) if name == "HSET" else 0
+        if step and len(values) > step:
+            for i in range(0, len(values), step):
+                self.recorded.append((name, key, *values[i : i + step]))
+        else:
+            self.recorded.append((name, key, *values))
+        return self
+
+
+class GuardScript:
+    """The guard script registered on ``client`` (a ``redis.Redis``)."""
+
+    def __init__(self, client: redis.Redis, finishing_key: str):
+        self._script = client.register_script(_GUARD_LUA)
+        self._finishing_key = finishing_key
+
+    def run(
+        self,
+        turn_key: str,
+        turn_id: str,
+        step: int,
+        phase: str | None,
+        writes: Writes,
+        *,
+        allow_terminal: bool = False,
+        only_if_status: str | None = None,
+        hooks_deadline: float | None = None,
+    ) -> bool:
+        """Apply ``writes`` if the turn is at ``step``/``phase`` (None: any phase) and, unless
+        ``allow_terminal``, not ended; with ``only_if_status``, a turn in another status is left
+        as it is (no error). ``hooks_deadline`` (epoch seconds): the turn ends here, and a turn with
+        end hooks is added to the finishing set with that deadline.
+
+        Returns True when the ended turn has end hooks to run. Raises ``StaleStep`` (nothing
+        written) when fenced out.
+        """
+        keys = [turn_key, self._finishing_key]
+        args: list[Any] = [
+            step,
+            phase or "",
+            "1" if allow_terminal else "0",
+            only_if_status or "",
+            "" if hooks_deadline is None else hooks_deadline,
+            turn_id,
+        ]
+        for name, key, *rest in writes.recorded:
+            keys.append(key)
+            args.append(len(rest))
+            args.append(name)
+            args.extend(rest)
+        ok, detail = self._script(keys=keys, args=args)
+        if not ok:
+            raise StaleStep(detail.decode() if isinstance(detail, bytes) else str(detail))
+        return bool(detail)
+
+
+# KEYS: turn hash, items, watch zset, agent's turn list, events, [idempotency key]. ARGV: agent id,
+# turn id, retention s, watch deadline, last index kept in the agent's list, turn_queued event,
+# events maxlen, hash argument count, hash field/value pairs..., the initial items...
+# Returns {1, turn id} (created), {0, existing turn id} (the key or the id of this agent was used),
+# or {-1, ''} (the id belongs to another agent).
+_CREATE_LUA = """
+if KEYS[6] then
+  local existing = redis.call('GET', KEYS[6])
+  if existing then return {0, existing} end
+end
+local owner = redis.call('HGET', KEYS[1], 'agent_id')
+if owner then
+  if owner ~= ARGV[1] then return {-1, ''} end
+  return {0, ARGV[2]}
+end
+if KEYS[6] then redis.call('SET', KEYS[6], ARGV[2], 'EX', ARGV[3]) end
+local nh = tonumber(ARGV[8])
+redis.call('HSET', KEYS[1], unpack(ARGV, 9, 8 + nh))
+for i = 9 + nh, #ARGV, 1000 do  -- unpack is limited to a few thousand values: push in chunks
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
+redis.call('LPUSH', KEYS[4], ARGV[2])
+redis.call('LTRIM', KEYS[4], 0, ARGV[5])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[6])
+return {1, ARGV[2]}
+"""
+
+
+class CreateScript:
+    """The creation script registered on ``client`` (a ``redis.Redis``)."""
+
+    def __init__(self, client: redis.Redis):
+        self._script = client.register_script(_CREATE_LUA)
+
+    def run(
+        self,
+        keys: list[str],
+        agent_id: str,
+        turn_id: str,
+        fields: dict[str, Any],
+        items: list[bytes],
+        *,
+        retention: int,
+        deadline: float,
+        keep: int,
+        event: bytes,
+        events_maxlen: int,
+    ) -> tuple[int, str]:
+        """Store the turn (``keys``: turn hash, items, watch set, agent's list, events, and the
+        idempotency key if any). Returns ``(1, turn_id)`` when created, ``(0, existing_id)`` when the
+        key or the id was already used by this agent, ``(-1, "")`` when the id is another agent's."""
+        pairs: list[Any] = [x for kv in fields.items() for x in kv]
+        args = [agent_id, turn_id, retention, deadline, keep - 1, event, events_maxlen, len(pairs), *pairs, *items]
+        code, tid = self._script(keys=keys, args=args)
+        return int(code), tid.decode() if isinstance(tid, bytes) else str(tid)
