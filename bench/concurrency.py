@@ -3,13 +3,19 @@
 N turns of (model call, one tool call, model call) against a model endpoint that answers in
 ``--latency`` seconds (the scripted gateway), on one node: the steps' queue on the pool under
 test, the tool calls on prefork (as deployed). The floor is ``bench/bare_celery.py``: the same
-turn shape as three bare Celery tasks on the same broker, pools and endpoint, with nothing of
-the runtime (no turn store, fencing, validation or events). Both run in this one process's
-measurement, one after the other, against one embedded Redis.
+turn shape as three bare Celery tasks on the same broker, pools and endpoint, posting the same
+request body as the runtime (its tool definitions; ``--floor-body minimal`` posts only the model
+and the input), with nothing of the runtime (no turn store, fencing, validation or events). Both
+run in this one process's measurement, in alternation (who goes first alternates too), against
+one embedded Redis.
 
-Printed per pool: wall time and its ratio to the ideal (2 x latency) and to the floor,
-turns/s, peak model calls in flight (counted by the gateway), unfinished turns, and the peak
-RSS of the steps' worker. Run: ``.venv/bin/python bench/concurrency.py [--turns 1000]``.
+Printed per run: wall time and its ratio to the ideal (2 x latency) and to the floor, turns/s,
+peak model calls in flight (counted by the gateway), unfinished turns, the peak RSS of the steps'
+worker, Redis commands per turn, and the CPU milliseconds per turn of each part sharing the
+cores (steps worker, tools worker with its pool children, Redis, this process: gateway and
+enqueueing). Run: ``.venv/bin/python bench/concurrency.py [--turns 1000] [--rounds 4]``.
+Development knobs: ``BENCH_PROFILE=<prefix>`` (py-spy profiles of both steps workers),
+``BENCH_SYS=1`` (the steps worker's system time and context switches), ``BENCH_COMMANDS=1``.
 """
 
 from __future__ import annotations

@@ -131,3 +131,57 @@ def test_create_refuses_another_agents_id_and_reuses_ids_and_keys(store):
         "x",
     )
     assert [e["kind"] for _, e in store.events(tid)] == ["turn_queued"]
+
+
+def test_writes_too_long_to_unpack_are_refused_before_anything_runs(store):
+    tid = _new(store)
+    before = _snapshot(store, tid)
+
+    def w(pipe: Writes) -> None:
+        pipe.rpush(key(tid, "items"), "x")
+        pipe.xadd(key(tid, "events"), {f"f{i}": "v" for i in range(5_000)})  # one entry: cannot be split
+
+    with pytest.raises(ValueError, match="XADD with 10001 arguments is too long"):
+        store._guarded(tid, 0, "model", w)
+    assert _snapshot(store, tid) == before
+    with pytest.raises(ValueError, match="DEL of several keys"):
+        Writes().delete("a", "b")
+    # Lists of values are split: 9,000 set members all arrive, in one guarded transition.
+    store._guarded(tid, 0, "model", lambda pipe: pipe.sadd(key(tid, "scratch"), *range(9_000)))
+    assert store.r.scard(key(tid, "scratch")) == 9_000
+
+
+def test_fail_reports_false_when_another_transition_ended_the_turn_first(redis_url):
+    # fail() is a WATCH transaction: when complete() ends the turn between fail's read and its EXEC,
+    # redis-py runs fail's callback again, which must then report that fail did not end the turn.
+    other = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60)
+
+    class Racy(TurnStore):
+        fired = False
+
+        def _touch(self, pipe, turn_id, fields):
+            if not Racy.fired and fields.get("status") == TurnStatus.cancelled.value:
+                Racy.fired = True
+                other.complete(turn_id, 0, [], TurnStatus.completed, final_output="done")  # lands before EXEC
+            return super()._touch(pipe, turn_id, fields)
+
+    racy = Racy(redis.Redis.from_url(redis_url), progress_timeout=60)
+    tid = _new(racy, agent="guard-f")
+    assert racy.fail(tid, TurnStatus.cancelled, "cancelled") is False
+    assert racy.load(tid).status == TurnStatus.completed
+    assert not racy.r.exists(key(tid, "cancel"))  # the aborted attempt wrote nothing
+
+
+def test_turn_started_event_keeps_its_shape_for_any_agent_id(store):
+    for agent in ('q"uo\\te', "ü-日本", "a"):
+        tid = uuid.uuid4().hex
+        store.create(tid, {"agent_id": agent, "input": "x"}, [])
+        view = store.begin_step(tid, 0, "owner-1", 30, "agent:node:test:tasks")
+        assert view.claim.tried and view.claim.holder is None and view.claim.started
+        assert view.state.status == TurnStatus.running
+        started = [e for _, e in store.events(tid) if e["kind"] == "turn_started"]
+        assert len(started) == 1 and set(started[0]) == {"kind", "at", "agent_id"}
+        assert started[0]["agent_id"] == agent and isinstance(started[0]["at"], float)
+        # A second delivery sees the claim held by the first owner and starts nothing.
+        again = store.begin_step(tid, 0, "owner-2", 30, "agent:node:test:tasks")
+        assert again.claim.tried and again.claim.holder == "owner-1" and not again.claim.started

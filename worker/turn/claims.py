@@ -60,7 +60,8 @@ return {stored, 0}
 # killed during its first model call is known to hold the turn before its heartbeat thread
 # writes its held tasks.
 # KEYS: turn hash, items, reply memo, cancel, step claim, watch zset, events, node's held tasks;
-# ARGV: owner, lease s, deadline, step, now, events maxlen, turn id.
+# ARGV: owner, lease s, deadline, step, now, events maxlen, turn id, the turn_started event's JSON
+# up to its agent_id value (the script completes it with the turn's agent id).
 # Returns {hash (flat), items, memo or '', cancelled, claim, started, holder}: claim 0 = not tried
 # (nothing to claim), 1 = won, 2 = held by ``holder``.
 _BEGIN_STEP_LUA = (
@@ -85,7 +86,7 @@ if not won then return {h, items, '', 0, 2, 0, redis.call('GET', KEYS[5]) or ''}
 local started = 0
 if f['status'] == 'queued' then
   redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[5], 'redrives', 0)
-  local event = cjson.encode({kind = 'turn_started', at = tonumber(ARGV[5]), agent_id = f['agent_id']})
+  local event = ARGV[8] .. cjson.encode(f['agent_id'] or '') .. '}'
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[6], '*', 'e', event)
   h[at['status']] = 'running'
   started = 1
@@ -159,6 +160,7 @@ class Claims:
                 now,
                 EVENTS_MAXLEN,
                 turn_id,
+                self._event_json("turn_started", {})[:-1] + b',"agent_id":',
             ],
         )
         pairs = dict(zip(h[0::2], h[1::2], strict=True))

@@ -205,7 +205,8 @@ class TurnEngine(ToolCalls):
 
         ctx = self.context(state, request)
         tools = self.tools_for(ctx, request)
-        log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
+        if log.isEnabledFor(logging.INFO):  # the join is not free, and workers usually log at WARNING
+            log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
         history = view.items
         reply_data = _UNSAVED_REPLIES.get((turn_id, step)) or view.reply
         cancelled = False

@@ -48,7 +48,9 @@ SINGLE_KEY_WRITES = frozenset(
     }
 )
 
-_CHUNK = 1000
+_CHUNK = 1000  # arguments per recorded write (an even number: HSET takes field/value pairs)
+# Writes whose arguments after the key are values (or HSET's pairs) that may be split in chunks.
+_CHUNKED = frozenset({"RPUSH", "LPUSH", "SADD", "SREM", "HDEL", "ZREM", "HSET"})
 
 _TERMINAL = ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal)
 
@@ -101,14 +103,19 @@ class Writes(CoreCommands):
         if name not in SINGLE_KEY_WRITES:
             raise ValueError(f"{name} cannot be part of a guarded transition (single-key writes only)")
         key, values = args[1], args[2:]
+        if name == "DEL" and values:
+            raise ValueError("DEL of several keys cannot be part of a guarded transition (single-key writes only)")
         # The script unpacks each write's arguments, and Lua's unpack takes a few thousand at most:
-        # long RPUSH/LPUSH/HSET argument lists go as several writes of CHUNK values.
-        step = _CHUNK if name in ("RPUSH", "LPUSH") else 2 * (_CHUNK // 2) if name == "HSET" else 0
-        if step and len(values) > step:
-            for i in range(0, len(values), step):
-                self.recorded.append((name, key, *values[i : i + step]))
-        else:
+        # long lists of values or field/value pairs go as several writes of _CHUNK values; any
+        # other write that long is refused here, before anything runs (a script that failed
+        # half-way would leave half a transition: scripts do not roll back).
+        if len(values) <= _CHUNK:
             self.recorded.append((name, key, *values))
+        elif name in _CHUNKED:
+            for i in range(0, len(values), _CHUNK):
+                self.recorded.append((name, key, *values[i : i + _CHUNK]))
+        else:
+            raise ValueError(f"{name} with {len(values)} arguments is too long for a guarded transition")
         return self
 
 

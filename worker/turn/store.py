@@ -445,6 +445,7 @@ class TurnStore(Claims):
 
         def txn(pipe: Any) -> None:
             nonlocal ended
+            ended = False  # redis-py runs this again when EXEC aborts (the turn changed meanwhile)
             h = pipe.hgetall(key)
             if not h or TurnStatus(h[b"status"].decode()).terminal:
                 return
