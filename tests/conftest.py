@@ -106,7 +106,7 @@ def start_worker_process(
 
     if broker_url is not None:
         app = broker_app(broker_url)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90  # a loaded 2-core machine once took over 30 s to start a worker
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"worker exited early; see {log.name}")

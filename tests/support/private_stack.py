@@ -17,6 +17,9 @@ from devtools.embedded_redis import EmbeddedRedis
 from devtools.workers import beat_command, worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+# Seconds a worker or beat may take to start: a 2-core machine running other suites beside this one
+# took over 30 s once (a start imports Celery, kombu, pydantic and the runtime).
+START_TIMEOUT = 90
 
 
 class PrivateStack:
@@ -52,7 +55,8 @@ class PrivateStack:
     def start_worker(
         self, *extra: str, pool: str = "threads", concurrency: int = 8, queues: str = "turns,tools,background,workflow"
     ) -> subprocess.Popen:
-        """A worker on this Redis; returns once its heartbeat is in this Redis (RuntimeError after 30 s).
+        """A worker on this Redis; returns once its heartbeat is in this Redis (RuntimeError after
+        ``START_TIMEOUT`` s).
 
         (Not a ping: Celery's remote control publishes through the app's default broker.)"""
         name = f"private-{uuid.uuid4().hex[:6]}"
@@ -63,7 +67,7 @@ class PrivateStack:
         proc = self._spawn("worker", argv)
         from worker.turn.liveness import HOST
 
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"worker exited early; see {proc.log}")
@@ -71,12 +75,15 @@ class PrivateStack:
                 time.sleep(0.5)  # consumers start right after worker_init
                 return proc
             time.sleep(0.1)
-        raise RuntimeError(f"worker did not come up; see {proc.log}")
+        raise RuntimeError(
+            f"worker did not write its heartbeat within {START_TIMEOUT} s; see {proc.log} "
+            "(empty at the WARNING level if nothing went wrong: PRIVATE_STACK_LOGLEVEL=INFO shows its start)"
+        )
 
     def start_beat(self) -> subprocess.Popen:
         """celery beat (the Redis-restart-proof redbeat scheduler) on this Redis."""
         proc = self._spawn("beat", beat_command())
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + START_TIMEOUT
         while not self.control.store.r.exists("redbeat::lock"):  # taken once its scheduler runs
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"beat did not start; see {proc.log}")
