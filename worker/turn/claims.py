@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import redis
 
-from worker.turn.request import TurnStatus
+from worker.turn.guard import LUA_TERMINAL
 from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, AdvanceView, StepClaim, StepView, TurnState
 from worker.turn.state import key as _k
 
@@ -65,9 +65,7 @@ return {stored, 0}
 # Returns {hash (flat), items, memo or '', cancelled, claim, started, holder}: claim 0 = not tried
 # (nothing to claim), 1 = won, 2 = held by ``holder``.
 _BEGIN_STEP_LUA = (
-    "local terminal = {"
-    + ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal)
-    + "}\n"
+    LUA_TERMINAL
     + """
 local h = redis.call('HGETALL', KEYS[1])
 if #h == 0 then return {h, {}, '', 0, 0, 0, ''} end

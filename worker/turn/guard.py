@@ -52,7 +52,8 @@ _CHUNK = 1000  # arguments per recorded write (an even number: HSET takes field/
 # Writes whose arguments after the key are values (or HSET's pairs) that may be split in chunks.
 _CHUNKED = frozenset({"RPUSH", "LPUSH", "SADD", "SREM", "HDEL", "ZREM", "HSET"})
 
-_TERMINAL = ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal)
+# A Lua table of the terminal statuses (``TurnStatus.terminal``), for the scripts that fence on them.
+LUA_TERMINAL = "local terminal = {" + ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal) + "}\n"
 
 # KEYS[1] turn hash, KEYS[2] the ended turns awaiting hooks (``turns:finishing``), KEYS[3..] the
 # writes' keys in order. ARGV: step, phase ('' = any), allow terminal ('1'), only if status
@@ -61,9 +62,7 @@ _TERMINAL = ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal)
 # name, its arguments.
 # Returns {1, hooks} (hooks: 1 when the ended turn has end hooks), or {0, reason} when fenced out.
 _GUARD_LUA = (
-    "local terminal = {"
-    + _TERMINAL
-    + "}\n"
+    LUA_TERMINAL
     + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'step', 'phase', 'end_hooks')
 if not h[1] then return {0, 'turn does not exist'} end
