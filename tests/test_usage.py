@@ -123,8 +123,10 @@ def test_token_budget_is_validated():
 
 def test_a_redelivered_step_is_counted_once(redis_url):
     ledger = UsageLedger(redis.Redis.from_url(redis_url))
-    assert ledger.record("usage-once", 0, normalize_usage({"input_tokens": 7, "output_tokens": 3}), "m")
-    assert not ledger.record("usage-once", 0, normalize_usage({"input_tokens": 7, "output_tokens": 3}), "m")
+    assert ledger.record_and_total("usage-once", 0, normalize_usage({"input_tokens": 7, "output_tokens": 3}), "m")[0]
+    assert not ledger.record_and_total("usage-once", 0, normalize_usage({"input_tokens": 7, "output_tokens": 3}), "m")[
+        0
+    ]
     assert ledger.totals("usage-once")["total_tokens"] == 10
 
 

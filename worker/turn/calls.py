@@ -61,11 +61,11 @@ class ToolCalls:
             edited = approved is not None and approved.data != call.data
             call = approved or call
         if view.has_result:
-            done = self.store.batch_done(turn_id, step, batch_index, batch_ids)
+            closing = self.store.batch_done(turn_id, step, batch_index, batch_ids)
         elif rejected is not None:
             event = {"step": step, "call_id": call_id, "name": call.name, "activity": rejected["activity"]}
             event.update(is_error=True, ms=0.0, terminate=False, preview=rejected["output"][:300])
-            _, done = self.store.record_and_check(turn_id, step, call_id, rejected, batch_index, batch_ids, event)
+            _, closing = self.store.record_and_check(turn_id, step, call_id, rejected, batch_index, batch_ids, event)
         else:
             key = (turn_id, step, call_id)
             kept = _UNSAVED_RESULTS.get(key)
@@ -78,14 +78,14 @@ class ToolCalls:
                 if edited:
                     result = parking.note_edit(result, call)
                 _UNSAVED_RESULTS.put(key, (result, event))
-            _, done = until_redis_answers(
+            _, closing = until_redis_answers(
                 lambda: self.store.record_and_check(turn_id, step, call_id, result, batch_index, batch_ids, event),
                 what=f"saving the result of call {call_id} of turn {turn_id}",
                 timeout=self.settings.redis_outage_timeout,
             )
             _UNSAVED_RESULTS.drop(key)
-        if done is not None:
-            self._advance(turn_id, step, request, batches, batch_index, view=done)
+        if closing is not None:  # this call completed the batch: the barrier returned what closing it reads
+            self._advance(turn_id, step, request, batches, batch_index, view=closing)
             return StepOutcome("advanced", f"batch {batch_index} done")
         return StepOutcome("ran")
 

@@ -161,7 +161,7 @@ class Claims:
                 self._event_json("turn_started", {})[:-1] + b',"agent_id":',
             ],
         )
-        pairs = dict(zip(h[0::2], h[1::2], strict=True))
+        pairs = _pairs(h)
         return StepView(
             TurnState.from_hash(turn_id, pairs) if pairs else None,
             [orjson.loads(x) for x in items],

@@ -322,8 +322,8 @@ class TurnEngine(ToolCalls):
         """Whether this process may make the step's model call, from the claim ``begin_step`` took:
         False while a live process elsewhere is making it (a duplicate or re-driven delivery must
         not pay the model twice); a dead holder's claim is taken over."""
-        if not claim.tried:  # nothing was claimable when read (this process holds an unsaved reply)
-            return True
+        if not claim.tried:  # nothing was claimable when read: the step moved on (checked above)
+            return False
         if claim.started:
             metrics.TURNS_STARTED.labels(request.queue).inc()
         if claim.holder is None or claim.holder == owner():

@@ -26,7 +26,7 @@ import redis
 from redis.commands.core import CoreCommands
 
 from worker.turn.request import TurnStatus
-from worker.turn.state import StaleStep
+from worker.turn.state import StaleStep, key
 
 # Write commands a transition may record: each takes its one key as the first argument.
 SINGLE_KEY_WRITES = frozenset(
@@ -56,22 +56,21 @@ _CHUNKED = frozenset({"RPUSH", "LPUSH", "SADD", "SREM", "HDEL", "ZREM", "HSET"})
 LUA_TERMINAL = "local terminal = {" + ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal) + "}\n"
 
 # KEYS[1] turn hash, KEYS[2] the ended turns awaiting hooks (``turns:finishing``), KEYS[3..] the
-# writes' keys in order. ARGV: step, phase ('' = any), allow terminal ('1'), only if status
-# ('' = any; another status skips the writes without an error), hooks deadline ('' = the turn
-# does not end here), turn id, then per write: its argument count after the key, the command
-# name, its arguments.
+# writes' keys in order. ARGV: step, phase, only if status ('' = any; another status skips the
+# writes without an error), hooks deadline ('' = the turn does not end here), turn id, then per
+# write: its argument count after the key, the command name, its arguments.
 # Returns {1, hooks} (hooks: 1 when the ended turn has end hooks), or {0, reason} when fenced out.
 _GUARD_LUA = (
     LUA_TERMINAL
     + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'step', 'phase', 'end_hooks')
 if not h[1] then return {0, 'turn does not exist'} end
-if terminal[h[1]] and ARGV[3] ~= '1' then return {0, 'turn is ' .. h[1]} end
-if h[2] ~= ARGV[1] or (ARGV[2] ~= '' and h[3] ~= ARGV[2]) then
+if terminal[h[1]] then return {0, 'turn is ' .. h[1]} end
+if h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then
   return {0, 'turn is at step ' .. tostring(h[2]) .. '/' .. tostring(h[3]) .. ', not ' .. ARGV[1] .. '/' .. ARGV[2]}
 end
-if ARGV[4] ~= '' and h[1] ~= ARGV[4] then return {1, 0} end
-local i, k = 7, 3
+if ARGV[3] ~= '' and h[1] ~= ARGV[3] then return {1, 0} end
+local i, k = 6, 3
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
   local cmd = {ARGV[i + 1], KEYS[k]}
@@ -80,8 +79,8 @@ while i <= #ARGV do
   i, k = i + 2 + n, k + 1
 end
 local hooks = 0
-if ARGV[5] ~= '' and h[4] == '1' then
-  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[6])
+if ARGV[4] ~= '' and h[4] == '1' then
+  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
   hooks = 1
 end
 return {1, hooks}
@@ -98,10 +97,13 @@ class Writes(CoreCommands):
         self.recorded: list[tuple[Any, ...]] = []
 
     def execute_command(self, *args: Any, **options: Any) -> "Writes":
+        """Record ``args`` (``(COMMAND, key, *arguments)``, as redis-py's command methods build
+        them); returns ``self`` so calls chain as on a pipeline. Raises ``ValueError`` as the
+        class says, or for a write too long for the script (see below)."""
         name = str(args[0]).upper()
         if name not in SINGLE_KEY_WRITES:
             raise ValueError(f"{name} cannot be part of a guarded transition (single-key writes only)")
-        key, values = args[1], args[2:]
+        target, values = args[1], args[2:]
         if name == "DEL" and values:
             raise ValueError("DEL of several keys cannot be part of a guarded transition (single-key writes only)")
         # The script unpacks each write's arguments, and Lua's unpack takes a few thousand at most:
@@ -109,10 +111,10 @@ class Writes(CoreCommands):
         # other write that long is refused here, before anything runs (a script that failed
         # half-way would leave half a transition: scripts do not roll back).
         if len(values) <= _CHUNK:
-            self.recorded.append((name, key, *values))
+            self.recorded.append((name, target, *values))
         elif name in _CHUNKED:
             for i in range(0, len(values), _CHUNK):
-                self.recorded.append((name, key, *values[i : i + _CHUNK]))
+                self.recorded.append((name, target, *values[i : i + _CHUNK]))
         else:
             raise ValueError(f"{name} with {len(values)} arguments is too long for a guarded transition")
         return self
@@ -127,35 +129,26 @@ class GuardScript:
 
     def run(
         self,
-        turn_key: str,
         turn_id: str,
         step: int,
-        phase: str | None,
+        phase: str,
         writes: Writes,
         *,
-        allow_terminal: bool = False,
         only_if_status: str | None = None,
         hooks_deadline: float | None = None,
     ) -> bool:
-        """Apply ``writes`` if the turn is at ``step``/``phase`` (None: any phase) and, unless
-        ``allow_terminal``, not ended; with ``only_if_status``, a turn in another status is left
-        as it is (no error). ``hooks_deadline`` (epoch seconds): the turn ends here, and a turn with
-        end hooks is added to the finishing set with that deadline.
+        """Apply ``writes`` if the turn is at ``step``/``phase`` and not ended; with
+        ``only_if_status``, a turn in another status is left as it is (no error).
+        ``hooks_deadline`` (epoch seconds): the turn ends here, and a turn with end hooks is added
+        to the finishing set with that deadline.
 
         Returns True when the ended turn has end hooks to run. Raises ``StaleStep`` (nothing
         written) when fenced out.
         """
-        keys = [turn_key, self._finishing_key]
-        args: list[Any] = [
-            step,
-            phase or "",
-            "1" if allow_terminal else "0",
-            only_if_status or "",
-            "" if hooks_deadline is None else hooks_deadline,
-            turn_id,
-        ]
-        for name, key, *rest in writes.recorded:
-            keys.append(key)
+        keys = [key(turn_id), self._finishing_key]
+        args: list[Any] = [step, phase, only_if_status or "", "" if hooks_deadline is None else hooks_deadline, turn_id]
+        for name, write_key, *rest in writes.recorded:
+            keys.append(write_key)
             args.append(len(rest))
             args.append(name)
             args.extend(rest)

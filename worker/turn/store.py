@@ -234,10 +234,9 @@ class TurnStore(Claims):
         self,
         turn_id: str,
         step: int,
-        phase: str | None,
+        phase: str,
         write: Callable[[Writes], None],
         *,
-        allow_terminal: bool = False,
         only_if_status: TurnStatus | None = None,
         ends: bool = False,
     ) -> bool:
@@ -249,12 +248,10 @@ class TurnStore(Claims):
         writes = Writes()
         write(writes)
         return self._guard.run(
-            _k(turn_id),
             turn_id,
             step,
             phase,
             writes,
-            allow_terminal=allow_terminal,
             only_if_status=only_if_status.value if only_if_status is not None else None,
             hooks_deadline=time.time() + HOOK_TIMEOUT if ends else None,
         )

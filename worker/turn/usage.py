@@ -72,15 +72,12 @@ class UsageLedger:
     def __init__(self, client: redis.Redis):
         self.r = client
 
-    def record(self, turn_id: str, step: int, usage: dict[str, int], model: str = "") -> bool:
-        """Record the usage of model step ``step`` once. Returns True if this call stored it
-        (False: a redelivery, already counted)."""
-        return self.record_and_total(turn_id, step, usage, model)[0]
-
     def record_and_total(
         self, turn_id: str, step: int, usage: dict[str, int], model: str = ""
     ) -> tuple[bool, dict[str, int]]:
-        """``record``, and the turn's totals after it (as ``totals``), in one round trip."""
+        """Record the usage of model step ``step`` once, and read the turn's totals after it (as
+        ``totals``), in one round trip. Returns ``(stored, totals)``: ``stored`` is False for a
+        redelivery, already counted."""
         p = self.r.pipeline(transaction=False)
         self.queue_record(p, turn_id, step, usage, model)
         return self.recorded(p.execute())
