@@ -112,3 +112,22 @@ def _check_configuration(**_: object) -> None:
     from worker.tools.computer.launch import startup_check
 
     startup_check(get_settings())  # logs the sandbox's state; AGENT_COMMAND_SANDBOX=off is a WARNING
+
+
+def init_broker_pools(celery_app: Celery) -> None:
+    """Create ``celery_app``'s broker connection pool and producer pool now, in the calling thread.
+
+    Celery creates them on the first publish, and threads publishing at once race there: the
+    producer pool is made with kombu's default limit (10) and resized to ``broker_pool_limit``
+    while another thread already holds a producer, and the publish fails with ``RuntimeError:
+    Can't shrink pool when in use: was=2048 now=10`` (kombu#781; celery#5285, still open). The
+    first tasks of a threads pool all publish at once: one turn of 1,000 failed so in a benchmark.
+    """
+    celery_app.pool  # noqa: B018 (the properties create the pools)
+    celery_app.amqp.producer_pool  # noqa: B018
+
+
+@worker_init.connect
+def _init_broker_pools(**_: object) -> None:
+    # Before the pool runs a task (prefork children recreate theirs after the fork, one thread each).
+    init_broker_pools(app)
