@@ -43,11 +43,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Layers and cycles (import-linter contracts in pyproject.toml), then ruff's lint and format check.
+# Layers and cycles (import-linter contracts in pyproject.toml), ruff's lint (complexity included)
+# and format check, then mypy --strict ([tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) bench/arguments.py

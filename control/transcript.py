@@ -137,7 +137,7 @@ def print_transcript(
             console.print(f"  [yellow]repair instruction[/]: the model must call {e.get('tool')}")
         elif kind == "model_retry":
             console.print(f"  [yellow]model call retry in {e.get('in_s')}s[/]: {escape(str(e.get('error')))}")
-            streamed.pop(e.get("step"), None)
+            streamed.pop(e.get("step", -1), None)
         elif kind == "turn_finished":
             final = e
             status = e.get("status")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import redis
 from redbeat import RedBeatScheduler
@@ -20,24 +21,26 @@ log = logging.getLogger("agent.beat")
 RETRY_SECONDS = 1.0
 
 
-class ResilientRedBeatScheduler(RedBeatScheduler):
+class ResilientRedBeatScheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat is untyped (Any)
     """``RedBeatScheduler`` whose ``tick`` survives a Redis restart (see the module docstring)."""
 
-    def setup_schedule(self):
+    def setup_schedule(self) -> None:
         """redbeat reads its entries from Redis at start: wait for Redis instead of exiting."""
         delay = RETRY_SECONDS
         while True:
             try:
-                return super().setup_schedule()
+                super().setup_schedule()
+                return
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("beat: Redis did not answer at start (%s); retrying in %.0fs", exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def tick(self, *args, **kwargs):
+    def tick(self, *args: Any, **kwargs: Any) -> float:
         """One scheduler pass; returns seconds until the next. Never raises for a Redis outage."""
         try:
-            return super().tick(*args, **kwargs)
+            wait: float = super().tick(*args, **kwargs)
+            return wait
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.warning("beat: Redis did not answer (%s); retrying in %.0fs", exc, RETRY_SECONDS)
             return RETRY_SECONDS

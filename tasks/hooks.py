@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from worker.turn.engine import TurnEngine
-from worker.turn.store import TurnState
+from worker.turn.state import TurnState
 
 
 def on_turn_finished(engine: TurnEngine, state: TurnState) -> dict[str, Any]:

@@ -28,8 +28,9 @@ import fcntl
 import json
 import logging
 import os
+from contextvars import Token
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from celery.signals import (
     before_task_publish,
@@ -42,6 +43,7 @@ from celery.signals import (
 )
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from worker.settings import Settings, get_settings
@@ -51,10 +53,10 @@ log = logging.getLogger("agent.telemetry")
 
 _TRACER = trace.get_tracer("agent.tasks")
 _state: dict[str, Any] = {"provider": None}
-_spans: dict[str, tuple[trace.Span, object]] = {}
+_spans: dict[str, tuple[trace.Span, Token[Context]]] = {}
 
 
-def tracing_exporters(env: dict[str, str] | os._Environ, settings: Settings) -> list[str]:
+def tracing_exporters(env: Mapping[str, str], settings: Settings) -> list[str]:
     """The exporters the environment asks for (``otlp``, ``console``, ``file``); empty: tracing off.
 
     Raises ``ValueError`` naming ``OTEL_TRACES_EXPORTER`` for an exporter this worker does not ship.
@@ -123,7 +125,7 @@ def _id_generator() -> Any:
     return TurnIdGenerator()
 
 
-def configure_tracing(env: dict[str, str] | os._Environ | None = None, settings: Settings | None = None) -> bool:
+def configure_tracing(env: Mapping[str, str] | None = None, settings: Settings | None = None) -> bool:
     """Install the SDK's tracer provider when the environment asks for tracing; True if it did.
 
     Raises ``ValueError`` for an unsupported ``OTEL_TRACES_EXPORTER``.
@@ -147,6 +149,7 @@ def configure_tracing(env: dict[str, str] | os._Environ | None = None, settings:
         elif name == "console":
             exporter = ConsoleSpanExporter()
         else:
+            assert settings.otel_file is not None  # tracing_exporters lists "file" only with a path
             exporter = JsonLinesSpanExporter(settings.otel_file)
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)

@@ -25,7 +25,7 @@ from worker.turn.parking import expire
 
 
 @app.task(name="tasks.watchdog.sweep", acks_late=True, throws=(TurnFailed,))
-def sweep() -> dict:
+def sweep() -> dict[str, str]:
     """Re-drive every overdue turn once; returns ``{turn_id: action}``. Raises ``TurnFailed``
     (after everything is done) when it failed turns that made no progress."""
     engine = get_engine()

@@ -151,4 +151,5 @@ def live_status(rec: dict[str, Any], turn_status: str | None) -> str:
     """A record's status for readers: ``running`` while its turn runs, else the stored one."""
     if rec["status"] == "queued" and turn_status in ("running", "awaiting_approval"):
         return "running"
-    return rec["status"]
+    status: str = rec["status"]
+    return status

@@ -163,7 +163,10 @@ class WorkflowTask:
     @classmethod
     def from_hash(cls, h: dict[bytes, bytes]) -> "WorkflowTask":
         """Inverse of ``to_hash``."""
-        s = lambda k, d="": h[k.encode()].decode() if k.encode() in h else d  # noqa: E731
+
+        def s(k: str, d: str = "") -> str:
+            return h[k.encode()].decode() if k.encode() in h else d
+
         return cls(
             task_id=s("task_id"),
             agent_id=s("agent_id"),

@@ -238,7 +238,7 @@ def _mismatched_closer(text: str, exc: Mismatch) -> tuple[Any, list[str]]:
     one never reaches the ladder.)
     """
     pos, closer = exc.pos, exc.closer
-    readings = []
+    readings: list[str | None] = []
     inner = exc.stack.index(_OPENER[closer], 0) if _OPENER[closer] in exc.stack else -1
     if inner >= 0:
         last = max(i for i, c in enumerate(exc.stack) if c == _OPENER[closer])

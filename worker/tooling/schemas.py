@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from urllib.parse import unquote, urljoin
 
 import jsonschema
@@ -41,13 +41,13 @@ _CACHE_LIMIT = 4096
 # Per tool object (WorkerTool is frozen and hashed by identity): the definition and the
 # validation info, so a turn that re-assembles the same tools does dict lookups only.
 # A raw ``json_schema`` must not be mutated after ``define_worker_tool``.
-_DEF_BY_TOOL: "weakref.WeakKeyDictionary[WorkerTool, dict[str, Any]]" = weakref.WeakKeyDictionary()
-_INFO_BY_TOOL: "weakref.WeakKeyDictionary[WorkerTool, ValidationInfo]" = weakref.WeakKeyDictionary()
+_DEF_BY_TOOL: "weakref.WeakKeyDictionary[WorkerTool[Any], dict[str, Any]]" = weakref.WeakKeyDictionary()
+_INFO_BY_TOOL: "weakref.WeakKeyDictionary[WorkerTool[Any], ValidationInfo]" = weakref.WeakKeyDictionary()
 
 EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
-def _schema_key(tool: WorkerTool) -> Any:
+def _schema_key(tool: WorkerTool[Any]) -> Any:
     if tool.input_model is not None:
         return ("model", tool.input_model)
     if tool.json_schema is not None:
@@ -56,7 +56,7 @@ def _schema_key(tool: WorkerTool) -> Any:
     return ("empty",)
 
 
-def source_schema(tool: WorkerTool) -> dict[str, Any]:
+def source_schema(tool: WorkerTool[Any]) -> dict[str, Any]:
     """The tool's own parameters schema (before any strict projection).
 
     Returns a dict; raises ``ToolDefinitionError`` if the root is not an
@@ -112,7 +112,7 @@ _SCHEMA_ONE = (
 )
 
 
-def _schema_nodes(root: Any):
+def _schema_nodes(root: Any) -> Iterator[tuple[dict[str, Any], tuple[Any, ...]]]:
     """Every sub-schema of ``root`` with its path (iterative; only schema positions, so a
     ``$ref`` key inside ``enum``/``const``/``default``/``examples`` data is not taken for one)."""
     stack: list[tuple[Any, tuple[Any, ...]]] = [(root, ())]
@@ -203,7 +203,7 @@ def _check_refs(schema: dict[str, Any], tool_name: str) -> None:
                 raise ToolDefinitionError(f"{where} has a {key} {ref!r} that points to a non-schema")
 
 
-def parameters_schema(tool: WorkerTool) -> dict[str, Any]:
+def parameters_schema(tool: WorkerTool[Any]) -> dict[str, Any]:
     """The ``parameters`` sent to the provider: the strict copy (``worker.tooling.strict``), or the
     wire copy (``worker.tooling.wire``: the source schema itself unless a provider rule changes it)."""
     schema = source_schema(tool)
@@ -218,7 +218,7 @@ def parameters_schema(tool: WorkerTool) -> dict[str, Any]:
     return cached
 
 
-def function_definition(tool: WorkerTool) -> dict[str, Any]:
+def function_definition(tool: WorkerTool[Any]) -> dict[str, Any]:
     """The Responses API function tool for ``tool``.
 
     Shape: ``{"type": "function", "name", "description", "parameters",
@@ -249,7 +249,7 @@ def function_definition(tool: WorkerTool) -> dict[str, Any]:
     return definition
 
 
-def collect_tool_definitions(tools: Iterable[WorkerTool], *, loaded: Iterable[str] = ()) -> list[dict[str, Any]]:
+def collect_tool_definitions(tools: Iterable[WorkerTool[Any]], *, loaded: Iterable[str] = ()) -> list[dict[str, Any]]:
     """The ``tools`` array of a Responses request, in assembly order.
 
     - Tools without a namespace become function tools.
@@ -337,7 +337,7 @@ def _resolver(root: dict[str, Any]) -> Callable[[Any], Any]:
     return resolve
 
 
-def validation_info(tool: WorkerTool) -> ValidationInfo:
+def validation_info(tool: WorkerTool[Any]) -> ValidationInfo:
     """Cached ``ValidationInfo`` for ``tool`` (see the class docstring)."""
     info = _INFO_BY_TOOL.get(tool)
     if info is not None:
@@ -349,7 +349,7 @@ def validation_info(tool: WorkerTool) -> ValidationInfo:
         # no schema: any object validates, as before (the definition sends EMPTY_OBJECT_SCHEMA)
         schema = tool.json_schema if tool.json_schema is not None else {"type": "object"}
         validator = compile_validator(schema)
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    props: dict[str, Any] = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
     info = ValidationInfo(
         schema=schema,
         properties=props,

@@ -56,7 +56,7 @@ table in ``worker.tooling.wire``. This converter applies P1-P3 as it goes
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, NoReturn
 
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.wire import ROOT_COMBINATORS, check_root, field_name, has_lookaround, merge_all_of, with_note
@@ -141,7 +141,7 @@ class _Converter:
         self.tool_name = tool_name
         self.nodes = 0
 
-    def fail(self, path: tuple[Any, ...], problem: str, rule: str) -> None:
+    def fail(self, path: tuple[Any, ...], problem: str, rule: str) -> NoReturn:
         raise ToolDefinitionError(
             f"tool {self.tool_name!r} cannot be strict: field {field_name(path)!r} "
             f"(schema path {_pointer(path)}) {problem}; {rule}. "
@@ -213,15 +213,15 @@ class _Converter:
             return self.walk({**inner, **rest}, path, refs)
         # P3 (worker.tooling.wire): a multi-entry allOf is merged when its entries merge cleanly.
         if isinstance(all_of, list) and len(all_of) > 1:
-            merged, why = merge_all_of(node, all_of, lambda e: self._deref(e, path))
-            if merged is None:
+            all_merged, why = merge_all_of(node, all_of, lambda e: self._deref(e, path))
+            if all_merged is None:
                 self.fail(
                     path,
                     f"has an allOf that cannot be merged into one schema ({why})",
                     "P3: providers refuse allOf in strict mode ('allOf' is not permitted), and strict mode "
                     "closes each entry, so no value could satisfy them all",
                 )
-            return self.walk(merged, path, refs)
+            return self.walk(all_merged, path, refs)
 
         out = dict(node)
         # D4: oneOf -> anyOf.
@@ -403,7 +403,8 @@ def to_strict_schema(schema: dict[str, Any], *, tool_name: str) -> dict[str, Any
             f"tool {tool_name!r} cannot be strict: the root schema has type {t!r}; "
             "OpenAI strict mode requires the root to be a non-nullable object"
         )
-    return conv.walk(root, ())
+    converted: dict[str, Any] = conv.walk(root, ())
+    return converted
 
 
 def strict_violations(schema: Any) -> list[str]:

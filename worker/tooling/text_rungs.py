@@ -74,7 +74,7 @@ def fix_escapes(tok: str, at: int, names: set[str]) -> str:
     ``\\d``: a Windows path or a regex class, where dropping it changes the value).
     """
 
-    def one(m: re.Match) -> str:
+    def one(m: re.Match[str]) -> str:
         if m.group(1) is not None:
             return m.group()
         where = at + m.start()
@@ -109,7 +109,7 @@ def normalize(text: str, start: int, repairs: list[str]) -> tuple[str, int, bool
     out: list[str] = []
     stack: list[str] = []
     opened: list[int] = []  # where each open bracket of ``stack`` stands in ``text``
-    sig: list[str] = ["", ""]  # kinds of the last two significant tokens
+    sig: list[str | None] = ["", ""]  # kinds of the last two significant tokens
     names: set[str] = set()
     pos = start
     n = len(text)

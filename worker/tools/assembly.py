@@ -7,6 +7,8 @@ per turn"). A category whose prerequisites are absent contributes nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 from worker.tooling.contract import WorkerTool
 from worker.tools.background_jobs import create_background_job_tools
 from worker.tools.brain import create_brain_tools
@@ -19,13 +21,13 @@ from worker.tools.workflow import create_workflow_tools
 from worker.turn.context import TurnContext
 
 
-def text_turn_tools(ctx: TurnContext) -> list[WorkerTool]:
+def text_turn_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """The main text-turn tool set, in the spec's order: todo, computer, web, schedule,
     background job and workflow tools. Each creator returns ``[]`` when its
     prerequisites are absent (no web profile bound, the turn may not spawn jobs,
     a workflow task turn never gets workflow tools).
     """
-    tools: list[WorkerTool] = [
+    tools: list[WorkerTool[Any]] = [
         create_todo_tool(ctx),
         *create_computer_tools(ctx),
         *create_web_tools(ctx),
@@ -36,7 +38,7 @@ def text_turn_tools(ctx: TurnContext) -> list[WorkerTool]:
     return tools
 
 
-def workflow_task_tools(ctx: TurnContext) -> list[WorkerTool]:
+def workflow_task_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """The fixed workflow task catalog: web tools, Brain ``recall``/``get_page``, ``submit_result``.
 
     Spec, "Workflow task tools": available web tools (present only when a
@@ -47,5 +49,5 @@ def workflow_task_tools(ctx: TurnContext) -> list[WorkerTool]:
 
     Raises ``ValueError`` when the turn has no ``metadata.result_schema``.
     """
-    tools: list[WorkerTool] = [*create_web_tools(ctx), *create_brain_tools(ctx), create_submit_result_tool(ctx)]
+    tools: list[WorkerTool[Any]] = [*create_web_tools(ctx), *create_brain_tools(ctx), create_submit_result_tool(ctx)]
     return tools

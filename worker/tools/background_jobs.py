@@ -71,7 +71,7 @@ def _error(text: str, kind: str) -> ToolResult:
     return ToolResult(content=f"Error: {text}", is_error=True, details={"error": kind})
 
 
-def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
+def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """The background job category (empty unless the turn may spawn jobs)."""
     if not ctx.supports.spawn_jobs or ctx.workflow_task or ctx.redis is None or "enqueue_turn" not in ctx.services:
         return []

@@ -98,7 +98,7 @@ def _get_page(params: GetPageParams, ctx: ToolContext) -> ToolResult:
     )
 
 
-def create_brain_tools(ctx: TurnContext) -> list[WorkerTool]:
+def create_brain_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """``[recall, get_page]`` when ``ctx.supports.brain``; otherwise ``[]``."""
     if not ctx.supports.brain:
         return []

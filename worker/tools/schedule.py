@@ -125,7 +125,7 @@ def _public(rec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool]:
+def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """The schedule category for a turn (empty when its prerequisites are absent)."""
     if ctx.workflow_task or ctx.redis is None:
         return []
@@ -238,6 +238,8 @@ def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool]:
                 f"no schedule {p.schedule_id!r} for this agent; call schedule_list to see the ids.", "not_found"
             )
         tctx.services["delete_schedule_entry"](p.schedule_id)  # idempotent; also cleans up after a done one-off
+        if rec is None:  # deleted between the cancel's reads
+            return _error(f"no schedule {p.schedule_id!r} for this agent any more.", "not_found")
         if outcome != "cancelled":
             return ToolResult(
                 content=f"Schedule {p.schedule_id} ('{rec['title']}') was already {rec['status']}; nothing to cancel.",

@@ -30,7 +30,8 @@ from typing import Any
 
 from worker.records.result_schema import FINISH_TOOL, submit_result_schema
 from worker.records.workflow import WorkflowService
-from worker.tooling.contract import ToolContext, ToolDefinitionError, ToolResult, WorkerTool, define_worker_tool
+from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
+from worker.tooling.errors import ToolDefinitionError
 from worker.turn.context import TurnContext
 
 log = logging.getLogger("agent.workflow")
@@ -57,7 +58,7 @@ def _execute(task_id: str | None) -> Any:
     return execute
 
 
-def create_submit_result_tool(ctx: TurnContext) -> WorkerTool:
+def create_submit_result_tool(ctx: TurnContext) -> WorkerTool[Any]:
     """The task's ``submit_result`` tool.
 
     Raises ``ValueError`` when the turn has no ``metadata.result_schema``

@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from pathlib import Path
 
 from pydantic import BaseModel, Field
 
@@ -70,7 +71,7 @@ class _CappedSink:
         return head_text + marker + tail_text, cut
 
 
-def _kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE) -> None:
+def _kill_group(proc: "subprocess.Popen[bytes]", grace: float = KILL_GRACE) -> None:
     """SIGTERM the process group, then SIGKILL it after ``grace`` seconds."""
     try:
         pgid = os.getpgid(proc.pid)
@@ -92,7 +93,7 @@ def _kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE) -> None:
         pass
 
 
-def _stop_runner(proc: subprocess.Popen) -> None:
+def _stop_runner(proc: "subprocess.Popen[bytes]") -> None:
     """Timeout/abort: SIGTERM the runner (which stops the whole tree), then SIGKILL the group if needed."""
     try:
         os.kill(proc.pid, signal.SIGTERM)
@@ -167,13 +168,13 @@ def _run_command(
 
 
 def _supervise(
-    proc: subprocess.Popen,
+    proc: "subprocess.Popen[bytes]",
     params: RunCommandParams,
     ctx: ToolContext,
     sink: _CappedSink,
     started: float,
     timeout: float,
-    cwd,
+    cwd: Path,
 ) -> ToolResult:
     """Pump output, enforce the timeout and abort, and build the result."""
 

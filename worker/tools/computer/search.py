@@ -134,7 +134,7 @@ def _search_files(params: SearchFilesParams, ctx: ToolContext) -> ToolResult:
 
 
 def _run_search(
-    params: SearchFilesParams, ctx: ToolContext, hd: HomeDir, root: Opened | str, shown: str, rx: regex.Pattern
+    params: SearchFilesParams, ctx: ToolContext, hd: HomeDir, root: Opened | str, shown: str, rx: regex.Pattern[str]
 ) -> ToolResult:
     results: list[str] = []
     files_with_matches = 0

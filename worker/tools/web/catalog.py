@@ -23,6 +23,8 @@ provider availability — if the profiles are unbound, the tools are absent"):
 
 from __future__ import annotations
 
+from typing import Any
+
 from worker.tooling.contract import WorkerTool, define_worker_tool
 from worker.tools.web.common import size_label
 from worker.tools.web.fetch import WebFetchParams, _describe_fetch, _describe_fetch_done, _fetch
@@ -32,11 +34,11 @@ from worker.turn.context import TurnContext
 # --------------------------------------------------------------------------- creator
 
 
-def create_web_tools(ctx: TurnContext) -> list[WorkerTool]:
+def create_web_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """The web tools the worker's bound provider profiles allow: ``[]``, ``[web_search]``,
     ``[web_fetch]`` or both (in that order). Both are read-only and parallel."""
     settings = ctx.settings
-    tools: list[WorkerTool] = []
+    tools: list[WorkerTool[Any]] = []
     if settings.web_search_url:
         tools.append(
             define_worker_tool(
