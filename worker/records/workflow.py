@@ -69,7 +69,6 @@ QUEUE = "workflow"
 MAX_ATTEMPTS = 5
 MAX_TITLE_CHARS = 200
 MAX_INSTRUCTIONS_CHARS = 20_000
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 TASK_INSTRUCTIONS = (

@@ -110,18 +110,15 @@ class RepairOutcome:
     error: str | None = None
 
 
-def repair_arguments(
-    raw: str, *, tool: Any = None, response_status: str = "completed", declared_properties: Any = None
-) -> RepairOutcome:
+def repair_arguments(raw: str, *, response_status: str = "completed") -> RepairOutcome:
     """Climb the text ladder for an ``arguments`` string that did not parse as a JSON object.
 
     Returns ``RepairOutcome(ok=True, value=<dict>, repairs=[...])`` or
     ``RepairOutcome(ok=False, error=<text for the model>)``. Never raises.
     ``response_status == "incomplete"`` refuses every repair (OpenAI
     Responses ``status: incomplete`` = stopped at ``max_output_tokens``).
-    ``tool`` and ``declared_properties`` are accepted for compatibility and
-    unused: envelopes and markup keys are object checks, made by
-    ``worker.tooling.arguments`` for every call (``worker.tooling.object_rungs``).
+    Envelopes and markup keys are object checks, made by ``worker.tooling.arguments``
+    for every call (``worker.tooling.object_rungs``).
     """
     if response_status == "incomplete":
         return RepairOutcome(ok=False, error=CUT_OFF_ERROR)
