@@ -1,6 +1,7 @@
 """The worker processes of a node, and a supervisor that keeps them running.
 
-Two pools, because the queues wait on different things (DESIGN-NOTES section 11):
+Two pools, because the queues wait on different things (a model call waits on the network,
+a tool call uses a core and needs a process of its own to be killed on a time limit):
 
 - ``turns``, ``background``, ``workflow``: steps that wait on the model for seconds. They run
   on an I/O pool (``--pool threads``, 256 threads by default) so one

@@ -1,4 +1,4 @@
-"""Per-turn assembly differs by the turn's context exactly as the spec says."""
+"""Per-turn assembly differs by the turn's context as worker.tools.assembly documents it."""
 
 from __future__ import annotations
 

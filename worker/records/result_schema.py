@@ -3,8 +3,8 @@
 ``check_result_schema`` refuses what could never validate (remote or dynamic refs,
 non-object roots); ``submit_result_schema`` wraps the task's schema for the strict
 ``submit_result`` tool, keeping the meaning of refs to the task schema's root;
-``result_errors`` validates a submitted value against the persisted schema (spec:
-"the control plane validates the submitted value against the persisted schema again").
+``result_errors`` validates a submitted value against the persisted schema (run again
+at commit time, ``worker.records.workflow``, whatever the tool already checked).
 """
 
 from __future__ import annotations

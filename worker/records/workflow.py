@@ -7,9 +7,9 @@ A workflow task is an isolated unit of work (a title, instructions and a
 result JSON Schema). Each attempt runs as its own turn with a fresh
 conversation: ``toolset="workflow_task"``, ``queue="workflow"``,
 ``finish_tool="submit_result"`` and ``metadata={"workflow_task_id",
-"attempt", "result_schema"}`` (spec, "Workflow task tools"; DESIGN-NOTES
-section 7). Attempts never share conversation state: each one gets a new turn
-whose only input is the task's instructions.
+"attempt", "result_schema"}``. Attempts never share conversation state: each
+one gets a new turn whose only input is the task's instructions, so a retry
+cannot inherit a failed attempt's confusion.
 
 Plain Python (no Celery): ``WorkflowService`` is used by the main-turn tools
 (``worker.tools.workflow``), the ``submit_result`` tool, the turn-end hook
@@ -40,9 +40,9 @@ Status rules:
 - ``queued`` after start or retry; ``running`` once the attempt's turn has
   started (seen by ``show``/``list``, which look at the turn);
 - ``succeeded`` only when the turn ended through an accepted ``submit_result``
-  *and* the submitted value validates against the persisted schema (spec:
-  "the control plane validates the submitted value against the persisted
-  schema again before it commits the result");
+  *and* the submitted value validates against the persisted schema, checked
+  again here before the commit (the tool's own check ran in the worker, which
+  is not trusted to decide the task's outcome);
 - ``failed`` for every other ending, with the reason (turn status and error);
 - ``cancelled`` by ``cancel``; a cancelled task never commits a result;
 - ``retry`` (from ``failed`` or ``cancelled``) starts attempt ``n + 1`` as a
@@ -548,7 +548,7 @@ class WorkflowService:
 
 def start_task_id(turn_id: str, call_id: str) -> str:
     """Deterministic task id for a ``workflow_start`` call: a re-run of the same call starts nothing new
-    (``call_id`` scoped by turn is the call's idempotency key, DESIGN-NOTES section 3)."""
+    (``call_id`` scoped by turn is the call's idempotency key: a redelivered step replays it)."""
     return "wf_" + hashlib.sha1(f"{turn_id}:{call_id}".encode()).hexdigest()[:20]
 
 

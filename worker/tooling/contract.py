@@ -161,7 +161,7 @@ def _default_describe(name: str) -> Callable[[Any], str]:
 class WorkerTool(Generic[P]):
     """A tool the runtime can offer and run. Build it with ``define_worker_tool``.
 
-    Fields mirror the spec's contract table. ``input_model`` and
+    The fields are the contract every tool fills in. ``input_model`` and
     ``json_schema`` are mutually exclusive; with neither the tool takes no
     arguments (an empty object schema).
     """

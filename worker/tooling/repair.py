@@ -1,7 +1,7 @@
 """The repair ladder for malformed function-call ``arguments`` strings.
 
 ``worker.tooling.arguments`` parses strictly first; this module only runs when that
-fails. Policy (``tests/fixtures/cases/README.md``, DESIGN-NOTES section 6):
+fails. Policy (docs/arguments.md, ``tests/fixtures/cases/README.md``):
 
 - never invent a value: a key without a value, a string or number cut at the
   end of the text, or a repair library's guess is refused;

@@ -1,7 +1,7 @@
 """Background agent job tools: ``job_start``, ``job_status``, ``job_list``, ``job_cancel``.
 
-Present only when the turn supports spawning jobs (``ctx.supports.spawn_jobs``;
-spec, "How the tool set is assembled per turn"), has a Redis client and the
+Present only when the turn supports spawning jobs (``ctx.supports.spawn_jobs``,
+``worker.tools.assembly``), has a Redis client and the
 ``enqueue_turn(request_dict, turn_id) -> turn_id`` service, and is not a
 workflow task turn.
 

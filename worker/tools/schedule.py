@@ -9,8 +9,8 @@ queue layer provides, so this module never imports Celery:
 - ``services["delete_schedule_entry"](schedule_id) -> None``
 
 The category is absent when the turn has no Redis client or lacks either
-service, or in a workflow task turn (spec, "Workflow task tools": no schedule
-tools there).
+service, or in a workflow task turn (a task's catalog is fixed and has no
+schedule tools, ``worker.tools.assembly``).
 
 The scheduled turn's request (stored in the record): same ``agent_id``;
 ``input`` from the call; ``instructions`` = the creating turn's instructions,

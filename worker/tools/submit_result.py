@@ -7,9 +7,8 @@ Its parameters are a RAW JSON Schema wrapping the task's result schema
 ``additionalProperties: false``; a task schema that refers to its own root,
 such as a recursive ``{"$ref": "#"}``, is moved to the wrapper's
 ``$defs.result`` with its refs rewritten, so the wrapper accepts exactly what
-the task schema accepts), sent with ``strict: true`` (spec, "Schema
-collection": "Workflow creates submit_result with a raw schema that wraps the
-task's result schema, and sends it in strict mode"). When the task schema
+the task schema accepts), sent with ``strict: true`` so that the provider
+constrains the model's result to the schema. When the task schema
 cannot be expressed in strict mode (an open map, an untyped value...), the
 tool falls back to ``strict: false``; the reason is recorded on the task at
 start (``strict_note``) and logged here.

@@ -1,8 +1,7 @@
 """Web tools: ``web_search`` (SearXNG-compatible JSON) and ``web_fetch`` (guarded page fetch).
 
-``create_web_tools(ctx)`` offers each tool only when its provider profile is
-bound (spec, "Web tools are created from the worker's web_search/web_fetch
-provider availability — if the profiles are unbound, the tools are absent"):
+``create_web_tools(ctx)`` offers each tool only when the worker has its provider
+profile bound; with no profile the tool is absent rather than offered and failing:
 
 - ``web_search`` when ``settings.web_search_url`` is set: ``GET
   {url}?q=<query>&format=json``; the optional ``settings.web_search_key`` is
