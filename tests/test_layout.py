@@ -37,12 +37,14 @@ def _lint(tree: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_contracts_kept_on_the_tree(tmp_path):
     result = _lint(_copy(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("module", "line", "contract"),
     [
