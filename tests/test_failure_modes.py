@@ -10,8 +10,9 @@ import orjson
 import pytest
 
 from tests.support.scripts import fc, msg
-from worker.model.client import GatewayError, parse_response
+from worker.model.interface import GatewayError
 from worker.model.items import normalize_reply_calls, unanswered_call_ids
+from worker.model.responses import parse_response
 from worker.turn.request import TurnStatus
 
 
@@ -85,7 +86,7 @@ def test_give_up_answers_every_call_and_hooks_are_resent(redis_url, gateway, scr
     import redis as redis_lib
 
     from tests.test_idempotency import RecordingDispatcher
-    from worker.model.client import ResponsesClient
+    from worker.model.responses import ResponsesClient
     from worker.settings import Settings
     from worker.tools.toolsets import toolset_resolver
     from worker.turn.engine import TurnEngine
@@ -129,7 +130,7 @@ def test_plain_turn_sends_no_end_hooks(redis_url, gateway, script_name):
     import redis as redis_lib
 
     from tests.test_idempotency import RecordingDispatcher
-    from worker.model.client import ResponsesClient
+    from worker.model.responses import ResponsesClient
     from worker.settings import Settings
     from worker.tools.toolsets import toolset_resolver
     from worker.turn.engine import TurnEngine

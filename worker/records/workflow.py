@@ -563,10 +563,7 @@ def find_submission(turn_store: Any, turn_id: str, step: int) -> tuple[bool, Any
     calls, _ = plan
     results = turn_store.results(turn_id, step)
     for call in sorted(calls, key=lambda c: c.index):
-        if call.name != FINISH_TOOL:
-            continue
-        res = results.get(call.call_id) or {}
-        details = res.get("details") or {}
-        if res.get("terminate") and "submitted" in details:
-            return True, details["submitted"]
+        res = results.get(call.call_id) if call.name == FINISH_TOOL else None
+        if res is not None and res.terminate and "submitted" in res.details:
+            return True, res.details["submitted"]
     return False, None

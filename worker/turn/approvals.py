@@ -1,8 +1,10 @@
-"""Human approval of tool calls: who must approve, the records in Redis, the decisions, the gates.
+"""Human approval of tool calls: the records in Redis, the decisions, the gates.
 
-Rule (DESIGN-NOTES section 11): a wait for a person is state in Redis, never a task. When a
-step's plan holds calls that need approval, ``begin_tools`` records one ``pending`` record per
-such call (same MULTI as the plan) and the turn takes status ``awaiting_approval``. Batches
+Who must approve is ``worker.turn.approval_policy``; how the turn loop parks and resumes is
+``worker.turn.gate``. Rule (docs/architecture.md, "Approvals"): a wait for a person is state in
+Redis, never a task. When a step's plan holds calls that need approval, ``begin_tools`` records
+one ``pending`` record per such call (same MULTI as the plan) and the turn takes status
+``awaiting_approval``. Batches
 run in emitted order as usual (``worker.turn.dispatch``); a batch holding an approval call is
 *gated*: it is dispatched once (a) the batch before it passed its barrier and (b) every
 approval call in it is decided. Whoever makes the second of those true (the barrier's last
@@ -30,10 +32,9 @@ import orjson
 import redis
 from jsonschema import Draft202012Validator
 
-from worker.settings import Settings
-from worker.tooling.contract import WorkerTool
 from worker.turn.dispatch import Batch, PlannedCall
-from worker.turn.request import TurnRequest, TurnStatus
+from worker.turn.request import TurnStatus
+from worker.turn.state import CallResult
 from worker.turn.state import key as _k
 
 PENDING_KEY = "approvals:pending"
@@ -81,7 +82,7 @@ class ApprovalRecord:
         return orjson.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, raw: bytes | str) -> "ApprovalRecord":
+    def from_json(cls, raw: bytes | str) -> ApprovalRecord:
         return cls(**orjson.loads(raw))
 
     def public(self) -> dict[str, Any]:
@@ -89,32 +90,6 @@ class ApprovalRecord:
         d = asdict(self)
         d.pop("schema")
         return d
-
-
-# ----- who must approve --------------------------------------------------------
-
-
-def approval_mode(request: TurnRequest, settings: Settings) -> str:
-    """The turn's approval mode: the request's, else ``AGENT_APPROVAL_MODE``."""
-    return request.approval.mode or settings.approval_mode
-
-
-def approval_timeout(request: TurnRequest, settings: Settings) -> float:
-    """Seconds a call may wait for a decision: the request's, else ``AGENT_APPROVAL_TIMEOUT``."""
-    return request.approval.timeout or settings.approval_timeout
-
-
-def call_needs_approval(tool: WorkerTool, params: Any, ctx: Any, mode: str) -> bool:
-    """Whether this validated call waits for a person under ``mode``.
-
-    ``off``: never; ``destructive``: every destructive tool, plus what tools declare;
-    ``declared``: what the tool's ``needs_approval`` says (a bool, or its decision function).
-    """
-    if mode == "off":
-        return False
-    if mode == "destructive" and tool.is_destructive:
-        return True
-    return tool.approval_required(params, ctx)
 
 
 # ----- records -------------------------------------------------------------------
@@ -323,17 +298,17 @@ def decide(
     return result["rec"], result["changed"]
 
 
-def rejection_result(rec: ApprovalRecord) -> dict[str, Any]:
+def rejection_result(rec: ApprovalRecord) -> CallResult:
     """The stored result of a rejected call: its ``function_call_output`` carries the reason."""
     who = "the approval deadline" if rec.by == "deadline" else (rec.by or "a person")
     reason = rec.reason or "no reason given"
-    return {
-        "output": f"Rejected by {who}: {reason}. The call did not run.",
-        "is_error": True,
-        "details": {"error": "rejected", "by": rec.by, "reason": rec.reason},
-        "activity": f"Rejected: {rec.activity}",
-        "ms": 0.0,
-    }
+    return CallResult(
+        output=f"Rejected by {who}: {reason}. The call did not run.",
+        is_error=True,
+        details={"error": "rejected", "by": rec.by, "reason": rec.reason},
+        activity=f"Rejected: {rec.activity}",
+        ms=0.0,
+    )
 
 
 # ----- gates -----------------------------------------------------------------------
@@ -388,6 +363,11 @@ def next_gated(r: redis.Redis, turn_id: str, step: int, batches: list[Batch], ca
         if gated(b, calls) and not r.exists(gate_key(turn_id, step, i)):
             return i
     return None
+
+
+def forget_turn(r: redis.Redis, turn_id: str) -> None:
+    """Drop an ended turn from the parked turns (``approvals:pending``)."""
+    r.zrem(PENDING_KEY, turn_id)
 
 
 def overdue_turns(r: redis.Redis, now: float | None = None, limit: int = 100) -> list[str]:
