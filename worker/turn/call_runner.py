@@ -121,8 +121,8 @@ class CallRunner:
         claims = self.rt.store.claims
         won, claim = claims.claim(turn_id, step, call.call_id, owner(), lease, started_event=started)
         if not won:
-            held = self._held_elsewhere(call, claim or {})
-            if held is not False:
+            run_here, held = self._held_elsewhere(call, claim or {})
+            if not run_here:
                 return held
             claims.take_over_claim(turn_id, step, call.call_id, owner(), lease)
         # A terminating result earlier in this step stops later batches (docs/architecture.md, "Batches").
@@ -141,23 +141,23 @@ class CallRunner:
         metrics.TOOL_CALL_SECONDS.labels(call.name).observe(time.perf_counter() - started_at)
         return result
 
-    def _held_elsewhere(self, call: PlannedCall, claim: dict[str, Any]) -> CallResult | None | bool:
-        """A call claimed by someone else: None while its holder is alive and its lease runs (do not
-        run it), an "outcome unknown" result for a destructive call whose holder is gone (never run
-        a destructive tool twice for one call), False to take the claim over and run it."""
+    def _held_elsewhere(self, call: PlannedCall, claim: dict[str, Any]) -> tuple[bool, CallResult | None]:
+        """A call claimed by someone else: ``(True, None)`` to take the claim over and run it;
+        ``(False, None)`` while its holder is alive and its lease runs (do not run it); ``(False,
+        "outcome unknown" result)`` for a destructive call whose holder is gone (never run a
+        destructive tool twice for one call)."""
         holder = claim.get("owner", "")
-        mine = holder == owner()  # our own earlier attempt (a Redis outage): it never ran the tool
-        if mine:
-            return False
+        if holder == owner():  # our own earlier attempt (a Redis outage): it never ran the tool
+            return True, None
         if claim.get("lease_until", 0) > time.time() and not self.rt.liveness.owner_is_dead(holder):
-            return None
+            return False, None
         if call.destructive:
-            return CallResult.error(
+            return False, CallResult.error(
                 f"Error: the outcome of this {call.name} call is unknown: the worker running it "
                 "stopped before reporting. Check the current state before retrying.",
                 "outcome_unknown",
             )
-        return False
+        return True, None
 
     def execute(self, call: PlannedCall, state: TurnState, request: TurnRequest) -> CallResult:
         """Run the tool's ``execute`` with the call's validated params; a tool's failure (an
@@ -203,6 +203,7 @@ def _run_tool(tool: WorkerTool[Any], params: Any, tctx: ToolContext, call: Plann
     """The tool's own ``execute`` (a coroutine function runs in its own event loop); an abort or an
     exception becomes an error ``ToolResult``."""
     try:
+        result: Any
         if tool.is_async:
             result = asyncio.run(tool.execute(params, tctx))  # type: ignore[arg-type]
         else:

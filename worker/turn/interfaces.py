@@ -7,7 +7,7 @@ work for monitors.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from worker.tooling.contract import ToolServices, WorkerTool
 from worker.turn.context import TurnContext
@@ -43,7 +43,7 @@ class Dispatcher(Protocol):
         """The turn ended and has end hooks (``worker.turn.request.END_HOOK_METADATA``): run them."""
 
 
-Toolset = Callable[[TurnContext], list[WorkerTool]]
+Toolset = Callable[[TurnContext], list[WorkerTool[Any]]]
 
 
 def step_label(agent_id: str, turn_id: str, step: int) -> str:

@@ -54,7 +54,7 @@ class ReplyHandler:
         totals = self._usage(prepared, reply, stored.recorded)
         if stored.cancelled:  # cancelled while the model was answering
             return StepOutcome("cancelled", ended=self.end.fail(prepared.turn_id, TurnStatus.cancelled, CANCELLED))
-        history_ids = {i.get("call_id") for i in prepared.history if i.get("type") == "function_call"}
+        history_ids = {str(i.get("call_id")) for i in prepared.history if i.get("type") == "function_call"}
         items, calls = normalize_reply_calls([_clean_item(i) for i in reply.output], history_ids, prepared.step)
         if calls:
             return self._plan(prepared, reply, items, calls)
