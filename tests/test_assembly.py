@@ -1,4 +1,4 @@
-"""Per-turn assembly differs by the turn's context exactly as the spec says."""
+"""Per-turn assembly differs by the turn's context as docs/architecture.md ("Which files a change takes") says."""
 
 from __future__ import annotations
 

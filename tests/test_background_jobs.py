@@ -232,7 +232,7 @@ def test_job_tools_absent_without_spawn_jobs(control, gateway, script_name, agen
     jobs = ["job_start", "job_status", "job_list", "job_cancel"]
     assert [n for n in with_jobs if n in jobs] == jobs
     assert not set(jobs) & set(without)
-    # Spec order: ... schedule tools, then background job tools.
+    # Catalog order: ... schedule tools, then background job tools.
     assert with_jobs.index("schedule_cancel") < with_jobs.index("job_start")
     assert "schedule_create" in without
 

@@ -1,4 +1,4 @@
-"""Crash and redelivery semantics of the engine against a real Redis (DESIGN-NOTES section 3).
+"""Crash and redelivery semantics of the engine against a real Redis (docs/architecture.md, "Claims and fencing").
 
 The queue layer is replaced by a dispatcher that records what it would send, so each
 redelivery and crash can be staged exactly; the state transitions are the real ones.

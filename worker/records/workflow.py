@@ -7,8 +7,7 @@ A workflow task is an isolated unit of work (a title, instructions and a
 result JSON Schema). Each attempt runs as its own turn with a fresh
 conversation: ``toolset="workflow_task"``, ``queue="workflow"``,
 ``finish_tool="submit_result"`` and ``metadata={"workflow_task_id",
-"attempt", "result_schema"}`` (spec, "Workflow task tools"; DESIGN-NOTES
-section 7). Attempts never share conversation state: each one gets a new turn
+"attempt", "result_schema"}`` (docs/architecture.md, "Workflow tasks"). Attempts never share conversation state: each one gets a new turn
 whose only input is the task's instructions.
 
 Plain Python (no Celery): ``WorkflowService`` is used by the main-turn tools
@@ -546,7 +545,7 @@ class WorkflowService:
 
 def start_task_id(turn_id: str, call_id: str) -> str:
     """Deterministic task id for a ``workflow_start`` call: a re-run of the same call starts nothing new
-    (``call_id`` scoped by turn is the call's idempotency key, DESIGN-NOTES section 3)."""
+    (``call_id`` scoped by turn is the call's idempotency key, docs/architecture.md, "Claims and fencing")."""
     return "wf_" + hashlib.sha1(f"{turn_id}:{call_id}".encode()).hexdigest()[:20]
 
 

@@ -200,7 +200,7 @@ def _default_describe(name: str) -> Callable[[Any], str]:
 class WorkerTool(Generic[P]):
     """A tool the runtime can offer and run. Build it with ``define_worker_tool``.
 
-    Fields mirror the spec's contract table. ``input_model`` and
+    Fields are the tool contract (docs/writing-a-tool.md). ``input_model`` and
     ``json_schema`` are mutually exclusive; with neither the tool takes no
     arguments (an empty object schema).
     """

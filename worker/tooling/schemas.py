@@ -61,7 +61,7 @@ class ToolSpec(Protocol):
 _PARAMS_CACHE: dict[Any, dict[str, Any]] = {}
 _DEF_CACHE: dict[Any, dict[str, Any]] = {}
 _CACHE_LIMIT = 4096
-# Per tool object (ToolSpec is frozen and hashed by identity): the definition and the
+# Per tool object (a WorkerTool is frozen and hashed by identity): the definition and the
 # validation info, so a turn that re-assembles the same tools does dict lookups only.
 # A raw ``json_schema`` must not be mutated after ``define_worker_tool``.
 _DEF_BY_TOOL: "weakref.WeakKeyDictionary[ToolSpec, dict[str, Any]]" = weakref.WeakKeyDictionary()

@@ -1,8 +1,7 @@
 """Main-turn workflow tools: ``workflow_start``, ``workflow_show``, ``workflow_list``, ``workflow_cancel``.
 
-Spec, "How the tool set is assembled per turn": "Workflow tools add the four
-main-turn operations: start, show, list, and cancel. They are not included in
-Workflow task turns." ``create_workflow_tools(ctx)`` returns ``[]`` in a
+The four main-turn operations (start, show, list, cancel); they are not included in
+workflow task turns (docs/architecture.md, "Workflow tasks"). ``create_workflow_tools(ctx)`` returns ``[]`` in a
 workflow task turn or without Redis; ``workflow_start`` is left out when the
 turn has no ``enqueue_turn`` service (a missing service means the capability
 is absent, ``worker.turn.context``).
