@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import orjson
-import redis
 from jsonschema import Draft202012Validator
 
 from worker.turn.dispatch import Batch, PlannedCall
@@ -170,18 +169,18 @@ def write_requests(pipe: Any, turn_id: str, records: list[ApprovalRecord]) -> No
         )
 
 
-def records(r: redis.Redis, turn_id: str, step: int) -> dict[str, ApprovalRecord]:
+def records(r: Any, turn_id: str, step: int) -> dict[str, ApprovalRecord]:
     """The step's approval records by ``call_id``."""
     return {k.decode(): ApprovalRecord.from_json(v) for k, v in r.hgetall(approvals_key(turn_id, step)).items()}
 
 
-def record(r: redis.Redis, turn_id: str, step: int, call_id: str) -> ApprovalRecord | None:
+def record(r: Any, turn_id: str, step: int, call_id: str) -> ApprovalRecord | None:
     """One call's approval record, or None."""
     raw = r.hget(approvals_key(turn_id, step), call_id)
     return ApprovalRecord.from_json(raw) if raw else None
 
 
-def pending(r: redis.Redis, turn_id: str | None = None, agent_id: str | None = None) -> list[ApprovalRecord]:
+def pending(r: Any, turn_id: str | None = None, agent_id: str | None = None) -> list[ApprovalRecord]:
     """Undecided records of parked turns: of one turn, of one agent's turns, or all (oldest first)."""
     ids = [turn_id] if turn_id else [x.decode() for x in r.zrange(PENDING_KEY, 0, -1)]
     out: list[ApprovalRecord] = []
@@ -211,7 +210,7 @@ def check_params(rec: ApprovalRecord, params: dict[str, Any]) -> None:
 
 
 def decide(
-    r: redis.Redis,
+    r: Any,
     turn_id: str,
     call_id: str,
     decision: Decision,
@@ -343,9 +342,7 @@ def gated(batch: Batch, calls: list[PlannedCall]) -> bool:
     return any(cid in need for cid in batch.call_ids)
 
 
-def try_open(
-    r: redis.Redis, turn_id: str, step: int, batch_index: int, batches: list[Batch], calls: list[PlannedCall]
-) -> bool:
+def try_open(r: Any, turn_id: str, step: int, batch_index: int, batches: list[Batch], calls: list[PlannedCall]) -> bool:
     """True exactly once, for the caller that finds gated batch ``batch_index`` ready to dispatch:
     the batch before it passed its barrier and every approval call in it is decided."""
     if batch_index > 0 and not r.exists(_k(turn_id, "adv", step, batch_index - 1)):
@@ -357,7 +354,7 @@ def try_open(
     return bool(r.set(gate_key(turn_id, step, batch_index), "1", nx=True, ex=RETENTION_SECONDS))
 
 
-def next_gated(r: redis.Redis, turn_id: str, step: int, batches: list[Batch], calls: list[PlannedCall]) -> int | None:
+def next_gated(r: Any, turn_id: str, step: int, batches: list[Batch], calls: list[PlannedCall]) -> int | None:
     """Index of the first gated batch not yet opened, or None."""
     for i, b in enumerate(batches):
         if gated(b, calls) and not r.exists(gate_key(turn_id, step, i)):
@@ -365,12 +362,12 @@ def next_gated(r: redis.Redis, turn_id: str, step: int, batches: list[Batch], ca
     return None
 
 
-def forget_turn(r: redis.Redis, turn_id: str) -> None:
+def forget_turn(r: Any, turn_id: str) -> None:
     """Drop an ended turn from the parked turns (``approvals:pending``)."""
     r.zrem(PENDING_KEY, turn_id)
 
 
-def overdue_turns(r: redis.Redis, now: float | None = None, limit: int = 100) -> list[str]:
+def overdue_turns(r: Any, now: float | None = None, limit: int = 100) -> list[str]:
     """Parked turns whose earliest approval deadline has passed (for the watchdog sweep)."""
     now = time.time() if now is None else now
     return [x.decode() for x in r.zrangebyscore(PENDING_KEY, "-inf", now, start=0, num=limit)]

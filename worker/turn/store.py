@@ -72,7 +72,9 @@ class TurnStore:
     ``progress_timeout``: seconds a turn may go without progress before the watchdog re-drives it."""
 
     def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0):
-        self.r = client
+        # redis-py types every reply as ``bytes | str``; this client answers bytes
+        # (``decode_responses`` off), and the parsing below says what each reply is.
+        self.r: Any = client
         self.progress_timeout = progress_timeout
         self.claims = Claims(client, progress_timeout=progress_timeout)
         self._guard = GuardScript(self.r, FINISHING_KEY)
@@ -185,7 +187,7 @@ class TurnStore:
         request: dict[str, Any],
         initial_items: list[dict[str, Any]],
         idempotency_key: str | None = None,
-        fields: dict[str, str] | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> tuple[str, bool]:
         """Create the turn with its ``turn_queued`` event, atomically and in one round trip
         (``worker.turn.guard.CreateScript``); ``fields``: extra hash fields (e.g. the ``traceparent``).
@@ -201,7 +203,7 @@ class TurnStore:
         keys = [_k(turn_id), _k(turn_id, "items"), "turns:watch", f"agent:{agent_id}:turns", _k(turn_id, "events")]
         if idempotency_key:
             keys.append(f"turn-idem:{agent_id}:{idempotency_key}")
-        fields = {
+        hash_fields: dict[str, Any] = {
             "status": TurnStatus.queued.value,
             "step": 0,
             "phase": "model",
@@ -222,7 +224,7 @@ class TurnStore:
             keys,
             agent_id,
             turn_id,
-            fields,
+            hash_fields,
             [orjson.dumps(i) for i in initial_items],
             retention=RETENTION_SECONDS,
             deadline=now + self.progress_timeout,
@@ -270,7 +272,7 @@ class TurnStore:
         """``queued`` -> ``running`` at the first step, with the ``turn_started`` event ``event``
         in the same transaction (guarded; raises ``StaleStep`` if fenced out)."""
 
-        def w(pipe: Writes) -> None:
+        def w(pipe: Any) -> None:
             self._touch(pipe, turn_id, {"status": TurnStatus.running.value})
             if event is not None:
                 self._xadd(pipe, turn_id, "turn_started", event)
@@ -305,7 +307,8 @@ class TurnStore:
         key = _k(turn_id, "reply", step)
         if self.r.set(key, orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS):
             return reply
-        return orjson.loads(self.r.get(key))
+        stored: dict[str, Any] = orjson.loads(self.r.get(key))
+        return stored
 
     def begin_tools(
         self,
@@ -326,7 +329,7 @@ class TurnStore:
         Raises ``StaleStep`` if another delivery already did it.
         """
 
-        def w(pipe: Writes) -> None:
+        def w(pipe: Any) -> None:
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
             pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
@@ -361,7 +364,7 @@ class TurnStore:
     ) -> None:
         """Append the outputs (emitted order) and move to the next step, or end the turn with ``terminal``."""
 
-        def w(pipe: Writes) -> None:
+        def w(pipe: Any) -> None:
             if output_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in output_items])
             fields: dict[str, Any] = {"step": step + 1, "phase": "model"}
@@ -382,7 +385,7 @@ class TurnStore:
     ) -> None:
         """Record a reply that ran no tool plus follow-up input items, and move to step + 1."""
 
-        def w(pipe: Writes) -> None:
+        def w(pipe: Any) -> None:
             if items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in items])
             self._touch(pipe, turn_id, {"step": step + 1, "phase": "model", **(fields or {})})
@@ -405,7 +408,7 @@ class TurnStore:
         ``turn_finished`` event ``finished_event`` if given. Returns True when the turn has end
         hooks to run (``END_HOOK_METADATA``)."""
 
-        def w(pipe: Writes) -> None:
+        def w(pipe: Any) -> None:
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
             fields: dict[str, Any] = {"status": status.value}
