@@ -176,3 +176,14 @@ def test_dead_redis_after_connect_is_a_control_plane_error():
         cp.status("x")
     with pytest.raises(ControlPlaneError):
         cp.enqueue({"input": "go"})
+
+
+def test_model_call_retries_back_off_with_jitter():
+    """Equal jitter: retry n waits between half and all of min(60, 2**n) seconds, spread at random,
+    so turns that failed together (a gateway outage) do not all retry in the same second."""
+    from tasks.turns import retry_delay
+
+    assert [retry_delay(n, rand=lambda: 0.0) for n in range(8)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert [retry_delay(n, rand=lambda: 1.0) for n in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    spread = {retry_delay(4) for _ in range(50)}
+    assert len(spread) > 10 and all(8 <= d <= 16 for d in spread)
