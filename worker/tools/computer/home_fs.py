@@ -38,7 +38,7 @@ import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from worker.tools.computer.common import NotRegularFile, kind
 from worker.tools.computer.confine import lexical_parts, symlink_escape
@@ -272,13 +272,18 @@ class HomeDir:
             require_lone_regular(f.st, f.rel)
             return f.rel, read_fd(f.fd, limit)
 
-    def write_atomic(self, path: str, data: bytes, mode: int = 0o644) -> str:
+    def write_atomic(self, path: str, data: bytes | Callable[[BinaryIO], object], mode: int = 0o644) -> str:
         """Replace ``path`` with ``data`` atomically; returns the path relative to the home.
 
-        The parent directory is resolved (and created) as ``open`` does; the
-        content goes to a new temporary name in it (``O_EXCL | O_NOFOLLOW``),
-        then ``os.replace`` with both ``dir_fd``s renames it over the name. A
-        symlink or hard link at the name is replaced, never written through.
+        ``data``: the bytes, or a function writing them to the binary file it
+        is given (a stream: nothing is held in memory here). The parent
+        directory is resolved (and created) as ``open`` does; the content goes
+        to a new temporary name in it (``O_EXCL | O_NOFOLLOW``, permission bits
+        ``mode & 0o777`` whatever the umask), then ``os.replace`` with both
+        ``dir_fd``s renames it over the name. A symlink or hard link at the
+        name is replaced, never written through. On any error (``ENOSPC`` at
+        the home's quota...) the temporary file is removed and ``path`` is
+        left as it was.
         """
         _, parts = lexical_parts(self.home, path, root=self.root)
         if not parts:
@@ -292,7 +297,11 @@ class HomeDir:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode, dir_fd=d.fd)
             try:
                 with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
+                    os.fchmod(fd, mode & 0o777)
+                    if callable(data):
+                        data(fh)
+                    else:
+                        fh.write(data)
                 os.replace(tmp, name, src_dir_fd=d.fd, dst_dir_fd=d.fd)
             except BaseException:
                 try:
