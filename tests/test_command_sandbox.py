@@ -193,4 +193,9 @@ def test_no_nested_user_namespaces_and_no_capabilities(tmp_path):
     assert "userns=1" in r.content
     for cap in ("CapEff", "CapPrm", "CapBnd"):
         assert f"{cap}:\t0000000000000000" in r.content
-    assert "\n1000\nagent\n" in r.content
+    settings = Settings()
+    uid = int(r.content.split("\nagent\n")[0].rsplit("\n", 1)[1])
+    if os.geteuid() == 0:  # a root worker: the agent's own unprivileged uid, never root
+        assert settings.uid_base <= uid < settings.uid_base + settings.uid_count
+    else:
+        assert uid == sandbox.SANDBOX_UID
