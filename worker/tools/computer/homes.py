@@ -349,8 +349,9 @@ def release(settings: Settings, home: Path | str, *, delete: bool = False, lazy:
 
 
 def mounted_under(root: Path | str) -> list[Path]:
-    """Mount points strictly under ``root`` (real path), deepest first, from ``/proc/self/mountinfo``."""
-    prefix = os.path.realpath(root).rstrip("/") + "/"
+    """Mount points at or under ``root`` (real path), deepest first, from ``/proc/self/mountinfo``."""
+    real = os.path.realpath(root)
+    prefix = real.rstrip("/") + "/"
     found = []
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
@@ -360,7 +361,7 @@ def mounted_under(root: Path | str) -> list[Path]:
         fields = line.split()
         if len(fields) > 4:
             point = fields[4].replace("\\040", " ")
-            if point.startswith(prefix):
+            if point.startswith(prefix) or (point == real and real != "/"):
                 found.append(Path(point))
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
