@@ -24,23 +24,21 @@ RETRY_SECONDS = 1.0
 class ResilientRedBeatScheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat is untyped (Any)
     """``RedBeatScheduler`` whose ``tick`` survives a Redis restart (see the module docstring)."""
 
-    def setup_schedule(self) -> None:
+    def setup_schedule(self) -> Any:
         """redbeat reads its entries from Redis at start: wait for Redis instead of exiting."""
         delay = RETRY_SECONDS
         while True:
             try:
-                super().setup_schedule()
-                return
+                return super().setup_schedule()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("beat: Redis did not answer at start (%s); retrying in %.0fs", exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def tick(self, *args: Any, **kwargs: Any) -> float:
+    def tick(self, *args: Any, **kwargs: Any) -> Any:
         """One scheduler pass; returns seconds until the next. Never raises for a Redis outage."""
         try:
-            wait: float = super().tick(*args, **kwargs)
-            return wait
+            return super().tick(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.warning("beat: Redis did not answer (%s); retrying in %.0fs", exc, RETRY_SECONDS)
             return RETRY_SECONDS

@@ -102,13 +102,12 @@ class Channel(kombu_redis.Channel):
         # and the watchdog re-drives their turns long before (``tasks.liveness``).
         if self.connection is None or getattr(self.connection, "client", None) is None:
             raise redis.ConnectionError("the broker connection is closed")
-        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)  # type: ignore[misc]  # as above
-        return params
+        # celery-types omits the redis Channel's private methods.
+        return dict(super()._connparams(asynchronous=asynchronous))  # type: ignore[misc]
 
     def _brpop_read(self, **options: Any) -> bool:
         try:
-            more: bool = super()._brpop_read(**options)  # type: ignore[misc]  # as above
-            return more
+            return bool(super()._brpop_read(**options))  # type: ignore[misc]  # as above
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             # The item was already popped (BRPOP): nothing to give back. The rotation to the
             # next queue happened before decoding, so the other queues keep their turn.

@@ -26,7 +26,7 @@ def on_turn_finished(engine: TurnEngine, state: TurnState) -> dict[str, Any]:
 
 
 def _workflow_attempt_finished(engine: TurnEngine, state: TurnState, meta: dict[str, Any]) -> dict[str, Any]:
-    """Commit or fail a workflow task attempt (``worker.records.workflow``).
+    """Commit or fail a workflow task attempt (docs/architecture.md, "Workflow tasks"; ``worker.records.workflow``).
 
     A turn that terminated through ``submit_result`` commits only if the
     submitted value validates again against the schema persisted on the task

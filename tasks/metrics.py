@@ -19,7 +19,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 from celery.signals import worker_ready, worker_shutdown
 
@@ -27,7 +27,7 @@ log = logging.getLogger("agent.metrics")
 _state: dict[str, Any] = {"dir": None, "server": None}
 
 
-def metrics_port(env: Mapping[str, str] | None = None) -> int:
+def metrics_port(env: dict[str, str] | os._Environ[str] | None = None) -> int:
     """``AGENT_METRICS_PORT`` as an int (0 when unset). Raises ``ValueError`` naming it when malformed."""
     raw = (os.environ if env is None else env).get("AGENT_METRICS_PORT", "").strip() or "0"
     try:
@@ -56,8 +56,7 @@ def prepare_multiprocess_dir() -> None:
             # Already imported (e.g. by the Flower plugin the celery CLI loads): the value class was
             # chosen without the directory. Metrics created from now on (worker.turn.metrics is
             # imported with the task modules, later) take the multiprocess one.
-            # ValueClass is the module global prometheus_client.values sets at import; its types omit it.
-            values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
+            setattr(values, "ValueClass", values.get_value_class())  # noqa: B010 (not in its stubs)
 
 
 class TurnsInFlight:

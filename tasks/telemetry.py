@@ -30,7 +30,7 @@ import logging
 import os
 from contextvars import Token
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from celery.signals import (
     before_task_publish,
@@ -43,7 +43,6 @@ from celery.signals import (
 )
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from worker.settings import Settings, get_settings
@@ -53,10 +52,10 @@ log = logging.getLogger("agent.telemetry")
 
 _TRACER = trace.get_tracer("agent.tasks")
 _state: dict[str, Any] = {"provider": None}
-_spans: dict[str, tuple[trace.Span, Token[Context]]] = {}
+_spans: dict[str, tuple[trace.Span, Token[otel_context.Context]]] = {}
 
 
-def tracing_exporters(env: Mapping[str, str], settings: Settings) -> list[str]:
+def tracing_exporters(env: dict[str, str] | os._Environ[str], settings: Settings) -> list[str]:
     """The exporters the environment asks for (``otlp``, ``console``, ``file``); empty: tracing off.
 
     Raises ``ValueError`` naming ``OTEL_TRACES_EXPORTER`` for an exporter this worker does not ship.
@@ -125,7 +124,7 @@ def _id_generator() -> Any:
     return TurnIdGenerator()
 
 
-def configure_tracing(env: Mapping[str, str] | None = None, settings: Settings | None = None) -> bool:
+def configure_tracing(env: dict[str, str] | os._Environ[str] | None = None, settings: Settings | None = None) -> bool:
     """Install the SDK's tracer provider when the environment asks for tracing; True if it did.
 
     Raises ``ValueError`` for an unsupported ``OTEL_TRACES_EXPORTER``.
@@ -149,7 +148,7 @@ def configure_tracing(env: Mapping[str, str] | None = None, settings: Settings |
         elif name == "console":
             exporter = ConsoleSpanExporter()
         else:
-            assert settings.otel_file is not None  # tracing_exporters lists "file" only with a path
+            assert settings.otel_file is not None  # "file" is chosen only with AGENT_OTEL_FILE set
             exporter = JsonLinesSpanExporter(settings.otel_file)
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)

@@ -37,21 +37,6 @@ OUTSIDE = re.compile(
 # The checks themselves: they name what they look for.
 CHECKERS = {"tests/test_citations.py", "tests/test_docs.py"}
 
-# TEMPORARY, issue 17: `core` rewrites worker/turn/ and tasks/dispatcher.py and removes these
-# citations. Drop each entry as its work is merged.
-PENDING = {
-    "tasks/dispatcher.py",
-    "worker/turn/approvals.py",
-    "worker/turn/calls.py",
-    "worker/turn/dispatch.py",
-    "worker/turn/engine.py",
-    "worker/turn/guard.py",
-    "worker/turn/liveness.py",
-    "worker/turn/outage.py",
-    "worker/turn/planning.py",
-    "worker/turn/store.py",
-}
-
 
 def _files() -> list[Path]:
     out = []
@@ -75,8 +60,6 @@ def test_no_citation_of_documents_outside_the_repository():
     found = []
     for path in _files():
         rel = path.relative_to(ROOT).as_posix()
-        if rel in PENDING:
-            continue
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:

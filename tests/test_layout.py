@@ -71,8 +71,6 @@ DEFAULT_MAX_LINES = 500
 SIZE_BUDGETS: dict[str, int] = {
     # every write to a turn's keys in one place, so the fencing rules (step/phase guards) read as one
     "worker/turn/store.py": 560,
-    # the turn loop; core's recomposition (issue 17) shrinks it to a thin front: then drop this entry
-    "worker/turn/engine.py": 680,
     # a workflow task's record and all its transitions (start, launch, cancel, retry, commit)
     "worker/records/workflow.py": 600,
 }
