@@ -1,7 +1,7 @@
 """Workflow tasks: records in Redis, attempts, commit and retry.
 
-Size: one concept, a task's record and its transitions (start, launch, cancel, retry,
-commit); the result schema rules are in ``worker.records.result_schema``.
+One concept, a task's record and its transitions (start, launch, cancel, retry, commit);
+the result schema rules are in ``worker.records.result_schema``.
 
 A workflow task is an isolated unit of work (a title, instructions and a
 result JSON Schema). Each attempt runs as its own turn with a fresh
