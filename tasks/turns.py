@@ -16,6 +16,7 @@ from typing import Callable, TypeVar
 
 from tasks.app import app
 from tasks.dispatcher import ended_as, ended_here
+from tasks.placement import forward
 from tasks.runtime import get_engine
 from worker.model.client import GatewayError
 from worker.settings import get_settings
@@ -95,14 +96,22 @@ _limit = get_settings().tool_time_limit
 
 
 @app.task(
-    name="tasks.turns.tool_call", acks_late=True, soft_time_limit=_limit, time_limit=_limit + 30, throws=(TurnFailed,)
+    name="tasks.turns.tool_call",
+    bind=True,
+    acks_late=True,
+    soft_time_limit=_limit,
+    time_limit=_limit + 30,
+    throws=(TurnFailed,),
 )
-def tool_call(turn_id: str, step: int, call_id: str) -> dict:
+def tool_call(self, turn_id: str, step: int, call_id: str) -> dict:
     """Run one tool call of step ``step``; the last call of a batch advances the turn. A Redis
-    outage is waited out (the call's result is kept until stored: ``worker.turn.outage``)."""
+    outage is waited out (the call's result is kept until stored: ``worker.turn.outage``). A call
+    whose agent's home is on another node is forwarded there (``tasks.placement.forward``)."""
     ended_here()
     engine = get_engine()
     outcome = _through_outages(lambda: engine.run_call(turn_id, step, call_id), f"call {call_id} of turn {turn_id}")
+    if outcome.action == "forwarded":
+        return forward(self, outcome.detail)
     return _report(turn_id, {"action": outcome.action, "detail": outcome.detail})
 
 

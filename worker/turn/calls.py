@@ -3,7 +3,9 @@ params, stores the result keyed by ``call_id`` (first write wins) and passes the
 barrier; every ending (ran, failed, interrupted, outcome unknown) is a ``call_completed`` event.
 
 A mixin of ``TurnEngine`` (``worker.turn.engine``), which gives it the store, the settings, the
-liveness records, the turn's context and tools, and ``_advance`` (what follows the barrier).
+liveness records, the placement of homes (``computers``), the turn's context and tools, and
+``_advance`` (what follows the barrier). A call that needs the agent's computer runs only on the
+node holding its home: elsewhere it is ``forwarded`` there (``docs/placement.md``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from worker.tooling.arguments import validate_params
 from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, TurnAborted
 from worker.turn import metrics, parking, telemetry
 from worker.turn.dispatch import PlannedCall
-from worker.turn.interfaces import StepOutcome
+from worker.turn.interfaces import HomeAdmission, StepOutcome
 from worker.turn.liveness import owner
 from worker.turn.outage import Unsaved, until_redis_answers
 from worker.turn.request import TurnRequest
@@ -72,9 +74,22 @@ class ToolCalls:
             if kept is not None:
                 result, event = kept
             else:
-                result, event = self._execute_once(turn_id, step, call, state, request, batch_index, view.cancelled)
+                admission = self._admit(call, request.agent_id)
+                if admission.forward_to is not None:  # another node holds the agent's home
+                    return StepOutcome("forwarded", admission.forward_to)
+                try:
+                    if admission.error is not None:
+                        result = {"output": admission.error, "is_error": True, "details": {"error": "no_computer"}}
+                        event = self._completed_event(step, call, result)
+                    else:
+                        result, event = self._execute_once(
+                            turn_id, step, call, state, request, batch_index, view.cancelled
+                        )
+                finally:
+                    admission.release()
                 if result is None:
                     return StepOutcome("dropped", "call is running elsewhere")
+                result = admission.noted(result)
                 if edited:
                     result = parking.note_edit(result, call)
                 _UNSAVED_RESULTS.put(key, (result, event))
@@ -88,6 +103,13 @@ class ToolCalls:
             self._advance(turn_id, step, request, batches, batch_index, view=closing)
             return StepOutcome("advanced", f"batch {batch_index} done")
         return StepOutcome("ran")
+
+    def _admit(self, call: PlannedCall, agent_id: str) -> HomeAdmission:
+        """The placement check of a call that needs the agent's computer (``Computers.admit``);
+        any other call, or an engine without placement, is admitted as is."""
+        if not call.computer or self.computers is None:
+            return HomeAdmission()
+        return self.computers.admit(agent_id, call.destructive)
 
     def _execute_once(
         self,

@@ -37,7 +37,16 @@ from worker.turn import metrics, parking, telemetry
 from worker.turn.calls import ToolCalls
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, plan_batches
-from worker.turn.interfaces import Dispatcher, StepOutcome, Toolset, call_labels, no_toolsets, step_label
+from worker.turn.interfaces import (
+    Computers,
+    Dispatcher,
+    StepOutcome,
+    Toolset,
+    call_labels,
+    computer_calls,
+    no_toolsets,
+    step_label,
+)
 from worker.turn.liveness import Liveness, held_key, node, owner
 from worker.turn.outage import OUTAGE_ERRORS, Unsaved, until_redis_answers
 from worker.turn.planning import plan_calls
@@ -80,6 +89,7 @@ class TurnEngine(ToolCalls):
         resolve_toolset: Callable[[str], Toolset] | None = None,
         client: ResponsesClient | None = None,
         project_skills: Callable[[tuple[Skill, ...]], str] | None = None,
+        computers: Computers | None = None,
     ):
         # A control plane passes neither toolsets nor a client: it only enqueues and ends turns.
         self.store = store
@@ -88,6 +98,8 @@ class TurnEngine(ToolCalls):
         self.resolve_toolset = resolve_toolset or no_toolsets
         self.client = client
         self.project_skills = project_skills
+        # The node side of placement (``worker.placement.homes``): None runs computer calls anywhere.
+        self.computers = computers
         self.liveness = Liveness(store.r, settings.liveness_ttl)
         self.usage = UsageLedger(store.r)
 
@@ -634,6 +646,7 @@ class TurnEngine(ToolCalls):
                     Batch(batch.mode, missing),
                     queue="tools",
                     labels=call_labels(request.agent_id, turn_id, state.step, calls),
+                    computer=computer_calls(request.agent_id, calls),
                 )
                 return StepOutcome("redriven", f"batch {i}")
         # All results present but the barrier never advanced: advance now.

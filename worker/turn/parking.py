@@ -24,7 +24,7 @@ from worker.tooling.contract import WorkerTool
 from worker.tooling.schemas import source_schema
 from worker.turn import approvals, telemetry
 from worker.turn.dispatch import Batch, PlannedCall
-from worker.turn.interfaces import StepOutcome, call_labels
+from worker.turn.interfaces import StepOutcome, call_labels, computer_calls
 from worker.turn.request import TurnRequest, TurnStatus
 from worker.turn.state import TurnState
 
@@ -92,7 +92,13 @@ def dispatch_batch(
         within = telemetry.under_turn(state.traceparent if state else None)
     with within:
         engine.dispatcher.dispatch_batch(
-            turn_id, step, index, batch, queue="tools", labels=call_labels(agent_id, turn_id, step, calls)
+            turn_id,
+            step,
+            index,
+            batch,
+            queue="tools",
+            labels=call_labels(agent_id, turn_id, step, calls),
+            computer=computer_calls(agent_id, calls),
         )
     return True
 
