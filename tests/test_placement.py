@@ -332,3 +332,47 @@ def test_a_tampered_archive_cannot_write_outside_the_home(tmp_path):
     with pytest.raises(SnapshotError):
         unpack_home(evil, target)
     assert not (tmp_path / "escaped.txt").exists()
+
+
+# ----- forwarding at the Celery edge ---------------------------------------------
+
+
+def test_a_forwarded_call_keeps_its_task_id_and_brings_the_rest_of_its_chain():
+    """``tasks.placement.forward`` publishes through the suite's real broker to queues nobody
+    consumes, and the test reads the messages back: the call itself to the holder's queue, and the
+    chain's next link, bound for the node it left, re-addressed to the holder."""
+    from celery.exceptions import Ignore
+
+    from tasks.app import app
+    from tasks.placement import forward
+    from tasks.turns import tool_call
+
+    old, new = node_queue(f"gone-{os.getpid()}"), node_queue(f"holder-{os.getpid()}")
+    shared_link = app.signature("tasks.turns.tool_call", ("t", 1, "c3"), immutable=True).set(queue="tools")
+    next_link = app.signature("tasks.turns.tool_call", ("t", 1, "c2"), immutable=True).set(queue=old)
+    tool_call.push_request(
+        id="task-1",
+        args=["t", 1, "c1"],
+        delivery_info={"routing_key": old},
+        chain=[dict(shared_link), dict(next_link)],  # Celery keeps the rest of a chain reversed
+        argsrepr="read_file agent=a turn=t step=1 call=c1",
+    )
+    try:
+        with pytest.raises(Ignore):
+            forward(tool_call, new)
+    finally:
+        tool_call.pop_request()
+    from kombu.simple import SimpleQueue
+
+    with app.connection_for_write() as conn:
+        q = SimpleQueue(conn, new)
+        try:
+            message = q.get(timeout=10)
+            message.ack()
+        finally:
+            q.close()
+    args, _kwargs, embed = message.decode()
+    assert message.headers["task"] == "tasks.turns.tool_call" and message.headers["id"] == "task-1"
+    assert list(args) == ["t", 1, "c1"]
+    rest = embed["chain"]  # what runs after it, reversed like Celery's own
+    assert [(link["args"][2], link["options"]["queue"]) for link in rest] == [("c3", "tools"), ("c2", new)]
