@@ -8,6 +8,7 @@ The node's own start-up (consuming its queue, heartbeat, snapshots, drain) is ``
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from celery import Task
@@ -18,6 +19,7 @@ from worker.placement.homes import NodeHomes
 from worker.placement.records import Placement, node_queue
 from worker.placement.snapshots import SnapshotStore
 from worker.settings import Settings
+from worker.tools.computer import homes as computer_homes
 
 log = logging.getLogger("agent.placement")
 
@@ -54,7 +56,18 @@ def node_homes(r: Any, settings: Settings) -> NodeHomes | None:
     worker, a control plane)."""
     if _hosted is None:
         return None
-    return NodeHomes(Placement(r, settings.liveness_ttl), settings, _hosted, snapshot_store(settings))
+
+    def prepare(home: Path) -> None:
+        computer_homes.provision(settings, home)  # its quota image mounted, owned by the agent's uid
+
+    return NodeHomes(
+        Placement(r, settings.liveness_ttl),
+        settings,
+        _hosted,
+        snapshot_store(settings),
+        prepare=prepare,
+        retire=lambda home: computer_homes.release(settings, home, lazy=True),
+    )
 
 
 def forward(task: Task, queue: str) -> Any:

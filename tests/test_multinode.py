@@ -25,6 +25,7 @@ from tests.support.object_store import ObjectStore
 from tests.support.private_stack import PrivateStack
 from tests.support.scripts import fc, msg, output_texts, wait_for
 from worker.placement.records import Placement, rendezvous
+from worker.tools.computer.homes import release_all
 
 NODES = ("na", "nb", "nc")
 
@@ -67,6 +68,8 @@ def cluster():
     finally:
         stack.close()
         store.stop()
+        for root in roots.values():  # the quota images the nodes mounted (tests/conftest.py)
+            release_all(root)
 
 
 def _turn(stack, gateway, agent: str, steps: list[dict], name: str) -> tuple[str, list[str]]:
@@ -150,6 +153,13 @@ def test_an_agents_computer_across_nodes(cluster, gateway):
     assert "written on nb" in outs[0] and "first turn" in outs[1], outs
     record = placement.record(agent)
     assert (record["node"], record["epoch"], record["reason"], record["prev"]) == ("na", "3", "node_down", "nb")
+    # What was restored is the agent's own (not the root worker's): it can change it.
+    edit = {"path": "notes.txt", "old_string": "first turn", "new_string": "edited after two moves"}
+    _, outs = _turn(stack, gateway, agent, [{"output": [fc("edit_file", edit)]}, {"output": [msg("ok")]}], "t5")
+    assert "Error" not in outs[0], outs
+    home = roots["na"] / agent
+    assert (home / "notes.txt").read_text() == "edited after two moves\n"
+    assert {p.stat().st_uid for p in home.rglob("*")} == {home.stat().st_uid} != {0}
 
 
 def test_a_node_without_a_store_that_dies_leaves_an_empty_home_and_says_so(cluster, gateway):

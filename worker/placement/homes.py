@@ -28,7 +28,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from worker.placement.records import Located, Placement, SnapshotInfo, node_queue
 from worker.placement.snapshots import SnapshotError, SnapshotStore, clear_dir
@@ -129,13 +129,27 @@ class _Lock:
 
 class NodeHomes:
     """The homes of node ``node`` (its homes root is ``settings.homes_root``), against the placement
-    records ``placement`` and the snapshot ``store`` (None: no snapshots, a moved home starts empty)."""
+    records ``placement`` and the snapshot ``store`` (None: no snapshots, a moved home starts empty).
 
-    def __init__(self, placement: Placement, settings: Settings, node: str, store: SnapshotStore | None):
+    ``prepare(home)`` makes a home's file system ready before it is emptied or restored (the
+    quota image mounted: ``worker.tools.computer.homes.provision``, given by the Celery edge; raises
+    ``RuntimeError``/``OSError``); ``retire(home)`` undoes it once a drain let the agent go."""
+
+    def __init__(
+        self,
+        placement: Placement,
+        settings: Settings,
+        node: str,
+        store: SnapshotStore | None,
+        prepare: Callable[[Path], None] | None = None,
+        retire: Callable[[Path], None] | None = None,
+    ):
         self.placement = placement
         self.settings = settings
         self.node = node
         self.store = store
+        self.prepare = prepare
+        self.retire = retire
         self.root = Path(settings.homes_root).resolve()
         self.meta = meta_dir(settings)
         # (agent, epoch) whose home this process saw materialized: the epoch file is then not read
@@ -200,6 +214,10 @@ class NodeHomes:
                     "from its snapshot yet (the snapshot store did not answer); nothing ran. Try again shortly."
                 )
             )
+        except (RuntimeError, OSError) as exc:  # the home's file system could not be made ready
+            lock.close()
+            log.error("home of %s not made ready on %s: %s", agent_id, self.node, exc)
+            return HomeAdmission(error=f"Error: your computer was moved to another node and {exc}; nothing ran.")
         except BaseException:
             lock.close()
             raise
@@ -214,6 +232,8 @@ class NodeHomes:
             self._set_epoch(agent_id, loc.epoch)
             return None
         moved_at = time.time()
+        if self.prepare is not None:  # e.g. a quota image from an older epoch: mounted, then replaced
+            self.prepare(home)
         snap = self.placement.snapshot(agent_id) if self.store is not None else None
         if self.store is not None and snap is not None:
             self.store.restore(snap.object, home, self.meta)
@@ -256,6 +276,11 @@ class NodeHomes:
             if release:
                 with self._ready_lock:
                     self._ready.discard((agent_id, epoch))
+                if self.retire is not None:
+                    try:
+                        self.retire(self.home(agent_id))
+                    except (RuntimeError, OSError) as exc:  # its copy is stale now anyway
+                        log.warning("home of %s not retired on %s: %s", agent_id, self.node, exc)
             return "released" if release else "stored"
         finally:
             lock.close()

@@ -8,7 +8,8 @@ write outside the home it is restored into.
 
 Objects are ``<prefix>/<agent_id>/<epoch>-<ms>-<random>.tar.gz``: each snapshot is a new object,
 recorded in Redis only if the taker still holds the agent (``records.Placement.commit``); the one
-it replaces is deleted then, and a refused one at once.
+it replaces is deleted then, and a refused one at once. What a root worker restores belongs to
+the home's owner (the agent's host uid), never to root.
 """
 
 from __future__ import annotations
@@ -71,9 +72,21 @@ def unpack_home(archive: Path, home: Path) -> None:
     try:
         with tarfile.open(archive, "r:gz") as tar:
             tar.extractall(home, filter="data")
+        _own_like(home)
     except (tarfile.TarError, EOFError, OSError) as exc:
         clear_dir(home)  # never leave half a home
         raise SnapshotError(f"the snapshot could not be unpacked: {exc}") from exc
+
+
+def _own_like(home: Path) -> None:
+    # A root worker extracts as root: give everything to the home's owner (the agent's host uid),
+    # so the agent can change what was restored and nothing in its home is root's.
+    if os.geteuid() != 0:
+        return
+    st = home.stat()
+    for dirpath, dirnames, filenames in os.walk(home):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), st.st_uid, st.st_gid)
 
 
 class SnapshotStore:
