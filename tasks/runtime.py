@@ -13,7 +13,7 @@ import redis
 
 from tasks.dispatcher import CeleryDispatcher
 from tasks.placement import node_homes
-from worker.model.client import ResponsesClient
+from worker.model.responses import ResponsesClient
 from worker.placement.records import Placement
 from worker.settings import get_settings
 from worker.tools.skills import skills_instructions
