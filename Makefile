@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(PY) bench/streaming.py
 	$(PY) bench/tracing_overhead.py
 	$(PY) bench/concurrency.py
+	$(PY) bench/placement.py
 
 # Kill-loop soak: worker processes, pool children, beat, the gateway and Redis killed every 2-5 s
 # while 200 turns run (a few minutes; bench/soak.py --help for the knobs).

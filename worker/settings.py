@@ -78,6 +78,19 @@ class Settings(BaseSettings):
     uid_base: int = Field(200_000, ge=1000)
     uid_count: int = Field(100_000, ge=1)
 
+    # Placement (docs/placement.md): each agent's home lives on one node. A node is a homes root;
+    # its name defaults to the one stored in <homes_root>/.placement/node (made on first start),
+    # so every tools worker sharing a homes root is one node. Must match ^[A-Za-z0-9_.-]{1,64}$.
+    node_name: str | None = None
+    # Snapshots of homes in an object store (S3 API): "s3://bucket/prefix". Unset: a re-placed
+    # agent gets an empty home and is told its computer was reset.
+    snapshot_store: str | None = None
+    # Endpoint of an S3-compatible server (MinIO, moto); unset: AWS. Credentials and region come
+    # from the usual AWS_* variables (boto3's own lookup).
+    snapshot_endpoint_url: str | None = None
+    # A home changed by a destructive computer call is snapshotted within this many seconds.
+    snapshot_interval: float = Field(5.0, gt=0)
+
     # Computer tools.
     command_timeout: float = 60.0
     command_output_cap: int = 64_000
@@ -160,6 +173,23 @@ class Settings(BaseSettings):
     def _positive(cls, v: int) -> int:
         if v < 1:
             raise ValueError("must be >= 1")
+        return v
+
+    @field_validator("node_name")
+    @classmethod
+    def _node_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", v):
+            raise ValueError("a node name matches ^[A-Za-z0-9_.-]{1,64}$ (it names the node's tool queue)")
+        return v
+
+    @field_validator("snapshot_store")
+    @classmethod
+    def _snapshot_store(cls, v: str | None) -> str | None:
+        if not v:
+            return None
+        parts = urlsplit(v)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise ValueError("the snapshot store is s3://bucket[/prefix]")
         return v
 
 
