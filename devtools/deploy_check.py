@@ -1,0 +1,584 @@
+"""``make deploy-check``: compose.yaml brought up for real, used from the host, torn down.
+
+What it does, each step printed with the seconds it took (docs/deployment.md, "The check"):
+
+1. builds the images (``devtools.podman``: a Debian base from Debian's packages, layers cached);
+2. makes two small filesystems (loop-mounted ext4 images under ``var/deploy/disks``): one for
+   Redis's data (``REDIS_DATA_DIR``), one for the agents' homes (``AGENT_HOMES_DIR``), as
+   docs/deployment.md asks of a host;
+3. ``podman-compose up`` with fresh credentials (never printed), optionally ``--scale`` two turn
+   nodes and two tools nodes, and waits for every health check;
+4. from the host, through what compose publishes (Redis on 127.0.0.1 with the ``control`` user,
+   Flower, Prometheus, the trace UI) and with those credentials:
+   - a text turn whose ``run_command`` runs in the sandbox of the tools container: no network
+     interface but loopback, Redis unreachable, a file written in its home, no secret in its
+     environment or in any ``/proc/<pid>/environ`` it can see, no other agent's home;
+   - a turn whose destructive command waits for an approval, approved with ``agent-runtime approve``;
+   - a workflow task started with ``python -m control.workflow_cli start --wait``;
+   - a command that fills the homes' filesystem, then a turn that still completes (Redis's disk
+     is another one);
+   - Flower (401 without the password, 200 with), the metrics of both pools in Prometheus
+     (``agent_model_call_seconds`` from the turns pool, ``agent_tool_call_seconds`` from the
+     tools pool) and the turn's trace in the trace UI;
+   - with ``--scale``: turns of several steps at once, and which node ran which step of which
+     turn (from Flower's task list);
+5. tears everything down (containers, networks, volumes, the two filesystems), also after a
+   failure, Ctrl-C or SIGTERM.
+
+``python -m devtools.deploy_check [--scale] [--keep]``; exit 0 when every step passed, 1 when
+one failed (its line says which and why), 2 when a prerequisite is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+
+from devtools.podman import DEPLOY_DIR, ROOT, PodmanError, build_images, require_tools, write_config
+from devtools.podman import env as podman_env
+
+PROJECT = "agent-check"
+DISKS = DEPLOY_DIR / "disks"
+AGENT_UID, REDIS_UID = 10001, 10002  # the users of the images (Dockerfile, deploy/images/redis.Dockerfile)
+PUBLISHED = {"flower": 5555, "prometheus": 9090, "phoenix": 6006}
+HEALTH_TIMEOUT = 240.0
+TURN_TIMEOUT = 120.0
+
+
+class CheckFailed(RuntimeError):
+    """A step of the check failed; the message says what was expected and what was seen."""
+
+
+@dataclass
+class Deployment:
+    """What the check started: credentials (never printed), ports, mounts, the compose project."""
+
+    scale: bool
+    redis_password: str = field(default_factory=lambda: secrets.token_hex(24))
+    control_password: str = field(default_factory=lambda: secrets.token_hex(24))
+    flower_auth: str = field(default_factory=lambda: f"ops:{secrets.token_hex(12)}")
+    redis_port: int = 0
+    mounts: list[Path] = field(default_factory=list)
+    up: bool = False
+
+    @property
+    def homes(self) -> Path:
+        return DISKS / "homes"
+
+    @property
+    def redis_data(self) -> Path:
+        return DISKS / "redis"
+
+    @property
+    def control_url(self) -> str:
+        return f"redis://control:{self.control_password}@127.0.0.1:{self.redis_port}/0"
+
+    def secrets(self) -> list[str]:
+        return [self.redis_password, self.control_password, self.flower_auth.split(":", 1)[1]]
+
+    def compose_env(self) -> dict[str, str]:
+        from devtools.podman import BASE_IMAGE
+
+        return {
+            **os.environ,
+            **podman_env(),
+            "REDIS_PASSWORD": self.redis_password,
+            "REDIS_CONTROL_PASSWORD": self.control_password,
+            "FLOWER_BASIC_AUTH": self.flower_auth,
+            "REDIS_HOST_PORT": str(self.redis_port),
+            "REDIS_DATA_DIR": str(self.redis_data),
+            "AGENT_HOMES_DIR": str(self.homes),
+            "BASE_IMAGE": BASE_IMAGE,
+            # podman lifts the masks under /proc alone (docs/deployment.md, "The tools worker's grants")
+            "AGENT_TOOLS_PROC_OPT": "unmask=/proc/*",
+        }
+
+    def cli_env(self) -> dict[str, str]:
+        """The control plane's environment on the host: only the control user's URL."""
+        keep = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS", "CONTROL_REDIS", "OPENAI"))}
+        return {**keep, "CONTROL_REDIS_URL": self.control_url, "REDIS_URL": self.control_url}
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+class Steps:
+    """Runs named steps, printing each with the seconds it took; the first failure stops the run."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.results: list[tuple[str, float, bool]] = []
+
+    def run(self, name: str, fn: Callable[[], str | None]) -> None:
+        t = time.monotonic()
+        try:
+            detail = fn()
+        except Exception as exc:
+            took = time.monotonic() - t
+            self.results.append((name, took, False))
+            print(f"[{took:6.1f} s] FAIL {name}: {redact(str(exc))}", flush=True)
+            raise
+        took = time.monotonic() - t
+        self.results.append((name, took, True))
+        print(f"[{took:6.1f} s] ok   {name}" + (f": {detail}" if detail else ""), flush=True)
+
+    def note(self, text: str) -> None:
+        print(f"           {text}", flush=True)
+
+
+_SECRETS: list[str] = []
+
+
+def redact(text: str) -> str:
+    """``text`` without any of the check's passwords."""
+    for s in _SECRETS:
+        text = text.replace(s, "***")
+    return text
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def sh(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 600, check: bool = True, **kw: Any):
+    """Run ``cmd`` (captured); raise ``CheckFailed`` naming it and the end of its output when it fails."""
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)
+    if check and proc.returncode != 0:
+        tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise CheckFailed(f"`{' '.join(cmd[:4])} ...` exited {proc.returncode}: {tail[:400]}")
+    return proc
+
+
+def compose_cmd() -> list[str]:
+    exe = shutil.which("podman-compose") or str(Path(sys.executable).parent / "podman-compose")
+    if not Path(exe).exists():
+        raise PodmanError("podman-compose is missing: run `make deploy-install`")
+    return [exe, "-p", PROJECT, "-f", str(ROOT / "compose.yaml")]
+
+
+def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    return sh(["podman", *args], env={**os.environ, **podman_env()}, check=check, timeout=timeout)
+
+
+def cli(dep: Deployment, *args: str, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
+    """``agent-runtime args`` from the host, as the control plane."""
+    return sh([sys.executable, "-m", "control.cli", *args], env=dep.cli_env(), timeout=timeout, check=check)
+
+
+def workflow_cli(dep: Deployment, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return sh([sys.executable, "-m", "control.workflow_cli", *args], env=dep.cli_env(), timeout=timeout)
+
+
+def containers() -> dict[str, dict[str, str]]:
+    """``{container name: {"service", "hostname", "health"}}`` of the project."""
+    out = podman("ps", "-a", "--filter", f"label=io.podman.compose.project={PROJECT}", "--format", "json").stdout
+    found: dict[str, dict[str, str]] = {}
+    for c in json.loads(out or "[]"):
+        name = c["Names"][0]
+        info = json.loads(podman("inspect", name).stdout)[0]
+        found[name] = {
+            "service": c.get("Labels", {}).get("com.docker.compose.service", ""),
+            "hostname": info["Config"].get("Hostname", ""),
+            "state": info["State"]["Status"],
+            "health": (info["State"].get("Health") or info["State"].get("Healthcheck") or {}).get("Status", ""),
+        }
+    return found
+
+
+# -- set-up and tear-down ----------------------------------------------------------------------
+
+
+def free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_disk(name: str, size_mb: int, owner: int) -> Path:
+    """A loop-mounted ext4 filesystem of ``size_mb`` at ``DISKS/name``, its root owned by ``owner``."""
+    DISKS.mkdir(parents=True, exist_ok=True)
+    image, mnt = DISKS / f"{name}.img", DISKS / name
+    if mnt.is_mount():
+        sh(["umount", str(mnt)])
+    image.unlink(missing_ok=True)
+    with image.open("wb") as f:
+        f.truncate(size_mb * 1024 * 1024)
+    sh(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)])
+    mnt.mkdir(exist_ok=True)
+    sh(["mount", "-o", "loop,nosuid,nodev", str(image), str(mnt)])
+    os.chown(mnt, owner, owner)
+    os.chmod(mnt, 0o750)
+    (mnt / "lost+found").rmdir()
+    return mnt
+
+
+def teardown(dep: Deployment) -> str:
+    """Stop and remove everything the check started; returns what was removed."""
+    done = []
+    if dep.up:
+        sh([*compose_cmd(), "down", "-v", "-t", "10"], env=dep.compose_env(), check=False, timeout=300)
+        done.append("containers, networks and volumes")
+        dep.up = False
+    for mnt in dep.mounts:
+        if mnt.is_mount():
+            sh(["umount", str(mnt)], check=False)
+        (mnt.parent / f"{mnt.name}.img").unlink(missing_ok=True)
+        done.append(f"{mnt.name} disk")
+    dep.mounts.clear()
+    return ", ".join(done) or "nothing to remove"
+
+
+def bring_up(dep: Deployment) -> str:
+    busy = [f"{svc} ({port})" for svc, port in PUBLISHED.items() if not free(port)]
+    if busy:
+        raise CheckFailed(f"ports compose publishes are taken on 127.0.0.1: {', '.join(busy)}")
+    dep.redis_port = free_port()
+    dep.mounts.append(make_disk("redis", 256, REDIS_UID))
+    dep.mounts.append(make_disk("homes", 192, AGENT_UID))
+    cmd = [*compose_cmd(), "up", "-d", "--no-build"]
+    if dep.scale:
+        cmd += ["--scale", "worker-turns=2", "--scale", "worker-tools=2"]
+    dep.up = True
+    sh(cmd, env=dep.compose_env(), timeout=600)
+    running = containers()
+    return f"{len(running)} containers; Redis for the control plane on 127.0.0.1:{dep.redis_port}"
+
+
+def wait_healthy() -> str:
+    """Run every container's health check until all pass (podman has no systemd timer here to run them)."""
+    deadline = time.monotonic() + HEALTH_TIMEOUT
+    healthy: dict[str, float] = {}
+    t0 = time.monotonic()
+    while True:
+        found = containers()
+        for name, c in found.items():
+            if name in healthy:
+                continue
+            if c["state"] != "running":
+                continue
+            if podman("healthcheck", "run", name, check=False, timeout=60).returncode == 0:
+                healthy[name] = time.monotonic() - t0
+        if found and len(healthy) == len(found):
+            slowest = max(healthy, key=lambda n: healthy[n])
+            return f"{len(healthy)} healthy (last: {slowest} after {healthy[slowest]:.0f} s)"
+        if time.monotonic() > deadline:
+            sick = sorted(set(found) - set(healthy))
+            states = ", ".join(f"{n} ({found[n]['state']})" for n in sick)
+            raise CheckFailed(f"not healthy after {HEALTH_TIMEOUT:.0f} s: {states}; see `podman logs <name>`")
+        time.sleep(3)
+
+
+# -- the turns ---------------------------------------------------------------------------------
+
+
+def enqueue(dep: Deployment, text: str, agent: str, model: str, *extra: str) -> str:
+    return cli(dep, "enqueue", text, "--agent", agent, "--model", model, *extra).stdout.strip()
+
+
+def wait_turn(dep: Deployment, turn_id: str) -> dict[str, Any]:
+    run = cli(dep, "wait", turn_id, "--timeout", str(TURN_TIMEOUT), check=False, timeout=TURN_TIMEOUT + 30)
+    if run.returncode != 0:
+        raise CheckFailed(f"turn {turn_id} did not complete: {(run.stdout or run.stderr).strip()[:400]}")
+    return json.loads(run.stdout)
+
+
+def tool_outputs(dep: Deployment, turn_id: str) -> list[str]:
+    items = [json.loads(line) for line in cli(dep, "items", turn_id).stdout.splitlines() if line.strip()]
+    return [str(i.get("output", "")) for i in items if i.get("type") == "function_call_output"]
+
+
+def sandbox_turn(dep: Deployment) -> str:
+    other = dep.homes / "deploy-other"
+    other.mkdir()
+    (other / "private.txt").write_text("another agent's file\n")
+    os.chown(other, AGENT_UID, AGENT_UID)
+    turn = enqueue(dep, "report on your sandbox", "deploy-a", "deploy-sandbox", "--approval", "off")
+    wait_turn(dep, turn)
+    (out,) = tool_outputs(dep, turn)
+    report = dict(line.split(": ", 1) if ": " in line else line.split("=", 1) for line in _lines(out))
+    expected = {
+        "uid": "1000",
+        "interfaces": "lo",
+        "redis": "unreachable",
+        "secrets in env": "0",
+        "secrets in /proc": "0",
+        "homes visible": "deploy-a",
+    }
+    wrong = {k: report.get(k) for k, v in expected.items() if (report.get(k) or "").strip() != v}
+    if wrong:
+        raise CheckFailed(f"the sandbox let the command see {wrong} (expected {expected})")
+    if any(s in out for s in dep.secrets()):
+        raise CheckFailed("a password appeared in the command's output")
+    written = dep.homes / "deploy-a" / "deploy-check.txt"
+    if written.read_text().strip() != "written in the sandbox":
+        raise CheckFailed(f"{written} does not hold what the command wrote")
+    return (
+        f"turn {turn}: uid 1000, interfaces [lo], Redis unreachable, 0 secrets in env and /proc, "
+        f"only its own home, {report.get('processes')} processes visible, file written in the home"
+    )
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The report lines of a run_command output (its JSON or plain form)."""
+    try:
+        data = json.loads(text)
+        text = data.get("stdout") or data.get("output") or text if isinstance(data, dict) else text
+    except ValueError:
+        pass
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(
+            ("uid=", "interfaces:", "redis:", "home file:", "secrets in", "processes:", "homes visible:")
+        ):
+            yield line
+
+
+def approval_turn(dep: Deployment) -> str:
+    turn = enqueue(dep, "remove the check file", "deploy-a", "deploy-approval")
+    deadline = time.monotonic() + 60
+    pending: list[dict[str, Any]] = []
+    while not pending and time.monotonic() < deadline:
+        pending = [json.loads(x) for x in cli(dep, "approvals", "--turn", turn, "--json").stdout.splitlines() if x]
+        time.sleep(0.5)
+    if not pending:
+        raise CheckFailed(f"turn {turn} never asked for an approval")
+    call = pending[0]["call_id"]
+    decided = cli(dep, "approve", turn, call, "--by", "deploy-check").stdout.strip()
+    wait_turn(dep, turn)
+    if (dep.homes / "deploy-a" / "deploy-check.txt").exists():
+        raise CheckFailed("the approved command did not remove the file")
+    return f"turn {turn} parked for `{pending[0]['activity']}`; agent-runtime approve -> {decided}; ran and completed"
+
+
+def workflow_task(dep: Deployment) -> str:
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"answer": {"type": "string"}, "checks": {"type": "integer"}},
+            "required": ["answer", "checks"],
+            "additionalProperties": False,
+        }
+    )
+    run = workflow_cli(
+        dep,
+        "start",
+        "--agent",
+        "deploy-a",
+        "--title",
+        "Deployment check",
+        "--instructions",
+        "Submit the result of the deployment check.",
+        "--schema",
+        schema,
+        "--model",
+        "deploy-workflow-task",
+        "--wait",
+        "--timeout",
+        str(TURN_TIMEOUT),
+    )
+    task = json.loads(run.stdout)
+    if task["status"] != "succeeded" or task.get("result") != {"answer": "deployed", "checks": 3}:
+        raise CheckFailed(f"workflow task ended {task['status']} with {task.get('result')}")
+    return f"task {task['task_id']} succeeded with {json.dumps(task['result'])}"
+
+
+def disk_full_turn(dep: Deployment) -> str:
+    fill = enqueue(dep, "fill the disk", "deploy-fill", "deploy-fill", "--approval", "off")
+    wait_turn(dep, fill)
+    usage = shutil.disk_usage(dep.homes)
+    if usage.free > 4 * 1024 * 1024:
+        raise CheckFailed(f"the homes' filesystem still has {usage.free // 2**20} MiB free after the fill")
+    after = enqueue(dep, "list your files", "deploy-a", "deploy-steps", "--approval", "off")
+    wait_turn(dep, after)
+    redis_free = shutil.disk_usage(dep.redis_data).free // 2**20
+    (dep.homes / "deploy-fill" / "fill.bin").unlink(missing_ok=True)
+    return f"homes full (0 MiB free); turn {after} completed after it; Redis's disk has {redis_free} MiB free"
+
+
+# -- what operators see ------------------------------------------------------------------------
+
+
+def flower(dep: Deployment) -> str:
+    url = "http://127.0.0.1:5555/api/workers"
+    anonymous = httpx.get(url, timeout=10).status_code
+    auth = {"Authorization": "Basic " + base64.b64encode(dep.flower_auth.encode()).decode()}
+    good = httpx.get(url, headers=auth, timeout=30)
+    if anonymous != 401 or good.status_code != 200:
+        raise CheckFailed(f"Flower answered {anonymous} without the password and {good.status_code} with it")
+    names = sorted(good.json())
+    return f"401 without the password, 200 with it; workers: {', '.join(names)}"
+
+
+def prometheus_query(query: str) -> list[dict[str, Any]]:
+    r = httpx.get("http://127.0.0.1:9090/api/v1/query", params={"query": query}, timeout=10)
+    r.raise_for_status()
+    return r.json()["data"]["result"]
+
+
+def metrics() -> str:
+    wanted = {
+        "agent_model_call_seconds_count": "worker-turns",  # the turns pool
+        "agent_tool_call_seconds_count": "worker-tools",  # the tools pool
+    }
+    deadline = time.monotonic() + 60
+    seen: dict[str, set[str]] = {}
+    while time.monotonic() < deadline:
+        seen = {
+            m: {r["metric"].get("service", "") for r in prometheus_query(f"sum by (service) ({m})")} for m in wanted
+        }
+        if all(svc in seen[m] for m, svc in wanted.items()):
+            break
+        time.sleep(2)
+    else:
+        raise CheckFailed(f"Prometheus has not scraped both pools' series: {seen}")
+    targets = httpx.get("http://127.0.0.1:9090/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+    up = [t for t in targets if t["health"] == "up"]
+    tools = prometheus_query('sum(agent_tool_call_seconds_count{service="worker-tools"})')[0]["value"][1]
+    return f"{len(up)}/{len(targets)} worker targets up; agent_tool_call_seconds from worker-tools ({tools} calls), agent_model_call_seconds from worker-turns"
+
+
+def trace(dep: Deployment, turn_id: str) -> str:
+    """The turn's spans in Phoenix (its REST API, as its UI shows them)."""
+    from control.client import ControlPlane
+
+    traceparent = ControlPlane(dep.control_url).store.load(turn_id).traceparent or ""
+    trace_id = traceparent.split("-")[1] if traceparent.count("-") == 3 else ""
+    if not trace_id:
+        raise CheckFailed(f"turn {turn_id} has no trace id ({traceparent!r})")
+    deadline = time.monotonic() + 60
+    names: list[str] = []
+    while time.monotonic() < deadline:
+        r = httpx.get("http://127.0.0.1:6006/v1/projects/agent-worker/spans", params={"limit": 1000}, timeout=20)
+        if r.status_code == 200:
+            names = [s["name"] for s in r.json().get("data", []) if s["context"]["trace_id"] == trace_id]
+            if any(n.startswith("invoke_agent") for n in names) and any(n.startswith("execute_tool") for n in names):
+                break
+        time.sleep(2)
+    else:
+        raise CheckFailed(f"trace {trace_id} of turn {turn_id} is not complete in the trace UI: {names}")
+    ui = httpx.get("http://127.0.0.1:6006/", timeout=10).status_code
+    return f"trace {trace_id}: {len(names)} spans ({', '.join(sorted(set(n.split()[0] for n in names)))}); UI {ui}"
+
+
+def nodes_at_work(dep: Deployment, turns: int = 8) -> str:
+    """Several three-step turns at once; which node ran each step and each tool call (Flower's tasks)."""
+    ids = [enqueue(dep, "list your files", f"deploy-s{i}", "deploy-steps", "--approval", "off") for i in range(turns)]
+    for turn_id in ids:
+        wait_turn(dep, turn_id)
+    hosts = {c["hostname"]: name for name, c in containers().items()}
+    auth = {"Authorization": "Basic " + base64.b64encode(dep.flower_auth.encode()).decode()}
+    tasks = httpx.get("http://127.0.0.1:5555/api/tasks", params={"limit": 5000}, headers=auth, timeout=30).json()
+    rows: dict[str, list[str]] = {t: [] for t in ids}
+    turn_nodes: set[str] = set()
+    tool_nodes: set[str] = set()
+    for task in sorted(tasks.values(), key=lambda t: t.get("received") or 0):
+        label = str(task.get("args") or "")
+        turn = next((t for t in ids if t in label), None)
+        if turn is None:
+            continue
+        node = hosts.get(str(task.get("worker") or "").split("@")[-1], task.get("worker") or "?")
+        step = label.split("step=")[1].split()[0].strip("'\"),") if "step=" in label else "?"
+        if task.get("name", "").endswith("turn_step"):
+            turn_nodes.add(node)
+            rows[turn].append(f"step {step} on {node}")
+        elif task.get("name", "").endswith("tool_call"):
+            tool_nodes.add(node)
+            rows[turn].append(f"{label.split()[0]} (step {step}) on {node}")
+    for turn, row in rows.items():
+        print(f"           turn {turn}: " + "; ".join(row), flush=True)
+    if dep.scale and (len(turn_nodes) < 2 or len(tool_nodes) < 2):
+        raise CheckFailed(f"steps ran on {sorted(turn_nodes)} and tools on {sorted(tool_nodes)}: expected two of each")
+    return f"{turns} turns: steps on {sorted(turn_nodes)}, tool calls on {sorted(tool_nodes)}"
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def run_check(scale: bool, keep: bool) -> bool:
+    """Run every step (see the module docstring); True when all passed. Tears down unless ``keep``."""
+    steps = Steps()
+    dep = Deployment(scale=scale)
+    _SECRETS[:] = dep.secrets()
+    title = "scaled: 2 turn nodes, 2 tools nodes" if scale else "one node of each service"
+    print(f"deploy-check ({title}), compose project {PROJECT!r}", flush=True)
+    ok = False
+    try:
+        steps.run("build images", lambda: ", ".join(f"{n.split('/')[-1]} {s:.0f} s" for n, s in build_images().items()))
+        steps.run("compose up", lambda: bring_up(dep))
+        steps.run("health checks", wait_healthy)
+        sandbox: dict[str, str] = {}
+
+        def _sandbox() -> str:
+            out = sandbox_turn(dep)
+            sandbox["turn"] = out.split()[1].rstrip(":")
+            return out
+
+        steps.run("text turn: run_command in the tools container's sandbox", _sandbox)
+        steps.run("approval approved through agent-runtime approve", lambda: approval_turn(dep))
+        steps.run("workflow task (control.workflow_cli start --wait)", lambda: workflow_task(dep))
+        steps.run("homes' disk full: Redis and turns unaffected", lambda: disk_full_turn(dep))
+        steps.run("nodes: which node ran which step", lambda: nodes_at_work(dep, 8 if scale else 2))
+        steps.run("Flower: auth required", lambda: flower(dep))
+        steps.run("metrics of both pools in Prometheus", metrics)
+        steps.run("trace in the trace UI (Phoenix)", lambda: trace(dep, sandbox["turn"]))
+        ok = True
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    except (CheckFailed, PodmanError, subprocess.TimeoutExpired, httpx.HTTPError):
+        pass  # printed by Steps.run
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # nothing cuts the teardown short
+        if keep and dep.up:
+            print(f"kept up (--keep): `{' '.join(compose_cmd())} down -v` removes it", flush=True)
+        else:
+            steps.run("teardown", lambda: teardown(dep))
+    total = time.monotonic() - steps.t0
+    print(f"deploy-check ({title}): {'PASSED' if ok else 'FAILED'} in {total:.0f} s", flush=True)
+    return ok
+
+
+def main() -> None:
+    """``python -m devtools.deploy_check [--scale] [--keep]`` (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--scale", action="store_true", help="two turn nodes and two tools nodes")
+    parser.add_argument("--keep", action="store_true", help="leave the deployment up (no teardown)")
+    args = parser.parse_args()
+
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    try:
+        if os.geteuid() != 0:
+            raise PodmanError("the check runs rootful podman and mounts two filesystems: run it as root")
+        require_tools("podman", "runc", "mkfs.ext4")
+        write_config()
+        compose_cmd()
+    except PodmanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise SystemExit(0 if run_check(args.scale, args.keep) else 1)
+
+
+if __name__ == "__main__":
+    main()
