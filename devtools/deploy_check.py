@@ -21,7 +21,8 @@ What it does, each step printed with the seconds it took (docs/deployment.md, "T
      (``agent_model_call_seconds`` from the turns pool, ``agent_tool_call_seconds`` from the
      tools pool) and the turn's trace in the trace UI;
    - with ``--scale``: turns of several steps at once, and which node ran which step of which
-     turn (from Flower's task list);
+     turn (from Flower's task list); then a turn node stopped with SIGTERM while turns run,
+     every turn completing on the other;
 5. tears everything down (containers, networks, volumes, the two filesystems), also after a
    failure, Ctrl-C or SIGTERM.
 
@@ -435,6 +436,22 @@ def disk_full_turn(dep: Deployment) -> str:
     return f"homes full (0 MiB free); turn {after} completed after it; Redis's disk has {redis_free} MiB free"
 
 
+def drain_node(dep: Deployment, turns: int = 8) -> str:
+    """Upgrades: a turn node stopped (SIGTERM, as ``podman stop`` / ``docker compose stop`` send it)
+    while turns run; every turn completes, on the node that stays."""
+    nodes = sorted(n for n, c in containers().items() if c["service"] == "worker-turns")
+    if len(nodes) < 2:
+        return "skipped: one turn node"
+    ids = [enqueue(dep, "list your files", f"deploy-d{i}", "deploy-steps", "--approval", "off") for i in range(turns)]
+    t = time.monotonic()
+    podman("stop", "-t", "60", nodes[-1], timeout=120)
+    stopped = time.monotonic() - t
+    for turn_id in ids:
+        wait_turn(dep, turn_id)
+    podman("start", nodes[-1])
+    return f"{nodes[-1]} stopped by SIGTERM in {stopped:.1f} s while {turns} turns ran; all {turns} completed"
+
+
 # -- what operators see ------------------------------------------------------------------------
 
 
@@ -562,6 +579,8 @@ def run_check(scale: bool, keep: bool) -> bool:
         steps.run("workflow task (control.workflow_cli start --wait)", lambda: workflow_task(dep))
         steps.run("homes' disk full: Redis and turns unaffected", lambda: disk_full_turn(dep))
         steps.run("nodes: which node ran which step", lambda: nodes_at_work(dep, 8 if scale else 2))
+        if scale:
+            steps.run("drain a turn node (SIGTERM) while turns run", lambda: drain_node(dep))
         steps.run("Flower: auth required", lambda: flower(dep))
         steps.run("metrics of both pools in Prometheus", metrics)
         steps.run("trace in the trace UI (Phoenix)", lambda: trace(dep, sandbox["turn"]))
