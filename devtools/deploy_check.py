@@ -276,6 +276,18 @@ def trace(dep: Deployment, turn_id: str) -> str:
     return f"trace {trace_id}: {len(names)} spans ({', '.join(sorted(set(n.split()[0] for n in names)))}); UI {ui}"
 
 
+def redis_usage(dep: Deployment) -> str:
+    """What the check's turns cost Redis: memory and the append-only file on its disk (for sizing)."""
+    import redis
+
+    client = redis.Redis.from_url(dep.control_url)
+    info = client.info("memory")
+    keys = client.dbsize()
+    client.close()
+    aof = sum(p.stat().st_size for p in dep.redis_data.rglob("*") if p.is_file())
+    return f"used_memory {info['used_memory_human']}, {keys} keys, {aof / 2**20:.1f} MiB on its disk (AOF)"
+
+
 def nodes_at_work(dep: Deployment, turns: int = 8) -> str:
     """Several three-step turns at once; which node ran each step and each tool call (Flower's tasks)."""
     ids = [enqueue(dep, "list your files", f"deploy-s{i}", "deploy-steps", "--approval", "off") for i in range(turns)]
@@ -339,6 +351,7 @@ def run_check(scale: bool, keep: bool) -> bool:
             steps.run("drain a turn node (SIGTERM) while turns run", lambda: drain_node(dep))
         steps.run("Flower: auth required", lambda: flower(dep))
         steps.run("metrics of both pools in Prometheus", metrics)
+        steps.run("Redis after the check's turns", lambda: redis_usage(dep))
         steps.run("trace in the trace UI (Phoenix)", lambda: trace(dep, sandbox["turn"]))
         ok = True
     except KeyboardInterrupt:
