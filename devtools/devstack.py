@@ -233,7 +233,7 @@ def start_stack(stack: Stack, demo: str) -> None:
             [
                 sys.executable,
                 "-m",
-                "worker.model.scripted_gateway",
+                "devtools.scripted_gateway",
                 "--port",
                 str(port),
                 "--scripts",

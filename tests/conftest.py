@@ -24,7 +24,7 @@ _state: dict = {}
 
 def pytest_configure(config):
     from devtools.embedded_redis import EmbeddedRedis
-    from worker.model.scripted_gateway import ScriptedGateway
+    from devtools.scripted_gateway import ScriptedGateway
 
     _state["started"] = time.time()
     url = control_url = os.environ.get("TEST_REDIS_URL")
