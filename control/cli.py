@@ -80,6 +80,9 @@ def enqueue(
     spawn_jobs: bool = typer.Option(False, help="offer background job tools"),
     network: str = typer.Option("none", help="commands' network: none, or egress (through the guarded proxy)"),
     allow_host: list[str] = typer.Option(None, help="with --network egress: a host egress may reach (repeatable)"),
+    approval: str = typer.Option(
+        None, help="which calls wait for a person: declared, destructive or off (default: AGENT_APPROVAL_MODE)"
+    ),
     wait: bool = typer.Option(False, help="follow the transcript until the turn ends"),
 ) -> None:
     """Enqueue a turn and print its id (or follow it with --wait)."""
@@ -106,6 +109,7 @@ def enqueue(
                 "supports": {"spawn_jobs": spawn_jobs},
                 "network": network,
                 "egress_allow_hosts": allow_host or None,
+                "approval": {"mode": approval},
             }
         )
     if not wait:

@@ -5,6 +5,7 @@ Bad values fail at start-up with pydantic's error naming the variable.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 from functools import lru_cache
@@ -158,8 +159,10 @@ class Settings(BaseSettings):
     )
     # A development exporter: spans as JSON lines appended to this file (tasks.telemetry).
     otel_file: Path | None = None
-    # Prometheus /metrics port of a worker (0: no metrics server); see tasks.metrics.
+    # Prometheus /metrics port of a worker (0: no metrics server) and the address it listens on
+    # (loopback unless a deployment says otherwise: it is unauthenticated); see tasks.metrics.
     metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_addr: str = "127.0.0.1"
 
     @property
     def progress_timeout(self) -> float:
@@ -167,6 +170,15 @@ class Settings(BaseSettings):
         single wait (a tool call or a model call) plus ``progress_slack``. Turns held by a node
         whose heartbeat stopped are re-driven sooner, within about ``2 * liveness_ttl``."""
         return max(self.tool_time_limit, self.model_timeout) + self.progress_slack
+
+    @field_validator("metrics_addr")
+    @classmethod
+    def _ip_address(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError("must be an IP address to listen on (127.0.0.1, 0.0.0.0, ::)") from None
+        return v
 
     @field_validator("max_model_calls", "max_output_chars", "max_invalid_calls_per_tool", "max_input_bytes")
     @classmethod
