@@ -12,7 +12,7 @@ import threading
 import redis
 
 from tasks.dispatcher import CeleryDispatcher
-from worker.model.responses import ResponsesClient
+from worker.model.clients import model_client
 from worker.settings import get_settings
 from worker.tools.skills import skills_instructions
 from worker.tools.toolsets import toolset_resolver
@@ -47,13 +47,7 @@ def get_engine() -> TurnEngine:
         if _engine is None or _pid != os.getpid():
             settings = get_settings()
             store = TurnStore(redis_client(), progress_timeout=settings.progress_timeout)
-            client = ResponsesClient(
-                settings.openai_base_url,
-                settings.openai_api_key.get_secret_value(),
-                timeout=settings.model_timeout,
-                connect_timeout=settings.model_connect_timeout,
-                max_connections=settings.model_max_connections,
-            )
+            client = model_client(settings)
             _engine = TurnEngine(
                 store,
                 settings,
