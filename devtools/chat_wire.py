@@ -78,7 +78,12 @@ def responses_view(body: dict[str, Any]) -> dict[str, Any]:
             for c in m.get("tool_calls") or []:
                 fn = c.get("function") or {}
                 items.append(
-                    {"type": "function_call", "call_id": c.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments")}
+                    {
+                        "type": "function_call",
+                        "call_id": c.get("id"),
+                        "name": fn.get("name"),
+                        "arguments": fn.get("arguments"),
+                    }
                 )
         else:
             items.append({"type": "message", "role": "user", "content": m.get("content")})
@@ -162,7 +167,12 @@ def chat_chunks(response: dict[str, Any], *, chunk: int = 12) -> Iterator[tuple[
     for piece in _pieces(text or "", chunk):
         yield True, one({"content": piece})
     for index, call in enumerate(calls):
-        first = {"index": index, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}
+        first = {
+            "index": index,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": ""},
+        }
         yield False, one({"tool_calls": [first]})
         for piece in _pieces(call["function"]["arguments"] or "", chunk):
             yield True, one({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})

@@ -138,7 +138,9 @@ def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.extend(chat_tools(list(tool.get("tools") or [])))
             continue
         if tool.get("type") != "function":
-            raise ChatMappingError(f"a {tool.get('type')!r} tool has no Chat Completions form; use OPENAI_API_STYLE=responses")
+            raise ChatMappingError(
+                f"a {tool.get('type')!r} tool has no Chat Completions form; use OPENAI_API_STYLE=responses"
+            )
         function: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
         if tool.get("description"):
             function["description"] = tool["description"]
@@ -309,7 +311,9 @@ def _read_chunks(source: EventSource, on_delta: OnDelta) -> ModelReply:
         if isinstance(chunk, dict) and chunk.get("error"):
             err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
             kind = str(err.get("type") or err.get("code") or "")
-            raise GatewayError(f"model stream error {kind}: {err.get('message', '')}"[:500], retryable=kind not in _FATAL_TYPES)
+            raise GatewayError(
+                f"model stream error {kind}: {err.get('message', '')}"[:500], retryable=kind not in _FATAL_TYPES
+            )
         if isinstance(chunk, dict):
             assembly.add(chunk)
     if assembly.finish_reason is None:
