@@ -250,6 +250,8 @@ def start_stack(stack: Stack, demo: str) -> None:
         console.print(f"scripted gateway on {os.environ['OPENAI_BASE_URL']} (script {os.environ['OPENAI_MODEL']!r})")
     else:
         console.print(f"model gateway {os.environ['OPENAI_BASE_URL']} (model {os.environ.get('OPENAI_MODEL')})")
+    # Workers inherit OPENAI_API_STYLE: with "chat" they call /chat/completions (the gateway speaks both).
+    console.print(f"model API style {os.environ.get('OPENAI_API_STYLE') or 'responses'}")
     os.environ.setdefault("AGENT_HOMES_ROOT", str(ROOT / "var" / "homes"))
     # Development: sparse home images, so that each demo agent does not reserve its whole quota.
     os.environ.setdefault("AGENT_HOME_IMAGE_PREALLOCATE", "0")

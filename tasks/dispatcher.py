@@ -86,12 +86,14 @@ class CeleryDispatcher:
             )
             for cid in batch.call_ids
         ]
+        # A control plane on its own broker (an approval releasing a batch) sends there, not to the app's.
+        options = self._options()
         if len(sigs) == 1:
-            sigs[0].apply_async()
+            sigs[0].apply_async(**options)
         elif batch.mode == "parallel":
-            group(sigs).apply_async()
+            group(sigs).apply_async(**options)
         else:
-            chain(*sigs).apply_async()
+            chain(*sigs).apply_async(**options)
 
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""

@@ -290,3 +290,39 @@ def script_name():
 @pytest.fixture
 def homes_root() -> Path:
     return _state["homes"]
+
+
+API_STYLES = ("responses", "chat")
+
+
+@pytest.fixture(scope="session")
+def chat_stack():
+    """A worker with ``OPENAI_API_STYLE=chat`` (``--pool solo -c 1``) on a Redis of its own, so
+    no step of its turns is taken by the session's Responses worker; the same scripted gateway."""
+    from tests.support.private_stack import PrivateStack
+
+    stack = PrivateStack(OPENAI_API_STYLE="chat")
+    try:
+        stack.start_worker(pool="solo", concurrency=1)
+        yield stack
+    finally:
+        stack.close()
+
+
+@pytest.fixture(params=API_STYLES)
+def api_style(request) -> str:
+    """Each wire API the workers can speak (``OPENAI_API_STYLE``)."""
+    return request.param
+
+
+@pytest.fixture
+def styled_control(request, api_style):
+    """A control plane whose turns run on a worker speaking ``api_style``: the session's worker
+    (Responses) or ``chat_stack``'s. A module runs its end-to-end tests in both styles with
+    ``control = styled_control`` (a fixture of that name)."""
+    if api_style == "chat":
+        return request.getfixturevalue("chat_stack").control
+    request.getfixturevalue("solo_worker")
+    from control.client import ControlPlane
+
+    return ControlPlane()

@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     openai_base_url: str = Field("https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")
     openai_api_key: SecretStr = Field(SecretStr(""), validation_alias="OPENAI_API_KEY")
     model: str = Field("gpt-4.1-mini", validation_alias="OPENAI_MODEL")
+    # Which wire API the model server speaks: the Responses API, or Chat Completions (servers for
+    # open models: llama.cpp, vLLM, LM Studio, Ollama); history is kept as Responses items either way.
+    openai_api_style: Literal["responses", "chat"] = Field("responses", validation_alias="OPENAI_API_STYLE")
     model_timeout: float = 120.0
     model_connect_timeout: float = 10.0
     max_output_tokens: int | None = None
