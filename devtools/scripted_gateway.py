@@ -276,7 +276,7 @@ class ScriptedGateway:
         body (the handler writes it in Chat shape)."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            error = {"message": "messages must be a list of objects", "type": "invalid_request_error"}
+            error: dict[str, Any] = {"message": "messages must be a list of objects", "type": "invalid_request_error"}
             return 400, {"error": error}, {}
         view = responses_view(body)
         with self._lock:
