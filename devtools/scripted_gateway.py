@@ -260,7 +260,7 @@ class ScriptedGateway:
         whether the whole answer reached the client (a paid model call)."""
         if self.answer_log is None:
             return
-        items = body.get("input") if isinstance(body.get("input"), list) else []
+        items: list[Any] = body["input"] if isinstance(body.get("input"), list) else []
         first = next((i.get("content") for i in items if isinstance(i, dict) and i.get("role") == "user"), None)
         if isinstance(first, list):
             first = " ".join(str(c.get("text", "")) for c in first if isinstance(c, dict))
@@ -276,7 +276,7 @@ class ScriptedGateway:
         body (the handler writes it in Chat shape)."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            error = {"message": "messages must be a list of objects", "type": "invalid_request_error"}
+            error: dict[str, Any] = {"message": "messages must be a list of objects", "type": "invalid_request_error"}
             return 400, {"error": error}, {}
         view = responses_view(body)
         with self._lock:
@@ -320,9 +320,8 @@ class ScriptedGateway:
         if n >= len(script):
             step: dict[str, Any] = {"output": [{"type": "message", "text": "(script finished)"}]}
         else:
-            step = script[n]
-            if callable(step):
-                step = step(body)
+            entry = script[n]
+            step = entry(body) if callable(entry) else entry
         return 200, self._render(model, n, step, body), step
 
     @staticmethod

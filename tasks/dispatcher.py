@@ -78,7 +78,8 @@ class CeleryDispatcher:
                 node = self.placement.locate(computer.agent_id).node
                 queues.update(dict.fromkeys(routed, node_queue(node) if node else queue))
         sigs = [
-            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(
+            # Signature.set passes any option on to apply_async; celery-types declares only some of them.
+            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(  # type: ignore[call-arg]
                 queue=queues[cid],
                 ignore_result=True,
                 argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}",

@@ -114,6 +114,7 @@ def test_size_cap_refuses_large_broken_input():
     assert not out.ok and "too large" in out.error and str(MAX_REPAIR_CHARS) in out.error
 
 
+@pytest.mark.slow
 def test_ladder_time_is_linear():
     def cut(n):
         items = ", ".join(f'"item number {i:07d}"' for i in range(n // 24))
@@ -313,6 +314,7 @@ ADVERSARIAL = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", sorted(ADVERSARIAL))
 def test_ladder_is_linear_on_adversarial_shapes(shape):
     make = ADVERSARIAL[shape]

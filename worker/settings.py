@@ -53,7 +53,8 @@ class Settings(BaseSettings):
     # a bigger one is refused at enqueue, nothing stored (it would be sent to the model whole).
     max_input_bytes: int = 1_000_000
 
-    # Recovery (DESIGN-NOTES sections 1 and 11). A worker node's heartbeat lives this long; the
+    # Recovery (tasks.liveness, tasks.watchdog): acks_late alone does not bring back a turn whose
+    # worker died mid-step, so a heartbeat per node does. A worker node's heartbeat lives this long; the
     # watchdog re-drives the turns a node held once its heartbeat has been gone this long.
     liveness_ttl: float = 4.0
     # How often beat runs the watchdog sweep.
