@@ -1,5 +1,5 @@
 """``agent-runtime``: the control-plane CLI (enqueue, wait, status, items, transcript, cancel, schema,
-approvals, approve, reject).
+approvals, approve, reject, token).
 
 Reads ``REDIS_URL`` like the workers. Exit codes: 0 success, 1 turn ended
 without completing, 2 bad input or unreachable Redis.
@@ -17,6 +17,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
+
+from control.token_cli import app as token_app
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
@@ -45,11 +47,6 @@ def _control():
 
     with _exit_on_errors():
         return ControlPlane()
-
-
-# Workflow task turns need a result schema and a finish tool: they are started through
-# ControlPlane().workflows() (or the workflow_start tool), never as a plain turn.
-NOT_FROM_CLI = {"workflow_task": "workflow task turns are started with ControlPlane().workflows().start_workflow_task"}
 
 
 def _read_input_items(path: str) -> list:
@@ -89,8 +86,10 @@ def enqueue(
     if text is not None and not text.strip():
         err.print("[red]error:[/] the message is empty")
         raise typer.Exit(2)
-    if toolset in NOT_FROM_CLI:
-        err.print(f"[red]error:[/] toolset {toolset!r} cannot run from this command: {NOT_FROM_CLI[toolset]}")
+    from control.client import INTERNAL_TOOLSETS
+
+    if toolset in INTERNAL_TOOLSETS:
+        err.print(f"[red]error:[/] toolset {toolset!r} cannot run from this command: {INTERNAL_TOOLSETS[toolset]}")
         raise typer.Exit(2)
     message = text if input_file is None else _read_input_items(input_file)
     control = _control()
@@ -291,6 +290,8 @@ def schema() -> None:
 
     print(json.dumps(TurnRequest.model_json_schema(), indent=2))
 
+
+app.add_typer(token_app, name="token", help="Create, list and revoke the HTTP API's tokens.")
 
 if __name__ == "__main__":
     app()
