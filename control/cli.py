@@ -37,7 +37,10 @@ def _exit_on_errors() -> Iterator[None]:
         raise typer.Exit(2) from exc
     except ValidationError as exc:
         # One line: each failing field and why (pydantic's own dump runs over several lines and links).
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(
+            e["msg"] if (e.get("ctx") or {}).get("path") else f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}"
+            for e in exc.errors()
+        )
         err.print(f"[red]invalid turn request:[/] {escape(problems)}", soft_wrap=True)
         raise typer.Exit(2) from exc
 
@@ -92,9 +95,10 @@ def enqueue(
         err.print(f"[red]error:[/] toolset {toolset!r} cannot run from this command: {INTERNAL_TOOLSETS[toolset]}")
         raise typer.Exit(2)
     message = text if input_file is None else _read_input_items(input_file)
-    control = _control()
-    with _exit_on_errors():
-        turn_id = control.enqueue(
+    from worker.turn.request import TurnRequest
+
+    with _exit_on_errors():  # checked before Redis is reached: a bad item is reported as such
+        request = TurnRequest.model_validate(
             {
                 "agent_id": agent,
                 "input": message,
@@ -107,6 +111,9 @@ def enqueue(
                 "egress_allow_hosts": allow_host or None,
             }
         )
+    control = _control()
+    with _exit_on_errors():
+        turn_id = control.enqueue(request)
     if not wait:
         print(turn_id)
         return
