@@ -180,7 +180,7 @@ REFUSED_BY_POLICY = {
     ("partial_json_parser", 6): "-Infinity is not JSON and not an object",
     ("partial_json_parser", 7): "a number cut at the exponent is never completed",
 }
-# Where we deliberately differ from a library that raises: README policy says "An empty
+# Where we deliberately differ from a library that raises: the policy (docs/arguments.md) says "An empty
 # string means {}" (case A07), while js jsonrepair rejects "".
 ACCEPTED_BY_POLICY = {("js_jsonrepair", 16): {}}
 

@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     # Extra named toolsets "name=module:function,..." allowed for turns (tests, plugins).
     extra_toolsets: str = ""
 
-    # Operating it (README "Operating it"). Traces are configured by the standard OTEL_* variables
+    # Operating it (docs/operations.md). Traces are configured by the standard OTEL_* variables
     # (tasks.telemetry); tool arguments and outputs go into spans only when this is on (they may hold secrets).
     otel_record_content: bool = Field(
         False,

@@ -3,7 +3,7 @@
 The objects live in the default registry of the process. A worker serves them on
 ``AGENT_METRICS_PORT`` (``tasks.metrics``, multiprocess mode so that every prefork child
 counts); a process that serves nothing (a control plane) just counts in memory, unread.
-Names and labels (README "Operating it"):
+Names and labels (docs/operations.md, "Metrics"):
 
 - ``agent_turns_started_total{queue}``, ``agent_turns_ended_total{status}``;
 - ``agent_model_call_seconds{model}``, ``agent_tool_call_seconds{tool}`` (histograms);

@@ -1,0 +1,263 @@
+"""The README and docs/ say what the code does, and stay navigable.
+
+- README.md is a front door: at most 15 KB, its first code block is the two commands, and it
+  links every document in docs/.
+- Every relative link in README.md and docs/*.md resolves to a file, and its #anchor to a heading.
+- No document cites one outside the repository.
+- docs/writing-a-tool.md: its first tool runs as written.
+- docs/layout.md lists every module of every package, in its package's section.
+- docs/operations.md documents every setting; every AGENT_* variable a document names exists.
+- docs/deployment.md names exactly compose.yaml's services and published ports.
+- docs/control-plane.md names every CLI command and every turn request field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+
+from worker.settings import Settings
+from worker.tooling.arguments import validate_tool_arguments
+from worker.tooling.contract import AbortSignal, ToolContext
+from worker.turn.context import TurnContext
+from worker.turn.request import TurnRequest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+MAX_README_BYTES = 15 * 1024
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.S | re.M)
+
+
+def _markdown_files() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def _prose(text: str) -> str:
+    """The text without its fenced code blocks (a `#` line in a shell block is no heading)."""
+    return FENCE.sub("", text)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    anchors = set()
+    for line in _prose(path.read_text()).splitlines():
+        m = re.match(r"^#{1,6}\s+(.*)$", line)
+        if m:
+            slug = _slug(m.group(1))
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def _section(text: str, heading: str) -> str:
+    """The body of the section whose heading line is exactly ``heading``, up to the next heading
+    of the same or a higher level."""
+    level = len(heading) - len(heading.lstrip("#"))
+    lines = text.splitlines()
+    start = lines.index(heading)
+    end = next(
+        (
+            i
+            for i in range(start + 1, len(lines))
+            if re.match(r"^#{1,%d}\s" % level, lines[i]) and not lines[i].startswith("#" * (level + 1))
+        ),
+        len(lines),
+    )
+    return "\n".join(lines[start + 1 : end])
+
+
+# README
+
+
+def test_readme_is_a_front_door_under_15_kb():
+    size = len(README.read_bytes())
+    assert size <= MAX_README_BYTES, f"README.md is {size} bytes; move detail to docs/ (limit {MAX_README_BYTES})"
+
+
+def test_readme_starts_with_the_two_commands():
+    first_block = re.search(r"```\w*\n(.*?)```", README.read_text(), re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in first_block.splitlines() if line.strip()]
+    assert commands == ["make run", "make test"]
+
+
+def test_readme_links_every_document():
+    linked = {target.split("#")[0] for target in LINK.findall(README.read_text())}
+    missing = [f"docs/{p.name}" for p in sorted(DOCS.iterdir()) if p.is_file() and f"docs/{p.name}" not in linked]
+    assert not missing, f"README.md does not link {missing}"
+
+
+# every document
+
+
+@pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(path):
+    broken = []
+    for target in LINK.findall(_prose(path.read_text())):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        file_part, _, anchor = target.partition("#")
+        dest = (path.parent / file_part).resolve() if file_part else path
+        if not dest.exists():
+            broken.append(f"{target}: no file {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest}")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+    assert not broken, broken
+
+
+@pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_document_cites_one_outside_the_repository(path):
+    text = path.read_text()
+    for phrase in ("DESIGN-NOTES", "../shared", "/work/shared", "CONTAINERS.md", "REAL-MODEL.md"):
+        assert phrase not in text, f"{path.name} cites {phrase!r}: write the decision in docs/ instead"
+    assert not re.search(r"\bthe spec\b", text, re.I), f"{path.name} cites 'the spec'"
+
+
+# docs/writing-a-tool.md
+
+
+def test_the_first_tool_runs_as_written(tmp_path):
+    doc = (DOCS / "writing-a-tool.md").read_text()
+    code = re.search(r"```python\n(.*?)```", _section(doc, "## A first tool"), re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "docs/writing-a-tool.md", "exec"), namespace)
+    (tmp_path / "a.txt").write_text("one two three")
+    tools = namespace["create_word_tools"](TurnContext(turn_id="t", agent_id="a", home=tmp_path, settings=Settings()))
+    tool = tools[0]
+    outcome = validate_tool_arguments(tool, '{"path": "a.txt"}')
+    result = tool.execute(outcome.params, ToolContext(turn_id="t", call_id="c", home=tmp_path, abort=AbortSignal()))
+    assert result.content == {"path": "a.txt", "words": 3}
+    assert tool.completed_activity(outcome.params, result) == "Counted 3 words in a.txt"
+
+
+def test_the_category_checklist_names_the_files_a_category_takes():
+    """The checklist's files are where today's code adds a category: the creators are called in
+    ``assembly.text_turn_tools``, and the ``text`` toolset resolves to it."""
+    doc = _section((DOCS / "writing-a-tool.md").read_text(), "## Adding a category: the checklist")
+    assembly = (ROOT / "worker/tools/assembly.py").read_text()
+    assert "def text_turn_tools(ctx: TurnContext)" in assembly and "def workflow_task_tools" in assembly
+    assert "assembly.text_turn_tools" in (ROOT / "worker/tools/toolsets.py").read_text()
+    for path in ("worker/tools/<category>.py", "worker/tools/assembly.py", "tests/test_assembly.py"):
+        assert f"**`{path}`**" in doc, path
+    assert "text_turn_tools" in doc and "workflow_task_tools" in doc
+
+
+# docs/layout.md
+
+
+def _package_dirs() -> list[Path]:
+    dirs = set()
+    for top in ("worker", "tasks", "control", "devtools", "bench"):
+        for module in (ROOT / top).rglob("*.py"):
+            if "__pycache__" not in module.parts:
+                dirs.add(module.parent)
+    return sorted(dirs)
+
+
+@pytest.mark.parametrize("package", _package_dirs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_layout_lists_every_module(package):
+    layout = (DOCS / "layout.md").read_text()
+    rel = package.relative_to(ROOT).as_posix()
+    heading = f"## `{rel}/`"
+    assert heading in layout.splitlines(), f"docs/layout.md has no section {heading!r}"
+    section = _section(layout, heading)
+    modules = sorted(p.name for p in package.glob("*.py") if p.name != "__init__.py")
+    missing = [m for m in modules if f"| `{m}` |" not in section]
+    assert not missing, f"docs/layout.md, section {heading}: add a row for {missing}"
+    listed = re.findall(r"^\| `([\w]+\.py)` \|", section, re.M)
+    gone = [m for m in listed if m not in modules]
+    assert not gone, f"docs/layout.md, section {heading}: {gone} no longer exist"
+
+
+# settings
+
+
+def _env_names() -> set[str]:
+    names = set()
+    for name, field in Settings.model_fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, str):
+            names.add(alias)
+        elif alias is not None:
+            names.add(str(alias.choices[0]))
+        else:
+            names.add(f"AGENT_{name.upper()}")
+    return names
+
+
+def test_every_setting_is_documented():
+    config = _section((DOCS / "operations.md").read_text(), "## Configuration")
+    missing = sorted(n for n in _env_names() if f"`{n}`" not in config)
+    assert not missing, f"docs/operations.md, Configuration: document {missing}"
+
+
+def test_every_agent_variable_a_document_names_exists():
+    code = "\n".join(
+        p.read_text()
+        for top in ("worker", "tasks", "control", "devtools", "bench")
+        for p in (ROOT / top).rglob("*.py")
+        if "__pycache__" not in p.parts
+    )
+    code += (ROOT / "Makefile").read_text() + (ROOT / "compose.yaml").read_text() + (ROOT / "Dockerfile").read_text()
+    known = _env_names()
+    unknown = set()
+    for path in _markdown_files():
+        for name in set(re.findall(r"\bAGENT_[A-Z0-9_]*[A-Z0-9]\b", path.read_text())):
+            if name not in known and name not in code:
+                unknown.add(f"{path.name}: {name}")
+    assert not unknown, sorted(unknown)
+
+
+# docs/deployment.md
+
+
+def test_deployment_names_the_compose_services_and_published_ports():
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    doc = (DOCS / "deployment.md").read_text()
+    documented = set(re.findall(r"^\| `([\w-]+)` \|", _section(doc, "## Compose"), re.M))
+    assert documented == set(compose), "docs/deployment.md's service table differs from compose.yaml"
+    published = {p.rsplit(":", 1)[0] for s in compose.values() for p in s.get("ports", [])}
+    documented_ports = set(re.findall(r"^\| `(127\.0\.0\.1:\d+)` \|", _section(doc, "## What is published"), re.M))
+    assert documented_ports == published, "docs/deployment.md's published ports differ from compose.yaml"
+    nets = {n for s in compose.values() for n in s.get("networks", [])}
+    documented_nets = set(re.findall(r"^\| `([\w-]+)` \|", _section(doc, "## Networks"), re.M))
+    assert documented_nets == nets
+
+
+# docs/control-plane.md
+
+
+def test_control_plane_names_every_cli_command():
+    from control.cli import app
+    from control.workflow_cli import main as workflow_main
+
+    doc = (DOCS / "control-plane.md").read_text()
+    commands = typer.main.get_command(app).commands
+    missing = [c for c in commands if f"agent-runtime {c}" not in doc]
+    assert not missing, f"docs/control-plane.md does not show agent-runtime {missing}"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        workflow_main(["--help"])
+    subcommands = re.search(r"\{([\w,-]+)\}", out.getvalue()).group(1).split(",")
+    missing = [c for c in subcommands if f"control.workflow_cli {c}" not in doc]
+    assert not missing, f"docs/control-plane.md does not show workflow_cli {missing}"
+
+
+def test_control_plane_lists_every_turn_request_field():
+    section = _section((DOCS / "control-plane.md").read_text(), "## The turn request")
+    documented = set(re.findall(r"^\| `(\w+)` \|", section, re.M))
+    assert documented == set(TurnRequest.model_fields)
