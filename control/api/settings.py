@@ -10,7 +10,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class ApiSettings(BaseSettings):
-    """Knobs of ``control.api``. Units: bytes, seconds, requests per second."""
+    """Knobs of ``control.api``. Units: bytes, seconds, requests per second. Variables:
+    ``AGENT_API_HOST``, ``AGENT_API_PORT``, ``AGENT_API_MAX_BODY_BYTES``, ``AGENT_API_RATE``,
+    ``AGENT_API_BURST``, ``AGENT_API_MAX_STREAMS_PER_TOKEN``, ``AGENT_API_HEARTBEAT``,
+    ``AGENT_API_RETRY_AFTER``."""
 
     model_config = SettingsConfigDict(env_prefix="AGENT_API_", extra="ignore")
 
