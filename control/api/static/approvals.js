@@ -32,8 +32,8 @@ function lineDiff(before, after) {
   let i = 0, j = 0;
   while (i < n || j < m) {
     if (i < n && j < m && a[i] === b[j]) { out.push([" ", a[i]]); i++; j++; }
-    else if (j < m && (i === n || lcs[i][j + 1] >= lcs[i + 1][j])) { out.push(["+", b[j]]); j++; }
-    else { out.push(["-", a[i]]); i++; }
+    else if (i < n && (j === m || lcs[i + 1][j] >= lcs[i][j + 1])) { out.push(["-", a[i]]); i++; }
+    else { out.push(["+", b[j]]); j++; }
   }
   return out;
 }
@@ -78,6 +78,9 @@ async function decide(card, action, body) {
 function wire(card) {
   if (card.dataset.wired) return;
   card.dataset.wired = "1";
+  card.querySelectorAll("time[data-deadline]").forEach((t) => {
+    t.textContent = new Date(Number(t.dataset.deadline) * 1000).toLocaleString();
+  });
   const area = card.querySelector(".params");
   area.addEventListener("input", () => showDiff(card));
   card.querySelector(".approve").addEventListener("click", () => decide(card, "approve", {}));
