@@ -33,6 +33,7 @@ from worker.settings import get_settings, redact_url
 log = logging.getLogger("agent.api")
 
 HUB_BLOCK_MS = 10_000
+REDIS_CONNECTIONS = 64  # the request side's pool (tokens, limits, event-stream reads)
 
 DESCRIPTION = """Enqueue agent turns, follow their events (server-sent events, resumable with
 `Last-Event-ID`), and decide the tool calls that wait for a person's approval.
@@ -69,7 +70,12 @@ def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.control = await _connect(url)
-        app.state.aredis = redis.asyncio.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+        # A bounded pool: a burst of requests waits for a connection (up to 10 s) instead of
+        # opening hundreds of Redis connections at once.
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url, max_connections=REDIS_CONNECTIONS, timeout=10, socket_connect_timeout=5, socket_timeout=10
+        )
+        app.state.aredis = redis.asyncio.Redis(connection_pool=pool)
         hub_client = redis.asyncio.Redis.from_url(
             url, socket_connect_timeout=5, socket_timeout=HUB_BLOCK_MS / 1000 + 10
         )
