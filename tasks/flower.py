@@ -14,6 +14,10 @@ from __future__ import annotations
 import os
 import sys
 
+# The task list's columns: Flower's default hides ``args``, which carries each task's label
+# (``tool agent= turn= step= call=``, tasks.dispatcher).
+TASKS_COLUMNS = "name,uuid,state,args,received,started,runtime,worker"
+
 
 def protect_open_routes() -> list[str]:
     """Require authentication on Flower's handlers that lack it. Returns their names. Idempotent."""
@@ -37,7 +41,10 @@ def main(argv: list[str] | None = None) -> None:
     protect_open_routes()
     from celery.bin.celery import main as celery_main
 
-    sys.argv = ["celery", "-A", "tasks.app", "flower", *(sys.argv[1:] if argv is None else argv)]
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not any(a.startswith("--tasks_columns") for a in args):
+        args.append(f"--tasks_columns={TASKS_COLUMNS}")
+    sys.argv = ["celery", "-A", "tasks.app", "flower", *args]
     celery_main()
 
 

@@ -8,7 +8,8 @@ in ``PROMETHEUS_MULTIPROC_DIR`` and the worker's main process serves their sum
 objects are created: ``prepare_multiprocess_dir`` runs when ``tasks.app`` is imported, before
 the task modules, creating a fresh one unless the variable names one (which must then be
 emptied between runs by whoever sets it). The server starts once the pool is up (``worker_ready``),
-plus ``agent_turns_in_flight``, read from Redis at each scrape.
+plus ``agent_turns_in_flight`` and ``tasks.queue_metrics``'s queue and approval gauges, read from
+Redis at each scrape.
 
 Unauthenticated, like most exporters: expose the port to the Prometheus network only.
 """
@@ -23,6 +24,8 @@ import tempfile
 from typing import Any, Iterator
 
 from celery.signals import worker_ready, worker_shutdown
+
+from tasks.queue_metrics import ApprovalsWaiting, QueueBacklog
 
 log = logging.getLogger("agent.metrics")
 _state: dict[str, Any] = {"dir": None, "server": None}
@@ -79,8 +82,9 @@ class TurnsInFlight:
         yield GaugeMetricFamily("agent_turns_in_flight", "Turns queued or running (with a progress deadline).", n)
 
 
-def start_metrics_server(port: int, addr: str | None = None) -> int:
-    """Serve ``/metrics`` on ``addr:port`` (default ``AGENT_METRICS_ADDR``) from this process; returns the port.
+def start_metrics_server(port: int, addr: str | None = None, queues: tuple[str, ...] = ()) -> int:
+    """Serve ``/metrics`` on ``addr:port`` (default ``AGENT_METRICS_ADDR``) from this process, with the
+    backlog of ``queues``; returns the port.
 
     Raises ``OSError`` when the address is taken (two workers given one port)."""
     import redis
@@ -99,6 +103,8 @@ def start_metrics_server(port: int, addr: str | None = None) -> int:
     addr = addr or settings.metrics_addr
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
     registry.register(TurnsInFlight(client))
+    registry.register(QueueBacklog(client, queues))
+    registry.register(ApprovalsWaiting(client))
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     _state["server"] = server
     log.info("metrics on %s:%s/metrics", addr, port)
@@ -106,10 +112,11 @@ def start_metrics_server(port: int, addr: str | None = None) -> int:
 
 
 @worker_ready.connect(weak=False)
-def _on_ready(**_: Any) -> None:
+def _on_ready(sender: Any = None, **_: Any) -> None:
     port = metrics_port()
     if port and _state["server"] is None:
-        start_metrics_server(port)
+        queues = tuple(sender.app.amqp.queues) if sender is not None else ()
+        start_metrics_server(port, queues=queues)
 
 
 @worker_shutdown.connect(weak=False)

@@ -14,8 +14,10 @@
 A turn whose owner is alive is never re-driven for taking long: its deadline covers the longest
 single wait (``Settings.progress_timeout``); a turn parked on approvals holds nothing to re-drive.
 
-A sweep that failed turns reports FAILURE (``TurnFailed`` naming them), after all its work,
-so that Flower shows those turns as failures like the ones a step ends (``tasks.turns``).
+The sweep runs every second, so it sends no task events (``send_events=False``): it never
+fills Flower's task list. When it failed turns, it sends ``tasks.watchdog.turns_failed``, a task
+Flower does show, which reports FAILURE (``TurnFailed`` naming them), so that those turns show
+as failures like the ones a step ends (``tasks.turns``).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from tasks.turns import TurnFailed
 from worker.placement.records import Placement
 
 
-@app.task(name="tasks.watchdog.sweep", acks_late=True, throws=(TurnFailed,))
+@app.task(name="tasks.watchdog.sweep", acks_late=True, send_events=False)
 def sweep() -> dict[str, str]:
-    """Re-drive every overdue turn once; returns ``{turn_id: action}``. Raises ``TurnFailed``
+    """Re-drive every overdue turn once; returns ``{turn_id: action}``. Sends ``turns_failed``
     (after everything is done) when it failed turns that made no progress."""
     engine = get_engine()
     limit = engine.settings.max_redrives
@@ -50,5 +52,12 @@ def sweep() -> dict[str, str]:
         done[turn_id] = "hooks re-sent"
     failed = sorted(t for t, action in done.items() if action == "failed")
     if failed:
-        raise TurnFailed(f"the watchdog failed {len(failed)} turn(s) that made no progress: {', '.join(failed)}")
+        queue = (sweep.request.delivery_info or {}).get("routing_key") or "turns"
+        turns_failed.apply_async((failed,), queue=queue, argsrepr=f"watchdog failed {', '.join(failed)}")
     return done
+
+
+@app.task(name="tasks.watchdog.turns_failed", throws=(TurnFailed,), ignore_result=True)
+def turns_failed(turn_ids: list[str]) -> None:
+    """Raises ``TurnFailed`` naming the turns the watchdog failed: a FAILURE row in Flower."""
+    raise TurnFailed(f"the watchdog failed {len(turn_ids)} turn(s) that made no progress: {', '.join(turn_ids)}")

@@ -58,6 +58,8 @@ def test_every_service_command_is_provided_by_the_project():
         elif cmd[:3] == ["python", "-m", "tasks.flower"]:
             assert importlib.util.find_spec("tasks.flower") is not None
             assert not any("auth" in a for a in cmd), "Flower credentials never go on the command line"
+        elif cmd[:3] == ["python", "-m", "control.api"]:  # the HTTP control plane
+            assert importlib.util.find_spec("control.api.app") is not None
         elif cmd[:2] == ["python", "-m"]:
             assert importlib.util.find_spec(cmd[2]) is not None, f"{name}: no module {cmd[2]}"
             scripts = ROOT / _opt(cmd, "--scripts")
@@ -147,7 +149,7 @@ def test_only_the_services_that_need_redis_join_the_backend_network():
     # `control` carries Redis's published port and nothing else
     assert {n for n, s in services.items() if "control" in s.get("networks", [])} == {"redis"}
     on_backend = {n for n, s in services.items() if "backend" in s.get("networks", [])}
-    assert on_backend == {"redis", "beat", "flower"} | {n for n in services if n.startswith("worker-")}
+    assert on_backend == {"redis", "beat", "flower", "api"} | {n for n in services if n.startswith("worker-")}
     assert "gateway" not in on_backend
     for name, svc in services.items():
         assert svc.get("networks"), f"{name} must name its networks (no flat default network)"
@@ -162,8 +164,9 @@ def test_the_model_key_only_reaches_the_services_that_call_the_model():
 def test_nothing_is_published_but_the_operator_uis_on_localhost():
     services = _compose()["services"]
     published = {n: s["ports"] for n, s in services.items() if s.get("ports")}
-    # Flower, metrics and traces (issue 12), and Redis for the control plane outside compose (issue 18)
-    assert set(published) == {"flower", "prometheus", "phoenix", "redis"}
+    # Flower, metrics and traces (issue 12), Redis for the control plane outside compose (issue 18),
+    # the HTTP control plane (issue 22; tokens on every route)
+    assert set(published) == {"flower", "prometheus", "phoenix", "redis", "api"}
     assert all(p.startswith("127.0.0.1:") for ports in published.values() for p in ports)
     assert published["redis"] == ["127.0.0.1:${REDIS_HOST_PORT:-6380}:6379"]
     assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")

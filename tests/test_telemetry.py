@@ -241,6 +241,8 @@ def test_metrics_endpoint_moves_after_a_turn(ops_worker, gateway, script_name):
     control = ops_worker["control"]
     before = _scrape(ops_worker["port"])
     assert ("agent_turns_in_flight", ()) in before
+    assert ("agent_approvals_waiting", ()) in before
+    assert {k[0] for k in before} >= {"agent_queue_backlog", "agent_queue_oldest_age_seconds"}
     gateway.add_script(
         script_name,
         [
@@ -356,5 +358,9 @@ def test_flower_sees_a_turn_the_watchdog_failed(ops_worker):
 
         (fail,) = wait_for(failed, timeout=30)
     assert "no progress" in fail["exception"]
+    # the once-a-second sweep itself sends no task events (it never fills Flower's list); the
+    # failure shows through the report task
+    names = {e.get("name") for e in events.seen if e["type"] == "task-received"}
+    assert "tasks.watchdog.sweep" not in names and "tasks.watchdog.turns_failed" in names
     view = control.status(turn_id)
     assert view.status == TurnStatus.failed and view.error == f"no progress after {MAX_REDRIVES} re-drives"

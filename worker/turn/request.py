@@ -7,6 +7,9 @@ from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from worker.model.input_items import InputItemError, check_input_items
 
 # Agent ids name a directory (the agent's home) and Redis keys; turn ids name Redis keys.
 # Published in the JSON Schema as ``ID_PATTERN`` (ECMA-262 and pydantic-core's Rust regex: ``$``
@@ -167,6 +170,20 @@ class TurnRequest(BaseModel):
     # ("example.com", or ".example.com" for its subdomains).
     network: Literal["none", "egress"] = "none"
     egress_allow_hosts: list[str] | None = Field(default=None, max_length=100)
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, v: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        # The Responses input item shapes (worker.model.input_items): the path of the first error
+        # goes in the error's context, for the HTTP API's ``param``.
+        if isinstance(v, list):
+            try:
+                check_input_items(v)
+            except InputItemError as exc:
+                raise PydanticCustomError(
+                    "input_item", "{path}: {detail}", {"path": exc.path, "detail": exc.detail}
+                ) from None
+        return v
 
     @field_validator("agent_id")
     @classmethod

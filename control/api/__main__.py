@@ -1,0 +1,39 @@
+"""``python -m control.api [--host H] [--port P]`` (``make api``): serve the HTTP control plane.
+
+Defaults from ``AGENT_API_HOST`` / ``AGENT_API_PORT`` (127.0.0.1:8700); Redis from
+``CONTROL_REDIS_URL`` (else ``REDIS_URL``). One process, one event loop: run several behind a
+load balancer to scale (each holds its own event streams; tokens and rate limits live in Redis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    from control.api.app import create_app
+    from control.api.settings import ApiSettings
+
+    settings = ApiSettings()
+    parser = argparse.ArgumentParser(prog="python -m control.api", description=__doc__)
+    parser.add_argument("--host", default=settings.host)
+    parser.add_argument("--port", type=int, default=settings.port)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        proxy_headers=False,
+        timeout_graceful_shutdown=5,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The HTTP control plane: ``create_app()`` builds the ASGI app (FastAPI), ``python -m control.api``
+(``make api``) serves it with uvicorn.
+
+One process holds: a ``ControlPlane`` (sync Redis client and Celery producer, used by the routes
+in the thread pool), an asyncio Redis client (tokens, rate limits, event streams) and a
+``StreamHub`` (one ``XREAD`` for every event stream followed). Redis is the control user's
+(``CONTROL_REDIS_URL``, else ``REDIS_URL``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+import redis
+import redis.asyncio
+from fastapi import Depends, FastAPI, Request
+
+from control.api import errors, page, routes
+from control.api.auth import caller
+from control.api.hub import StreamHub
+from control.api.json_response import JsonResponse
+from control.api.limits import BodySizeLimit
+from control.api.settings import ApiSettings
+from control.api.tokens import TokenStore
+from control.client import ControlPlane
+from control.errors import ControlPlaneUnavailable
+from worker.settings import get_settings, redact_url
+
+log = logging.getLogger("agent.api")
+
+HUB_BLOCK_MS = 10_000
+REDIS_CONNECTIONS = 64  # the request side's pool (tokens, limits, event-stream reads)
+
+DESCRIPTION = """Enqueue agent turns, follow their events (server-sent events, resumable with
+`Last-Event-ID`), and decide the tool calls that wait for a person's approval.
+
+Every route needs a token (`Authorization: Bearer atr_...`; `agent-runtime token create`), scoped
+to agents or to all agents. Errors have one shape: `{"error": {"type", "message", "param", "code"}}`.
+"""
+
+
+def redis_url() -> str:
+    """The control plane's Redis URL: ``CONTROL_REDIS_URL``, else ``REDIS_URL``."""
+    s = get_settings()
+    return s.control_redis_url or s.redis_url
+
+
+async def _connect(url: str) -> ControlPlane:
+    """A ``ControlPlane`` once Redis answers (a briefly missing Redis at start is waited for)."""
+    waited = 0.0
+    while True:
+        try:
+            return await asyncio.to_thread(ControlPlane, url)
+        except ControlPlaneUnavailable as exc:
+            if waited == 0.0 or waited % 10 < 1:
+                log.warning("waiting for Redis at %s: %s", redact_url(url), exc)
+            await asyncio.sleep(1.0)
+            waited += 1.0
+
+
+def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -> FastAPI:
+    """The app, on the Redis at ``url`` (default: ``redis_url()``)."""
+    settings = settings or ApiSettings()
+    url = url or redis_url()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.control = await _connect(url)
+        # A bounded pool: a burst of requests waits for a connection (up to 10 s) instead of
+        # opening hundreds of Redis connections at once.
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url, max_connections=REDIS_CONNECTIONS, timeout=10, socket_connect_timeout=5, socket_timeout=10
+        )
+        app.state.aredis = redis.asyncio.Redis(connection_pool=pool)
+        hub_client = redis.asyncio.Redis.from_url(
+            url, socket_connect_timeout=5, socket_timeout=HUB_BLOCK_MS / 1000 + 10
+        )
+        app.state.tokens = TokenStore(app.state.aredis)
+        app.state.hub = StreamHub(hub_client, block_ms=HUB_BLOCK_MS)
+        app.state.hub.start()
+        app.state.streams = {}
+        app.state.started = time.time()
+        log.info("control-plane API on Redis %s", redact_url(url))
+        try:
+            yield
+        finally:
+            await app.state.hub.stop()
+            await hub_client.aclose()
+            await app.state.aredis.aclose()
+
+    app = FastAPI(
+        title="Agent runtime control plane",
+        version="1",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,  # Swagger UI would load its assets from a CDN; the document is at /openapi.json
+        redoc_url=None,
+        openapi_url=None,
+        default_response_class=JsonResponse,
+    )
+    app.state.settings = settings
+    errors.install(app, settings.retry_after)
+    app.include_router(routes.router)
+    page.install(app)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(_: Any = Depends(caller)) -> dict[str, Any]:
+        return app.openapi()
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz(request: Request) -> JsonResponse:
+        """Open (no token): 200 when Redis answers, else 503. Says nothing else."""
+        try:
+            await request.app.state.aredis.ping()
+        except redis.RedisError:
+            return errors.error_response(503, "Redis is not answering", headers={"Retry-After": "2"})
+        return JsonResponse({"ok": True})
+
+    return BodySizeLimit(app, settings.max_body_bytes)  # type: ignore[return-value]

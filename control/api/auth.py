@@ -1,0 +1,92 @@
+"""Who is calling: every route but ``/healthz``, the page's login form and its static files needs a
+token (``control.api.tokens``), sent as ``Authorization: Bearer <token>`` or, from the approvals
+page, in the ``atr_session`` cookie (HttpOnly, SameSite=Strict).
+
+A request authenticated by the cookie that changes something (not GET/HEAD) must also carry
+``X-Requested-With``: a cross-site form cannot set that header, and a cross-site script cannot
+send it without a CORS preflight this API never grants.
+
+A turn's routes answer 404 "unknown turn" both for a turn that does not exist and for one of an
+agent the token does not cover: a token never learns whether another agent's turn exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from control.api.errors import ApiError
+from control.api.tokens import Token
+from worker.turn.request import is_valid_id
+
+COOKIE = "atr_session"
+CSRF_HEADER = "X-Requested-With"
+
+bearer = HTTPBearer(auto_error=False, description="An API token (agent-runtime token create)")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated request: its token and, on a turn's routes, the turn's agent."""
+
+    token: Token
+    turn_id: str | None = None
+    agent_id: str | None = None
+
+
+def _presented(request: Request, creds: HTTPAuthorizationCredentials | None) -> tuple[str, bool]:
+    if creds is not None and creds.credentials:
+        return creds.credentials, False
+    cookie = request.cookies.get(COOKIE)
+    if cookie:
+        return cookie, True
+    raise ApiError(401, "a token is required: Authorization: Bearer <token>", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def authenticate(request: Request, creds: HTTPAuthorizationCredentials | None, turn_id: str | None) -> Caller:
+    """Check the token, its rate limit and (with ``turn_id``) that it covers the turn's agent.
+
+    Raises ``ApiError`` 401 (no or unknown token), 403 (cookie without ``X-Requested-With`` on a
+    change), 404 (unknown or foreign turn), 429 (over the token's rate, with ``Retry-After``);
+    ``redis.RedisError`` when Redis fails (answered 503)."""
+    token, by_cookie = _presented(request, creds)
+    if by_cookie and request.method not in ("GET", "HEAD") and not request.headers.get(CSRF_HEADER):
+        raise ApiError(403, f"a change made with the page's session cookie needs the {CSRF_HEADER} header")
+    return await verify(request, token, turn_id)
+
+
+async def verify(request: Request, token: str, turn_id: str | None = None) -> Caller:
+    """``authenticate`` for a token already in hand (the page's sign-in); raises the same errors."""
+    state = request.app.state
+    found = await state.tokens.authenticate(
+        token, rate=state.settings.rate, burst=state.settings.burst, turn_id=turn_id
+    )
+    if found.token is None:
+        raise ApiError(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
+    if found.retry_after_ms:
+        seconds = max(1, -(-found.retry_after_ms // 1000))
+        raise ApiError(
+            429,
+            f"token {found.token.id} is over its rate limit; retry in {seconds} s",
+            headers={"Retry-After": str(seconds)},
+        )
+    if turn_id is not None and not found.token.covers(found.turn_agent):
+        raise ApiError(404, f"unknown turn {turn_id}")
+    return Caller(found.token, turn_id, found.turn_agent)
+
+
+async def caller(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Caller:
+    """Dependency: any valid token."""
+    return await authenticate(request, creds, None)
+
+
+async def turn_caller(
+    request: Request, turn_id: str, creds: HTTPAuthorizationCredentials | None = Depends(bearer)
+) -> Caller:
+    """Dependency of the routes under ``/v1/turns/{turn_id}``: a token covering the turn's agent."""
+    if not is_valid_id(turn_id):
+        await authenticate(request, creds, None)  # a bad token still gets 401, not 404
+        raise ApiError(404, f"unknown turn {turn_id[:80]}")
+    return await authenticate(request, creds, turn_id)

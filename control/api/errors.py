@@ -1,0 +1,127 @@
+"""Every error of the HTTP API in one JSON shape (the OpenAI API's, which clients already parse):
+
+    {"error": {"type": "...", "message": "...", "param": "input[0].role" | null, "code": null}}
+
+``type`` by status: 400 ``invalid_request``, 401 ``authentication``, 404 ``not_found``, 409
+``conflict``, 413 ``request_too_large``, 415 ``unsupported_media_type``, 422 ``invalid_request``
+(a body that does not match its schema), 429 ``rate_limited``, 503 ``unavailable``. 429 and 503
+carry ``Retry-After`` (seconds).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kombu.exceptions
+import redis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from control.api.json_response import JsonResponse
+from control.errors import Conflict, ControlPlaneError, ControlPlaneUnavailable, NotFound, Refused
+
+log = logging.getLogger("agent.api")
+
+TYPES = {
+    400: "invalid_request",
+    401: "authentication",
+    403: "permission",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "rate_limited",
+    503: "unavailable",
+}
+
+
+class ApiError(Exception):
+    """An error answer: ``status``, ``message``, the offending ``param`` (a path) and headers."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers or {}
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """The JSON body of an error answer."""
+    return {"error": {"type": TYPES.get(status, "error"), "message": message, "param": param, "code": None}}
+
+
+def error_response(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None):
+    return JsonResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+def loc_path(loc: tuple | list) -> str:
+    """A pydantic error location as a path: ``("body", "input", 0, "role")`` -> ``input[0].role``."""
+    out = ""
+    for part in loc:
+        if part in ("body", "query", "path", "header"):
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def first_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
+    """``(path, message)`` of the first pydantic error; an input-item error's own path wins
+    (``worker.model.input_items`` puts it in the error's context)."""
+    e = errors[0]
+    ctx = e.get("ctx") or {}
+    if ctx.get("path"):
+        return str(ctx["path"]), str(ctx.get("detail") or e["msg"])
+    path = loc_path(e.get("loc", ()))
+    return path, str(e["msg"])
+
+
+def install(app: FastAPI, retry_after: int) -> None:
+    """Register the handlers that turn every failure into the one error shape."""
+
+    def unavailable(exc: Exception) -> JsonResponse:
+        log.warning("Redis unavailable: %s", exc.__class__.__name__)
+        return error_response(
+            503,
+            "the control plane's Redis is not answering; nothing was changed, retry later",
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    @app.exception_handler(ApiError)
+    async def _api(_: Request, exc: ApiError):
+        return error_response(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):
+        errors = list(exc.errors())
+        if not errors:
+            return error_response(422, "invalid request")
+        path, msg = first_validation_error(errors)
+        if errors[0].get("type") == "json_invalid":
+            return error_response(400, f"the body is not valid JSON: {msg}")
+        return error_response(422, f"{path}: {msg}" if path else msg, path or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(ControlPlaneError)
+    async def _control(_: Request, exc: ControlPlaneError):
+        if isinstance(exc, ControlPlaneUnavailable):
+            return unavailable(exc)
+        status = 404 if isinstance(exc, NotFound) else 409 if isinstance(exc, Conflict) else 400
+        if not isinstance(exc, (NotFound, Conflict, Refused)):
+            log.info("control-plane error: %s", exc)
+        return error_response(status, str(exc))
+
+    @app.exception_handler(redis.RedisError)
+    async def _redis(_: Request, exc: redis.RedisError):
+        return unavailable(exc)
+
+    @app.exception_handler(kombu.exceptions.OperationalError)
+    async def _broker(_: Request, exc: kombu.exceptions.OperationalError):
+        return unavailable(exc)

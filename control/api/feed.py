@@ -1,0 +1,98 @@
+"""The approvals change feed (``GET /v1/approvals/events``): server-sent ``changed`` events, each
+naming a turn whose pending approvals changed, for the agents a token covers.
+
+New waiting turns are found in ``approvals:pending`` (``worker.turn.approvals``), read once a
+second; from then on the turn's own event stream (through the process's ``StreamHub``) says at
+once when one of its calls is decided or the turn ends. A client lists the approvals again on
+each ``changed`` (the page does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator
+
+import redis
+import redis.asyncio
+
+from control.api.hub import StreamHub, Subscription
+from control.api.sse import KEEPALIVE, RETRY, frame, read_range
+from control.api.tokens import Token
+from worker.turn.approvals import PENDING_KEY
+from worker.turn.state import key as turn_key
+
+KINDS = ("approval_requested", "approval_decided", "turn_finished")
+
+
+async def _discover(
+    r: redis.asyncio.Redis, token: Token, known: dict[str, Subscription | None], hub: StreamHub, queue: asyncio.Queue
+) -> list[dict]:
+    """Follow turns new in the pending set (when the token covers their agent); drop the ones that
+    left it. Returns the ``changed`` payloads to send."""
+    ids = [x.decode() for x in await r.zrange(PENDING_KEY, 0, -1)]
+    changes = []
+    fresh = [t for t in ids if t not in known]
+    if fresh:
+        async with r.pipeline(transaction=False) as p:
+            for t in fresh:
+                p.hget(turn_key(t), "agent_id")
+                p.xrevrange(turn_key(t, "events"), count=1)
+            res = await p.execute()
+        for i, t in enumerate(fresh):
+            agent, last = res[2 * i], res[2 * i + 1]
+            agent = agent.decode() if agent else None
+            if not token.covers(agent):
+                known[t] = None
+                continue
+            after = last[0][0].decode() if last else "0-0"
+            sub = known[t] = hub.subscribe(turn_key(t, "events"), after, queue)
+            sub.extra = {"turn_id": t, "agent_id": agent}
+            changes.append({"turn_id": t, "agent_id": agent, "kind": "approval_requested"})
+            if sub.backlog is not None:  # the hub was past our position: read the gap ourselves
+                async for _eid, ev in read_range(r, sub.key, *sub.backlog):
+                    if ev.get("kind") in KINDS:
+                        changes.append({"turn_id": t, "agent_id": agent, "kind": ev["kind"]})
+    now = set(ids)
+    for t in [t for t in known if t not in now]:
+        sub = known.pop(t)
+        if sub is not None:
+            hub.unsubscribe(sub)
+            changes.append({"turn_id": t, "agent_id": sub.extra["agent_id"], "kind": "resolved"})
+    return changes
+
+
+async def approvals_feed(
+    hub: StreamHub, r: redis.asyncio.Redis, token: Token, *, heartbeat: float, poll: float = 1.0
+) -> AsyncIterator[bytes]:
+    """The feed as SSE frames, until the client goes away. A Redis failure pauses it (keep-alives
+    go on); the pending set is read again when Redis is back."""
+    yield RETRY
+    yield frame(None, "ready", {"agents": token.public()["agents"]})
+    queue: asyncio.Queue = asyncio.Queue(hub.queue_size)
+    known: dict[str, Subscription | None] = {}
+    beat = time.monotonic()
+    try:
+        while True:
+            try:
+                for change in await _discover(r, token, known, hub, queue):
+                    yield frame(None, "changed", change)
+            except redis.RedisError:
+                pass
+            deadline = time.monotonic() + poll
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    key, _eid, ev = await asyncio.wait_for(queue.get(), timeout=left)
+                except asyncio.TimeoutError:
+                    break
+                turn_id = key.split("{", 1)[1].split("}", 1)[0]
+                sub = known.get(turn_id)
+                if ev.get("kind") in KINDS and sub is not None:
+                    yield frame(None, "changed", {**sub.extra, "kind": ev["kind"], "call_id": ev.get("call_id")})
+            if time.monotonic() - beat >= heartbeat:
+                beat = time.monotonic()
+                yield KEEPALIVE
+    finally:
+        for sub in known.values():
+            if sub is not None:
+                hub.unsubscribe(sub)

@@ -1,0 +1,254 @@
+"""The ``/v1`` routes: turns (enqueue, status, items, usage, cancel, events) and approvals (list,
+approve, reject, change feed). Each route is a thin front of ``control.client.ControlPlane``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import StreamingResponse
+
+from control.api.auth import Caller, caller, turn_caller
+from control.api.errors import ApiError
+from control.api.feed import approvals_feed
+from control.api.sse import turn_events, valid_event_id
+from control.client import INTERNAL_TOOLSETS, ControlPlane
+from worker.turn.request import END_HOOK_METADATA, TurnRequest
+
+router = APIRouter(prefix="/v1")
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "No token, or an unknown or revoked one"},
+    404: {"description": "Unknown turn (or a turn of an agent the token does not cover)"},
+    429: {"description": "Over the token's rate limit (Retry-After)"},
+    503: {"description": "Redis is not answering; nothing was changed (Retry-After)"},
+}
+SSE = {200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}}
+
+
+class TurnCreated(BaseModel):
+    turn_id: str
+    agent_id: str
+    status: str
+    created: bool = Field(description="False when the idempotency key named an existing turn (nothing enqueued)")
+    events_url: str
+
+
+class TurnOut(BaseModel):
+    turn_id: str
+    agent_id: str
+    status: str
+    done: bool
+    step: int
+    model_calls: int
+    final_output: str | None
+    error: str | None
+    created_at: float = Field(description="epoch seconds")
+    updated_at: float
+
+
+class ItemList(BaseModel):
+    object: str = "list"
+    data: list[dict[str, Any]] = Field(description="Responses input items, in order")
+
+
+class CancelOut(BaseModel):
+    turn_id: str
+    cancelling: bool = Field(description="False when the turn had already ended")
+
+
+class Approval(BaseModel):
+    turn_id: str
+    agent_id: str
+    step: int
+    call_id: str
+    name: str
+    activity: str
+    arguments: dict[str, Any]
+    requested_at: float
+    deadline: float
+    status: str
+    by: str | None = None
+    decided_at: float | None = None
+    reason: str | None = None
+    params: dict[str, Any] | None = None
+    changed: bool | None = Field(None, description="On a decision: False when it repeated an earlier one")
+
+
+class ApprovalList(BaseModel):
+    object: str = "list"
+    data: list[Approval]
+
+
+class ApproveIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    params: dict[str, Any] | None = Field(None, description="Edited arguments, checked against the tool's schema")
+    by: str | None = Field(None, max_length=100, description="Who decides (recorded beside the token's name)")
+
+
+class RejectIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(min_length=1, max_length=4000, description="Why; the model reads it as the call's output")
+    by: str | None = Field(None, max_length=100)
+
+
+def _control(request: Request) -> ControlPlane:
+    return request.app.state.control
+
+
+def _who(c: Caller, by: str | None) -> str:
+    return f"{by.strip()} (token {c.token.name})" if by and by.strip() else f"token {c.token.name}"
+
+
+@router.post("/turns", status_code=201, response_model=TurnCreated, responses={**ERRORS, 200: {"model": TurnCreated}})
+def enqueue_turn(
+    body: TurnRequest,
+    request: Request,
+    response: Response,
+    c: Caller = Depends(caller),
+    idempotency_key: str | None = Header(None, max_length=200, description="Enqueue at most once per key and agent"),
+) -> TurnCreated:
+    """Enqueue a turn (the body is a turn request; its JSON Schema is in this document). With an
+    ``Idempotency-Key`` header (or the body's ``idempotency_key``), a repeat answers 200 with the
+    same turn and enqueues nothing."""
+    if not c.token.covers(body.agent_id):
+        raise ApiError(403, f"token {c.token.id} does not cover agent {body.agent_id}", param="agent_id")
+    if idempotency_key is not None:
+        if body.idempotency_key not in (None, idempotency_key):
+            raise ApiError(400, "Idempotency-Key and the body's idempotency_key differ", param="idempotency_key")
+        body = body.model_copy(update={"idempotency_key": idempotency_key})
+    reserved = sorted(set(body.metadata) & set(END_HOOK_METADATA))
+    if reserved:
+        raise ApiError(400, f"metadata.{reserved[0]} is set by the runtime only", param=f"metadata.{reserved[0]}")
+    if body.toolset in INTERNAL_TOOLSETS:
+        raise ApiError(400, f"toolset {body.toolset!r}: {INTERNAL_TOOLSETS[body.toolset]}", param="toolset")
+    control = _control(request)
+    turn_id, created = control.create(body)
+    status = "queued" if created else control.status(turn_id).status.value
+    if not created:
+        response.status_code = 200
+    return TurnCreated(
+        turn_id=turn_id,
+        agent_id=body.agent_id,
+        status=status,
+        created=created,
+        events_url=f"/v1/turns/{turn_id}/events",
+    )
+
+
+@router.get("/turns/{turn_id}", response_model=TurnOut, responses=ERRORS)
+def get_turn(turn_id: str, request: Request, c: Caller = Depends(turn_caller)) -> TurnOut:
+    """The turn's status and, once it ended, its final output or error."""
+    v = _control(request).status(turn_id)
+    return TurnOut(
+        turn_id=v.turn_id,
+        agent_id=v.agent_id,
+        status=v.status.value,
+        done=v.done,
+        step=v.step,
+        model_calls=v.model_calls,
+        final_output=v.final_output,
+        error=v.error,
+        created_at=v.created_at,
+        updated_at=v.updated_at,
+    )
+
+
+@router.get("/turns/{turn_id}/items", response_model=ItemList, responses=ERRORS)
+def get_items(turn_id: str, request: Request, c: Caller = Depends(turn_caller)) -> ItemList:
+    """The turn's Responses input items so far (input, model output, function_call_output)."""
+    return ItemList(data=_control(request).items(turn_id))
+
+
+@router.get("/turns/{turn_id}/usage", responses=ERRORS)
+def get_usage(turn_id: str, request: Request, c: Caller = Depends(turn_caller)) -> dict[str, Any]:
+    """Token usage: ``total``, each model call's (``steps``) and the turn's ``budget``."""
+    return _control(request).usage(turn_id)
+
+
+@router.post("/turns/{turn_id}/cancel", response_model=CancelOut, responses=ERRORS)
+def cancel_turn(turn_id: str, request: Request, c: Caller = Depends(turn_caller)) -> CancelOut:
+    """Ask the turn to stop (running tools see the abort signal; the next step boundary ends it)."""
+    return CancelOut(turn_id=turn_id, cancelling=_control(request).cancel(turn_id))
+
+
+@router.get("/turns/{turn_id}/events", response_class=StreamingResponse, responses={**ERRORS, **SSE})
+async def stream_events(
+    turn_id: str,
+    request: Request,
+    c: Caller = Depends(turn_caller),
+    last_event_id: str | None = Header(None, description="Resume after this event id"),
+    after: str | None = Query(None, description="Resume after this event id (for clients that cannot set headers)"),
+    kinds: str | None = Query(None, description="Comma-separated event kinds to send (default: all)"),
+) -> StreamingResponse:
+    """The turn's events as server-sent events, from the start or after ``Last-Event-ID``; the
+    stream ends after ``turn_finished``."""
+    position = last_event_id or after or "0-0"
+    if not valid_event_id(position):
+        raise ApiError(400, f"bad event id {position[:50]!r} (expected <ms>-<seq>)", param="Last-Event-ID")
+    state = request.app.state
+    streams = state.streams
+    if streams.get(c.token.id, 0) >= state.settings.max_streams_per_token:
+        raise ApiError(
+            429,
+            f"token {c.token.id} holds {state.settings.max_streams_per_token} event streams here already",
+            headers={"Retry-After": "5"},
+        )
+    want = frozenset(k for k in (kinds or "").split(",") if k) or None
+    body = turn_events(state.hub, state.aredis, turn_id, position, heartbeat=state.settings.heartbeat, kinds=want)
+    return StreamingResponse(_counted(streams, c.token.id, body), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def _counted(streams: dict[str, int], token_id: str, body: Any) -> Any:
+    streams[token_id] = streams.get(token_id, 0) + 1
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        streams[token_id] -= 1
+        if not streams[token_id]:
+            del streams[token_id]
+
+
+@router.get("/approvals", response_model=ApprovalList, responses=ERRORS)
+def list_approvals(
+    request: Request,
+    c: Caller = Depends(caller),
+    agent_id: str | None = Query(None, description="Only this agent's turns"),
+    turn_id: str | None = Query(None, description="Only this turn's calls"),
+) -> ApprovalList:
+    """Calls waiting for a decision, oldest first, of the agents the token covers."""
+    if agent_id is not None and not c.token.covers(agent_id):
+        return ApprovalList(data=[])
+    pending = _control(request).pending_approvals(turn_id=turn_id, agent_id=agent_id)
+    return ApprovalList(data=[Approval(**p) for p in pending if c.token.covers(p["agent_id"])])
+
+
+@router.get("/approvals/events", response_class=StreamingResponse, responses={**ERRORS, **SSE})
+async def approvals_events(request: Request, c: Caller = Depends(caller)) -> StreamingResponse:
+    """A change feed (server-sent events) of the approvals the token covers: ``changed`` with the
+    ``turn_id`` whenever a call starts waiting, is decided, or its turn ends; then list again."""
+    state = request.app.state
+    body = approvals_feed(state.hub, state.aredis, c.token, heartbeat=state.settings.heartbeat)
+    return StreamingResponse(
+        _counted(state.streams, c.token.id, body), media_type="text/event-stream", headers=_SSE_HEADERS
+    )
+
+
+@router.post("/turns/{turn_id}/approvals/{call_id}/approve", response_model=Approval, responses={**ERRORS, 409: {}})
+def approve(
+    turn_id: str, call_id: str, body: ApproveIn, request: Request, c: Caller = Depends(turn_caller)
+) -> Approval:
+    """Approve a waiting call, optionally with edited ``params``; idempotent (``changed: false``)."""
+    return Approval(**_control(request).approve(turn_id, call_id, by=_who(c, body.by), params=body.params))
+
+
+@router.post("/turns/{turn_id}/approvals/{call_id}/reject", response_model=Approval, responses={**ERRORS, 409: {}})
+def reject(turn_id: str, call_id: str, body: RejectIn, request: Request, c: Caller = Depends(turn_caller)) -> Approval:
+    """Reject a waiting call with a reason: it does not run; the model reads the reason."""
+    return Approval(**_control(request).reject(turn_id, call_id, body.reason, by=_who(c, body.by)))

@@ -1,0 +1,212 @@
+"""API tokens: created and revoked by an operator (``agent-runtime token ...``), stored hashed in
+Redis, scoped to a list of agents or to all agents, each with its own rate limit.
+
+A token is ``atr_<id>_<secret>`` (``id``: 8 hex characters, for listing and revoking; ``secret``:
+32 random bytes, URL-safe base64). Only its SHA-256 is stored: the token is high-entropy, so a
+fast hash is enough (no password stretching) and a lookup by hash leaks nothing useful through
+timing. The clear token is shown once, at creation.
+
+Keys (the control plane's Redis):
+
+- ``api:token:<sha256 hex>`` hash: ``id``, ``name``, ``agents`` (JSON list, or ``*`` for all),
+  ``rate``/``burst`` (empty: the API's defaults), ``created_at``.
+- ``api:tokens`` hash: ``id`` -> sha256 hex (listing, revoking).
+- ``api:rate:<id>``: the token's GCRA state (theoretical arrival time, ms), expiring when idle.
+
+``authenticate`` is one Lua script: the token lookup, the rate limit and (optionally) the agent
+owning a turn, in one round trip per request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+
+from worker.turn.request import is_valid_id
+from worker.turn.state import key as turn_key
+
+PREFIX = "atr_"
+TOKENS_KEY = "api:tokens"
+ALL_AGENTS = "*"
+
+
+def token_key(digest: str) -> str:
+    return f"api:token:{digest}"
+
+
+def rate_key(token_id: str) -> str:
+    return f"api:rate:{token_id}"
+
+
+def digest(token: str) -> str:
+    """SHA-256 hex of the clear token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Token:
+    """An authenticated token: ``agents`` is None for all agents, else the agent ids it covers."""
+
+    id: str
+    name: str
+    agents: frozenset[str] | None
+    rate: float | None = None
+    burst: int | None = None
+    created_at: float = 0.0
+
+    def covers(self, agent_id: str | None) -> bool:
+        """True when this token may read and decide for ``agent_id``'s turns."""
+        return agent_id is not None and (self.agents is None or agent_id in self.agents)
+
+    def public(self) -> dict[str, Any]:
+        """The record as listed (never the secret nor its hash)."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "agents": ALL_AGENTS if self.agents is None else sorted(self.agents),
+            "rate": self.rate,
+            "burst": self.burst,
+            "created_at": self.created_at,
+        }
+
+    @classmethod
+    def from_fields(cls, tid: str, name: str, agents: str, rate: str, burst: str, created: str = "0") -> "Token":
+        scope = None if agents == ALL_AGENTS else frozenset(orjson.loads(agents))
+        return cls(tid, name, scope, float(rate) if rate else None, int(burst) if burst else None, float(created or 0))
+
+
+@dataclass(frozen=True)
+class AuthResult:
+    """What ``TokenStore.authenticate`` found: no ``token`` (unknown or revoked); ``retry_after_ms``
+    above 0 when the token is over its rate; ``turn_agent``: the agent of the turn asked about
+    (None: unknown turn, or none asked)."""
+
+    token: Token | None
+    retry_after_ms: int = 0
+    turn_agent: str | None = None
+
+
+# KEYS[1] token hash, KEYS[2] rate key, KEYS[3] (optional) turn hash.
+# ARGV[1] default rate (per second), ARGV[2] default burst.
+# GCRA: each request moves the theoretical arrival time (tat) on by 1/rate; a request is allowed
+# while tat - burst/rate <= now. Redis's clock (TIME) is the one clock of every API process.
+_AUTH_LUA = """
+local rec = redis.call('HMGET', KEYS[1], 'id', 'name', 'agents', 'rate', 'burst', 'created_at')
+if not rec[1] then return {0} end
+local rate = tonumber(rec[4]) or tonumber(ARGV[1])
+local burst = tonumber(rec[5]) or tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local interval = 1000 / rate
+local tat = tonumber(redis.call('GET', KEYS[2])) or now
+if tat < now then tat = now end
+local new_tat = tat + interval
+local allow_at = new_tat - burst * interval
+local owner = false
+if #KEYS > 2 then owner = redis.call('HGET', KEYS[3], 'agent_id') end
+if allow_at > now then
+  return {2, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', math.ceil(allow_at - now), owner}
+end
+redis.call('SET', KEYS[2], string.format('%.3f', new_tat), 'PX', math.ceil(new_tat - now) + 1000)
+return {1, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', 0, owner}
+"""
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else ("" if v is None or v is False else str(v))
+
+
+class TokenStore:
+    """Tokens in the Redis of ``client`` (a ``redis.Redis``; ``redis.asyncio.Redis`` for ``authenticate``)."""
+
+    def __init__(self, client: Any):
+        self.r = client
+        self._auth = client.register_script(_AUTH_LUA)
+
+    # ----- operator side (sync) ----------------------------------------------
+    def create(
+        self, name: str, agents: list[str] | None, *, rate: float | None = None, burst: int | None = None
+    ) -> tuple[str, Token]:
+        """Create a token for ``agents`` (None: all agents). Returns ``(clear_token, record)``; the
+        clear token is not stored anywhere. Raises ``ValueError`` for an empty name, an invalid agent
+        id, an empty agent list, or a non-positive rate/burst."""
+        if not name or not name.strip() or len(name) > 100:
+            raise ValueError("a token needs a name of 1-100 characters (who or what uses it)")
+        if agents is not None:
+            if not agents:
+                raise ValueError("give at least one agent, or all agents")
+            bad = [a for a in agents if not is_valid_id(a)]
+            if bad:
+                raise ValueError(f"invalid agent id {bad[0]!r}")
+        if (rate is not None and rate <= 0) or (burst is not None and burst < 1):
+            raise ValueError("rate must be > 0 and burst >= 1")
+        tid = secrets.token_hex(4)
+        clear = f"{PREFIX}{tid}_{secrets.token_urlsafe(32)}"
+        h = digest(clear)
+        scope = ALL_AGENTS if agents is None else orjson.dumps(sorted(set(agents))).decode()
+        now = time.time()
+        fields = {
+            "id": tid,
+            "name": name.strip(),
+            "agents": scope,
+            "rate": "" if rate is None else repr(float(rate)),
+            "burst": "" if burst is None else str(int(burst)),
+            "created_at": repr(now),
+        }
+        with self.r.pipeline(transaction=True) as p:
+            p.hset(token_key(h), mapping=fields)
+            p.hset(TOKENS_KEY, tid, h)
+            p.execute()
+        return clear, Token.from_fields(
+            tid, fields["name"], scope, fields["rate"], fields["burst"], fields["created_at"]
+        )
+
+    def revoke(self, token_id: str) -> bool:
+        """Revoke the token with this id (effective on the next request). False if unknown."""
+        h = self.r.hget(TOKENS_KEY, token_id)
+        if h is None:
+            return False
+        with self.r.pipeline(transaction=True) as p:
+            p.delete(token_key(_s(h)), rate_key(token_id))
+            p.hdel(TOKENS_KEY, token_id)
+            p.execute()
+        return True
+
+    def list(self) -> list[Token]:
+        """Every token's record, oldest first."""
+        out = []
+        for _tid, h in self.r.hgetall(TOKENS_KEY).items():
+            f = self.r.hmget(token_key(_s(h)), "id", "name", "agents", "rate", "burst", "created_at")
+            if f[0] is not None:
+                out.append(Token.from_fields(*map(_s, f)))
+        return sorted(out, key=lambda t: t.created_at)
+
+    # ----- request side (async) ----------------------------------------------
+    async def authenticate(self, token: str, *, rate: float, burst: int, turn_id: str | None = None) -> AuthResult:
+        """Look the token up, apply its rate limit and, given ``turn_id``, read the turn's agent;
+        one round trip. Raises ``redis.RedisError`` when Redis fails."""
+        if not token.startswith(PREFIX) or len(token) > 200:
+            return AuthResult(None)
+        parts = token[len(PREFIX) :].split("_", 1)
+        if len(parts) != 2:
+            return AuthResult(None)
+        keys = [token_key(digest(token)), rate_key(parts[0])]
+        if turn_id is not None:
+            keys.append(turn_key(turn_id))
+        res = await self._auth(keys=keys, args=[rate, burst])
+        if not res or res[0] == 0:
+            return AuthResult(None)
+        tok = Token.from_fields(*(_s(x) for x in res[1:7]))
+        owner = _s(res[8]) or None
+        return AuthResult(tok, int(res[7]) if res[0] == 2 else 0, owner)
+
+
+def sync_client(url: str) -> redis.Redis:
+    """A Redis client for the operator side (the CLI)."""
+    return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)

@@ -1,0 +1,66 @@
+"""The HTTP control plane as a real server process for tests (``python -m control.api``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from devtools.embedded_redis import free_port
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+class ApiServer:
+    """``ApiServer(redis_url, **env).start()``; ``base_url``; ``tokens`` (a sync ``TokenStore``);
+    ``token(agents)`` makes one; ``stop()``."""
+
+    def __init__(self, redis_url: str, **env: str):
+        self.redis_url = redis_url
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "CONTROL_REDIS_URL": redis_url, **env}
+        self.proc: subprocess.Popen | None = None
+        self.log = Path(tempfile.gettempdir()) / f"api-{uuid.uuid4().hex[:6]}.log"
+        from control.api.tokens import TokenStore, sync_client
+
+        self.tokens = TokenStore(sync_client(redis_url))
+
+    def start(self, timeout: float = 60) -> "ApiServer":
+        argv = [sys.executable, "-m", "control.api", "--port", str(self.port), "--log-level", "warning"]
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, env=self.env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the API exited at start; see {self.log}")
+            try:
+                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"the API did not answer within {timeout} s; see {self.log}")
+
+    def token(self, agents: list[str] | None, **kw) -> str:
+        return self.tokens.create(f"test-{uuid.uuid4().hex[:4]}", agents, **kw)[0]
+
+    def client(self, token: str | None = None, **kw) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=kw.pop("timeout", 30), **kw)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
