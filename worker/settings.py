@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     max_invalid_calls_per_tool: int = 2
     max_output_chars: int = 32_000
     max_raw_arguments_echo: int = 2_000
+    # Cap on one call's arguments (UTF-8 bytes): a bigger call is refused with an error the model
+    # reads (size, limit, this setting) and never runs (worker.tooling.arguments).
+    max_arguments_bytes: int = Field(1_048_576, ge=1024)
     # Arguments of a call that did not run are recorded cut to this many characters (case E16).
     max_replay_arguments: int = 20_000
     tool_time_limit: float = 300.0

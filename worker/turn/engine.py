@@ -270,6 +270,7 @@ class TurnEngine(ToolCalls):
             reply.status,
             self.settings.max_raw_arguments_echo,
             approval=parking.approval_rule(ctx, request, self.settings),
+            max_arguments_bytes=self.settings.max_arguments_bytes,
         )
         batches, asks = parking.plan_approvals(self, turn_id, step, request, planned, tools, plan_batches(planned))
         reply_items = cut_replayed_arguments(
