@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     model_timeout: float = 120.0
     model_connect_timeout: float = 10.0
     max_output_tokens: int | None = None
+    # The provider the model requests reach (worker.tooling.wire_profiles): the wire copy of every
+    # tool keeps its rules; "any" (several, or one behind an OpenAI-compatible proxy) keeps all of them.
+    model_provider: Literal["any", "openai", "anthropic", "gemini"] = "any"
 
     # Turn loop limits.
     max_model_calls: int = 16

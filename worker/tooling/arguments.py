@@ -46,7 +46,6 @@ failure (a broken tool schema, a bug) becomes an error output.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import orjson
@@ -57,6 +56,7 @@ from worker.tooling.contract import WorkerTool
 from worker.tooling.json_checks import CUT_OFF_ERROR, MAX_NESTING_DEPTH, Refused, check_depth, too_deep_error
 from worker.tooling.keys import name_sent_keys, near_miss_error
 from worker.tooling.markup import markup_hinted, markup_key_error, markup_value_error, value_markup_hinted
+from worker.tooling.model_flags import accepted_names, fast_path_eligible
 from worker.tooling.object_rungs import decode_encoded_fields, unwrap_candidate, unwrap_envelope
 from worker.tooling.param_validation import params_to_data, validate_params
 from worker.tooling.repair import repair_arguments
@@ -257,7 +257,7 @@ def validate_tool_arguments(
         and "\\u" not in raw
         and not value_markup_hinted(raw)
         and (len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH)
-        and _fast_path(model, raw)
+        and fast_path_eligible(model, raw)
     ):
         # Happy path: one strict pydantic-core pass over the text. With no field that takes a float,
         # what JSON forbids but pydantic-core accepts (NaN, Infinity, 1e400) cannot validate;
@@ -317,90 +317,6 @@ def _too_large(raw: str, cap: int) -> str | None:
         "(setting AGENT_MAX_ARGUMENTS_BYTES); nothing was run: do the work in smaller calls (for example, "
         "write a long file in parts)"
     )
-
-
-@functools.lru_cache(maxsize=1024)
-def _accepted_names(model: type) -> frozenset[str]:
-    """Every top-level key a pydantic ``model`` takes: field names, aliases and validation aliases."""
-    names: set[str] = set()
-    for name, field in getattr(model, "model_fields", {}).items():
-        names.add(name)
-        if isinstance(field.alias, str):
-            names.add(field.alias)
-        alias = field.validation_alias
-        if isinstance(alias, str):
-            names.add(alias)
-        else:
-            for choice in getattr(alias, "choices", ()) or ():
-                if isinstance(choice, str):
-                    names.add(choice)
-    return frozenset(names)
-
-
-_FLAGS: dict[type, tuple[bool, bool]] = {}
-
-
-def _fast_path(model: type, raw: str) -> bool:
-    """Whether ``raw`` may take the one-pass happy path for ``model`` (after the text tests):
-    the model has no field that takes a float, and when it has open maps (keys it does not
-    declare are valid there, so ``extra="forbid"`` does not see them) the text has no markup hint."""
-    flags = _FLAGS.get(model)
-    if flags is None:
-        if len(_FLAGS) > 4096:
-            _FLAGS.clear()
-        flags = _FLAGS[model] = (_no_float_fields(model), _open_keys(model))
-    return flags[0] and not (flags[1] and markup_hinted(raw))
-
-
-def _open_keys(model: type) -> bool:
-    """True when some object of ``model`` takes keys it does not declare (``extra="allow"``,
-    ``dict[str, X]``, ``patternProperties``): markup keys there pass ``extra="forbid"``."""
-    try:
-        schema = model.model_json_schema()  # type: ignore[attr-defined]
-    except Exception:
-        return True
-    stack: list[Any] = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            extra = node.get("additionalProperties")
-            if extra is True or isinstance(extra, dict) or "patternProperties" in node:
-                return True
-            if node.get("type") == "object" and "properties" not in node and extra is not False:
-                return True
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
-
-
-def _no_float_fields(model: type) -> bool:
-    """True when no field of ``model`` (at any depth) can take a float: no ``number``
-    type and no schema that accepts anything (``Any``, ``true``, open ``additionalProperties``).
-    Cached per model class (``_FLAGS``)."""
-
-    def walk(node: Any) -> bool:
-        if node is True:
-            return False  # accepts anything
-        if not isinstance(node, dict):
-            return True
-        t = node.get("type")
-        if t == "number" or (isinstance(t, list) and "number" in t):
-            return False
-        if t is None and not any(k in node for k in ("$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not")):
-            return False  # untyped: Any
-        for key in ("properties", "$defs", "definitions", "patternProperties"):
-            if not all(walk(v) for v in (node.get(key) or {}).values()):
-                return False
-        for key in ("items", "additionalProperties", "contains"):
-            if key in node and not walk(node[key]):
-                return False
-        return all(walk(v) for key in ("anyOf", "oneOf", "allOf", "prefixItems") for v in node.get(key) or [])
-
-    try:
-        return walk(model.model_json_schema())
-    except Exception:
-        return False
 
 
 def _validate_tool_arguments(tool: WorkerTool, raw: str, response_status: str, max_raw_echo: int) -> ArgumentsOutcome:
@@ -493,7 +409,7 @@ def _object_checks(
         problem = markup_key_error(data, props) or markup_value_error(data)
         if problem:
             raise Refused(problem)
-    accepted = _accepted_names(tool.input_model) if tool.input_model is not None else ()
+    accepted = accepted_names(tool.input_model) if tool.input_model is not None else ()
     near = near_miss_error(data, props, accepted)
     if near:
         raise Refused(near)
