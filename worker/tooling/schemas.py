@@ -27,6 +27,7 @@ from urllib.parse import unquote, urljoin
 import jsonschema
 import orjson
 
+from worker.settings import get_settings
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.strict import field_name, to_strict_schema
 from worker.tooling.validators import compile_validator
@@ -222,8 +223,6 @@ def _check_refs(schema: dict[str, Any], tool_name: str) -> None:
 
 def current_provider() -> str:
     """The provider profile in use (``settings.model_provider``, ``AGENT_MODEL_PROVIDER``)."""
-    from worker.settings import get_settings
-
     return get_settings().model_provider
 
 
@@ -294,6 +293,7 @@ def collect_tool_definitions(
     Raises ``ToolDefinitionError`` on duplicate tool names.
     """
     loaded_set = set(loaded)
+    provider = provider or current_provider()
     out: list[dict[str, Any]] = []
     namespaces: dict[str, dict[str, Any]] = {}
     seen: set[str] = set()
