@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devtools.embedded_redis import EmbeddedRedis  # noqa: E402
+from devtools.scripted_gateway import ScriptedGateway  # noqa: E402
 from devtools.workers import worker_argv  # noqa: E402
-from worker.model.scripted_gateway import ScriptedGateway  # noqa: E402
 
 
 def _peak_rss_mb(pid: int) -> float:

@@ -20,7 +20,7 @@ from tests.support.profiles import openai_profile  # noqa: F401 (a fixture)
 from tests.support.provider_rules import violations
 from worker.settings import Settings
 from worker.tooling.arguments import validate_tool_arguments
-from worker.tooling.contract import ToolResult, WorkerTool, define_worker_tool
+from worker.tooling.contract import ToolResult, ToolServices, WorkerTool, define_worker_tool
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.schemas import function_definition, parameters_schema
 from worker.tooling.wire_profiles import PROVIDERS
@@ -39,12 +39,12 @@ RESULT_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}},
 
 def _catalogs(tmp_path: Path) -> list[WorkerTool]:
     settings = Settings(web_search_url="http://search.invalid/s", web_fetch_enabled=True)
-    services = {
-        "enqueue_turn": lambda r: "t",
-        "cancel_turn": lambda t: True,
-        "save_schedule_entry": lambda *a, **k: None,
-        "delete_schedule_entry": lambda *a, **k: None,
-    }
+    services = ToolServices(
+        enqueue_turn=lambda request, turn_id=None: "t",
+        cancel_turn=lambda turn_id: True,
+        save_schedule_entry=lambda record: None,
+        delete_schedule_entry=lambda schedule_id: None,
+    )
 
     def ctx(workflow_task: bool) -> TurnContext:
         return TurnContext(
