@@ -18,7 +18,7 @@ the copy, so a constraint the copy moves into a description still holds.
 | G1 | gemini, any | no ``$schema`` (nor ``$id``, ``$comment``, ``$anchor``) | dropped (annotations) | 'Unknown name "$schema"' (router-for-me/CLIProxyAPI issue 97, C15) |
 | G2 | gemini, any | no ``const`` | a one-value ``enum`` | 'Unknown name "const"' (earendil-works/pi issue 4932, C13; zed-extensions/mcp-server-brave-search issue 12) |
 | G3 | gemini, any | no ``$ref``/``$defs``/``definitions`` | every ``$ref`` inlined; a recursive one is refused | Gemini's Schema has no reference (the Schema object of the Gemini API; typia's IGeminiSchema notes) |
-| G4 | gemini, any | no ``additionalProperties`` | ``false``/``true``/``{}`` dropped (validation still closes the object); a typed map (``{"type": ...}``) is refused | 'Unknown name "additionalProperties"' (nanbingxyz/5ire issue 42) |
+| G4 | gemini, any | no ``additionalProperties`` | ``false``/``true``/``{}`` dropped (validation still closes the object); a typed map's value schema moves into the description | 'Unknown name "additionalProperties"' (nanbingxyz/5ire issue 42) |
 | G5 | gemini, any | every array has ``items`` | ``items: {}`` where any item is allowed | "parameters.properties[tags].items: missing field" (cline/cline issue 7339, jackmusick/bifrost PR 225) |
 | G6 | gemini, any | ``format`` only ``enum``/``date-time`` (string), ``float``/``double`` (number), ``int32``/``int64`` (integer) | another ``format`` moves into the description | "format: only 'enum' and 'date-time' are supported for STRING type" (google-gemini/gemini-cli issue 3178) |
 | G7 | gemini, any | ``type`` is one name | a list becomes ``anyOf`` of one-type schemas (gemini: ``[X, "null"]`` becomes ``X`` with ``nullable: true``) | "Proto field is not repeating, cannot start list" (aoci-spec/aoci-code issue 61, laravel/ai PR 386) |
@@ -34,6 +34,7 @@ definition (``strict=False`` there).
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, Literal
 
 from worker.tooling.errors import ToolDefinitionError
@@ -202,12 +203,9 @@ class _Copy:
         """G4, G5, G7 on one node after its children."""
         out.pop("\0ref", None)
         extra = out.pop("additionalProperties", None)
-        if isinstance(extra, dict) and extra:
-            raise self.fail(
-                path,
-                "is a map whose values have a schema (additionalProperties)",
-                "G4: Gemini has no additionalProperties",
-            )
+        if isinstance(extra, dict) and extra:  # a typed map: the value schema moves into the description
+            note = "each value: " + _show(json.dumps(extra, separators=(",", ":")))
+            out["description"] = with_note(out.get("description"), note)
         t = out.get("type")
         if isinstance(t, list):
             out.update(self.one_type(out, t))
