@@ -1,5 +1,5 @@
 """``agent-runtime``: the control-plane CLI (enqueue, wait, status, items, transcript, cancel, schema,
-approvals, approve, reject).
+approvals, approve, reject, nodes, drain).
 
 Reads ``REDIS_URL`` like the workers. Exit codes: 0 success, 1 turn ended
 without completing, 2 bad input or unreachable Redis.
@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import orjson
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:  # imported where used: a CLI start does not load the client before it needs it
+    from control.client import ControlPlane
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
@@ -26,7 +29,7 @@ err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 @contextmanager
 def _exit_on_errors() -> Iterator[None]:
     """Control-plane errors (Redis unreachable, unknown turn, timeout) and bad requests: message, exit 2."""
-    from control.client import ControlPlaneError
+    from control.errors import ControlPlaneError
 
     try:
         yield
@@ -40,7 +43,7 @@ def _exit_on_errors() -> Iterator[None]:
         raise typer.Exit(2) from exc
 
 
-def _control():
+def _control() -> ControlPlane:
     from control.client import ControlPlane
 
     with _exit_on_errors():
@@ -52,7 +55,7 @@ def _control():
 NOT_FROM_CLI = {"workflow_task": "workflow task turns are started with ControlPlane().workflows().start_workflow_task"}
 
 
-def _read_input_items(path: str) -> list:
+def _read_input_items(path: str) -> list[dict[str, Any]]:
     """The Responses input items in ``path`` (``-``: stdin): a JSON array of objects. Exit 2 otherwise."""
     try:
         raw = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
@@ -80,6 +83,9 @@ def enqueue(
     spawn_jobs: bool = typer.Option(False, help="offer background job tools"),
     network: str = typer.Option("none", help="commands' network: none, or egress (through the guarded proxy)"),
     allow_host: list[str] = typer.Option(None, help="with --network egress: a host egress may reach (repeatable)"),
+    approval: str = typer.Option(
+        None, help="which calls wait for a person: declared, destructive or off (default: AGENT_APPROVAL_MODE)"
+    ),
     wait: bool = typer.Option(False, help="follow the transcript until the turn ends"),
 ) -> None:
     """Enqueue a turn and print its id (or follow it with --wait)."""
@@ -106,6 +112,7 @@ def enqueue(
                 "supports": {"spawn_jobs": spawn_jobs},
                 "network": network,
                 "egress_allow_hosts": allow_host or None,
+                "approval": {"mode": approval},
             }
         )
     if not wait:
@@ -166,8 +173,9 @@ def trace(
         raise typer.Exit(2)
     control = _control()
     with _exit_on_errors():
-        control.status(turn_id)
-        found = turn_spans(Path(path), control.store.load(turn_id).traceparent)
+        control.status(turn_id)  # ControlPlaneError for an unknown turn
+        state = control.store.load(turn_id)
+        found = turn_spans(Path(path), state.traceparent if state else None)
     if not found:
         err.print(f"[red]error:[/] no span of turn {turn_id} in {path}")
         raise typer.Exit(1)
@@ -246,7 +254,7 @@ def approvals(
         console.print(f"    arguments: {escape(orjson.dumps(rec['arguments']).decode())}")
 
 
-def _print_decision(rec: dict) -> None:
+def _print_decision(rec: dict[str, Any]) -> None:
     what = rec["status"] if rec["changed"] else f"already {rec['status']} (by {rec['by']})"
     print(f"{rec['call_id']}: {what}")
 
@@ -282,6 +290,51 @@ def reject(
     control = _control()
     with _exit_on_errors():
         _print_decision(control.reject(turn_id, call_id, reason, by=by))
+
+
+@app.command()
+def nodes(as_json: bool = typer.Option(False, "--json", help="one JSON object instead of a table")) -> None:
+    """List the nodes that hold agents' homes: live or not, draining, how many agents each holds."""
+    control = _control()
+    with _exit_on_errors():
+        found = control.nodes()
+    if as_json:
+        print(orjson.dumps(found).decode())
+        return
+    if not found:
+        console.print("no node holds homes yet (a worker consuming the tools queue is one)")
+    for name, n in sorted(found.items()):
+        state = ("draining" if n["draining"] else "live") if n["live"] else f"down ({n['age']:.0f} s)"
+        drained = " (drained)" if n.get("drained_at") and n["agents"] == 0 else ""
+        console.print(f"[bold]{name}[/]  {state}{drained}  agents={n['agents']}  store={n.get('store') or 'none'}")
+
+
+@app.command()
+def drain(
+    node: str,
+    undo: bool = typer.Option(False, "--undo", help="take placements again"),
+    wait: float = typer.Option(0.0, help="seconds to wait until every agent has left the node"),
+) -> None:
+    """Drain a node: it takes no new agent and releases each of its agents after their running calls
+    (snapshotted first when it has a snapshot store; otherwise their next node starts them empty and
+    tells the model). Their next calls go to another node. Exit 1 if --wait ran out."""
+    import time
+
+    control = _control()
+    with _exit_on_errors():
+        entry = control.drain(node, on=not undo)
+        if undo:
+            print(f"{node}: takes placements again")
+            return
+        if not entry.get("store"):
+            err.print(f"[yellow]warning:[/] {node} has no snapshot store: its agents' homes start empty elsewhere")
+        deadline = time.monotonic() + wait
+        while entry["agents"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+            entry = control.nodes()[node]
+    print(f"{node}: draining, {entry['agents']} agent(s) still on it")
+    if wait and entry["agents"]:
+        raise typer.Exit(1)
 
 
 @app.command()

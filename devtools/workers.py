@@ -1,6 +1,7 @@
 """The worker processes of a node, and a supervisor that keeps them running.
 
-Two pools, because the queues wait on different things (DESIGN-NOTES section 11):
+Two pools, because the queues wait on different things (a model call waits on the network,
+a tool call uses a core and needs a process of its own to be killed on a time limit):
 
 - ``turns``, ``background``, ``workflow``: steps that wait on the model for seconds. They run
   on an I/O pool (``--pool threads``, 256 threads by default) so one
@@ -28,7 +29,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 IO_QUEUES = "turns,background,workflow"
@@ -78,6 +79,24 @@ def worker_commands(
     }
 
 
+def pool_env(name: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the node's pool ``name`` (a key of ``worker_commands``), from ``env``
+    (default this process's). Each pool serves its own metrics: with ``AGENT_METRICS_PORT=N``
+    the I/O pool listens on N and the tools pool on N+1 (two servers on one port left the tools
+    pool's ``agent_tool_call_seconds`` unserved), each with its own multiprocess directory.
+    Raises ``ValueError`` naming the variable when it is malformed."""
+    from tasks.metrics import metrics_port
+
+    out = dict(os.environ if env is None else env)
+    port = metrics_port(out)
+    if port and name == "worker-tools":
+        if port == 65535:
+            raise ValueError("AGENT_METRICS_PORT must leave the next port for the tools pool (at most 65534)")
+        out["AGENT_METRICS_PORT"] = str(port + 1)
+    out.pop("PROMETHEUS_MULTIPROC_DIR", None)  # each pool's main process creates its own
+    return out
+
+
 def beat_command(loglevel: str = "INFO") -> list[str]:
     """argv of celery beat with the Redis-restart-proof redbeat scheduler (``tasks.beat``)."""
     return [
@@ -109,22 +128,22 @@ class Supervisor:
     ``on_restart(name, returncode)`` is called before each restart (for a console line).
     """
 
-    def __init__(self, logdir: Path | None = None, on_restart=None):
+    def __init__(self, logdir: Path | None = None, on_restart: Callable[[str, int | None], None] | None = None):
         self.logdir = logdir
         self.on_restart = on_restart or (lambda name, code: log.warning("%s exited (%s); restarting", name, code))
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.commands: dict[str, list[str]] = {}
         self.envs: dict[str, dict[str, str] | None] = {}
         self.restarts: dict[str, int] = {}
-        self._logs: dict[str, IO] = {}
+        self._logs: dict[str, IO[str]] = {}
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._started_at: dict[str, float] = {}
 
-    def _popen(self, name: str) -> subprocess.Popen:
+    def _popen(self, name: str) -> "subprocess.Popen[bytes]":
         self._started_at[name] = time.monotonic()
-        out: IO | None = None
+        out: IO[str] | None = None
         if self.logdir is not None:
             self.logdir.mkdir(parents=True, exist_ok=True)
             out = self._logs.get(name) or open(self.logdir / f"{name}.log", "a")
@@ -138,7 +157,7 @@ class Supervisor:
             start_new_session=True,  # a Ctrl-C meant for the supervisor reaches it first
         )
 
-    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> "subprocess.Popen[bytes]":
         """Start ``cmd`` as ``name`` (environment ``env``, default this one) and keep it running until ``stop()``."""
         with self._lock:
             self.commands[name] = cmd
@@ -205,9 +224,13 @@ def main() -> None:
     if not os.environ.get("REDIS_URL"):
         raise SystemExit("set REDIS_URL to the Redis of your stack (make redis starts one)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor: %(message)s")
+    try:
+        envs = {name: pool_env(name) for name in worker_commands(tag="x")}
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     sup = Supervisor()
     for name, cmd in worker_commands().items():
-        sup.start(name, cmd)
+        sup.start(name, cmd, env=envs[name])
     if args.beat:
         sup.start("beat", beat_command())
     stop = threading.Event()

@@ -12,7 +12,9 @@ import threading
 import redis
 
 from tasks.dispatcher import CeleryDispatcher
-from worker.model.responses import ResponsesClient
+from tasks.placement import node_homes
+from worker.model.clients import model_client
+from worker.placement.records import Placement
 from worker.settings import get_settings
 from worker.tools.skills import skills_instructions
 from worker.tools.toolsets import toolset_resolver
@@ -47,20 +49,15 @@ def get_engine() -> TurnEngine:
         if _engine is None or _pid != os.getpid():
             settings = get_settings()
             store = TurnStore(redis_client(), progress_timeout=settings.progress_timeout)
-            client = ResponsesClient(
-                settings.openai_base_url,
-                settings.openai_api_key.get_secret_value(),
-                timeout=settings.model_timeout,
-                connect_timeout=settings.model_connect_timeout,
-                max_connections=settings.model_max_connections,
-            )
+            client = model_client(settings)
             _engine = TurnEngine(
                 store,
                 settings,
-                CeleryDispatcher(),
+                CeleryDispatcher(placement=Placement(store.r, settings.liveness_ttl)),
                 toolset_resolver(settings),
                 client,
                 project_skills=skills_instructions,
+                computers=node_homes(store.r, settings),
             )
             _pid = os.getpid()
         return _engine

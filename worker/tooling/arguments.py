@@ -142,7 +142,7 @@ class ArgumentsOutcome:
         error: str | None = None,
         errors: list[FieldError] | None = None,
         error_kind: str | None = None,
-        tool: WorkerTool | None = None,
+        tool: WorkerTool[Any] | None = None,
     ):
         self.ok = ok
         self.params = params
@@ -179,7 +179,7 @@ def _echo(raw: str, cap: int) -> str:
 
 
 def _failure(
-    tool: WorkerTool,
+    tool: WorkerTool[Any],
     raw: str,
     kind: str,
     reason: str,
@@ -216,7 +216,7 @@ def _failure(
 
 
 def _validate(
-    tool: WorkerTool, data: dict[str, Any], info: Any
+    tool: WorkerTool[Any], data: dict[str, Any], info: Any
 ) -> tuple[Any, list[FieldError], dict[str, Any], list[str]]:
     """Strict null handling + validation. Returns (params, errors, data_used, null_repairs)."""
     notes: list[str] = []
@@ -229,7 +229,7 @@ def _validate(
 
 
 def validate_tool_arguments(
-    tool: WorkerTool,
+    tool: WorkerTool[Any],
     raw: str,
     *,
     response_status: str = "completed",
@@ -319,7 +319,9 @@ def _too_large(raw: str, cap: int) -> str | None:
     )
 
 
-def _validate_tool_arguments(tool: WorkerTool, raw: str, response_status: str, max_raw_echo: int) -> ArgumentsOutcome:
+def _validate_tool_arguments(
+    tool: WorkerTool[Any], raw: str, response_status: str, max_raw_echo: int
+) -> ArgumentsOutcome:
     if len(raw) > MAX_NESTING_DEPTH and raw.count("[") + raw.count("{") > MAX_NESTING_DEPTH:
         depth = check_depth(raw)  # the exact, string-aware count (the test above is its cheap half)
         if depth:
@@ -395,7 +397,7 @@ def _validate_tool_arguments(tool: WorkerTool, raw: str, response_status: str, m
 
 
 def _object_checks(
-    tool: WorkerTool, data: dict[str, Any], props: dict[str, Any], hinted: bool, repairs: list[str]
+    tool: WorkerTool[Any], data: dict[str, Any], props: dict[str, Any], hinted: bool, repairs: list[str]
 ) -> tuple[dict[str, Any], list[str]]:
     """Step 3 of the module docstring: ``(data, repairs)`` after unwrapping a call envelope for
     this tool; raises ``Refused`` for another tool's envelope, markup in a key or a value, or a
@@ -416,13 +418,13 @@ def _object_checks(
     return data, repairs
 
 
-def _success(tool: WorkerTool, params: Any, used: dict[str, Any], repairs: list[str]) -> ArgumentsOutcome:
+def _success(tool: WorkerTool[Any], params: Any, used: dict[str, Any], repairs: list[str]) -> ArgumentsOutcome:
     return ArgumentsOutcome(
         ok=True, params=params, data=None if tool.input_model is not None else used, repairs=repairs, tool=tool
     )
 
 
-def _object_ladder(tool: WorkerTool, data: dict[str, Any], info: Any) -> tuple[Any, Any]:
+def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any) -> tuple[Any, Any]:
     """The object rungs in their fixed order (module docstring, step 6).
 
     Returns ``((params, data_used, repairs), None)`` for the first candidate that
@@ -433,7 +435,8 @@ def _object_ladder(tool: WorkerTool, data: dict[str, Any], info: Any) -> tuple[A
     props = info.properties
     shown = None
     for unwrap in (False, True):
-        cur, names = data, []
+        cur: dict[str, Any] = data
+        names: list[str] = []
         if unwrap:
             for _ in range(MAX_UNWRAP):
                 cand = unwrap_candidate(cur, props)

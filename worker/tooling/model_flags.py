@@ -94,6 +94,6 @@ def _no_float_fields(model: type) -> bool:
         return all(walk(v) for key in ("anyOf", "oneOf", "allOf", "prefixItems") for v in node.get(key) or [])
 
     try:
-        return walk(model.model_json_schema())
+        return walk(model.model_json_schema())  # type: ignore[attr-defined]  # a pydantic model class
     except Exception:
         return False

@@ -97,8 +97,8 @@ def unwrap_envelope(value: dict[str, Any], tool_name: str, declared: Any) -> tup
         calls = value.get(key)
         if key in declared or not isinstance(calls, list) or not calls:
             continue
-        parts = [_call(c, ()) for c in calls]
-        if any(p is None for p in parts):
+        parts = [p for c in calls if (p := _call(c, ())) is not None]
+        if len(parts) != len(calls):
             continue
         if len(parts) == 1 and set(value) - {key} <= _ENVELOPE_EXTRA and _names_tool(parts[0][0], tool_name):
             return _unwrapped(parts[0][2], key, parts[0][3].split(".")[-1])
@@ -186,7 +186,8 @@ def _decode(value: Any, schema: Any, resolve: Callable[[Any], Any], names: list[
 def _decode_object(
     value: dict[str, Any], schema: dict[str, Any], resolve: Callable[[Any], Any], names: list[str], loc: str, steps: int
 ) -> dict[str, Any]:
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    found = schema.get("properties")
+    props: dict[str, Any] = found if isinstance(found, dict) else {}
     extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
     out = None
     for key, v in value.items():
@@ -203,7 +204,8 @@ def _decode_object(
 def _decode_array(
     value: list[Any], schema: dict[str, Any], resolve: Callable[[Any], Any], names: list[str], loc: str, steps: int
 ) -> list[Any]:
-    prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []
+    found = schema.get("prefixItems")
+    prefix: list[Any] = found if isinstance(found, list) else []
     items = schema.get("items") if isinstance(schema.get("items"), dict) else None
     out = None
     for i, v in enumerate(value):
