@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from tests.support.profiles import openai_profile  # noqa: F401 (a fixture)
 from worker.tooling.arguments import DEFAULT_MAX_RAW_ECHO, FieldError, validate_params, validate_tool_arguments
 from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, define_worker_tool
 from worker.tooling.schemas import collect_tool_definitions
@@ -197,6 +198,7 @@ def _nest(depth):
         ('```json\n{"a": ' + '{"b": ' * 600 + "1" + "}" * 600 + ",}\n```", None),
     ],
 )
+@pytest.mark.usefixtures("openai_profile")
 def test_deep_nesting_is_refused_with_the_limit_never_raises(raw, model):
     tool = (
         _tool(input_model=model)

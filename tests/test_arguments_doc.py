@@ -73,12 +73,17 @@ def test_doc_lists_every_rung_the_coercion_rule_and_the_refusals():
         "redundant_closers",
         "trailing_text",
         "json_repair",
+        "leading_empty_object",
+        "truncated_copy_dropped",
         "unwrapped_envelope:<key>",
+        "decoded_python_literal:<field>",
         "decoded_field:<field>",
         "unwrapped:<key>",
         "coerced:<field>",
     }
     assert rungs <= names, rungs - names
     assert len(names - rungs) >= 20  # the refusals
-    assert {"Text rungs", "Object rungs", "The coercion rule", "Refusals"} <= set(SECTIONS)
+    assert {"Text rungs", "Object rungs", "Keys and markup", "The coercion rule", "Refusals"} <= set(SECTIONS)
+    for refusal in ("markup in a value", "respelled parameter", "second object cut off", "cut off, a field missing"):
+        assert any(n.startswith(refusal) for n in names), refusal
     assert "docs/arguments.md" in README.read_text()  # the README links the policy

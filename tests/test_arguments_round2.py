@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional
 
 import pytest
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel
 
+from tests.support.schema_models import model_from_schema
 from worker.tooling.arguments import validate_tool_arguments
 from worker.tooling.contract import ToolResult, define_worker_tool
 from worker.tooling.schemas import validation_info
@@ -36,34 +37,6 @@ PUBLIC_REPAIRS = {
 }
 
 
-# ---- a pydantic tool from a JSON Schema (the subset the cases use) ----------------------------
-
-
-def _py_type(s: dict[str, Any], name: str) -> Any:
-    if "anyOf" in s:
-        types = [_py_type(b, name) for b in s["anyOf"] if b.get("type") != "null"]
-        t = types[0] if len(types) == 1 else Union[tuple(types)]
-        return Optional[t] if any(b.get("type") == "null" for b in s["anyOf"]) else t
-    if "enum" in s:
-        return Literal[tuple(s["enum"])]
-    t = s.get("type")
-    if t == "array":
-        return list[_py_type(s["items"], name)] if "items" in s else list[Any]
-    if t == "object":
-        return _model(s, name.title()) if s.get("properties") else dict[str, Any]
-    return {"string": str, "integer": int, "number": float, "boolean": bool}[t]
-
-
-def _model(schema: dict[str, Any], name: str) -> type[BaseModel]:
-    required = set(schema.get("required", []))
-    fields = {}
-    for key, sub in schema.get("properties", {}).items():
-        typ = _py_type(sub, key)
-        fields[key] = (typ, ...) if key in required else (Optional[typ], None)
-    extra = "forbid" if schema.get("additionalProperties") is False else "allow"
-    return create_model(name, __config__=ConfigDict(extra=extra), **fields)
-
-
 def _tool(case: dict[str, Any], kind: str):
     name = case.get("tool") or "case_tool"
     if kind == "raw":
@@ -74,7 +47,7 @@ def _tool(case: dict[str, Any], kind: str):
         name=name,
         description="test tool",
         execute=lambda p, c: ToolResult("ok"),
-        input_model=_model(case["schema"], "Args"),
+        input_model=model_from_schema(case["schema"], "Args"),
     )
 
 

@@ -63,7 +63,8 @@ def test_filling_the_disk_fails_only_the_agents_own_writes(control, gateway, scr
         script_name,
         [
             ("run_command", {"command": f"dd if=/dev/zero of=fill bs=1M count={2 * quota // 1024**2} 2>&1 | head -1"}),
-            ("write_file", {"path": "more.txt", "content": "x" * 4 * 1024**2}),
+            # under the cap on one call's arguments (AGENT_MAX_ARGUMENTS_BYTES, 1 MiB): the full home refuses it
+            ("write_file", {"path": "more.txt", "content": "x" * 512 * 1024}),
         ],
         agent,
     )

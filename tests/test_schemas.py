@@ -14,6 +14,7 @@ from openai.types.responses import FunctionTool, NamespaceTool
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
+from tests.support.profiles import openai_profile  # noqa: F401 (a fixture)
 from worker.tooling.arguments import validate_tool_arguments
 from worker.tooling.contract import AbortSignal, ToolContext, ToolDefinitionError, ToolResult, define_worker_tool
 from worker.tooling.function_tools import call_arguments, function_input_model, function_tool
@@ -134,6 +135,7 @@ def test_every_pydantic_case_has_a_function():
 
 
 @pytest.mark.parametrize("case_id", sorted(PYDANTIC_CASES))
+@pytest.mark.usefixtures("openai_profile")
 def test_pydantic_model_case(case_id):
     case = PYDANTIC_CASES[case_id]
     assert case["source"]
@@ -213,7 +215,9 @@ def _strip_added_required(wire, src):
 
 
 @pytest.mark.parametrize("path", SCHEMA_FILES, ids=[p.stem for p in SCHEMA_FILES])
+@pytest.mark.usefixtures("openai_profile")
 def test_raw_schema_sent_intact_when_not_strict(path):
+    """Under the openai profile: intact but for P1-P4 (the other profiles: tests/test_wire_profiles.py)."""
     doc = _load(path)
     assert doc["_source"]
     tool = define_worker_tool(
@@ -446,6 +450,7 @@ def test_unresolvable_or_remote_refs_fail_at_definition(schema, field, words):
         },
     ],
 )
+@pytest.mark.usefixtures("openai_profile")
 def test_local_refs_are_accepted_and_validate(schema):
     tool = _raw(schema)
     out = validate_tool_arguments(tool, "{}")

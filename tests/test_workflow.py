@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.support.profiles import openai_profile  # noqa: F401 (a fixture)
 from tests.support.scripts import fc, msg
 from tests.support.scripts import output_texts as outputs
 from worker.turn.request import TurnStatus
@@ -401,6 +402,7 @@ def test_wrapper_rewrites_refs_into_defs_result():
 
 @pytest.mark.parametrize("strict", [True, False])
 @pytest.mark.parametrize("case", ["root-self-ref", "pointer-into-schema", "defs-back-to-root"])
+@pytest.mark.usefixtures("openai_profile")  # recursive schemas not strict: a provider that takes $ref
 def test_submit_result_tool_validates_like_the_task_schema(case, strict):
     """The worker's own argument validation (worker.tooling.arguments) on the built tool, strict and not."""
     from worker.settings import Settings

@@ -40,12 +40,18 @@ class Settings(BaseSettings):
     model_timeout: float = 120.0
     model_connect_timeout: float = 10.0
     max_output_tokens: int | None = None
+    # The provider the model requests reach (worker.tooling.wire_profiles): the wire copy of every
+    # tool keeps its rules; "any" (several, or one behind an OpenAI-compatible proxy) keeps all of them.
+    model_provider: Literal["any", "openai", "anthropic", "gemini"] = "any"
 
     # Turn loop limits.
     max_model_calls: int = 16
     max_invalid_calls_per_tool: int = 2
     max_output_chars: int = 32_000
     max_raw_arguments_echo: int = 2_000
+    # Cap on one call's arguments (UTF-8 bytes): a bigger call is refused with an error the model
+    # reads (size, limit, this setting) and never runs (worker.tooling.arguments).
+    max_arguments_bytes: int = Field(1_048_576, ge=1024)
     # Arguments of a call that did not run are recorded cut to this many characters (case E16).
     max_replay_arguments: int = 20_000
     tool_time_limit: float = 300.0

@@ -3,23 +3,28 @@
 ``validate_tool_arguments(tool, raw)`` never raises for bad input. Its steps
 (the policy, with an example of every rung and refusal: ``docs/arguments.md``):
 
-0. Nesting deeper than ``MAX_NESTING_DEPTH`` (128) is refused first, by a
-   linear count, so no recursive parser or validator ever sees it.
-1. Happy path: a pydantic tool without float (or ``Any``) fields validates
-   text free of ``\\u`` escapes, ``<`` and envelope keys directly with
-   ``validate_json(raw, strict=True)`` (one pass). Other text is parsed with
-   ``orjson`` first (which refuses ``NaN``, ``Infinity``, ``1e400`` and lone
-   surrogates: those go to the ladder, which refuses them). Valid JSON as sent
-   keeps standard semantics for a repeated key (the last value wins); text
-   that needs repair is held to more (a repeated key is refused).
+0. Arguments over ``max_arguments_bytes`` (UTF-8; ``settings.max_arguments_bytes``,
+   default ``DEFAULT_MAX_ARGUMENTS_BYTES``) are refused before anything else. Nesting deeper
+   than ``MAX_NESTING_DEPTH`` (128) is refused first, by a linear count, so no recursive
+   parser or validator ever sees it.
+1. Happy path: a pydantic tool without float (or ``Any``) fields validates text free
+   of ``\\u`` escapes and markup hints (``<``, ``[TOOL_CALLS]``...) directly with
+   ``validate_json(raw, strict=True, extra="forbid")`` (one pass): ``forbid`` sends every
+   call with a key the model does not declare to the checked path, so an unknown or markup
+   key gets the same treatment as on a raw-schema tool (an envelope, whose keys a tool does
+   not declare, too). Other text is parsed with ``orjson`` first (which refuses ``NaN``,
+   ``Infinity``, ``1e400`` and lone surrogates: those go to the ladder, which refuses them).
+   Valid JSON as sent keeps standard semantics for a repeated key (the last value wins);
+   text that needs repair is held to more (a repeated key is refused).
 2. Text: an empty string means ``{}``; text that does not parse (or is a JSON
    string) climbs the text ladder (``worker.tooling.repair``); valid JSON that
    is not an object is refused.
-3. Object checks, the same for pydantic and raw-schema tools: a key holding
-   chat-template or XML markup is refused (``object_rungs.markup_key_error``);
-   a call envelope naming this tool is unwrapped (``unwrapped_envelope:<key>``),
-   one naming another tool (or several calls) is refused
-   (``object_rungs.unwrap_envelope``).
+3. Object checks, the same for pydantic and raw-schema tools: a call envelope naming
+   this tool is unwrapped (``unwrapped_envelope:<key>``), one naming another tool (or
+   several calls) is refused (``object_rungs.unwrap_envelope``); a key or a value holding
+   leaked tool-call markup is refused (``worker.tooling.markup``); a key that spells a
+   parameter the call lacks in another case or with other separators is refused naming
+   both (``worker.tooling.keys``). Any other unknown key is the schema's business.
 4. Strict tools: a ``null`` for a field the tool's own schema marks optional
    and not nullable means "omitted" and is dropped (``null_as_omitted:<loc>``,
    ``worker.tooling.strict_nulls``).
@@ -27,28 +32,32 @@
    or wire copy): ``worker.tooling.param_validation``.
 6. On failure, the object rungs compose in a fixed order, each recorded and
    the result kept only if it validates: first without unwrapping
-   (``decoded_field:<f>`` then ``coerced:<f>``), then after unwrapping an
-   undeclared single wrapper key (``unwrapped:<k>``, at most
+   (``decoded_field:<f>`` / ``decoded_python_literal:<f>`` then ``coerced:<f>``), then after
+   unwrapping an undeclared single wrapper key (``unwrapped:<k>``, at most
    ``MAX_UNWRAP`` levels, each wrapped value an object or a JSON string of one,
-   ``double_encoded:<k>``) followed by the same two rungs.
+   ``double_encoded:<k>``) followed by the same two rungs. A missing required property
+   is reported with the undeclared keys the model sent in its place (``keys.name_sent_keys``).
 
 When the response stopped at the output-token limit (``response_status ==
-"incomplete"``) a call that needs any repair is refused with a "cut off"
-error. An unexpected failure (a broken tool schema, a bug) becomes an error output.
+"incomplete"``) a call that needs any repair, or that fails validation, is refused as
+cut off (``error_kind == "cut_off"``), the error saying the limit was hit. An unexpected
+failure (a broken tool schema, a bug) becomes an error output.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from worker.tooling.coercion import coerce
 from worker.tooling.contract import WorkerTool
 from worker.tooling.json_checks import CUT_OFF_ERROR, MAX_NESTING_DEPTH, Refused, check_depth, too_deep_error
-from worker.tooling.object_rungs import decode_encoded_fields, markup_key_error, unwrap_candidate, unwrap_envelope
+from worker.tooling.keys import name_sent_keys, near_miss_error
+from worker.tooling.markup import markup_hinted, markup_key_error, markup_value_error, value_markup_hinted
+from worker.tooling.model_flags import accepted_names, fast_path_eligible
+from worker.tooling.object_rungs import decode_encoded_fields, unwrap_candidate, unwrap_envelope
 from worker.tooling.param_validation import params_to_data, validate_params
 from worker.tooling.repair import repair_arguments
 from worker.tooling.schemas import validation_info
@@ -56,6 +65,7 @@ from worker.tooling.strict_nulls import omit_nulls
 from worker.tooling.validators import FieldError
 
 __all__ = [
+    "DEFAULT_MAX_ARGUMENTS_BYTES",
     "DEFAULT_MAX_RAW_ECHO",
     "ArgumentsOutcome",
     "FieldError",
@@ -67,14 +77,9 @@ __all__ = [
 MAX_UNWRAP = 2
 """Wrapper keys unwrapped at most, one inside the other (``{"input": {"arguments": ...}}``)."""
 
-# Text that may hold markup in a key or a call envelope takes the checked path. Plain substring
-# tests (C speed; one regex alternation over the text cost as much as the whole validation).
-_HINTS = (
-    "<",
-    "TOOL_CALLS",
-    "[ARGS]",
-    "[CALL_ID]",
-    "TOOL_RESULTS",
+# Text that may hold a call envelope takes the envelope check. Plain substring tests (C speed;
+# one regex alternation over the text cost as much as the whole validation).
+_ENVELOPE_HINTS = (
     '"tool_uses"',
     '"tool_calls"',
     '"function',
@@ -86,13 +91,24 @@ _HINTS = (
 )
 
 
-def _hinted(raw: str) -> bool:
-    """True when ``raw`` may hold a markup key or a call envelope (a superset: the checks decide)."""
-    for h in _HINTS:
+def _envelope_hinted(raw: str) -> bool:
+    """True when ``raw`` may hold a call envelope (a superset: ``unwrap_envelope`` decides)."""
+    for h in _ENVELOPE_HINTS:
         if h in raw:
             return True
     return False
 
+
+def _hinted(raw: str) -> bool:
+    """True when ``raw`` may hold a markup key or value, a call envelope, or a ``\\u`` escape
+    that could hide either: such text takes the object checks."""
+    return "\\u" in raw or markup_hinted(raw) or _envelope_hinted(raw)
+
+
+DEFAULT_MAX_ARGUMENTS_BYTES = 1_048_576
+"""Default cap (UTF-8 bytes) on one call's arguments (``settings.max_arguments_bytes``): a bigger
+call is refused before it is parsed, stored or run (issue 19: a 20 MB ``write_file`` cost Redis
+about 105 MB). 1 MiB holds about twice the longest output a model's token limit allows today."""
 
 DEFAULT_MAX_RAW_ECHO = 2_000
 """Default cap (characters) of the raw arguments echoed back in an error (``settings.max_raw_arguments_echo``)."""
@@ -110,8 +126,9 @@ class ArgumentsOutcome:
       the capped raw arguments, and a request for a corrected call).
     - ``errors``: when validation failed, each failing field.
     - ``error_kind``: ``None`` when ok, else ``"cut_off"`` (response incomplete),
-      ``"parse"`` (not a usable JSON object) or ``"validation"`` (schema
-      rejected the object). The loop's per-tool retry budget can count these.
+      ``"too_large"`` (over the arguments cap), ``"parse"`` (not a usable JSON object)
+      or ``"validation"`` (schema rejected the object). The loop's per-tool retry budget
+      can count these.
     """
 
     __slots__ = ("ok", "params", "_data", "repairs", "error", "errors", "error_kind", "_tool")
@@ -172,12 +189,20 @@ def _failure(
     data: Any = None,
     repairs: list[str] | None = None,
 ) -> ArgumentsOutcome:
+    lines = "\n".join(f"- {e.loc}: {e.msg}" for e in errors or [])
     if kind == "validation":
-        lines = "\n".join(f"- {e.loc}: {e.msg}" for e in errors or [])
         text = (
             f"Invalid arguments for tool {tool.name}; the call did not run.\n{lines}\n"
             f"Your arguments were: {_echo(raw, cap)}\n"
             "Send a corrected call to this tool with arguments that match its parameters."
+        )
+    elif kind == "cut_off" and errors:
+        text = (
+            f"Could not use the arguments for tool {tool.name}: your response stopped at the output-token "
+            "limit (it is incomplete), so these arguments are cut off and the call did not run. What is "
+            f"missing or wrong in what arrived:\n{lines}\n"
+            f"Your arguments were: {_echo(raw, cap)}\n"
+            "Send the call again with complete arguments, shorter if needed (for example, write a long file in parts)."
         )
     else:
         text = (
@@ -204,35 +229,52 @@ def _validate(
 
 
 def validate_tool_arguments(
-    tool: WorkerTool[Any], raw: str, *, response_status: str = "completed", max_raw_echo: int = DEFAULT_MAX_RAW_ECHO
+    tool: WorkerTool[Any],
+    raw: str,
+    *,
+    response_status: str = "completed",
+    max_raw_echo: int = DEFAULT_MAX_RAW_ECHO,
+    max_arguments_bytes: int = DEFAULT_MAX_ARGUMENTS_BYTES,
 ) -> ArgumentsOutcome:
     """Parse, repair if needed, and validate a function call's ``arguments``.
 
     ``raw`` is the ``arguments`` string of a Responses ``function_call`` item
     (a non-string is JSON-encoded first). ``response_status`` is the status
     of the response that carried the call: ``"incomplete"`` (stopped at
-    ``max_output_tokens``) refuses every repair with a "cut off" error.
-    ``max_raw_echo`` caps the raw arguments quoted back in ``error``
-    (``settings.max_raw_arguments_echo``). Never raises, for any input: see
-    the module docstring for the steps and ``worker.tooling.repair`` for the ladder;
-    an unexpected failure (a broken tool schema, a bug) becomes an error output.
+    ``max_output_tokens``) refuses every repair, and every failing call, with a
+    "cut off" error. ``max_raw_echo`` caps the raw arguments quoted back in ``error``
+    (``settings.max_raw_arguments_echo``); ``max_arguments_bytes`` caps the arguments
+    themselves (UTF-8 bytes, ``settings.max_arguments_bytes``): a bigger call is refused
+    (``error_kind == "too_large"``). Never raises, for any input: see the module docstring
+    for the steps and ``worker.tooling.repair`` for the ladder; an unexpected failure (a
+    broken tool schema, a bug) becomes an error output.
     """
     model = tool.input_model
     if (
         model is not None
         and type(raw) is str
+        and len(raw) <= max_arguments_bytes // 4
         and "\\u" not in raw
-        and _no_float_fields(model)
+        and not value_markup_hinted(raw)
         and (len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH)
-        and not (_hints_matter(model) and _hinted(raw))
+        and fast_path_eligible(model, raw)
     ):
         # Happy path: one strict pydantic-core pass over the text. With no field that takes a float,
         # what JSON forbids but pydantic-core accepts (NaN, Infinity, 1e400) cannot validate;
         # without ``\\u`` escapes there is no lone surrogate; the bracket count bounds nesting;
-        # without ``<`` or an envelope key there is no markup key and no envelope.
+        # without ``<`` no value holds markup; ``extra="forbid"`` leaves every unknown key (so every
+        # markup key and every envelope) to the checked path, and a model with open maps is only
+        # taken without any markup hint; 4 bytes per character bound the size.
         try:
             return ArgumentsOutcome(
-                True, model.__pydantic_validator__.validate_json(raw, strict=True), None, None, None, None, None, tool
+                True,
+                model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid"),
+                None,
+                None,
+                None,
+                None,
+                None,
+                tool,
             )
         except ValidationError:
             pass
@@ -241,6 +283,9 @@ def validate_tool_arguments(
             raw = orjson.dumps(raw).decode()
     except Exception:
         raw = repr(raw)
+    too_large = _too_large(raw, max_arguments_bytes)
+    if too_large:
+        return _failure(tool, raw, "too_large", too_large, max_raw_echo)
     try:
         return _validate_tool_arguments(tool, raw, response_status, max_raw_echo)
     except RecursionError:
@@ -259,66 +304,19 @@ def validate_tool_arguments(
 _UNPARSED = object()
 
 
-_ENVELOPE_KEYS = frozenset(
-    {"name", "tool", "tool_name", "function_name", "recipient_name", "type", "id", "call_id", "index"}
-    | {"function", "function_call", "tool_uses", "tool_calls"}
-)
-
-
-@functools.lru_cache(maxsize=1024)
-def _hints_matter(model: type[BaseModel]) -> bool:
-    """False when no envelope and no markup key can validate against ``model`` as sent, so the
-    happy path may skip looking for them: every envelope lacks one of the model's required
-    fields (an envelope only has ``_ENVELOPE_KEYS``), and no object of the model takes keys it
-    does not declare (no ``extra="allow"``, no open map). Cached per model class."""
-    try:
-        schema = model.model_json_schema()
-    except Exception:
-        return True
-    required = schema.get("required") or []
-    if all(r in _ENVELOPE_KEYS for r in required):
-        return True
-    stack: list[Any] = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            extra = node.get("additionalProperties")
-            if extra is True or isinstance(extra, dict) or "patternProperties" in node:
-                return True
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
-
-
-@functools.lru_cache(maxsize=1024)
-def _no_float_fields(model: type[BaseModel]) -> bool:
-    """True when no field of ``model`` (at any depth) can take a float: no ``number``
-    type and no schema that accepts anything (``Any``, ``true``, open ``additionalProperties``).
-    Cached per model class."""
-
-    def walk(node: Any) -> bool:
-        if node is True:
-            return False  # accepts anything
-        if not isinstance(node, dict):
-            return True
-        t = node.get("type")
-        if t == "number" or (isinstance(t, list) and "number" in t):
-            return False
-        if t is None and not any(k in node for k in ("$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not")):
-            return False  # untyped: Any
-        for key in ("properties", "$defs", "definitions", "patternProperties"):
-            if not all(walk(v) for v in (node.get(key) or {}).values()):
-                return False
-        for key in ("items", "additionalProperties", "contains"):
-            if key in node and not walk(node[key]):
-                return False
-        return all(walk(v) for key in ("anyOf", "oneOf", "allOf", "prefixItems") for v in node.get(key) or [])
-
-    try:
-        return walk(model.model_json_schema())
-    except Exception:
-        return False
+def _too_large(raw: str, cap: int) -> str | None:
+    """The refusal for arguments over ``cap`` UTF-8 bytes, else ``None`` (the byte count is only
+    computed when the character count could exceed the cap)."""
+    if len(raw) <= cap // 4:
+        return None
+    size = len(raw.encode("utf-8", "surrogatepass"))
+    if size <= cap:
+        return None
+    return (
+        f"your arguments are {size:,} bytes; this runtime takes at most {cap:,} bytes of arguments in one call "
+        "(setting AGENT_MAX_ARGUMENTS_BYTES); nothing was run: do the work in smaller calls (for example, "
+        "write a long file in parts)"
+    )
 
 
 def _validate_tool_arguments(
@@ -336,11 +334,18 @@ def _validate_tool_arguments(
         parsed: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
         parsed = _UNPARSED
-    hinted = _hinted(raw) or "\\u" in raw
+    hinted = _hinted(raw)
     if type(parsed) is dict and model is not None and not hinted:
         try:
             return ArgumentsOutcome(
-                True, model.__pydantic_validator__.validate_json(raw, strict=True), None, None, None, None, None, tool
+                True,
+                model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid"),
+                None,
+                None,
+                None,
+                None,
+                None,
+                tool,
             )
         except ValidationError:
             pass
@@ -364,18 +369,12 @@ def _validate_tool_arguments(
     else:
         data = parsed
 
-    # Object checks, the same for every kind of tool: envelopes, then markup in keys.
-    if hinted or repairs:
-        try:
-            env = unwrap_envelope(data, tool.name, props)
-        except Refused as exc:
-            return _failure(tool, raw, "parse", str(exc), max_raw_echo)
-        if env is not None:
-            data, names = env
-            repairs = repairs + names
-        markup = markup_key_error(data, props)
-        if markup:
-            return _failure(tool, raw, "parse", markup, max_raw_echo)
+    # Object checks, the same for every kind of tool: envelopes, markup in keys and values,
+    # keys that spell a parameter another way.
+    try:
+        data, repairs = _object_checks(tool, data, props, hinted or bool(repairs), repairs)
+    except Refused as exc:
+        return _failure(tool, raw, "parse", str(exc), max_raw_echo)
 
     params, errors, used, notes = _validate(tool, data, info)
     if not errors:
@@ -385,14 +384,38 @@ def _validate_tool_arguments(
     if response_status == "incomplete":
         if repairs:
             return _failure(tool, raw, "cut_off", CUT_OFF_ERROR, max_raw_echo)
-        return _failure(tool, raw, "validation", "", max_raw_echo, errors=errors, data=used, repairs=notes)
+        errors = name_sent_keys(errors, used, info.schema, info.resolve)
+        return _failure(tool, raw, "cut_off", "", max_raw_echo, errors=errors, data=used, repairs=notes)
     found, shown = _object_ladder(tool, data, info)
     if found is not None:
         params, used, names = found
         return _success(tool, params, used, repairs + names)
     if shown is not None:
         errors, used, notes = shown
+    errors = name_sent_keys(errors, used, info.schema, info.resolve)
     return _failure(tool, raw, "validation", "", max_raw_echo, errors=errors, data=used, repairs=repairs + notes)
+
+
+def _object_checks(
+    tool: WorkerTool[Any], data: dict[str, Any], props: dict[str, Any], hinted: bool, repairs: list[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """Step 3 of the module docstring: ``(data, repairs)`` after unwrapping a call envelope for
+    this tool; raises ``Refused`` for another tool's envelope, markup in a key or a value, or a
+    key that spells a parameter the call lacks. ``hinted``: the text may hold an envelope or
+    markup (else only the key spelling is checked: one dict lookup per key)."""
+    if hinted:
+        env = unwrap_envelope(data, tool.name, props)
+        if env is not None:
+            data, names = env
+            repairs = repairs + names
+        problem = markup_key_error(data, props) or markup_value_error(data)
+        if problem:
+            raise Refused(problem)
+    accepted = accepted_names(tool.input_model) if tool.input_model is not None else ()
+    near = near_miss_error(data, props, accepted)
+    if near:
+        raise Refused(near)
+    return data, repairs
 
 
 def _success(tool: WorkerTool[Any], params: Any, used: dict[str, Any], repairs: list[str]) -> ArgumentsOutcome:
@@ -426,7 +449,7 @@ def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any) -> tu
                     return (p, used, names + notes), None
             if not names:
                 break
-        decoded, step = decode_encoded_fields(cur, props, info.resolve)
+        decoded, step = decode_encoded_fields(cur, info.schema, info.resolve)
         if step:
             cur, names = decoded, names + step
             p, e, used, notes = _validate(tool, cur, info)

@@ -1,17 +1,19 @@
 """Object rungs: repairs of a decoded JSON object, guided by the tool's schema.
 
-Envelopes and wrappers around the arguments, markup in keys, fields sent as
-JSON-encoded strings. ``worker.tooling.arguments`` composes them in a fixed order.
+Envelopes and wrappers around the arguments, fields sent as JSON-encoded strings or as
+Python literals (markup in keys and values: ``worker.tooling.markup``). ``worker.tooling.arguments`` composes them in a fixed order.
 """
 
 from __future__ import annotations
 
-import re
+import ast
 from typing import Any, Callable
 
 import orjson
 
-from worker.tooling.json_checks import Refused, check_depth, loads_once
+from worker.tooling.coercion import schema_types
+from worker.tooling.json_checks import MAX_REPAIR_CHARS, Refused, check_depth, check_values, loads_once
+from worker.tooling.strict_nulls import pick_branch
 
 _ENVELOPE_EXTRA = frozenset({"id", "type", "call_id", "index"})
 _NAME_KEYS = ("name", "tool", "tool_name", "function_name", "recipient_name")
@@ -129,93 +131,138 @@ def _other_tool(name: Any) -> str:
     )
 
 
-# Chat-template and XML markup that leaks from a model's tool-call format into a key: <|...|>
-# delimiters (also DeepSeek's fullwidth <｜...｜>), closing tags (also unterminated: "</parameter"),
-# opening tags or assignments (<arg_key>, <parameter=cmd>, <tool_call>, <a href=...>), and Mistral's
-# [TOOL_CALLS]/[ARGS]/[CALL_ID] control tokens; a known tool-format tag name also when left open ("<parameter").
-_MARKUP = re.compile(
-    r"<[|\uff5c]|[|\uff5c]>|</\s*[A-Za-z_]|<[A-Za-z_][\w:.-]*(?:\s*/?>|=|\s+[\w:.-]+\s*=)"
-    r"|<\s*(?:parameter|function|tool_calls?|tool_response|arg_key|arg_value|invoke|think)\b"
-    r"|\[/?(?:TOOL_CALLS|ARGS|CALL_ID|TOOL_RESULTS)\]"
-)
-
-
-def markup_key_error(value: Any, declared: Any) -> str | None:
-    """An error naming the first key (at any depth) that holds chat-template or XML markup, else ``None``.
-
-    Keys the tool's schema declares at the top level are allowed. Such a key is
-    a leak of the model's tool-call format into the JSON (B01: a Qwen3
-    ``</parameter`` fragment became a key), never a parameter name, and a schema
-    with open ``additionalProperties`` would take it as one. Iterative, O(size).
-    """
-    declared = declared or ()
-    stack = [(value, True)]
-    while stack:
-        v, top = stack.pop()
-        if isinstance(v, dict):
-            for k, sub in v.items():
-                if isinstance(k, str) and not (top and k in declared):
-                    m = _MARKUP.search(k)
-                    if m:
-                        return (
-                            f"the key {k[:80]!r} in your arguments holds chat-template or XML markup "
-                            f"({m.group()!r}): a tool-call format leaked into the JSON; nothing was run: send the "
-                            "arguments as one plain JSON object whose keys are the tool's parameter names"
-                        )
-                if isinstance(sub, (dict, list)):
-                    stack.append((sub, False))
-        elif isinstance(v, list):
-            stack.extend((x, False) for x in v if isinstance(x, (dict, list)))
-    return None
-
-
 # ---- object rungs (schema-guided) ------------------------------------------------------------
 
 
-def _schema_types(sub: Any) -> set[str]:
-    if not isinstance(sub, dict):
-        return set()
-    t = sub.get("type")
-    types = {t} if isinstance(t, str) else set(t or [])
-    for key in ("anyOf", "oneOf"):
-        for b in sub.get(key, []) or []:
-            types |= _schema_types(b)
-    return types
+_UNCHANGED: Any = object()
+_MAX_DECODE_STEPS = 4 * 128  # schema steps along one path ($ref / composition chains)
 
 
 def decode_encoded_fields(
-    data: dict[str, Any], properties: dict[str, Any], resolve: Callable[[Any], Any] = lambda s: s
+    data: dict[str, Any], schema: Any, resolve: Callable[[Any], Any] = lambda s: s
 ) -> tuple[dict[str, Any], list[str]]:
-    """Decode top-level string values whose schema says ``array`` or ``object`` (A20).
+    """Decode string values, at any depth, whose schema takes only an object or an array (A20).
 
-    A value is decoded only if the schema does not also accept a string, the
-    string parses strictly, and the result has the declared JSON type.
-    Returns ``(new_data, ["decoded_field:<name>", ...])`` (unchanged data and
-    ``[]`` when nothing applied).
+    A value is decoded only where the schema does not also take a string, and only to the
+    declared JSON type: JSON text first (``decoded_field:<loc>``), else a Python literal
+    (``"{'theme': 'dark', 'size': 14}"``, ``"['a', 'b']"``, with ``True``/``None``: a model that
+    sent ``str(value)``; ``decoded_python_literal:<loc>``), read by ``ast.literal_eval`` and kept
+    only when it is JSON data (string keys, finite numbers, no tuples, sets or bytes).
+    ``loc`` is the field's path (``settings``, ``items[0].meta``). Returns ``(new_data, names)``
+    (the same ``data`` and ``[]`` when nothing applied).
     """
-    changed: dict[str, Any] = {}
     names: list[str] = []
-    for key, value in data.items():
-        if not isinstance(value, str) or key not in properties:
+    out = _decode(data, schema, resolve, names, "", 0)
+    return out, names
+
+
+def _decode(value: Any, schema: Any, resolve: Callable[[Any], Any], names: list[str], loc: str, steps: int) -> Any:
+    if steps > _MAX_DECODE_STEPS:
+        return value
+    schema = resolve(schema)
+    if not isinstance(schema, dict):
+        return value
+    if isinstance(value, str):
+        new, name = _decoded_text(value, schema_types(schema, resolve))
+        if new is _UNCHANGED:
+            return value
+        names.append(f"{name}:{loc or '<root>'}")
+        return new
+    if not isinstance(value, (dict, list)):
+        return value
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list):
+            branch = pick_branch(value, branches, resolve)
+            if branch is not None:
+                value = _decode(value, branch, resolve, names, loc, steps + 1)
+    for sub in schema.get("allOf") or []:
+        value = _decode(value, sub, resolve, names, loc, steps + 1)
+    if isinstance(value, dict):
+        return _decode_object(value, schema, resolve, names, loc, steps)
+    return _decode_array(value, schema, resolve, names, loc, steps)
+
+
+def _decode_object(
+    value: dict[str, Any], schema: dict[str, Any], resolve: Callable[[Any], Any], names: list[str], loc: str, steps: int
+) -> dict[str, Any]:
+    found = schema.get("properties")
+    props: dict[str, Any] = found if isinstance(found, dict) else {}
+    extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
+    out = None
+    for key, v in value.items():
+        sub = props.get(key, extra)
+        if sub is None:
             continue
-        types = _schema_types(resolve(properties[key]))
-        if not types & {"array", "object"} or "string" in types:
+        nv = _decode(v, sub, resolve, names, f"{loc}.{key}" if loc else key, steps + 1)
+        if nv is not v:
+            out = dict(value) if out is None else out
+            out[key] = nv
+    return value if out is None else out
+
+
+def _decode_array(
+    value: list[Any], schema: dict[str, Any], resolve: Callable[[Any], Any], names: list[str], loc: str, steps: int
+) -> list[Any]:
+    found = schema.get("prefixItems")
+    prefix: list[Any] = found if isinstance(found, list) else []
+    items = schema.get("items") if isinstance(schema.get("items"), dict) else None
+    out = None
+    for i, v in enumerate(value):
+        sub = prefix[i] if i < len(prefix) else items
+        if sub is None:
             continue
-        s = value.strip()
-        if not s or s[0] not in "[{":
-            continue
-        if check_depth(s):
-            continue
-        try:
-            decoded = loads_once(s)
-        except (orjson.JSONDecodeError, Refused):
-            continue
-        if (isinstance(decoded, list) and "array" in types) or (isinstance(decoded, dict) and "object" in types):
-            changed[key] = decoded
-            names.append(f"decoded_field:{key}")
-    if not changed:
-        return data, []
-    return {**data, **changed}, names
+        nv = _decode(v, sub, resolve, names, f"{loc}[{i}]", steps + 1)
+        if nv is not v:
+            out = list(value) if out is None else out
+            out[i] = nv
+    return value if out is None else out
+
+
+def _decoded_text(text: str, types: set[str] | None) -> tuple[Any, str]:
+    """``(value, repair name)`` for a string that spells the object or array its schema takes,
+    else ``(_UNCHANGED, "")``."""
+    if types is None or "string" in types or not types & {"array", "object"}:
+        return _UNCHANGED, ""
+    s = text.strip()
+    if not s or s[0] not in "[{" or len(s) > MAX_REPAIR_CHARS or check_depth(s):
+        return _UNCHANGED, ""
+    try:
+        decoded, name = loads_once(s), "decoded_field"
+    except orjson.JSONDecodeError:
+        decoded, name = _python_literal(s), "decoded_python_literal"
+    except Refused:
+        return _UNCHANGED, ""
+    if (isinstance(decoded, list) and "array" in types) or (isinstance(decoded, dict) and "object" in types):
+        return decoded, name
+    return _UNCHANGED, ""
+
+
+def _python_literal(text: str) -> Any:
+    """The JSON data a Python literal spells (``ast.literal_eval``: no code runs), or ``_UNCHANGED``
+    when it is not one, or holds what JSON cannot (tuples, sets, bytes, non-string keys, NaN)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _UNCHANGED
+    if not _is_json_data(value) or check_values(value):
+        return _UNCHANGED
+    return value
+
+
+def _is_json_data(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if not all(isinstance(k, str) for k in v):
+                return False
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif v is not None and not isinstance(v, (str, int, float, bool)):
+            return False
+    return True
 
 
 def unwrap_candidate(data: dict[str, Any], properties: Any) -> tuple[dict[str, Any], list[str]] | None:

@@ -18,12 +18,13 @@ from pydantic import ValidationError
 from worker.tooling.contract import WorkerTool
 from worker.tooling.json_checks import too_deep_error
 from worker.tooling.schemas import validation_info
-from worker.tooling.validators import FieldError, loc_of
+from worker.tooling.validators import REQUIRED_MSG, FieldError, loc_of
 
 
 def pydantic_errors(exc: ValidationError) -> list[FieldError]:
-    """Each failing field of a pydantic ``ValidationError``."""
-    return [FieldError(loc_of(e["loc"]), e["msg"]) for e in exc.errors()]
+    """Each failing field of a pydantic ``ValidationError``; a missing field gets the raw-schema
+    tools' wording (``REQUIRED_MSG``), so the model reads one text whatever declares the schema."""
+    return [FieldError(loc_of(e["loc"]), REQUIRED_MSG if e["type"] == "missing" else e["msg"]) for e in exc.errors()]
 
 
 def validate_params(tool: WorkerTool[Any], data: dict[str, Any]) -> tuple[Any, list[FieldError]]:

@@ -28,6 +28,10 @@ applied:
 2. ``double_encoded``: the whole text is a JSON string whose content is a
    JSON *object*; decoded once (A21, A23). ``escaped_object``: the text is an
    object with every quote escaped one level (``{\\"a\\": 1}``).
+   Stream artifacts (``worker.tooling.stream_rungs``): empty objects before the object are
+   dropped (``leading_empty_object``); a run of cut copies of the object's beginning before
+   it (a provider resending the arguments-so-far) keeps the one complete object
+   (``truncated_copy_dropped``).
 3. ``normalize``: one string-aware regex scan that fixes, outside strings:
    over-escaped value quotes (``\\\\"foo\\\\"``, A24), literal ``\\n``/``\\t``
    between tokens (A33), Python ``True``/``False``/``None``, trailing commas;
@@ -38,7 +42,8 @@ applied:
    ends at a complete value (A29, A30). A closer that does not match the
    innermost open bracket goes to ``mismatched_closer`` (``_mismatched_closer``:
    kept only when exactly one reading closes the root at the end). After the first object: identical copies are collapsed (A25),
-   distinct ones refused (A26), prose is dropped (``trailing_text``, A02).
+   a cut copy of its beginning is dropped (``truncated_copy_dropped``), distinct ones refused
+   (A26), prose is dropped (``trailing_text``, A02).
 4. ``json_repair``: the ``json-repair`` package in strict mode, as a last
    rung (unescaped inner quotes, A36; comments; tuples; curly quotes; missing
    commas), only when rung 3 saw balanced delimiters, and only if its output
@@ -86,6 +91,7 @@ from worker.tooling.json_checks import (
     too_deep_error,
 )
 from worker.tooling.json_repair_rung import json_repair_rung
+from worker.tooling.stream_rungs import cumulative_copies, drop_leading_empty
 from worker.tooling.text_rungs import (
     JSON_HEADER,
     PY_LITERALS,
@@ -161,7 +167,7 @@ def _ladder(raw: str, repairs: list[str]) -> Any:
         if h:
             text = text[h.end() :]
             repairs.append("json_header")
-    text = text.strip()
+    text = drop_leading_empty(text.strip(), repairs)
     if not text:
         return {}
     if text != raw:
@@ -199,6 +205,10 @@ def _ladder(raw: str, repairs: list[str]) -> Any:
             return loads_once(text)
         except orjson.JSONDecodeError:
             raise NotJson("not an object") from None
+    copies = cumulative_copies(text)
+    if copies is not None:
+        repairs.extend(copies[1])
+        return copies[0]
     scratch: list[str] = []
     try:
         normalized, end, balanced = normalize(text, 0, scratch)

@@ -28,10 +28,12 @@ import jsonschema
 import orjson
 from pydantic import BaseModel
 
+from worker.settings import get_settings
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.strict import field_name, to_strict_schema
 from worker.tooling.validators import compile_validator
-from worker.tooling.wire import check_root, wire_copy
+from worker.tooling.wire import check_root, pointer, wire_copy
+from worker.tooling.wire_profiles import profile_copy, strict_profile_copy
 
 
 class ToolSpec(Protocol):
@@ -64,7 +66,7 @@ _CACHE_LIMIT = 4096
 # Per tool object (a WorkerTool is frozen and hashed by identity): the definition and the
 # validation info, so a turn that re-assembles the same tools does dict lookups only.
 # A raw ``json_schema`` must not be mutated after ``define_worker_tool``.
-_DEF_BY_TOOL: "weakref.WeakKeyDictionary[ToolSpec, dict[str, Any]]" = weakref.WeakKeyDictionary()
+_DEF_BY_TOOL: "weakref.WeakKeyDictionary[ToolSpec, dict[str, dict[str, Any]]]" = weakref.WeakKeyDictionary()
 _INFO_BY_TOOL: "weakref.WeakKeyDictionary[ToolSpec, ValidationInfo]" = weakref.WeakKeyDictionary()
 
 EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -104,9 +106,7 @@ def source_schema(tool: ToolSpec) -> dict[str, Any]:
         try:
             validator_cls.check_schema(schema)
         except jsonschema.SchemaError as exc:
-            raise ToolDefinitionError(
-                f"tool {tool.name!r}: json_schema is not a valid JSON Schema: {exc.message}"
-            ) from exc
+            raise ToolDefinitionError(_invalid_schema(tool.name, schema, exc)) from exc
         _check_refs(schema, tool.name)
     else:
         schema = EMPTY_OBJECT_SCHEMA
@@ -115,6 +115,24 @@ def source_schema(tool: ToolSpec) -> dict[str, Any]:
         _PARAMS_CACHE.clear()
     _PARAMS_CACHE[key] = schema
     return schema
+
+
+def _invalid_schema(tool_name: str, schema: dict[str, Any], exc: jsonschema.SchemaError) -> str:
+    """The definition error for a schema its own draft refuses, naming the field, the schema path
+    and the keyword (a draft-4 boolean ``exclusiveMinimum`` under a 2020-12 ``$schema`` gets a hint)."""
+    path = tuple(exc.absolute_path)
+    draft = schema.get("$schema", "draft 2020-12 (no $schema)")
+    text = (
+        f"tool {tool_name!r}: json_schema is not a valid JSON Schema ({draft}): field {field_name(path)!r} "
+        f"(schema path {pointer(path)}): {exc.message}"
+    )
+    if path and path[-1] in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(exc.instance, bool):
+        bound = "minimum" if path[-1] == "exclusiveMinimum" else "maximum"
+        text += (
+            f"; a boolean {path[-1]} is draft 4's form (it makes {bound} exclusive): from draft 6 on it is the "
+            f"bound itself, so write {path[-1]}: <the {bound}> and drop {bound}, or declare draft 4 in $schema"
+        )
+    return text
 
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -226,41 +244,52 @@ def _check_refs(schema: dict[str, Any], tool_name: str) -> None:
                 raise ToolDefinitionError(f"{where} has a {key} {ref!r} that points to a non-schema")
 
 
-def parameters_schema(tool: ToolSpec) -> dict[str, Any]:
+def current_provider() -> str:
+    """The provider profile in use (``settings.model_provider``, ``AGENT_MODEL_PROVIDER``)."""
+    return get_settings().model_provider
+
+
+def parameters_schema(tool: ToolSpec, provider: str | None = None) -> dict[str, Any]:
     """The ``parameters`` sent to the provider: the strict copy (``worker.tooling.strict``), or the
-    wire copy (``worker.tooling.wire``: the source schema itself unless a provider rule changes it)."""
+    wire copy (``worker.tooling.wire``: the source schema itself unless a provider rule changes it),
+    kept to the rules of ``provider`` (default: ``current_provider()``; ``worker.tooling.wire_profiles``).
+    Raises ``ToolDefinitionError`` naming the field and the rule where a copy cannot keep them."""
+    provider = provider or current_provider()
     schema = source_schema(tool)
-    key = ("strict" if tool.strict else "wire", _schema_key(tool), tool.name)
+    key = ("strict" if tool.strict else "wire", _schema_key(tool), tool.name, provider)
     cached = _PARAMS_CACHE.get(key)
     if cached is None:
         if tool.strict:
-            cached = to_strict_schema(schema, tool_name=tool.name)
+            cached = strict_profile_copy(to_strict_schema(schema, tool_name=tool.name), tool.name, provider)
         else:
-            cached = wire_copy(schema, tool.name, _resolver(schema))
+            cached = profile_copy(wire_copy(schema, tool.name, _resolver(schema)), tool.name, provider)
         _PARAMS_CACHE[key] = cached
     return cached
 
 
-def function_definition(tool: ToolSpec) -> dict[str, Any]:
-    """The Responses API function tool for ``tool``.
+def function_definition(tool: ToolSpec, provider: str | None = None) -> dict[str, Any]:
+    """The Responses API function tool for ``tool``, its parameters kept to ``provider``'s rules
+    (default: the profile in use).
 
     Shape: ``{"type": "function", "name", "description", "parameters",
     "strict"}`` plus ``"defer_loading": true`` for deferred tools. The dict is
     cached and shared: callers must not mutate it.
     """
-    cached = _DEF_BY_TOOL.get(tool)
+    provider = provider or current_provider()
+    by_provider = _DEF_BY_TOOL.get(tool)
+    cached = by_provider.get(provider) if by_provider is not None else None
     if cached is not None:
         return cached
-    key = (_schema_key(tool), tool.name, tool.description, tool.strict, tool.defer_loading)
+    key = (_schema_key(tool), tool.name, tool.description, tool.strict, tool.defer_loading, provider)
     cached = _DEF_CACHE.get(key)
     if cached is not None:
-        _DEF_BY_TOOL[tool] = cached
+        _DEF_BY_TOOL.setdefault(tool, {})[provider] = cached
         return cached
     definition: dict[str, Any] = {
         "type": "function",
         "name": tool.name,
         "description": tool.description,
-        "parameters": parameters_schema(tool),
+        "parameters": parameters_schema(tool, provider),
         "strict": tool.strict,
     }
     if tool.defer_loading:
@@ -268,11 +297,13 @@ def function_definition(tool: ToolSpec) -> dict[str, Any]:
     if len(_DEF_CACHE) > _CACHE_LIMIT:
         _DEF_CACHE.clear()
     _DEF_CACHE[key] = definition
-    _DEF_BY_TOOL[tool] = definition
+    _DEF_BY_TOOL.setdefault(tool, {})[provider] = definition
     return definition
 
 
-def collect_tool_definitions(tools: Iterable[ToolSpec], *, loaded: Iterable[str] = ()) -> list[dict[str, Any]]:
+def collect_tool_definitions(
+    tools: Iterable[ToolSpec], *, loaded: Iterable[str] = (), provider: str | None = None
+) -> list[dict[str, Any]]:
     """The ``tools`` array of a Responses request, in assembly order.
 
     - Tools without a namespace become function tools.
@@ -285,6 +316,7 @@ def collect_tool_definitions(tools: Iterable[ToolSpec], *, loaded: Iterable[str]
     Raises ``ToolDefinitionError`` on duplicate tool names.
     """
     loaded_set = set(loaded)
+    provider = provider or current_provider()
     out: list[dict[str, Any]] = []
     namespaces: dict[str, dict[str, Any]] = {}
     seen: set[str] = set()
@@ -294,7 +326,7 @@ def collect_tool_definitions(tools: Iterable[ToolSpec], *, loaded: Iterable[str]
         seen.add(tool.name)
         if tool.defer_loading and tool.name not in loaded_set:
             continue
-        definition = function_definition(tool)
+        definition = function_definition(tool, provider)
         if tool.defer_loading:
             definition = {k: v for k, v in definition.items() if k != "defer_loading"}
         if tool.namespace:

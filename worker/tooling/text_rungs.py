@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from worker.tooling.json_checks import CTRL, DECODER, NotJson, Refused, check_depth, loads_once, preview
+from worker.tooling.stream_rungs import is_cut_copy
 
 # An opening Markdown fence: ``` or ~~~ (3+), an optional language tag (also after a space:
 # "``` json"), then a newline or the start of the JSON text on the same line.
@@ -248,7 +249,10 @@ def handle_tail(text: str, end: int, first: Any, repairs: list[str]) -> None:
 
     - nothing: done;
     - identical copies of the object: collapsed (``duplicate_objects_collapsed``, A25);
-    - a different object or value: refused (A26), never one of them picked;
+    - a cut-off copy of the object's own beginning at the end (after any identical copies):
+      dropped (``truncated_copy_dropped``, ``worker.tooling.stream_rungs``);
+    - a different object or value: refused (A26), never one of them picked; a different
+      object that is also cut off is refused as such (not as "a key that has no value");
     - only surplus ``}``/``]``: dropped (``redundant_closers``);
     - prose separated by whitespace: dropped (``trailing_text``, A02); but text
       glued to the object, text that continues the object (``, "key": ...``)
@@ -260,30 +264,8 @@ def handle_tail(text: str, end: int, first: Any, repairs: list[str]) -> None:
         return
     if stripped.lstrip(",").lstrip()[:1] in ("{", "["):
         pos = len(text) - len(stripped.lstrip(",").lstrip())
-        while True:
-            if text[pos] != "{":
-                raise Refused("arguments contain several JSON values; send exactly one JSON object per call")
-            scratch: list[str] = []
-            try:
-                value, end2, balanced, _ = parse_first_object(text, pos, scratch)
-            except NotJson as exc:
-                raise Refused(
-                    "arguments contain several JSON objects glued together and one of them is not valid JSON; "
-                    "send one object per call"
-                ) from exc
-            if value != first or not balanced:
-                raise Refused(
-                    "arguments contain several different JSON objects glued together; nothing was run "
-                    "(one of them is never picked): make one call per object"
-                )
-            nxt = text[end2:].strip()
-            if not nxt:
-                repairs.append("duplicate_objects_collapsed")
-                return
-            nxt = nxt.lstrip(",").lstrip()
-            if nxt[:1] not in ("{", "["):
-                raise Refused("arguments contain repeated JSON objects followed by other text; send one object")
-            pos = len(text) - len(nxt)
+        _glued_copies(text, pos, end, first, repairs)
+        return
     if not stripped.strip("}] \t\r\n"):
         repairs.append("redundant_closers")
         return
@@ -293,12 +275,63 @@ def handle_tail(text: str, end: int, first: Any, repairs: list[str]) -> None:
         raise Refused(
             "the JSON object closes before the end of your arguments (more keys follow it); send one well-formed object"
         )
-    if "<" in stripped and re.search(r"<\s*/?\s*[A-Za-z_][\w:-]*[^>]*>", stripped):
+    if "<" in stripped and re.search(r"<\s*/?\s*[A-Za-z_][\w:-]*[^>]*>|<[|\uff5c]", stripped):
         raise Refused("your arguments are followed by markup (e.g. <function_calls>); send only the JSON object")
     repairs.append("trailing_text")
 
 
+_SPACE = re.compile(r"\s*")
+_COMMAS_SPACE = re.compile(r",*\s*")
+
+
+def _skip(pattern: re.Pattern[str], text: str, pos: int) -> int:
+    """The position after what ``pattern`` matches at ``pos`` (no slice of the text is made)."""
+    m = pattern.match(text, pos)
+    return m.end() if m else pos
+
+
 _KEY_RE = re.compile(r'"((?:[^"\\]|\\.){1,200})"\s*:')
+
+
+def _glued_copies(text: str, pos: int, end: int, first: Any, repairs: list[str]) -> None:
+    """The objects glued after the first one (``text[:end]``), from ``pos``: identical copies are
+    collapsed, a cut copy of its beginning at the end is dropped, anything else is refused."""
+    copies = 0
+    while True:
+        if text[pos] != "{":
+            raise Refused("arguments contain several JSON values; send exactly one JSON object per call")
+        scratch: list[str] = []
+        try:
+            value, end2, balanced, _ = parse_first_object(text, pos, scratch)
+        except (Refused, NotJson) as exc:
+            if is_cut_copy(text[pos:].rstrip(), text[:end]):
+                repairs.extend((["duplicate_objects_collapsed"] if copies else []) + ["truncated_copy_dropped"])
+                return
+            if isinstance(exc, Refused):
+                raise Refused(
+                    "arguments contain several JSON objects glued together, and the last one is cut off "
+                    f"({exc}); nothing was run: send one complete object per call"
+                ) from exc
+            raise Refused(
+                "arguments contain several JSON objects glued together and one of them is not valid JSON; "
+                "send one object per call"
+            ) from exc
+        if not balanced and is_cut_copy(text[pos:].rstrip(), text[:end]):
+            repairs.extend((["duplicate_objects_collapsed"] if copies else []) + ["truncated_copy_dropped"])
+            return
+        if value != first or not balanced:
+            raise Refused(
+                "arguments contain several different JSON objects glued together; nothing was run "
+                "(one of them is never picked): make one call per object"
+            )
+        copies += 1
+        pos = _skip(_SPACE, text, end2)
+        if pos == len(text):
+            repairs.append("duplicate_objects_collapsed")
+            return
+        pos = _skip(_COMMAS_SPACE, text, pos)
+        if text[pos : pos + 1] not in ("{", "["):
+            raise Refused("arguments contain repeated JSON objects followed by other text; send one object")
 
 
 def strip_fence(text: str) -> str | None:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import orjson
 
-from worker.tooling.arguments import ArgumentsOutcome, validate_tool_arguments
+from worker.tooling.arguments import DEFAULT_MAX_ARGUMENTS_BYTES, ArgumentsOutcome, validate_tool_arguments
 from worker.tooling.contract import WorkerTool
 from worker.turn.dispatch import PlannedCall
 from worker.turn.state import CallResult
@@ -25,6 +25,7 @@ def plan_calls(
     reply_status: str,
     max_raw_echo: int,
     approval: Callable[[WorkerTool[Any], Any], bool] | None = None,
+    max_arguments_bytes: int = DEFAULT_MAX_ARGUMENTS_BYTES,
 ) -> tuple[list[PlannedCall], dict[str, CallResult], dict[str, int]]:
     """Validate each ``function_call`` of a reply against the turn's tools, in emitted order.
 
@@ -32,7 +33,8 @@ def plan_calls(
     validated ``data``), the outputs already known for calls that will not run (duplicate
     ``call_id``, unknown tool, invalid arguments; keyed by ``call_id``), and the per-tool
     invalid-call counts including this reply (the retry budget, docs/architecture.md, "Invalid calls").
-    ``approval(tool, params)`` marks a runnable call ``needs_approval`` (``worker.turn.approvals``).
+    ``approval(tool, params)`` marks a runnable call ``needs_approval`` (``worker.turn.approvals``);
+    ``max_arguments_bytes`` caps one call's arguments (``settings.max_arguments_bytes``).
     Never raises for bad model output.
     """
     by_name = {t.name: t for t in tools}
@@ -65,7 +67,11 @@ def plan_calls(
             continue
         try:
             outcome = validate_tool_arguments(
-                tool, fc.get("arguments", ""), response_status=reply_status, max_raw_echo=max_raw_echo
+                tool,
+                fc.get("arguments", ""),
+                response_status=reply_status,
+                max_raw_echo=max_raw_echo,
+                max_arguments_bytes=max_arguments_bytes,
             )
             if outcome.ok:
                 orjson.dumps(outcome.data)  # must be storable (e.g. no lone surrogates)

@@ -147,6 +147,7 @@ class ReplyHandler:
             reply.status,
             settings.max_raw_arguments_echo,
             approval=approval_rule(prepared.context, request, settings),
+            max_arguments_bytes=settings.max_arguments_bytes,
         )
         batches, asks = self.gate.plan(turn_id, step, request, planned, prepared.tools)
         plan = Plan(planned, batches)

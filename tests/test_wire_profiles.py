@@ -1,0 +1,197 @@
+"""Issue 21 item 2: provider wire profiles (``worker.tooling.wire_profiles``).
+
+Every tool of every catalog, the real schemas (fixtures/cases/schemas/), the provider rejections
+(rounds 1 and 2) and our own cases go through each profile (``any``, ``openai``, ``anthropic``,
+``gemini``); each wire copy is checked against that provider's rules by an independent checker
+(``tests/support/provider_rules.py``), or the definition is refused naming the field's path and
+the rule. Arguments are still validated against the tool's own schema, never the copy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_lib
+
+from tests.support import toolsets
+from tests.support.profiles import openai_profile  # noqa: F401 (a fixture)
+from tests.support.provider_rules import violations
+from worker.settings import Settings
+from worker.tooling.arguments import validate_tool_arguments
+from worker.tooling.contract import ToolResult, ToolServices, WorkerTool, define_worker_tool
+from worker.tooling.errors import ToolDefinitionError
+from worker.tooling.schemas import function_definition, parameters_schema
+from worker.tooling.wire_profiles import PROVIDERS
+from worker.tools.assembly import text_turn_tools, workflow_task_tools
+from worker.turn.context import TurnContext
+from worker.turn.request import TurnSupports
+
+CASES_DIR = Path(__file__).parent / "fixtures" / "cases"
+SCHEMA_FILES = sorted((CASES_DIR / "schemas").glob("*.json"))
+REJECTIONS = json.loads((CASES_DIR / "provider-schema-rejections.json").read_text()) + json.loads(
+    (CASES_DIR / "provider-schema-rejections-2.json").read_text()
+)
+OURS = json.loads((CASES_DIR / "ours-provider-profiles.json").read_text())
+RESULT_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+
+
+def _catalogs(tmp_path: Path) -> list[WorkerTool]:
+    settings = Settings(web_search_url="http://search.invalid/s", web_fetch_enabled=True)
+    services = ToolServices(
+        enqueue_turn=lambda request, turn_id=None: "t",
+        cancel_turn=lambda turn_id: True,
+        save_schedule_entry=lambda record: None,
+        delete_schedule_entry=lambda schedule_id: None,
+    )
+
+    def ctx(workflow_task: bool) -> TurnContext:
+        return TurnContext(
+            turn_id="t",
+            agent_id="a",
+            home=tmp_path,
+            settings=settings,
+            supports=TurnSupports(spawn_jobs=True, brain=True),
+            redis=redis_lib.Redis(),  # never connected: building tools does not touch Redis
+            services=services,
+            metadata={"result_schema": RESULT_SCHEMA, "workflow_task_id": "w1"},
+            workflow_task=workflow_task,
+        )
+
+    tools = text_turn_tools(ctx(False)) + workflow_task_tools(ctx(True)) + toolsets.testing_tools(ctx(False))
+    assert len({t.name for t in tools}) >= 30
+    return tools
+
+
+def _check(tool: WorkerTool, provider: str) -> dict[str, Any] | None:
+    if tool.strict and provider == "gemini":  # strict mode is OpenAI's: refused, naming the setting
+        with pytest.raises(ToolDefinitionError, match="AGENT_MODEL_PROVIDER=gemini"):
+            function_definition(tool, provider)
+        return None
+    params = function_definition(tool, provider)["parameters"]
+    problems = violations(params, provider, tool.strict)
+    assert not problems, (tool.name, provider, problems)
+    return params
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_every_catalog_tool_keeps_every_provider_rules(provider, tmp_path):
+    for tool in _catalogs(tmp_path):
+        _check(tool, provider)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("path", SCHEMA_FILES, ids=[p.stem for p in SCHEMA_FILES])
+@pytest.mark.usefixtures("openai_profile")
+def test_real_schemas_through_each_profile(path, provider):
+    """Defined under the openai profile (they all load there), then copied for each provider:
+    each copy keeps that provider's rules, or the copy is refused naming the path and the rule."""
+    doc = json.loads(path.read_text())
+    original = json.loads(json.dumps(doc["parameters"]))
+    tool = define_worker_tool(
+        name=doc["name"], description=doc["description"] or doc["name"], execute=lambda p, c: ToolResult("ok"),
+        json_schema=doc["parameters"],
+    )  # fmt: skip
+    try:
+        _check(tool, provider)
+    except ToolDefinitionError as exc:
+        assert provider in ("any", "gemini"), (provider, str(exc))
+        assert "schema path /" in str(exc) and "G" in str(exc).split(";")[1][:4], str(exc)
+    assert doc["parameters"] == original  # the tool's own schema is never changed
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("case", REJECTIONS, ids=[c["id"] for c in REJECTIONS])
+@pytest.mark.usefixtures("openai_profile")
+def test_provider_rejections_through_each_profile(case, provider):
+    assert case["id"] and case["source"]
+    try:
+        tool = define_worker_tool(
+            name=(case.get("tool") or "t").replace("-", "_"), description="d", execute=lambda p, c: ToolResult("ok"),
+            json_schema=case["schema"], strict=case["strict"],
+        )  # fmt: skip
+    except ToolDefinitionError:
+        assert case["id"].startswith("S04")  # a root anyOf: refused under every profile (P1)
+        return
+    _check(tool, provider)
+
+
+@pytest.mark.parametrize("case", [c for c in REJECTIONS if c["id"].startswith(("C13", "C15"))])
+def test_round2_rejections_are_fixed_in_the_default_copy(case):
+    """C13 (const in anyOf) and C15 (a root $schema): Gemini refused both behind an OpenAI-compatible
+    proxy; the default profile (any) sends a copy without the keyword, and validation still holds."""
+    tool = define_worker_tool(
+        name=case["tool"], description="d", execute=lambda p, c: ToolResult("ok"), json_schema=case["schema"]
+    )
+    params = function_definition(tool)["parameters"]
+    keyword = case["wire_check"].split(":", 1)[1]
+    assert keyword not in json.dumps(params)
+    if case["id"].startswith("C13"):
+        assert params["properties"]["mode"]["anyOf"][0]["enum"] == ["single"]
+        assert validate_tool_arguments(tool, '{"mode": "parallel"}').ok
+        assert not validate_tool_arguments(tool, '{"mode": "serial"}').ok
+    else:
+        assert validate_tool_arguments(tool, '{"filePath": "a.txt"}').ok
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("case", OURS, ids=[c["id"] for c in OURS])
+@pytest.mark.usefixtures("openai_profile")
+def test_our_profile_case(case, provider):
+    assert case["source"].startswith("https://")
+    tool = define_worker_tool(
+        name="case_tool", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=case["schema"]
+    )
+    expected = case["outcome"][provider]
+    if expected != "ok":
+        with pytest.raises(ToolDefinitionError) as err:
+            parameters_schema(tool, provider)
+        assert f"{expected}:" in str(err.value) and "schema path /" in str(err.value), str(err.value)
+        return
+    _check(tool, provider)
+    if "invalid_args" in case:  # the copy may state a constraint in a description: validation still holds it
+        assert not validate_tool_arguments(tool, json.dumps(case["invalid_args"])).ok
+
+
+def test_every_rule_has_a_case():
+    assert {c["rule"] for c in OURS} >= {"G2", "G3", "G4", "G5", "G6", "G7", "G8", "G9", "A1"}
+
+
+def test_the_default_profile_refuses_at_definition_naming_path_and_rule():
+    schema = next(c for c in OURS if c["id"].startswith("G06"))["schema"]
+    with pytest.raises(ToolDefinitionError) as err:
+        define_worker_tool(name="tree_tool", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema)
+    text = str(err.value)
+    assert "tree_tool" in text and "/properties/tree" in text and "G3" in text and "AGENT_MODEL_PROVIDER" in text
+
+
+def test_submit_result_falls_back_to_not_strict_under_gemini(tmp_path, monkeypatch):
+    from worker.settings import get_settings
+
+    monkeypatch.setenv("AGENT_MODEL_PROVIDER", "gemini")
+    get_settings.cache_clear()
+    try:
+        tool = next(t for t in _catalogs(tmp_path) if t.name == "submit_result")
+        assert not tool.strict and not violations(function_definition(tool)["parameters"], "gemini", False)
+    finally:
+        get_settings.cache_clear()
+
+
+def test_a_strict_tool_under_gemini_is_refused_and_kept_under_any():
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    tool = define_worker_tool(
+        name="s", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema, strict=True
+    )
+    with pytest.raises(ToolDefinitionError, match="gemini"):
+        parameters_schema(tool, "gemini")
+    assert parameters_schema(tool, "any")["additionalProperties"] is False
+
+
+def test_an_acceptable_schema_is_sent_as_the_same_object_under_every_profile():
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    tool = define_worker_tool(
+        name="same_everywhere", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema
+    )
+    for provider in PROVIDERS:
+        assert parameters_schema(tool, provider) is schema

@@ -1,0 +1,99 @@
+"""What argument validation needs to know about a pydantic tool's model, computed once per model.
+
+- ``fast_path_eligible(model, raw)``: whether a call may take the one-pass happy path of
+  ``worker.tooling.arguments`` (no field that takes a float; a model with open maps only when the
+  text has no markup hint);
+- ``accepted_names(model)``: every top-level key the model takes (field names and aliases), so a
+  field name beside its alias is never taken for a respelled parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from worker.tooling.markup import markup_hinted
+
+
+@functools.lru_cache(maxsize=1024)
+def accepted_names(model: type) -> frozenset[str]:
+    """Every top-level key a pydantic ``model`` takes: field names, aliases and validation aliases."""
+    names: set[str] = set()
+    for name, field in getattr(model, "model_fields", {}).items():
+        names.add(name)
+        if isinstance(field.alias, str):
+            names.add(field.alias)
+        alias = field.validation_alias
+        if isinstance(alias, str):
+            names.add(alias)
+        else:
+            for choice in getattr(alias, "choices", ()) or ():
+                if isinstance(choice, str):
+                    names.add(choice)
+    return frozenset(names)
+
+
+_FLAGS: dict[type, tuple[bool, bool]] = {}
+
+
+def fast_path_eligible(model: type, raw: str) -> bool:
+    """Whether ``raw`` may take the one-pass happy path for ``model`` (after the text tests):
+    the model has no field that takes a float, and when it has open maps (keys it does not
+    declare are valid there, so ``extra="forbid"`` does not see them) the text has no markup hint."""
+    flags = _FLAGS.get(model)
+    if flags is None:
+        if len(_FLAGS) > 4096:
+            _FLAGS.clear()
+        flags = _FLAGS[model] = (_no_float_fields(model), _open_keys(model))
+    return flags[0] and not (flags[1] and markup_hinted(raw))
+
+
+def _open_keys(model: type) -> bool:
+    """True when some object of ``model`` takes keys it does not declare (``extra="allow"``,
+    ``dict[str, X]``, ``patternProperties``): markup keys there pass ``extra="forbid"``."""
+    try:
+        schema = model.model_json_schema()  # type: ignore[attr-defined]
+    except Exception:
+        return True
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            extra = node.get("additionalProperties")
+            if extra is True or isinstance(extra, dict) or "patternProperties" in node:
+                return True
+            if node.get("type") == "object" and "properties" not in node and extra is not False:
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+def _no_float_fields(model: type) -> bool:
+    """True when no field of ``model`` (at any depth) can take a float: no ``number``
+    type and no schema that accepts anything (``Any``, ``true``, open ``additionalProperties``).
+    Cached per model class (``_FLAGS``)."""
+
+    def walk(node: Any) -> bool:
+        if node is True:
+            return False  # accepts anything
+        if not isinstance(node, dict):
+            return True
+        t = node.get("type")
+        if t == "number" or (isinstance(t, list) and "number" in t):
+            return False
+        if t is None and not any(k in node for k in ("$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not")):
+            return False  # untyped: Any
+        for key in ("properties", "$defs", "definitions", "patternProperties"):
+            if not all(walk(v) for v in (node.get(key) or {}).values()):
+                return False
+        for key in ("items", "additionalProperties", "contains"):
+            if key in node and not walk(node[key]):
+                return False
+        return all(walk(v) for key in ("anyOf", "oneOf", "allOf", "prefixItems") for v in node.get(key) or [])
+
+    try:
+        return walk(model.model_json_schema())  # type: ignore[attr-defined]  # a pydantic model class
+    except Exception:
+        return False
