@@ -475,3 +475,49 @@ def test_cancel_reports_an_approved_call_that_never_started_as_not_run(control, 
             outs[call["call_id"]] == "Interrupted: the turn ended (cancelled) before this call started; it did not run."
         )
     assert tool_log(control, turn_id) == []
+
+
+def test_an_approved_record_with_an_unknown_key_written_past_decide_runs_nothing(
+    control, gateway, script_name, redis_url
+):
+    """Defense in depth: edited params reach the tool only through ``check_params``, also when a
+    record was written without ``decide`` (staged in-process with the real engine and Redis)."""
+    from tests.test_idempotency import RecordingDispatcher
+    from worker.model.responses import ResponsesClient
+    from worker.settings import Settings
+    from worker.tools.toolsets import toolset_resolver
+    from worker.turn import approvals
+    from worker.turn.engine import TurnEngine
+    from worker.turn.store import TurnStore
+
+    steps = [{"output": [fc("guarded_write", {"label": "orig"})]}, {"output": [msg("")]}]
+    turn_id = start(control, gateway, script_name, steps)
+    [pending] = parked(control, turn_id)
+    r = redis.Redis.from_url(redis_url)
+    rec = approvals.record(r, turn_id, 0, pending["call_id"])
+    rec.status, rec.by, rec.params = "approved", "mallory", {"label": "x", "sudo": True}
+    r.hset(approvals.approvals_key(turn_id, 0), pending["call_id"], rec.to_json())
+    settings = Settings()
+    engine = TurnEngine(
+        TurnStore(r), settings, RecordingDispatcher(), toolset_resolver(settings), ResponsesClient(gateway.base_url)
+    )
+    assert engine.run_call(turn_id, 0, pending["call_id"]).action == "advanced"
+    [out] = output_texts(control, turn_id)
+    assert out.startswith("Error: the approver's edited arguments were refused") and "sudo" in out
+    assert out.endswith("The call did not run.")
+    assert [e for e in control.events(turn_id) if e["kind"] == "call_completed"][0]["error"] == "invalid_edit"
+    assert tool_log(control, turn_id) == []
+    control.cancel(turn_id)
+
+
+def test_cancel_reports_a_call_that_started_and_never_reported_as_outcome_unknown(control, gateway, script_name):
+    steps = [{"output": [fc("guarded_write", {"label": "a"}), fc("guarded_write", {"label": "b"})]}]
+    turn_id = start(control, gateway, script_name, steps)
+    a, b = parked(control, turn_id, n=2)
+    # a worker claimed call a (it started) and died before reporting: staged through the real claim
+    won, _ = control.store.claims.claim(turn_id, 0, a["call_id"], "node-gone:1", 60)
+    assert won
+    assert control.cancel(turn_id) is True
+    outs = {i["call_id"]: i["output"] for i in control.items(turn_id) if i["type"] == "function_call_output"}
+    assert outs[a["call_id"]].endswith("before this call finished; its outcome is unknown.")
+    assert outs[b["call_id"]].endswith("before this call started; it did not run.")

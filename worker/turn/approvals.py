@@ -369,6 +369,17 @@ def rejection_result(rec: ApprovalRecord) -> CallResult:
     )
 
 
+def refused_edit_result(rec: ApprovalRecord, why: str) -> CallResult:
+    """The stored result of an approved call whose edited params fail ``check_params`` at run time."""
+    return CallResult(
+        output=f"Error: the approver's edited arguments were refused ({why}). The call did not run.",
+        is_error=True,
+        details={"error": "invalid_edit", "by": rec.by},
+        activity=f"Not run: {rec.activity}",
+        ms=0.0,
+    )
+
+
 # ----- gates -----------------------------------------------------------------------
 
 
