@@ -5,6 +5,8 @@
 - re-drives every turn held by a worker node whose heartbeat stopped (``tasks.liveness``): a
   killed worker's turns recover within about ``2 * liveness_ttl``, not after the broker's
   ``visibility_timeout``;
+- re-drives the turns whose tool calls wait in the queue of a node that died holding homes
+  (``tasks.placement.rescue_dead_queues``): their calls are re-sent through placement;
 - re-drives turns whose progress deadline passed (a lost message, a crash between barrier and
   enqueue), failing a turn after ``Settings.max_redrives`` re-drives without progress;
 - re-sends the end hooks of ended turns whose hooks never reported done.
@@ -19,8 +21,10 @@ so that Flower shows those turns as failures like the ones a step ends (``tasks.
 from __future__ import annotations
 
 from tasks.app import app
+from tasks.placement import rescue_dead_queues
 from tasks.runtime import get_engine
 from tasks.turns import TurnFailed
+from worker.placement.records import Placement
 
 
 @app.task(name="tasks.watchdog.sweep", acks_late=True, throws=(TurnFailed,))
@@ -35,6 +39,9 @@ def sweep() -> dict[str, str]:
     for node in engine.liveness.dead_nodes():
         for turn_id in sorted(engine.liveness.take_held_turns(node)):
             done[turn_id] = engine.redrive(turn_id, limit, reason=f"worker {node} stopped").action
+    for node, turns in rescue_dead_queues(Placement(engine.store.r, engine.settings.liveness_ttl)).items():
+        for turn_id in sorted(turns - set(done)):
+            done[turn_id] = engine.redrive(turn_id, limit, reason=f"home node {node} stopped").action
     for turn_id in engine.store.overdue():
         if turn_id not in done:
             done[turn_id] = engine.redrive(turn_id, limit).action
