@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import orjson
 import redis
@@ -99,6 +100,76 @@ class Gateway:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def _chaos(
+    action: str, sup: Supervisor, gateway: Gateway, srv: EmbeddedRedis, rng: random.Random, host: str
+) -> tuple[float, str, str]:
+    """Do one chaos ``action``; returns its event ``(when, what, node)``."""
+    when = time.time()
+    if action in ("worker-io", "worker-tools", "beat"):
+        proc = sup.procs[action]
+        node = f"{host}:{proc.pid}"
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return (when, action, node)
+    if action == "tools-child":
+        kids = _children(sup.procs["worker-tools"].pid)
+        if kids:
+            os.kill(rng.choice(kids), signal.SIGKILL)
+        return (when, action, "")
+    if action == "gateway":
+        gateway.kill()
+        time.sleep(1)
+        gateway.start()
+        return (when, action, "")
+    srv.halt(kill=True)
+    time.sleep(rng.uniform(1, 3))
+    srv.restart()
+    return (when, "redis", "")
+
+
+def _run_twice(homes: Path, turns: int) -> int:
+    """Destructive tool calls that ran more than once (each call writes its marker in the home)."""
+    twice = 0
+    for i in range(turns):
+        marks = homes / f"soak-{i}" / "markers.txt"
+        if marks.exists():
+            twice += sum(n - 1 for n in Counter(marks.read_text().split()).values() if n > 1)
+    return twice
+
+
+def _paid_twice(answers: Path, events: list[tuple[float, str, str]]) -> tuple[int, int]:
+    """Model calls paid twice for the same (turn input, step): ``(after a steps-worker kill, other)``."""
+    paid = defaultdict(list)
+    for line in answers.read_bytes().splitlines():
+        a = orjson.loads(line)
+        if a["complete"] and a["status"] == 200 and a["model"] == "soak":
+            paid[(a["input"], a["step"])].append(a["at"])
+    worker_kills = [w for w, what, _ in events if what in ("worker-io",)]
+    repaid_kill = repaid_other = 0
+    for times in paid.values():
+        times.sort()
+        for first, again in zip(times, times[1:], strict=False):
+            if any(first - 1 <= k <= again for k in worker_kills):
+                repaid_kill += 1
+            else:
+                repaid_other += 1
+    return repaid_kill, repaid_other
+
+
+def _recovery_times(control: Any, ids: list[str], events: list[tuple[float, str, str]]) -> list[float]:
+    """Seconds from each SIGKILL of a worker main process to the first re-drive of its turns."""
+    redriven: dict[str, float] = {}
+    for tid in ids:
+        for e in control.events(tid):
+            if e.get("kind") == "turn_redriven" and "stopped" in str(e.get("reason", "")):
+                node = str(e["reason"]).split("worker ", 1)[-1].split(" stopped")[0]
+                redriven[node] = min(redriven.get(node, float("inf")), float(e["at"]))
+    return [redriven[node] - when for when, what, node in events
+            if what in ("worker-io", "worker-tools") and node in redriven]  # fmt: skip
 
 
 def main() -> None:
@@ -181,31 +252,8 @@ def main() -> None:
             remaining_slots = max(1, int((chaos_until - now) / 3.5))
             action = "redis" if left > 0 and rng.random() < left / remaining_slots else rng.choice(
                 ["worker-io", "tools-child", "worker-tools", "beat", "gateway", "redis"])  # fmt: skip
-            when = time.time()
-            if action in ("worker-io", "worker-tools", "beat"):
-                proc = sup.procs[action]
-                node = f"{host}:{proc.pid}"
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                events.append((when, action, node))
-            elif action == "tools-child":
-                kids = _children(sup.procs["worker-tools"].pid)
-                if kids:
-                    os.kill(rng.choice(kids), signal.SIGKILL)
-                events.append((when, action, ""))
-            elif action == "gateway":
-                gateway.kill()
-                events.append((when, action, ""))
-                time.sleep(1)
-                gateway.start()
-            else:
-                srv.halt(kill=True)
-                events.append((when, "redis", ""))
-                time.sleep(rng.uniform(1, 3))
-                srv.restart()
-                redis_restarts += 1
+            events.append(_chaos(action, sup, gateway, srv, rng, host))
+            redis_restarts += action == "redis"
             print(f"  {time.monotonic() - started:6.1f}s chaos: {action} ({len(ids)} turns enqueued)", flush=True)
             next_chaos = time.monotonic() + rng.uniform(2, 5)
         time.sleep(0.05)
@@ -234,37 +282,10 @@ def main() -> None:
     lost = sum(s is None for s in statuses.values())
     stuck = sum(s is not None and s not in TERMINAL for s in statuses.values())
     failed = sum(s in TERMINAL and s != b"completed" for s in statuses.values())
-    twice = 0
-    for i in range(len(ids)):
-        marks = homes / f"soak-{i}" / "markers.txt"
-        if marks.exists():
-            twice += sum(n - 1 for n in Counter(marks.read_text().split()).values() if n > 1)
+    twice = _run_twice(homes, len(ids))
 
-    # Paid model calls: complete answers per (turn input, step).
-    paid = defaultdict(list)
-    for line in answers.read_bytes().splitlines():
-        a = orjson.loads(line)
-        if a["complete"] and a["status"] == 200 and a["model"] == "soak":
-            paid[(a["input"], a["step"])].append(a["at"])
-    worker_kills = [w for w, what, _ in events if what in ("worker-io",)]
-    repaid_kill = repaid_other = 0
-    for times in paid.values():
-        times.sort()
-        for first, again in zip(times, times[1:], strict=False):
-            if any(first - 1 <= k <= again for k in worker_kills):
-                repaid_kill += 1
-            else:
-                repaid_other += 1
-
-    # Recovery: from each SIGKILL of a worker main process to the first re-drive of its turns.
-    redriven: dict[str, float] = {}
-    for tid in ids:
-        for e in control.events(tid):
-            if e.get("kind") == "turn_redriven" and "stopped" in str(e.get("reason", "")):
-                node = str(e["reason"]).split("worker ", 1)[-1].split(" stopped")[0]
-                redriven[node] = min(redriven.get(node, float("inf")), float(e["at"]))
-    recovery = [redriven[node] - when for when, what, node in events
-                if what in ("worker-io", "worker-tools") and node in redriven]  # fmt: skip
+    repaid_kill, repaid_other = _paid_twice(answers, events)
+    recovery = _recovery_times(control, ids, events)
 
     alive_at_end = {name: proc.poll() is None for name, proc in sup.procs.items()}
     kinds = Counter(what for _, what, _ in events)

@@ -11,13 +11,16 @@ import getpass
 import json
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import orjson
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:  # imported where used: a CLI start does not load the client before it needs it
+    from control.client import ControlPlane
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
@@ -27,7 +30,7 @@ err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 @contextmanager
 def _exit_on_errors() -> Iterator[None]:
     """Control-plane errors (Redis unreachable, unknown turn, timeout) and bad requests: message, exit 2."""
-    from control.client import ControlPlaneError
+    from control.errors import ControlPlaneError
 
     try:
         yield
@@ -41,7 +44,7 @@ def _exit_on_errors() -> Iterator[None]:
         raise typer.Exit(2) from exc
 
 
-def _control():
+def _control() -> ControlPlane:
     from control.client import ControlPlane
 
     with _exit_on_errors():
@@ -53,7 +56,7 @@ def _control():
 NOT_FROM_CLI = {"workflow_task": "workflow task turns are started with ControlPlane().workflows().start_workflow_task"}
 
 
-def _read_input_items(path: str) -> list:
+def _read_input_items(path: str) -> list[dict[str, Any]]:
     """The Responses input items in ``path`` (``-``: stdin): a JSON array of objects. Exit 2 otherwise."""
     try:
         raw = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
@@ -171,8 +174,9 @@ def trace(
         raise typer.Exit(2)
     control = _control()
     with _exit_on_errors():
-        control.status(turn_id)
-        found = turn_spans(Path(path), control.store.load(turn_id).traceparent)
+        control.status(turn_id)  # ControlPlaneError for an unknown turn
+        state = control.store.load(turn_id)
+        found = turn_spans(Path(path), state.traceparent if state else None)
     if not found:
         err.print(f"[red]error:[/] no span of turn {turn_id} in {path}")
         raise typer.Exit(1)
@@ -266,7 +270,7 @@ def _decider(by: str | None) -> str:
     raise typer.Exit(2)
 
 
-def _print_decision(rec: dict) -> None:
+def _print_decision(rec: dict[str, Any]) -> None:
     what = rec["status"] if rec["changed"] else f"already {rec['status']} (by {rec['by']})"
     print(f"{rec['call_id']}: {what}")
 
@@ -275,7 +279,7 @@ def _print_decision(rec: dict) -> None:
 def approve(
     turn_id: str,
     call_id: str,
-    by: str = typer.Option(None, help="who decides (recorded with the time; default: your OS user name)"),
+    by: str | None = typer.Option(None, help="who decides (recorded with the time; default: your OS user name)"),
     params: str = typer.Option(None, help="edited arguments, a JSON object (checked against the tool's schema)"),
 ) -> None:
     """Approve a waiting call (optionally with edited params); the turn resumes once its calls are decided."""
@@ -297,7 +301,7 @@ def reject(
     turn_id: str,
     call_id: str,
     reason: str = typer.Argument(..., help="why (the model reads it as the call's output)"),
-    by: str = typer.Option(None, help="who decides (recorded with the time; default: your OS user name)"),
+    by: str | None = typer.Option(None, help="who decides (recorded with the time; default: your OS user name)"),
 ) -> None:
     """Reject a waiting call: it does not run, and the model is told the reason."""
     who = _decider(by)

@@ -78,19 +78,22 @@ class CeleryDispatcher:
                 node = self.placement.locate(computer.agent_id).node
                 queues.update(dict.fromkeys(routed, node_queue(node) if node else queue))
         sigs = [
-            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(
+            # Signature.set passes any option on to apply_async; celery-types declares only some of them.
+            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(  # type: ignore[call-arg]
                 queue=queues[cid],
                 ignore_result=True,
                 argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}",
             )
             for cid in batch.call_ids
         ]
+        # A control plane on its own broker (an approval releasing a batch) sends there, not to the app's.
+        options = self._options()
         if len(sigs) == 1:
-            sigs[0].apply_async()
+            sigs[0].apply_async(**options)
         elif batch.mode == "parallel":
-            group(sigs).apply_async()
+            group(sigs).apply_async(**options)
         else:
-            chain(*sigs).apply_async()
+            chain(*sigs).apply_async(**options)
 
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""
