@@ -7,6 +7,7 @@ without completing, 2 bad input or unreachable Redis.
 
 from __future__ import annotations
 
+import getpass
 import json
 import sys
 from contextlib import contextmanager
@@ -260,6 +261,21 @@ def approvals(
         console.print(f"    arguments: {escape(orjson.dumps(rec['arguments']).decode())}")
 
 
+def _decider(by: str | None) -> str:
+    """Who decides: ``--by``, else the OS user (``getpass.getuser``); exits 2 when neither names anyone."""
+    if by is not None and by.strip():
+        return by.strip()
+    if by is None:
+        try:
+            user = getpass.getuser()
+        except Exception:  # no login name, no USER/LOGNAME (a bare container): getuser raises OSError/KeyError
+            user = ""
+        if user.strip():
+            return user.strip()
+    err.print("[red]error:[/] say who decides: --by NAME (no OS user name to record)")
+    raise typer.Exit(2)
+
+
 def _print_decision(rec: dict[str, Any]) -> None:
     what = rec["status"] if rec["changed"] else f"already {rec['status']} (by {rec['by']})"
     print(f"{rec['call_id']}: {what}")
@@ -269,7 +285,7 @@ def _print_decision(rec: dict[str, Any]) -> None:
 def approve(
     turn_id: str,
     call_id: str,
-    by: str = typer.Option("cli", help="who decides (recorded with the time)"),
+    by: str | None = typer.Option(None, help="who decides (recorded with the time; default: your OS user name)"),
     params: str = typer.Option(None, help="edited arguments, a JSON object (checked against the tool's schema)"),
 ) -> None:
     """Approve a waiting call (optionally with edited params); the turn resumes once its calls are decided."""
@@ -280,9 +296,10 @@ def approve(
         except orjson.JSONDecodeError as exc:
             err.print(f"[red]error:[/] --params is not JSON: {exc}")
             raise typer.Exit(2) from exc
+    who = _decider(by)
     control = _control()
     with _exit_on_errors():
-        _print_decision(control.approve(turn_id, call_id, by=by, params=edited))
+        _print_decision(control.approve(turn_id, call_id, by=who, params=edited))
 
 
 @app.command()
@@ -290,12 +307,13 @@ def reject(
     turn_id: str,
     call_id: str,
     reason: str = typer.Argument(..., help="why (the model reads it as the call's output)"),
-    by: str = typer.Option("cli", help="who decides (recorded with the time)"),
+    by: str | None = typer.Option(None, help="who decides (recorded with the time; default: your OS user name)"),
 ) -> None:
     """Reject a waiting call: it does not run, and the model is told the reason."""
+    who = _decider(by)
     control = _control()
     with _exit_on_errors():
-        _print_decision(control.reject(turn_id, call_id, reason, by=by))
+        _print_decision(control.reject(turn_id, call_id, reason, by=who))
 
 
 @app.command()

@@ -252,11 +252,12 @@ class ControlPlane:
         with _redis_errors(self.url):
             return [rec.public() for rec in approvals.pending(self.store.r, turn_id=turn_id, agent_id=agent_id)]
 
-    def approve(
-        self, turn_id: str, call_id: str, *, by: str = "control plane", params: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    def approve(self, turn_id: str, call_id: str, *, by: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """Approve a waiting call, optionally with edited ``params`` (checked against the tool's
-        JSON Schema; invalid -> ``ControlPlaneError`` naming the fields, nothing changes).
+        JSON Schema, keys the tool does not declare refused: ``approvals.check_params``; invalid ->
+        ``ControlPlaneError`` naming the fields, nothing changes and the call stays pending).
+
+        ``by`` names the person deciding (recorded with the time); empty -> ``ControlPlaneError``.
 
         Idempotent (the same approval again returns the record with ``changed: False``). The
         decision that completes the step's gate resumes the turn. Returns the record plus ``changed``.
@@ -264,7 +265,7 @@ class ControlPlane:
         """
         return self._decide(turn_id, call_id, "approved", by=by, params=params)
 
-    def reject(self, turn_id: str, call_id: str, reason: str, *, by: str = "control plane") -> dict[str, Any]:
+    def reject(self, turn_id: str, call_id: str, reason: str, *, by: str) -> dict[str, Any]:
         """Reject a waiting call: it does not run and its ``function_call_output`` gives ``reason``
         to the model. Idempotent like ``approve``; raises ``ControlPlaneError``."""
         if not reason or not reason.strip():
@@ -272,6 +273,8 @@ class ControlPlane:
         return self._decide(turn_id, call_id, "rejected", by=by, reason=reason)
 
     def _decide(self, turn_id: str, call_id: str, decision: approvals.Decision, **kw: Any) -> dict[str, Any]:
+        if not isinstance(kw.get("by"), str) or not kw["by"].strip():
+            raise ControlPlaneError("a decision needs `by`: who decides (recorded with the time)")
         try:
             with _redis_errors(self.url):
                 rec, changed = self._engine.approvals.decide(turn_id, call_id, decision, **kw)

@@ -87,7 +87,7 @@ def test_reject_with_reason_becomes_the_output_the_model_reads(control, gateway,
     turn_id = start(control, gateway, script_name, steps)
     [pending] = parked(control, turn_id)
     with pytest.raises(ControlPlaneError, match="reason"):
-        control.reject(turn_id, pending["call_id"], "  ")
+        control.reject(turn_id, pending["call_id"], "  ", by="tester")
     control.reject(turn_id, pending["call_id"], "production is frozen today", by="bob")
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     assert tool_log(control, turn_id) == [], "a rejected call never runs"
@@ -99,7 +99,7 @@ def test_reject_with_reason_becomes_the_output_the_model_reads(control, gateway,
     assert outputs == [out]
     # a decision the other way is refused, naming who decided first
     with pytest.raises(ControlPlaneError, match="already rejected by bob"):
-        control.approve(turn_id, pending["call_id"])
+        control.approve(turn_id, pending["call_id"], by="tester")
 
 
 def test_approve_with_edited_params_valid_and_invalid(control, gateway, script_name):
@@ -108,9 +108,9 @@ def test_approve_with_edited_params_valid_and_invalid(control, gateway, script_n
     [pending] = parked(control, turn_id)
     # invalid against the tool's schema (ms <= 5000, label required): error to the approver, nothing changes
     with pytest.raises(ControlPlaneError, match="ms"):
-        control.approve(turn_id, pending["call_id"], params={"label": "x", "ms": 99999})
+        control.approve(turn_id, pending["call_id"], params={"label": "x", "ms": 99999}, by="tester")
     with pytest.raises(ControlPlaneError, match="label"):
-        control.approve(turn_id, pending["call_id"], params={"ms": 1})
+        control.approve(turn_id, pending["call_id"], params={"ms": 1}, by="tester")
     assert control.pending_approvals(turn_id=turn_id)[0]["status"] == "pending"
     assert control.status(turn_id).status == TurnStatus.awaiting_approval
 
@@ -142,7 +142,7 @@ def test_mixed_batch_free_calls_run_and_the_sequential_barrier_holds(control, ga
     # the call after the sequential barrier waits for the decision
     wait_for(lambda: [e[4] for e in tool_log(control, turn_id)] == ["before", "pre"])
     assert control.status(turn_id).status == TurnStatus.awaiting_approval
-    control.approve(turn_id, pending["call_id"])
+    control.approve(turn_id, pending["call_id"], by="tester")
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     log = tool_log(control, turn_id)
     assert [e[4] for e in log] == ["before", "pre", "gate", "after"]
@@ -164,7 +164,7 @@ def test_per_call_decision_function(control, gateway, script_name):
     assert planned == {"safe": False, "danger-zone": True}
     # the free call of the same parallel group runs now; the flagged one waits
     wait_for(lambda: [e[4] for e in tool_log(control, turn_id)] == ["safe"])
-    control.approve(turn_id, pending["call_id"])
+    control.approve(turn_id, pending["call_id"], by="tester")
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     assert [e[4] for e in tool_log(control, turn_id)] == ["safe", "danger-zone", "safe-again"]
     assert len(events(control, turn_id, "approval_requested")) == 1
@@ -176,7 +176,7 @@ def test_approval_modes_require_for_destructive_or_waive(control, gateway, scrip
     turn_id = start(control, gateway, script_name, steps, approval={"mode": "destructive"})
     [pending] = parked(control, turn_id)
     assert pending["name"] == "write_thing"
-    control.reject(turn_id, pending["call_id"], "not now")
+    control.reject(turn_id, pending["call_id"], "not now", by="tester")
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     # "off": even guarded_write runs without a person
     name3 = f"{script_name}-waived"
@@ -197,7 +197,7 @@ def test_pending_approvals_per_turn_per_agent_and_all(control, gateway, script_n
     assert {p["call_id"] for p in pending} <= {p["call_id"] for p in control.pending_approvals()}
     assert control.pending_approvals(agent_id=f"{agent}-other") == []
     # one decision of two: still parked, nothing ran
-    control.approve(turn_id, pending[0]["call_id"])
+    control.approve(turn_id, pending[0]["call_id"], by="tester")
     assert control.status(turn_id).status == TurnStatus.awaiting_approval
     assert tool_log(control, turn_id) == []
     control.cancel(turn_id)
@@ -232,7 +232,7 @@ def test_cancel_while_awaiting_answers_every_pending_call(control, gateway, scri
     assert outs[pending["call_id"]].startswith("Interrupted")
     assert control.pending_approvals(turn_id=turn_id) == []
     with pytest.raises(ControlPlaneError, match="cancelled"):
-        control.approve(turn_id, pending["call_id"])
+        control.approve(turn_id, pending["call_id"], by="tester")
     assert tool_log(control, turn_id) == []
 
 
@@ -409,3 +409,118 @@ def test_needs_approval_in_the_tool_contract():
 
     tool = define_worker_tool(name="t", description="d", input_model=P, execute=run, needs_approval=broken)
     assert tool.approval_required(P(x=1), None) is True, "when the decision function fails, ask a person"
+
+
+# ----- issue 19, item 3: edits refuse unknown keys, who decides, approved-but-not-run -----------
+
+
+@pytest.mark.parametrize("tool", ["guarded_write", "guarded_raw"])  # a pydantic tool, a raw-schema tool
+def test_edit_with_an_unknown_key_is_refused_and_the_call_stays_pending(control, gateway, script_name, tool):
+    """Attack: the approver's edit adds ``"sudo": true``; it must be refused, never passed on,
+    silently dropped, or echoed to the model as what ran."""
+    steps = [{"output": [fc(tool, {"label": "orig"})]}, {"output": [msg("done")]}]
+    turn_id = start(control, gateway, script_name, steps)
+    [pending] = parked(control, turn_id)
+    with pytest.raises(ControlPlaneError, match=r"invalid \(nothing was recorded\).*sudo"):
+        control.approve(turn_id, pending["call_id"], by="mallory", params={"label": "edited", "sudo": True})
+    [still] = control.pending_approvals(turn_id=turn_id)
+    assert still["status"] == "pending" and still["by"] is None
+    assert control.status(turn_id).status == TurnStatus.awaiting_approval
+    assert events(control, turn_id, "approval_decided") == []
+    # the same validation as the call's own arguments (the raw schema's maxLength, the model's type)
+    with pytest.raises(ControlPlaneError, match="label"):
+        control.approve(
+            turn_id, pending["call_id"], by="mallory", params={"label": "x" * 21 if tool == "guarded_raw" else 5}
+        )
+    control.approve(turn_id, pending["call_id"], by="carol", params={"label": "edited"})
+    assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
+    [out] = output_texts(control, turn_id)
+    assert out.startswith('Note: the approver edited the arguments; the call ran with {"label":"edited"}')
+    assert "sudo" not in out
+    if tool == "guarded_raw":
+        assert [orjson.loads(x) for x in control.store.r.lrange(f"test:raw:{turn_id}", 0, -1)] == [{"label": "edited"}]
+
+
+def test_a_decision_records_who_made_it(control, gateway, script_name, monkeypatch):
+    from typer.testing import CliRunner
+
+    from control.cli import app as cli
+
+    steps = [{"output": [fc("guarded_write", {"label": "a"}), fc("guarded_write", {"label": "b"})]}]
+    turn_id = start(control, gateway, script_name, steps)
+    a, b = parked(control, turn_id, n=2)
+    for nobody in ("", "   "):  # the Python client requires a name
+        with pytest.raises(ControlPlaneError, match="needs `by`"):
+            control.approve(turn_id, a["call_id"], by=nobody)
+    runner = CliRunner()
+    monkeypatch.setenv("LOGNAME", "os-user-dana")  # what getpass.getuser() reads first
+    ok = runner.invoke(cli, ["approve", turn_id, a["call_id"]])
+    assert ok.exit_code == 0, ok.output
+    empty = runner.invoke(cli, ["reject", turn_id, b["call_id"], "no", "--by", " "])
+    assert empty.exit_code == 2 and "--by" in empty.output
+    recs = {r["call_id"]: r for r in control.pending_approvals(turn_id=turn_id)}
+    assert list(recs) == [b["call_id"]], "the refused decision left b pending"
+    [decided] = events(control, turn_id, "approval_decided")
+    assert decided["by"] == "os-user-dana"
+    control.cancel(turn_id)
+
+
+def test_cancel_reports_an_approved_call_that_never_started_as_not_run(control, gateway, script_name):
+    # Two approval calls in one group: approving one leaves the gate shut until the other is decided.
+    steps = [{"output": [fc("guarded_write", {"label": "a"}), fc("guarded_write", {"label": "b"})]}]
+    turn_id = start(control, gateway, script_name, steps)
+    a, b = parked(control, turn_id, n=2)
+    control.approve(turn_id, a["call_id"], by="tester")
+    assert control.cancel(turn_id) is True
+    outs = {i["call_id"]: i["output"] for i in control.items(turn_id) if i["type"] == "function_call_output"}
+    for call in (a, b):
+        assert (
+            outs[call["call_id"]] == "Interrupted: the turn ended (cancelled) before this call started; it did not run."
+        )
+    assert tool_log(control, turn_id) == []
+
+
+def test_an_approved_record_with_an_unknown_key_written_past_decide_runs_nothing(
+    control, gateway, script_name, redis_url
+):
+    """Defense in depth: edited params reach the tool only through ``check_params``, also when a
+    record was written without ``decide`` (staged in-process with the real engine and Redis)."""
+    from tests.test_idempotency import RecordingDispatcher
+    from worker.model.responses import ResponsesClient
+    from worker.settings import Settings
+    from worker.tools.toolsets import toolset_resolver
+    from worker.turn import approvals
+    from worker.turn.engine import TurnEngine
+    from worker.turn.store import TurnStore
+
+    steps = [{"output": [fc("guarded_write", {"label": "orig"})]}, {"output": [msg("")]}]
+    turn_id = start(control, gateway, script_name, steps)
+    [pending] = parked(control, turn_id)
+    r = redis.Redis.from_url(redis_url)
+    rec = approvals.record(r, turn_id, 0, pending["call_id"])
+    rec.status, rec.by, rec.params = "approved", "mallory", {"label": "x", "sudo": True}
+    r.hset(approvals.approvals_key(turn_id, 0), pending["call_id"], rec.to_json())
+    settings = Settings()
+    engine = TurnEngine(
+        TurnStore(r), settings, RecordingDispatcher(), toolset_resolver(settings), ResponsesClient(gateway.base_url)
+    )
+    assert engine.run_call(turn_id, 0, pending["call_id"]).action == "advanced"
+    [out] = output_texts(control, turn_id)
+    assert out.startswith("Error: the approver's edited arguments were refused") and "sudo" in out
+    assert out.endswith("The call did not run.")
+    assert [e for e in control.events(turn_id) if e["kind"] == "call_completed"][0]["error"] == "invalid_edit"
+    assert tool_log(control, turn_id) == []
+    control.cancel(turn_id)
+
+
+def test_cancel_reports_a_call_that_started_and_never_reported_as_outcome_unknown(control, gateway, script_name):
+    steps = [{"output": [fc("guarded_write", {"label": "a"}), fc("guarded_write", {"label": "b"})]}]
+    turn_id = start(control, gateway, script_name, steps)
+    a, b = parked(control, turn_id, n=2)
+    # a worker claimed call a (it started) and died before reporting: staged through the real claim
+    won, _ = control.store.claims.claim(turn_id, 0, a["call_id"], "node-gone:1", 60)
+    assert won
+    assert control.cancel(turn_id) is True
+    outs = {i["call_id"]: i["output"] for i in control.items(turn_id) if i["type"] == "function_call_output"}
+    assert outs[a["call_id"]].endswith("before this call finished; its outcome is unknown.")
+    assert outs[b["call_id"]].endswith("before this call started; it did not run.")

@@ -86,6 +86,19 @@ def _lookup(params: Key, ctx):
     return ToolResult(content={"key": params.key, "record": f"archived record {params.key}"})
 
 
+# No "additionalProperties": a raw schema that says nothing about other keys.
+RAW_LABEL_SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"type": "string", "maxLength": 20}},
+    "required": ["label"],
+}
+
+
+def _raw_echo(params, ctx):
+    ctx.services.redis_client().rpush(f"test:raw:{ctx.turn_id}", orjson.dumps(params))
+    return ToolResult(content={"ran_with": params})
+
+
 def testing_tools(ctx: TurnContext):
     return [
         define_worker_tool(
@@ -176,5 +189,13 @@ def testing_tools(ctx: TurnContext):
             execute=_crash_once,
             is_destructive=True,
             execution_mode="sequential",
+        ),
+        define_worker_tool(
+            name="guarded_raw",
+            description="A raw-schema tool that always asks for approval (an MCP tool's shape).",
+            json_schema=RAW_LABEL_SCHEMA,
+            execute=_logged("guarded_raw", _raw_echo),
+            is_destructive=True,
+            needs_approval=True,
         ),
     ]

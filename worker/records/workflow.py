@@ -22,6 +22,8 @@ Redis layout:
   schema, the one the commit validates against), ``use_brain`` (0/1),
   ``model``, ``strict`` (0/1) and ``strict_note`` (why ``submit_result`` is not
   strict, if so), ``origin`` (the turn that started it, or ``control-plane``),
+  ``approval`` (JSON: the starting turn's approval policy, which every attempt's
+  turn carries; ``null`` for a control-plane task: the worker's settings),
   ``attempts`` (JSON list, below), ``result`` (JSON, only once succeeded),
   ``error`` (the failure reason), ``created_at`` / ``updated_at`` (epoch s).
 - each attempt: ``{"attempt": n, "turn_id", "status", "started_at",
@@ -119,6 +121,7 @@ class WorkflowTask:
     strict: bool = True
     strict_note: str | None = None
     origin: str = "control-plane"
+    approval: dict[str, Any] | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
     has_result: bool = False
     result: Any = None
@@ -150,6 +153,7 @@ class WorkflowTask:
             "strict": int(self.strict),
             "strict_note": self.strict_note or "",
             "origin": self.origin,
+            "approval": orjson.dumps(self.approval),
             "attempts": orjson.dumps(self.attempts),
             "error": self.error or "",
             "created_at": self.created_at,
@@ -178,6 +182,7 @@ class WorkflowTask:
             strict=s("strict", "1") == "1",
             strict_note=s("strict_note") or None,
             origin=s("origin", "control-plane"),
+            approval=orjson.loads(h.get(b"approval", b"null")),
             attempts=orjson.loads(h.get(b"attempts", b"[]")),
             has_result=b"result" in h,
             result=orjson.loads(h[b"result"]) if b"result" in h else None,
@@ -277,6 +282,7 @@ class WorkflowService:
         task_id: str | None = None,
         origin: str = "control-plane",
         max_model_calls: int | None = None,
+        approval: dict[str, Any] | None = None,
     ) -> tuple[WorkflowTask, bool]:
         """Create a task and enqueue its first attempt. Returns ``(task, created)``.
 
@@ -284,6 +290,8 @@ class WorkflowService:
         returns the existing task, ``created=False``); by default a new
         ``wf_<hex>`` id. Raises ``WorkflowError`` for a bad title, instructions
         or schema (``check_result_schema``), or without an ``enqueue_turn``.
+        ``approval``: the ``TurnRequest.approval`` of every attempt's turn (a turn that starts a
+        task passes its own, ``worker.turn.approval_policy.inherited_approval``).
         """
         if self.enqueue_turn is None:
             raise WorkflowError("cannot start workflow tasks here: no enqueue_turn service")
@@ -307,6 +315,7 @@ class WorkflowService:
             strict=strict,
             strict_note=note,
             origin=origin,
+            approval=approval,
             created_at=now,
             updated_at=now,
         )
@@ -337,6 +346,8 @@ class WorkflowService:
             "idempotency_key": f"workflow:{task.task_id}:{attempt}",
             "metadata": {"workflow_task_id": task.task_id, "attempt": attempt, "result_schema": task.result_schema},
         }
+        if task.approval:
+            req["approval"] = task.approval
         if task.model:
             req["model"] = task.model
         if max_model_calls:

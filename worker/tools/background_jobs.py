@@ -18,6 +18,7 @@ the job's own turn:
                 queue="background", supports={"spawn_jobs": False, "brain": <parent's>},
                 metadata={"background_job_id", "parent_turn_id", + carried schedule keys},
                 network=<parent's>, egress_allow_hosts=<parent's>,
+                approval=<parent's effective mode and timeout>,
                 idempotency_key="background-job:<job_id>")
 
 ``spawn_jobs=False`` means a job cannot start jobs. Ids derive from
@@ -34,6 +35,7 @@ from pydantic import BaseModel, Field
 
 from worker.records.jobs import MAX_ACTIVE_JOBS_PER_AGENT, JobError, JobStore, live_status
 from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
+from worker.turn.approval_policy import inherited_approval
 from worker.turn.context import TurnContext
 
 CARRIED_METADATA = ("schedule_model", "job_model", "schedule_depth")
@@ -140,6 +142,8 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
             # A job's commands get its parent turn's network, never more.
             "network": parent.get("network", "none"),
             "egress_allow_hosts": parent.get("egress_allow_hosts"),
+            # ... and its approval policy, resolved now: never a weaker one (approval_policy).
+            "approval": inherited_approval(parent, tctx.services.settings),
         }
         try:
             enqueue_turn(request, job_turn_id)

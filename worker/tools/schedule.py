@@ -18,7 +18,10 @@ a note naming the schedule, and the call's optional ``instructions``;
 ``model`` = the creating turn's ``metadata.schedule_model`` if set, else its
 model; ``toolset="text"``; ``queue="turns"``; the creating turn's
 ``supports``; ``metadata`` = ``{"schedule_id", "schedule_depth"}`` plus the
-creating turn's ``schedule_model``/``job_model`` keys.
+creating turn's ``schedule_model``/``job_model`` keys; the creating turn's ``network`` and
+``egress_allow_hosts``, and its approval policy resolved at creation
+(``worker.turn.approval_policy.inherited_approval``): a scheduled turn never gets a weaker
+approval mode or a wider network than the turn that created the schedule.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from worker.records.schedules import (
     utcnow,
 )
 from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
+from worker.turn.approval_policy import inherited_approval
 from worker.turn.context import TurnContext
 
 CARRIED_METADATA = ("schedule_model", "job_model")
@@ -168,6 +172,9 @@ def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
                 "schedule_depth": depth,
                 **{k: meta[k] for k in CARRIED_METADATA if k in meta},
             },
+            "network": parent.get("network", "none"),
+            "egress_allow_hosts": parent.get("egress_allow_hosts"),
+            "approval": inherited_approval(parent, tctx.services.settings),
         }
         store = ScheduleStore(tctx.services.redis_client())
         try:

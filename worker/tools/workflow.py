@@ -11,7 +11,9 @@ the main turn's ``metadata.workflow_model`` when set (the control plane's
 choice), else the worker's default model. Starting does not wait: the result
 tells the model the task id, and a later ``workflow_show`` (in this turn or a
 later one) reads the status, attempts and result. ``workflow_start`` is
-idempotent per call: the task id is derived from the turn and ``call_id``.
+idempotent per call: the task id is derived from the turn and ``call_id``. The task records the
+main turn's approval policy, and each attempt's turn runs under it (a task turn's catalog has no
+computer tools today; the policy still holds for any tool that asks for approval).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from worker.records.workflow import (
     start_task_id,
 )
 from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
+from worker.turn.approval_policy import inherited_approval
 from worker.turn.context import TurnContext
 
 LIST_LIMIT = 50
@@ -95,6 +98,14 @@ def _owned(svc: WorkflowService, task_id: str, agent_id: str) -> WorkflowTask:
     return task
 
 
+def _parent_approval(ctx: ToolContext) -> dict[str, Any]:
+    """The starting turn's approval policy, for every attempt of the task (never a weaker one)."""
+    from worker.turn.store import TurnStore
+
+    state = TurnStore(ctx.services.redis_client()).load(ctx.turn_id)
+    return inherited_approval(state.request if state is not None else {}, ctx.services.settings)
+
+
 def _start(params: StartParams, ctx: ToolContext) -> ToolResult:
     meta = ctx.metadata
     try:
@@ -107,6 +118,7 @@ def _start(params: StartParams, ctx: ToolContext) -> ToolResult:
             model=meta.get("workflow_model"),
             task_id=start_task_id(ctx.turn_id, ctx.call_id),
             origin=f"turn:{ctx.turn_id}",
+            approval=_parent_approval(ctx),
         )
     except WorkflowError as exc:
         return _error(str(exc))

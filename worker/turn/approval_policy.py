@@ -12,16 +12,20 @@ Modes (``TurnRequest.approval.mode``, else ``AGENT_APPROVAL_MODE``):
   of the validated params and the ``TurnContext``; a function that raises counts as "needs
   approval");
 - ``destructive``: also every call of a destructive tool (``is_destructive``).
+
+A turn that a turn starts (a background job, a schedule's turns, a workflow task) carries its
+parent's policy, resolved when it is created (``inherited_approval``): a child never gets a weaker
+mode, nor another timeout, than the turn that started it (docs/isolation.md, "Turns a turn starts").
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from worker.settings import Settings
+from worker.settings import Settings, get_settings
 from worker.tooling.contract import WorkerTool
 from worker.turn.context import TurnContext
-from worker.turn.request import TurnRequest
+from worker.turn.request import ApprovalPolicy, TurnRequest
 
 ApprovalRule = Callable[[WorkerTool[Any], Any], bool]
 """``(tool, validated_params) -> needs approval``, as ``worker.turn.planning.plan_calls`` takes it."""
@@ -52,3 +56,16 @@ def approval_rule(ctx: TurnContext, request: TurnRequest, settings: Settings) ->
     if mode == "off":
         return None
     return lambda tool, params: call_needs_approval(tool, params, ctx, mode)
+
+
+def inherited_approval(parent: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """The ``approval`` of a turn started by the turn whose stored request is ``parent``.
+
+    Returns ``{"mode", "timeout"}``: the parent's effective mode and timeout (its request's, else
+    the worker's ``AGENT_APPROVAL_MODE`` / ``AGENT_APPROVAL_TIMEOUT`` now), written out so that a
+    later change of the settings, or a worker with other settings, cannot weaken the child.
+    A parent request whose ``approval`` does not parse raises pydantic's ``ValidationError``.
+    """
+    policy = ApprovalPolicy.model_validate(parent.get("approval") or {})
+    s = settings or get_settings()
+    return {"mode": policy.mode or s.approval_mode, "timeout": policy.timeout or s.approval_timeout}

@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import orjson
-from jsonschema import Draft202012Validator
 
+from worker.tooling.validators import FieldError, compile_validator
 from worker.turn.dispatch import Batch, PlannedCall
 from worker.turn.request import TurnStatus
 from worker.turn.state import CallResult
@@ -198,15 +198,72 @@ def pending(r: Any, turn_id: str | None = None, agent_id: str | None = None) -> 
     return sorted(out, key=lambda rec: (rec.requested_at, rec.turn_id, rec.call_id))
 
 
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "example"})
+# A node with one of these says what other keys may hold, or may declare more keys elsewhere.
+_OPEN_KEYWORDS = (
+    "additionalProperties",
+    "patternProperties",
+    "unevaluatedProperties",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "if",
+    "dependentSchemas",
+    "$ref",
+)
+
+
+def closed_schema(schema: Any, *, in_all_of: bool = False) -> Any:
+    """A copy of ``schema`` where every object schema that lists ``properties`` and says nothing
+    about other keys (no ``additionalProperties``, ``patternProperties`` or
+    ``unevaluatedProperties``) refuses unknown keys.
+
+    A tool that says what extra keys may hold keeps its rule. An object whose keys are also named
+    elsewhere (the branches of an ``allOf`` with several entries, a node that combines its
+    ``properties`` with ``allOf``/``anyOf``/``oneOf``/``if``/``$ref``) stays open: closing it
+    would refuse keys the other part declares.
+    """
+    if isinstance(schema, list):
+        return [closed_schema(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for k, v in schema.items():
+        if k in _DATA_KEYWORDS:  # values, not schemas
+            out[k] = v
+        elif k == "allOf" and isinstance(v, list):
+            out[k] = [closed_schema(x, in_all_of=len(v) > 1) for x in v]
+        elif k in ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas") and isinstance(
+            v, dict
+        ):
+            out[k] = {name: closed_schema(sub) for name, sub in v.items()}
+        else:
+            out[k] = closed_schema(v)
+    if "properties" in out and not in_all_of and not any(k in out for k in _OPEN_KEYWORDS):
+        out["additionalProperties"] = False
+    return out
+
+
 def check_params(rec: ApprovalRecord, params: dict[str, Any]) -> None:
-    """Check edited params against the tool's own JSON Schema; raises ``ApprovalError`` naming each field."""
+    """Check edited params the way the call's own arguments were checked, and stricter on keys.
+
+    The record's ``schema`` is the tool's own parameters schema (a pydantic model's JSON Schema or
+    the raw schema, never the strict copy), validated with the tool layer's validator
+    (``worker.tooling.validators.compile_validator``: the schema's draft, format checking on)
+    after ``closed_schema``: a key the tool does not declare (``"sudo": true``) is refused, not
+    passed on or silently dropped. The worker validates the edited params again with the tool's
+    own validator before it runs them (``validate_params``). Raises ``ApprovalError`` naming each
+    failing field; nothing is recorded then, and the call stays pending.
+    """
     if not isinstance(params, dict):
         raise ApprovalError("edited params must be a JSON object")
-    validator = Draft202012Validator(rec.schema or {"type": "object"})
-    errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
+    try:
+        errors = compile_validator(closed_schema(rec.schema or {"type": "object"})).field_errors(params)
+    except RecursionError:
+        errors = [FieldError("<root>", "the params are nested too deeply")]
     if errors:
-        detail = "; ".join(f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors)
-        raise ApprovalError(f"edited params for {rec.name} are invalid: {detail}")
+        detail = "; ".join(f"{e.loc}: {e.msg}" for e in errors)
+        raise ApprovalError(f"edited params for {rec.name} are invalid (nothing was recorded): {detail}")
 
 
 def decide(
@@ -224,13 +281,15 @@ def decide(
 
     Returns ``(record, changed)``; ``changed`` is False when the same decision was already
     recorded (idempotent). The last decision of the step sets the turn back to ``running``.
-    Raises ``ApprovalError`` (unknown turn or call, turn ended, invalid edited params: nothing
-    changes) and ``ApprovalConflict`` (decided otherwise before).
+    ``by`` (required, non-empty) names who decides. Raises ``ApprovalError`` (no ``by``, unknown
+    turn or call, turn ended, invalid edited params (``check_params``): nothing changes) and ``ApprovalConflict`` (decided otherwise before).
     """
     if decision not in ("approved", "rejected"):
         raise ApprovalError(f"decision must be 'approved' or 'rejected', not {decision!r}")
     if params is not None and decision != "approved":
         raise ApprovalError("edited params go with an approval only")
+    if not isinstance(by, str) or not by.strip():
+        raise ApprovalError("a decision needs `by`: who decides (recorded with the time)")
     key = _k(turn_id)
     result: dict[str, Any] = {}
 
@@ -306,6 +365,17 @@ def rejection_result(rec: ApprovalRecord) -> CallResult:
         is_error=True,
         details={"error": "rejected", "by": rec.by, "reason": rec.reason},
         activity=f"Rejected: {rec.activity}",
+        ms=0.0,
+    )
+
+
+def refused_edit_result(rec: ApprovalRecord, why: str) -> CallResult:
+    """The stored result of an approved call whose edited params fail ``check_params`` at run time."""
+    return CallResult(
+        output=f"Error: the approver's edited arguments were refused ({why}). The call did not run.",
+        is_error=True,
+        details={"error": "invalid_edit", "by": rec.by},
+        activity=f"Not run: {rec.activity}",
         ms=0.0,
     )
 

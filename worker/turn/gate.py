@@ -99,13 +99,18 @@ class ApprovalGate:
     def admit(self, turn_id: str, step: int, call: PlannedCall) -> tuple[PlannedCall | None, CallResult | None]:
         """Before running a call that needs approval: ``(call_to_run, None)`` when approved (with the
         approver's edited params, if any), ``(None, rejection_result)`` when rejected, ``(None, None)``
-        when still undecided (a forged or early message: nothing runs)."""
+        when still undecided (a forged or early message: nothing runs). Edited params that fail
+        ``approvals.check_params`` run nothing either: their result says so."""
         rec = approvals.record(self.rt.store.r, turn_id, step, call.call_id)
         if rec is None or rec.status == "pending":
             return None, None
         if rec.status == "rejected":
             return None, approvals.rejection_result(rec)
         if rec.params is not None:
+            try:  # checked when decided; again here for a record written any other way
+                approvals.check_params(rec, rec.params)
+            except approvals.ApprovalError as exc:
+                return None, approvals.refused_edit_result(rec, str(exc))
             return replace(call, data=rec.params), None
         return call, None
 

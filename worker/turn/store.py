@@ -67,6 +67,13 @@ HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
 FINISHING_KEY = "turns:finishing"
 
 
+def _interrupted(status: TurnStatus, started: bool) -> str:
+    """The output of a call the turn's end left without one (``TurnStore.fail``)."""
+    if started:
+        return f"Interrupted: the turn ended ({status.value}) before this call finished; its outcome is unknown."
+    return f"Interrupted: the turn ended ({status.value}) before this call started; it did not run."
+
+
 class TurnStore:
     """Redis-backed turn state. ``client`` is a ``redis.Redis`` (bytes responses);
     ``progress_timeout``: seconds a turn may go without progress before the watchdog re-drives it."""
@@ -429,7 +436,9 @@ class TurnStore:
         """End a non-terminal turn whatever its step (cancel, gateway failure, watchdog give-up).
 
         Every ``function_call`` still without an output gets one (docs/architecture.md, "Batches"):
-        its stored result if the call finished, else an "Interrupted" output; the cancel
+        its stored result if the call finished, else an "Interrupted" output that says whether
+        the call started (a claim exists: its outcome is unknown) or never did (not run: an
+        approved call whose gate never opened, a call still queued); the cancel
         flag is set so tools still running stop. Returns False if the turn had already ended.
         """
         key = _k(turn_id)
@@ -444,20 +453,16 @@ class TurnStore:
             items = [orjson.loads(x) for x in pipe.lrange(_k(turn_id, "items"), 0, -1)]
             missing = unanswered_call_ids(items)
             results: dict[str, CallResult] = {}
+            started: set[bytes] = set()
             if missing:
-                results = parse_results(pipe.hgetall(_k(turn_id, "results", int(h[b"step"]))))
+                step = int(h[b"step"])
+                results = parse_results(pipe.hgetall(_k(turn_id, "results", step)))
+                started = set(pipe.hkeys(_k(turn_id, "claims", step)))
             pipe.multi()
             outputs = []
             for call_id in missing:
                 res = results.get(call_id)
-                text = (
-                    res.output
-                    if res
-                    else (
-                        f"Interrupted: the turn ended ({status.value}) before this call "
-                        "finished; its outcome is unknown."
-                    )
-                )
+                text = res.output if res else _interrupted(status, call_id.encode() in started)
                 outputs.append(orjson.dumps({"type": "function_call_output", "call_id": call_id, "output": text}))
             if outputs:
                 pipe.rpush(_k(turn_id, "items"), *outputs)
