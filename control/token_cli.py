@@ -7,16 +7,20 @@ stdout alone (for ``TOKEN=$(agent-runtime token create ...)``); only its hash is
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import redis
 import typer
 from rich.console import Console
 
+if TYPE_CHECKING:
+    from control.api.tokens import TokenStore
+
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
-def _store():
+def _store() -> TokenStore:
     from control.api.app import redis_url
     from control.api.tokens import TokenStore, sync_client
     from worker.settings import redact_url

@@ -52,11 +52,13 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
     return {"error": {"type": TYPES.get(status, "error"), "message": message, "param": param, "code": None}}
 
 
-def error_response(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None):
+def error_response(
+    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> JsonResponse:
     return JsonResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
-def loc_path(loc: tuple | list) -> str:
+def loc_path(loc: tuple[Any, ...] | list[Any]) -> str:
     """A pydantic error location as a path: ``("body", "input", 0, "role")`` -> ``input[0].role``."""
     out = ""
     for part in loc:
@@ -92,11 +94,11 @@ def install(app: FastAPI, retry_after: int) -> None:
         )
 
     @app.exception_handler(ApiError)
-    async def _api(_: Request, exc: ApiError):
+    async def _api(_: Request, exc: ApiError) -> JsonResponse:
         return error_response(exc.status, exc.message, exc.param, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError):
+    async def _validation(_: Request, exc: RequestValidationError) -> JsonResponse:
         errors = list(exc.errors())
         if not errors:
             return error_response(422, "invalid request")
@@ -106,11 +108,11 @@ def install(app: FastAPI, retry_after: int) -> None:
         return error_response(422, f"{path}: {msg}" if path else msg, path or None)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
+    async def _http(_: Request, exc: StarletteHTTPException) -> JsonResponse:
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     @app.exception_handler(ControlPlaneError)
-    async def _control(_: Request, exc: ControlPlaneError):
+    async def _control(_: Request, exc: ControlPlaneError) -> JsonResponse:
         if isinstance(exc, ControlPlaneUnavailable):
             return unavailable(exc)
         status = 404 if isinstance(exc, NotFound) else 409 if isinstance(exc, Conflict) else 400
@@ -119,9 +121,9 @@ def install(app: FastAPI, retry_after: int) -> None:
         return error_response(status, str(exc))
 
     @app.exception_handler(redis.RedisError)
-    async def _redis(_: Request, exc: redis.RedisError):
+    async def _redis(_: Request, exc: redis.RedisError) -> JsonResponse:
         return unavailable(exc)
 
     @app.exception_handler(kombu.exceptions.OperationalError)
-    async def _broker(_: Request, exc: kombu.exceptions.OperationalError):
+    async def _broker(_: Request, exc: kombu.exceptions.OperationalError) -> JsonResponse:
         return unavailable(exc)

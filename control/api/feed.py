@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, cast
 
 import redis
 import redis.asyncio
 
-from control.api.hub import StreamHub, Subscription
+from control.api.hub import Event, StreamHub, Subscription
 from control.api.sse import KEEPALIVE, RETRY, frame, read_range
 from control.api.tokens import Token
 from worker.turn.approvals import PENDING_KEY
@@ -26,12 +26,16 @@ KINDS = ("approval_requested", "approval_decided", "turn_finished")
 
 
 async def _discover(
-    r: redis.asyncio.Redis, token: Token, known: dict[str, Subscription | None], hub: StreamHub, queue: asyncio.Queue
-) -> list[dict]:
+    r: redis.asyncio.Redis,
+    token: Token,
+    known: dict[str, Subscription | None],
+    hub: StreamHub,
+    queue: asyncio.Queue[Event],
+) -> list[dict[str, Any]]:
     """Follow turns new in the pending set (when the token covers their agent); drop the ones that
     left it. Returns the ``changed`` payloads to send."""
-    ids = [x.decode() for x in await r.zrange(PENDING_KEY, 0, -1)]
-    changes = []
+    ids = [x.decode() for x in cast("list[bytes]", await r.zrange(PENDING_KEY, 0, -1))]  # RESP2, bytes replies
+    changes: list[dict[str, Any]] = []
     fresh = [t for t in ids if t not in known]
     if fresh:
         async with r.pipeline(transaction=False) as p:
@@ -55,10 +59,10 @@ async def _discover(
                         changes.append({"turn_id": t, "agent_id": agent, "kind": ev["kind"]})
     now = set(ids)
     for t in [t for t in known if t not in now]:
-        sub = known.pop(t)
-        if sub is not None:
-            hub.unsubscribe(sub)
-            changes.append({"turn_id": t, "agent_id": sub.extra["agent_id"], "kind": "resolved"})
+        gone = known.pop(t)
+        if gone is not None:
+            hub.unsubscribe(gone)
+            changes.append({"turn_id": t, "agent_id": gone.extra["agent_id"], "kind": "resolved"})
     return changes
 
 
@@ -69,7 +73,7 @@ async def approvals_feed(
     go on); the pending set is read again when Redis is back."""
     yield RETRY
     yield frame(None, "ready", {"agents": token.public()["agents"]})
-    queue: asyncio.Queue = asyncio.Queue(hub.queue_size)
+    queue: asyncio.Queue[Event] = asyncio.Queue(hub.queue_size)
     known: dict[str, Subscription | None] = {}
     beat = time.monotonic()
     try:

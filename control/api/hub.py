@@ -23,13 +23,20 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
 import redis.asyncio
+from redis.typing import KeyT, StreamIdT
 
 log = logging.getLogger("agent.api.hub")
+
+# What a subscriber's queue carries: ``(stream key, entry id, event)``.
+Event = tuple[str, str, dict[str, Any]]
+# A stream entry as our clients return it (RESP2, no ``decode_responses``): ``(id, {field: value})``
+# in bytes. redis-py's reply types also cover str replies and RESP3 shapes, so replies are cast.
+RawEntry = tuple[bytes, dict[bytes, bytes]]
 
 
 def id_tuple(stream_id: str) -> tuple[int, int]:
@@ -48,7 +55,7 @@ class Subscription:
     queue overflowed and the hub dropped this subscriber."""
 
     key: str
-    queue: asyncio.Queue
+    queue: asyncio.Queue[Event]
     backlog: tuple[str, str] | None = None
     lagging: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # what the caller keeps with it
@@ -71,7 +78,7 @@ class StreamHub:
         self._wake_key = f"api:wake:{uuid.uuid4().hex}"
         self._wake_cursor = "0-0"
         self._pending_wake = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self.rounds = 0  # XREAD calls made (for tests and benches)
 
@@ -98,7 +105,7 @@ class StreamHub:
                 pass
             self._task = None
 
-    def subscribe(self, key: str, after: str, queue: asyncio.Queue | None = None) -> Subscription:
+    def subscribe(self, key: str, after: str, queue: asyncio.Queue[Event] | None = None) -> Subscription:
         """Follow stream ``key`` from after id ``after`` (``"0-0"``: from its start); ``queue``: a
         queue shared with the caller's other subscriptions (default: a new one)."""
         sub = Subscription(key, queue if queue is not None else asyncio.Queue(self.queue_size))
@@ -142,12 +149,12 @@ class StreamHub:
         finally:
             self._pending_wake = False
 
-    def _deliver(self, key: str, entries: list[Any]) -> None:
+    def _deliver(self, key: str, entries: list[RawEntry]) -> None:
         subs = self._subs.get(key)
         if not subs or not entries:
             return
         self._cursor[key] = entries[-1][0].decode()
-        decoded = [(key, eid.decode(), orjson.loads(fields[b"e"])) for eid, fields in entries]
+        decoded: list[Event] = [(key, eid.decode(), orjson.loads(fields[b"e"])) for eid, fields in entries]
         for sub in list(subs):
             try:
                 for entry in decoded:
@@ -166,9 +173,14 @@ class StreamHub:
                 self._idle.clear()
                 await self._idle.wait()
                 continue
-            streams = {**self._cursor, self._wake_key: self._wake_cursor}
+            # Built key by key: xread's parameter is a Dict (invariant) of redis' key and id types.
+            streams: dict[KeyT, StreamIdT] = {key: cursor for key, cursor in self._cursor.items()}
+            streams[self._wake_key] = self._wake_cursor
             try:
-                res = await self.r.xread(streams, count=self.count, block=self.block_ms)
+                res = cast(
+                    "list[tuple[bytes, list[RawEntry]]] | None",
+                    await self.r.xread(streams, count=self.count, block=self.block_ms),
+                )
                 backoff = 0.1
             except (redis.RedisError, OSError) as exc:
                 log.warning("stream hub: Redis failed (%s); retrying in %.1fs", exc.__class__.__name__, backoff)

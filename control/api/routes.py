@@ -25,7 +25,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     429: {"description": "Over the token's rate limit (Retry-After)"},
     503: {"description": "Redis is not answering; nothing was changed (Retry-After)"},
 }
-SSE = {200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}}
+SSE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}
+}
 
 
 class TurnCreated(BaseModel):
@@ -95,7 +97,8 @@ class RejectIn(BaseModel):
 
 
 def _control(request: Request) -> ControlPlane:
-    return request.app.state.control
+    control: ControlPlane = request.app.state.control
+    return control
 
 
 def _who(c: Caller, by: str | None) -> str:

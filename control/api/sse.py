@@ -10,13 +10,13 @@ JSON. The stream ends after ``turn_finished``; for a turn already ended, after i
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, cast
 
 import orjson
 import redis
 import redis.asyncio
 
-from control.api.hub import StreamHub, id_tuple
+from control.api.hub import RawEntry, StreamHub, id_tuple
 from worker.turn.request import TurnStatus
 from worker.turn.state import key as turn_key
 
@@ -37,11 +37,13 @@ def valid_event_id(value: str) -> bool:
     return ms.isdigit() and (seq == "" or seq.isdigit()) and len(value) <= 41
 
 
-async def read_range(r: redis.asyncio.Redis, key: str, after: str, upto: str = "+") -> AsyncIterator[tuple[str, dict]]:
+async def read_range(
+    r: redis.asyncio.Redis, key: str, after: str, upto: str = "+"
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """Entries of stream ``key`` after id ``after`` up to ``upto`` (inclusive), in pages."""
     start = f"({after}"
     while True:
-        entries = await r.xrange(key, start, upto, count=PAGE)
+        entries = cast("list[RawEntry]", await r.xrange(key, start, upto, count=PAGE))  # see RawEntry
         for eid, fields in entries:
             yield eid.decode(), orjson.loads(fields[b"e"])
         if len(entries) < PAGE:
@@ -51,7 +53,7 @@ async def read_range(r: redis.asyncio.Redis, key: str, after: str, upto: str = "
 
 async def _terminal(r: redis.asyncio.Redis, turn_id: str) -> bool:
     raw = await r.hget(turn_key(turn_id), "status")
-    return raw is None or TurnStatus(raw.decode()).terminal
+    return raw is None or TurnStatus(raw.decode() if isinstance(raw, bytes) else raw).terminal
 
 
 async def turn_events(
@@ -69,7 +71,7 @@ async def turn_events(
     key = turn_key(turn_id, "events")
     yield RETRY
 
-    def wanted(ev: dict) -> bool:
+    def wanted(ev: dict[str, Any]) -> bool:
         return kinds is None or ev.get("kind") in kinds
 
     try:

@@ -54,8 +54,8 @@ class _Refusal(_Item):
     refusal: str
 
 
-_INPUT_PARTS = {"input_text": _InputText, "input_image": _InputImage, "input_file": _InputFile}
-_ASSISTANT_PARTS = {**_INPUT_PARTS, "output_text": _OutputText, "refusal": _Refusal}
+_INPUT_PARTS: dict[str, type[_Item]] = {"input_text": _InputText, "input_image": _InputImage, "input_file": _InputFile}
+_ASSISTANT_PARTS: dict[str, type[_Item]] = {**_INPUT_PARTS, "output_text": _OutputText, "refusal": _Refusal}
 
 
 class _Message(_Item):
@@ -105,7 +105,7 @@ class _CustomToolCallOutput(_Item):
     output: str | list[dict[str, Any]]
 
 
-CHECKED = {
+CHECKED: dict[str, type[_Item]] = {
     "message": _Message,
     "function_call": _FunctionCall,
     "function_call_output": _FunctionCallOutput,
@@ -143,7 +143,7 @@ PASSED = frozenset(
         "program_output",
     }
 )
-_ADAPTERS = {name: TypeAdapter(model) for name, model in CHECKED.items()}
+_ADAPTERS: dict[str, TypeAdapter[_Item]] = {name: TypeAdapter(model) for name, model in CHECKED.items()}
 
 
 class InputItemError(ValueError):
@@ -162,7 +162,7 @@ def _path(base: str, loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _validate(adapter: TypeAdapter, value: Any, base: str) -> None:
+def _validate(adapter: TypeAdapter[_Item], value: Any, base: str) -> None:
     try:
         adapter.validate_python(value)
     except ValidationError as exc:
