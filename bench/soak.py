@@ -258,8 +258,11 @@ def main() -> None:
 
     # Recovery: from each SIGKILL of a worker main process to the first re-drive of its turns.
     redriven: dict[str, float] = {}
+    by_deadline: set[str] = set()  # turns the progress deadline had to re-drive (nobody knew they stopped)
     for tid in ids:
         for e in control.events(tid):
+            if e.get("kind") == "turn_redriven" and "stopped" not in str(e.get("reason", "")):
+                by_deadline.add(tid)
             if e.get("kind") == "turn_redriven" and "stopped" in str(e.get("reason", "")):
                 node = str(e["reason"]).split("worker ", 1)[-1].split(" stopped")[0]
                 redriven[node] = min(redriven.get(node, float("inf")), float(e["at"]))
@@ -279,6 +282,7 @@ def main() -> None:
               f"min {min(recovery):.1f} s, median {statistics.median(recovery):.1f} s, max {max(recovery):.1f} s")  # fmt: skip
     else:
         print("recovery: no worker-main kill held a turn")
+    print(f"turns re-driven by the progress deadline: {len(by_deadline)} {sorted(by_deadline)}")
     print(f"alive at the end: {alive_at_end}")
     sup.stop()
     gateway.kill()

@@ -8,9 +8,12 @@ OpenAI-compatible Responses endpoint, and the project's scripted gateway.
 
 from __future__ import annotations
 
+import ssl
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import certifi
 import httpx
 import orjson
 
@@ -86,9 +89,17 @@ class ModelReply:
 class ResponsesClient:
     """Synchronous Responses API client.
 
-    ``base_url`` like ``https://api.openai.com/v1``; ``timeout`` and
-    ``connect_timeout`` in seconds; ``max_connections`` bounds the model calls in flight. The API key is sent as a bearer token and
-    never logged. Reuse one instance per process (it pools connections).
+    ``base_url`` like ``https://api.openai.com/v1``; ``timeout`` and ``connect_timeout`` in
+    seconds; ``max_connections`` bounds the connections of each thread's pool. The API key is
+    sent as a bearer token and never logged. Reuse one instance per process.
+
+    Each thread gets its own ``httpx.Client`` (its own keep-alive pool; one TLS context for
+    all): httpcore's sync pool, shared by hundreds of threads, closes connections that another
+    thread was handed and is about to use or already uses (surplus keep-alive, keep-alive
+    expiry; encode/httpcore#1110), and that thread either fails with ``EBADF`` or waits in a
+    ``poll()`` that nothing wakes until its read timeout. With one pool per thread, a pool's
+    clean-up only ever closes its own thread's idle connections. ``transport``, when given, is
+    shared by every thread's client (tests).
     """
 
     def __init__(
@@ -104,23 +115,38 @@ class ResponsesClient:
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            # One connection per model call in flight: an I/O pool runs hundreds at once.
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
-        )
+        self._settings: dict[str, Any] = {
+            "base_url": base_url.rstrip("/"),
+            "headers": headers,
+            "timeout": httpx.Timeout(timeout, connect=connect_timeout),
+            "limits": httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            "transport": transport,
+        }
+        self._tls: ssl.SSLContext | None = None
+        self._local = threading.local()
+        self._clients: list[httpx.Client] = []
+        self._lock = threading.Lock()
 
     @property
     def http(self) -> httpx.Client:
-        """The pooled ``httpx.Client`` (base URL and headers set): ``worker.model.streaming`` streams through it."""
-        return self._client
+        """This thread's ``httpx.Client`` (base URL and headers set): ``worker.model.streaming`` streams through it."""
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            with self._lock:
+                if self._tls is None:  # loading the CA bundle costs ~10 ms: once per process, not per thread
+                    self._tls = ssl.create_default_context(cafile=certifi.where())
+                client = httpx.Client(verify=self._tls, **self._settings)
+                self._clients.append(client)
+            self._local.client = client
+        return client
 
     def close(self) -> None:
-        """Close the pooled connections."""
-        self._client.close()
+        """Close every thread's pooled connections."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+        self._local = threading.local()
 
     def build_request(
         self,
@@ -148,7 +174,7 @@ class ResponsesClient:
     def create(self, body: dict[str, Any]) -> ModelReply:
         """POST the request body; return the parsed reply. Raises ``GatewayError``."""
         try:
-            resp = self._client.post("/responses", content=orjson.dumps(body))
+            resp = self.http.post("/responses", content=orjson.dumps(body))
         except httpx.TimeoutException as exc:
             raise GatewayError(f"model call timed out: {exc.__class__.__name__}", retryable=True) from exc
         except httpx.TransportError as exc:

@@ -140,7 +140,8 @@ def create_streaming(client: ResponsesClient, body: dict[str, Any], on_delta: On
                     return parse_response(orjson.loads(resp.content))
                 except orjson.JSONDecodeError as exc:
                     raise GatewayError("model gateway sent a non-JSON body", retryable=True) from exc
-            for sse in source.iter_sse():
+            events = source.iter_sse()
+            for sse in events:
                 if not sse.data or sse.data == "[DONE]":
                     continue
                 try:
@@ -158,7 +159,10 @@ def create_streaming(client: ResponsesClient, body: dict[str, Any], on_delta: On
                     idx = event.get("output_index", 0)
                     on_delta("arguments", idx, str(event.get("delta") or ""), calls.get(idx, {}))
                 elif kind in ("response.completed", "response.incomplete", "response.failed"):
-                    return parse_response(event.get("response"))  # response.failed raises, not retryable
+                    reply = parse_response(event.get("response"))  # response.failed raises, not retryable
+                    for _ in events:  # read to the stream's end: a keep-alive connection goes back to the pool
+                        pass
+                    return reply
                 elif kind == "error":
                     code = event.get("code") or ""
                     raise GatewayError(
