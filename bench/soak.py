@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devtools.embedded_redis import EmbeddedRedis, free_port  # noqa: E402
+from devtools.node_recovery import NodeRecovery  # noqa: E402
 from devtools.workers import Supervisor, beat_command, worker_commands  # noqa: E402
 
 SCRIPT = {
@@ -108,6 +109,8 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.5, help="seconds the model takes to answer")
     parser.add_argument("--redis-restarts", type=int, default=4, help="at least this many Redis crashes")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-node-recovery", action="store_true",
+                        help="the supervisor does not report deaths (heartbeat expiry only, as before)")  # fmt: skip
     args = parser.parse_args()
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="soak-"))
@@ -139,8 +142,10 @@ def main() -> None:
     get_settings.cache_clear()
     worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
     restarted: list[tuple[float, str]] = []
-    sup = Supervisor(logs, on_restart=lambda name, code: restarted.append((time.time(), name)))
-    for name, cmd in worker_commands(io_concurrency=64, tools_concurrency=2, loglevel="WARNING").items():
+    commands = worker_commands(io_concurrency=64, tools_concurrency=2, loglevel="WARNING")
+    node_recovery = None if args.no_node_recovery else NodeRecovery(set(commands))
+    sup = Supervisor(logs, on_restart=lambda name, code: restarted.append((time.time(), name)), on_exit=node_recovery)
+    for name, cmd in commands.items():
         sup.start(name, cmd, env=worker_env)
     sup.start("beat", beat_command("WARNING"), env=worker_env)
     r = redis.Redis.from_url(srv.control_url)

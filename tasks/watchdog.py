@@ -4,7 +4,8 @@
   (``worker.turn.parking.expire``), which resumes their turns;
 - re-drives every turn held by a worker node whose heartbeat stopped (``tasks.liveness``): a
   killed worker's turns recover within about ``2 * liveness_ttl``, not after the broker's
-  ``visibility_timeout``;
+  ``visibility_timeout``; a node's supervisor that sees its process exit calls ``recover_node``
+  itself, at once (``devtools.node_recovery``);
 - re-drives turns whose progress deadline passed (a lost message, a crash between barrier and
   enqueue), failing a turn after ``Settings.max_redrives`` re-drives without progress;
 - re-sends the end hooks of ended turns whose hooks never reported done.
@@ -18,10 +19,41 @@ so that Flower shows those turns as failures like the ones a step ends (``tasks.
 
 from __future__ import annotations
 
+import time
+
 from tasks.app import app
+from tasks.broker import orphaned_deliveries, restore
+from tasks.liveness import TURN_TASKS
 from tasks.runtime import get_engine
 from tasks.turns import TurnFailed
+from worker.turn.engine import TurnEngine
 from worker.turn.parking import expire
+
+
+def recover_node(engine: TurnEngine, node: str, *, known_dead: bool = False) -> dict[str, str]:
+    """Re-drive the turns that dead ``node`` (``host:pid``) held; returns ``{turn_id: action}``.
+
+    ``known_dead``: its supervisor saw the process exit (drop the heartbeat now, no grace);
+    otherwise the watchdog found the heartbeat expired. Raises redis errors."""
+    limit = engine.settings.max_redrives
+    if known_dead:
+        turns = set(engine.liveness.bury(node).values())
+    else:
+        turns = engine.liveness.take_held_turns(node)
+    return {t: engine.redrive(t, limit, reason=f"worker {node} stopped").action for t in sorted(turns)}
+
+
+def restore_orphans(engine: TurnEngine, *, before: float) -> int:
+    """Give back to their queues the turn messages fetched before ``before`` (``time.time()``) that
+    no live node holds: a process that died between fetching a message and recording it as held
+    (``tasks.liveness``) left it in the broker's ``unacked`` until ``visibility_timeout``. A message
+    given back twice runs once (steps are fenced, calls claimed). Returns how many. Raises redis errors."""
+    held = engine.liveness.held_by_live_nodes()
+    found = orphaned_deliveries(engine.store.r, before=before, held=held, tasks=TURN_TASKS)
+    if not found:
+        return 0
+    with app.connection_for_write() as conn:
+        return restore(conn.default_channel, [tag for tag, _ in found])
 
 
 @app.task(name="tasks.watchdog.sweep", acks_late=True, throws=(TurnFailed,))
@@ -33,9 +65,11 @@ def sweep() -> dict:
     done = {}
     for turn_id, n in expire(engine).items():  # before the re-drives: an expiry resumes the turn
         done[turn_id] = f"{n} approvals expired"
-    for node in engine.liveness.dead_nodes():
-        for turn_id in sorted(engine.liveness.take_held_turns(node)):
-            done[turn_id] = engine.redrive(turn_id, limit, reason=f"worker {node} stopped").action
+    dead = engine.liveness.dead_nodes()
+    for node in dead:
+        done.update(recover_node(engine, node))
+    if dead:  # a heartbeat gone for a TTL: what the node fetched before then is nobody's now
+        restore_orphans(engine, before=time.time() - engine.settings.liveness_ttl)
     for turn_id in engine.store.overdue():
         if turn_id not in done:
             done[turn_id] = engine.redrive(turn_id, limit).action
