@@ -13,10 +13,13 @@ from contextvars import ContextVar
 from typing import Any, Callable
 
 from celery import chain, group
+from kombu.exceptions import OperationalError
 
 from tasks.app import app
 from tasks.services import turn_services
+from worker.settings import get_settings
 from worker.turn.dispatch import Batch
+from worker.turn.outage import BrokerUnavailable, until_redis_answers
 from worker.turn.request import TurnRequest
 
 TURN_STEP = "tasks.turns.turn_step"
@@ -44,6 +47,26 @@ def ended_as() -> tuple[Any, str | None] | None:
     return _ENDED_AS.get()
 
 
+def _publish(send: Callable[[], Any], what: str, *, wait: bool) -> None:
+    """``send()``, a broker publish; while the broker does not answer (kombu's
+    ``OperationalError`` once Celery's own publish retries are spent, e.g. Redis restarting), try
+    again with backoff up to ``Settings.redis_outage_timeout`` when ``wait``. The state transition
+    that decided this message is already stored, so running the whole step again would find it
+    stale and publish nothing: the wait is here. A message sent twice (a group published in
+    part) runs once: steps are fenced, calls claimed. Raises ``BrokerUnavailable``."""
+
+    def once() -> None:
+        try:
+            send()
+        except OperationalError as exc:
+            raise BrokerUnavailable(f"broker publish failed: {exc}") from exc
+
+    if not wait:
+        once()
+        return
+    until_redis_answers(once, what=what, timeout=get_settings().redis_outage_timeout)
+
+
 class CeleryDispatcher:
     """Turns engine decisions into Celery messages.
 
@@ -57,6 +80,9 @@ class CeleryDispatcher:
         # A control plane may name its own Redis; workers use the app's broker.
         self._broker_url = broker_url
         self._conn: Any = None
+        # A worker waits a broker outage out (its step's state is already stored); a control
+        # plane (its own broker URL) fails fast and lets its caller decide.
+        self._wait = broker_url is None
 
     def _options(self) -> dict[str, Any]:
         if not self._broker_url or self._broker_url == app.conf.broker_url:
@@ -67,9 +93,9 @@ class CeleryDispatcher:
 
     def enqueue_step(self, turn_id: str, step: int, *, queue: str, label: str = "") -> None:
         """Send ``turn_step(turn_id, step)`` to ``queue``; ``label`` is what Flower shows as its args."""
-        app.signature(TURN_STEP, (turn_id, step)).apply_async(
-            queue=queue, ignore_result=True, argsrepr=label or f"turn={turn_id} step={step}", **self._options()
-        )
+        sig = app.signature(TURN_STEP, (turn_id, step))
+        options = {"queue": queue, "ignore_result": True, "argsrepr": label or f"turn={turn_id} step={step}"}
+        _publish(lambda: sig.apply_async(**options, **self._options()), f"step {step} of {turn_id}", wait=self._wait)
 
     def dispatch_batch(
         self,
@@ -91,11 +117,12 @@ class CeleryDispatcher:
             for cid in batch.call_ids
         ]
         if len(sigs) == 1:
-            sigs[0].apply_async()
+            send: Callable[[], Any] = sigs[0].apply_async
         elif batch.mode == "parallel":
-            group(sigs).apply_async()
+            send = group(sigs).apply_async
         else:
-            chain(*sigs).apply_async()
+            send = chain(*sigs).apply_async
+        _publish(send, f"calls of step {step} of {turn_id}", wait=self._wait)
 
     def turn_finished(self, turn_id: str, hooks: bool = True, status: Any = None, error: str | None = None) -> None:
         """Note that the turn ended in the current task (``ended_here``: the task reports a failed turn
@@ -103,9 +130,9 @@ class CeleryDispatcher:
         _ENDED_HERE.set(turn_id)
         _ENDED_AS.set((status, error) if status is not None else None)
         if hooks:
-            app.signature(TURN_FINISHED, (turn_id,)).apply_async(
-                queue="turns", ignore_result=True, argsrepr=f"turn={turn_id}", **self._options()
-            )
+            sig = app.signature(TURN_FINISHED, (turn_id,))
+            options = {"queue": "turns", "ignore_result": True, "argsrepr": f"turn={turn_id}"}
+            _publish(lambda: sig.apply_async(**options, **self._options()), f"end of {turn_id}", wait=self._wait)
 
     def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
         """Turn-scoped callables for tool creators (``tasks.services.turn_services``)."""
