@@ -11,8 +11,8 @@ client's regression tests use this front.
 ``HostedEndpoint(gateway, latency=...)`` serves ``POST /v1/responses`` (JSON or, with
 ``stream: true``, server-sent events) from ``gateway.respond_step`` on ``127.0.0.1:port``;
 ``latency`` seconds pass before each answer; ``idle_timeout`` seconds after its last answer an
-idle connection is closed by the server (None: never). ``requests``, ``connections`` and
-``peak_in_flight`` count what it served; ``clients_by_connection`` which ``metadata.client``
+idle connection is closed by the server (None: never). ``answered``, ``connections`` and
+``peak_in_flight`` count what it served, ``requests`` lists the bodies (the gateway's list); ``clients_by_connection`` which ``metadata.client``
 values each connection carried (a test tells its client threads apart with it). ``python -m devtools.hosted_endpoint --scripts DIR`` runs it as a process.
 """
 
@@ -46,7 +46,7 @@ class HostedEndpoint:
     ):
         self.gateway = gateway
         self.latency = latency
-        self.requests = 0
+        self.answered = 0
         self.connections = 0
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -69,7 +69,7 @@ class HostedEndpoint:
                     self.number = endpoint.connections
 
             def do_GET(self) -> None:
-                self._json(200, {"ok": True, "requests": endpoint.requests, "connections": endpoint.connections})
+                self._json(200, {"ok": True, "answered": endpoint.answered, "connections": endpoint.connections})
 
             def do_POST(self) -> None:
                 body = orjson.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
@@ -78,7 +78,7 @@ class HostedEndpoint:
                     return
                 client = (body.get("metadata") or {}).get("client")
                 with endpoint._lock:
-                    endpoint.requests += 1
+                    endpoint.answered += 1
                     endpoint.in_flight += 1
                     if client is not None:
                         endpoint.clients_by_connection.setdefault(self.number, set()).add(str(client))
@@ -129,6 +129,11 @@ class HostedEndpoint:
 
         self._server = Server((host, port), Handler)
         self._thread: threading.Thread | None = None
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request body received, newest last (the gateway's list)."""
+        return self.gateway.requests
 
     @property
     def port(self) -> int:
