@@ -76,12 +76,13 @@ class NodeRecovery:
         if engine is None:
             log.error("cannot recover %s: the runtime did not load", node)
             return
-        actions = self._retry(lambda: recover_node(engine, node, known_dead=True), f"re-drive of {node}")
+        taken: set[str] = set()  # its held tasks: re-driven, so not given back as well
+        actions = self._retry(lambda: recover_node(engine, node, known_dead=True, taken=taken), f"re-drive of {node}")
         if actions is not None:
             self.recovered.append((node, time.time() - died_at, actions))
             log.warning("worker %s exited: %d turn(s) re-driven", node, len(actions))
         time.sleep(max(0.0, died_at + RESTORE_AFTER - time.time()))
-        restored = self._retry(lambda: restore_orphans(engine, before=died_at), f"orphans of {node}")
+        restored = self._retry(lambda: restore_orphans(engine, before=died_at, skip=taken), f"orphans of {node}")
         if restored:
             log.warning("worker %s exited: %d fetched message(s) given back to their queues", node, restored)
 

@@ -30,25 +30,32 @@ from worker.turn.engine import TurnEngine
 from worker.turn.parking import expire
 
 
-def recover_node(engine: TurnEngine, node: str, *, known_dead: bool = False) -> dict[str, str]:
+def recover_node(
+    engine: TurnEngine, node: str, *, known_dead: bool = False, taken: set[str] | None = None
+) -> dict[str, str]:
     """Re-drive the turns that dead ``node`` (``host:pid``) held; returns ``{turn_id: action}``.
 
-    ``known_dead``: its supervisor saw the process exit (drop the heartbeat now, no grace);
-    otherwise the watchdog found the heartbeat expired. Raises redis errors."""
+    ``known_dead``: its supervisor saw the process exit (drop the heartbeat now, no grace; the
+    task ids it held are added to ``taken``); otherwise the watchdog found the heartbeat expired.
+    Raises redis errors."""
     limit = engine.settings.max_redrives
     if known_dead:
-        turns = set(engine.liveness.bury(node).values())
+        held = engine.liveness.bury(node)
+        if taken is not None:
+            taken.update(held)
+        turns = set(held.values())
     else:
         turns = engine.liveness.take_held_turns(node)
     return {t: engine.redrive(t, limit, reason=f"worker {node} stopped").action for t in sorted(turns)}
 
 
-def restore_orphans(engine: TurnEngine, *, before: float) -> int:
+def restore_orphans(engine: TurnEngine, *, before: float, skip: frozenset[str] | set[str] = frozenset()) -> int:
     """Give back to their queues the turn messages fetched before ``before`` (``time.time()``) that
-    no live node holds: a process that died between fetching a message and recording it as held
-    (``tasks.liveness``) left it in the broker's ``unacked`` until ``visibility_timeout``. A message
-    given back twice runs once (steps are fenced, calls claimed). Returns how many. Raises redis errors."""
-    held = engine.liveness.held_by_live_nodes()
+    no live node holds, nor ``skip`` (task ids whose turns were just re-driven): a process that died
+    between fetching a message and recording it as held (``tasks.liveness``) left it in the
+    broker's ``unacked`` until ``visibility_timeout``. A message given back twice runs once (steps
+    are fenced, calls claimed). Returns how many. Raises redis errors."""
+    held = engine.liveness.held_by_live_nodes() | set(skip)
     found = orphaned_deliveries(engine.store.r, before=before, held=held, tasks=TURN_TASKS)
     if not found:
         return 0
