@@ -273,6 +273,7 @@ def run_bare(
 
 
 def main() -> None:
+    global MODEL_TIMEOUT, STREAM
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=1000)
     parser.add_argument("--latency", type=float, default=1.0, help="seconds the model takes to answer")
@@ -290,7 +291,6 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true", help="the runtime streams its model calls")
     parser.add_argument("--model-timeout", type=float, default=MODEL_TIMEOUT, help="the model call's read timeout")
     args = parser.parse_args()
-    global MODEL_TIMEOUT, STREAM
     MODEL_TIMEOUT, STREAM = args.model_timeout, "1" if args.stream else "0"
     logs = Path(tempfile.mkdtemp(prefix="bench-concurrency-"))
     srv = EmbeddedRedis()

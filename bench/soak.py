@@ -288,6 +288,13 @@ def main() -> None:
     else:
         print("recovery: no worker-main kill held a turn")
     print(f"turns re-driven by the progress deadline: {len(by_deadline)} {sorted(by_deadline)}")
+    t0 = time.time() - (time.monotonic() - started)  # wall clock at the start
+    for tid in sorted(by_deadline):  # what happened to them, against the chaos (seconds since the start)
+        print(f"  {tid}: " + "; ".join(
+            f"{float(e['at']) - t0:.1f} {e['kind']}" + "".join(f" {k}={e[k]}" for k in ("step", "phase", "call_id", "reason") if k in e)
+            for e in control.events(tid) if e.get("kind") not in ("model_delta",)))  # fmt: skip
+    if by_deadline:
+        print("  chaos: " + ", ".join(f"{w - t0:.1f} {what}" for w, what, _ in events))
     print(f"alive at the end: {alive_at_end}")
     sup.stop()
     gateway.kill()
