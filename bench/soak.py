@@ -264,10 +264,13 @@ def main() -> None:
     # Recovery: from each SIGKILL of a worker main process to the first re-drive of its turns.
     redriven: dict[str, float] = {}
     by_deadline: set[str] = set()  # turns the progress deadline had to re-drive (nobody knew they stopped)
+    after_restart: set[str] = set()  # turns no message named after a Redis restart (tasks.watchdog)
     for tid in ids:
         for e in control.events(tid):
-            if e.get("kind") == "turn_redriven" and "stopped" not in str(e.get("reason", "")):
+            if e.get("kind") == "turn_redriven" and str(e.get("reason", "")).startswith("no progress"):
                 by_deadline.add(tid)
+            if e.get("kind") == "turn_redriven" and "Redis restart" in str(e.get("reason", "")):
+                after_restart.add(tid)
             if e.get("kind") == "turn_redriven" and "stopped" in str(e.get("reason", "")):
                 node = str(e["reason"]).split("worker ", 1)[-1].split(" stopped")[0]
                 redriven[node] = min(redriven.get(node, float("inf")), float(e["at"]))
@@ -287,7 +290,8 @@ def main() -> None:
               f"min {min(recovery):.1f} s, median {statistics.median(recovery):.1f} s, max {max(recovery):.1f} s")  # fmt: skip
     else:
         print("recovery: no worker-main kill held a turn")
-    print(f"turns re-driven by the progress deadline: {len(by_deadline)} {sorted(by_deadline)}")
+    print(f"turns re-driven by the progress deadline: {len(by_deadline)} {sorted(by_deadline)}; "
+          f"re-driven because no message named them after a Redis restart: {len(after_restart)}")  # fmt: skip
     t0 = time.time() - (time.monotonic() - started)  # wall clock at the start
     for tid in sorted(by_deadline):  # what happened to them, against the chaos (seconds since the start)
         print(f"  {tid}: " + "; ".join(

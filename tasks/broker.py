@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 import redis
+from kombu import serialization
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
@@ -259,3 +260,32 @@ def restore(channel: Any, tags: Iterable[str]) -> int:
         channel.qos.restore_by_tag(tag)
         n += 1
     return n
+
+
+def _turn_of(raw: bytes | str, tasks: set[str]) -> str | None:
+    """The turn id (first argument) of a queued or fetched message of one of ``tasks``, or None."""
+    try:
+        message = json.loads(raw)
+        if isinstance(message, list):  # an ``unacked`` entry: [message, exchange, routing key]
+            message = message[0]
+        if (message.get("headers") or {}).get("task") not in tasks:
+            return None
+        body = message.get("body") or ""
+        if (message.get("properties") or {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = serialization.loads(body, message.get("content-type"), message.get("content-encoding") or "utf-8")[0]
+        return str(args[0])
+    except Exception:  # not ours to judge here (tasks.broker.Transport drops malformed messages)
+        return None
+
+
+def turns_named_by_messages(client: Any, queues: Iterable[str], tasks: Iterable[str]) -> set[str]:
+    """Turn ids that a message of ``tasks`` names, queued in ``queues`` or fetched (``unacked``),
+    read in one transaction (a message moving from one to the other is seen once). Raises redis errors."""
+    names = set(tasks)
+    with client.pipeline(transaction=True) as p:
+        for q in queues:
+            p.lrange(q, 0, -1)
+        p.hvals("unacked")
+        replies = p.execute()
+    return {t for raws in replies for t in (_turn_of(raw, names) for raw in raws) if t is not None}

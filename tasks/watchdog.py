@@ -6,6 +6,8 @@
   killed worker's turns recover within about ``2 * liveness_ttl``, not after the broker's
   ``visibility_timeout``; a node's supervisor that sees its process exit calls ``recover_node``
   itself, at once (``devtools.node_recovery``);
+- once after each Redis restart, re-drives the active turns no message names and no node holds
+  (``reconcile_after_restart``: a message lost with the crash);
 - re-drives turns whose progress deadline passed (a lost message, a crash between barrier and
   enqueue), failing a turn after ``Settings.max_redrives`` re-drives without progress;
 - re-sends the end hooks of ended turns whose hooks never reported done.
@@ -21,13 +23,14 @@ from __future__ import annotations
 
 import time
 
-from tasks.app import app
-from tasks.broker import orphaned_deliveries, restore
+from tasks.app import QUEUES, app
+from tasks.broker import orphaned_deliveries, restore, turns_named_by_messages
 from tasks.liveness import TURN_TASKS
 from tasks.runtime import get_engine
 from tasks.turns import TurnFailed
 from worker.turn.engine import TurnEngine
 from worker.turn.parking import expire
+from worker.turn.request import TurnStatus
 
 
 def recover_node(
@@ -55,12 +58,48 @@ def restore_orphans(engine: TurnEngine, *, before: float, skip: frozenset[str] |
     between fetching a message and recording it as held (``tasks.liveness``) left it in the
     broker's ``unacked`` until ``visibility_timeout``. A message given back twice runs once (steps
     are fenced, calls claimed). Returns how many. Raises redis errors."""
-    held = engine.liveness.held_by_live_nodes() | set(skip)
+    held = set(engine.liveness.held_by_live_nodes()) | set(skip)
     found = orphaned_deliveries(engine.store.r, before=before, held=held, tasks=TURN_TASKS)
     if not found:
         return 0
     with app.connection_for_write() as conn:
         return restore(conn.default_channel, [tag for tag, _ in found])
+
+
+# After a Redis restart: wait this long (reconnects, held tasks written again), then compare once.
+SETTLE_AFTER_RESTART = 3.0
+# A turn that progressed this recently may be between two messages: not judged.
+QUIET_FOR = 3.0
+
+
+def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
+    """Once per Redis server run (``run_id``), ``SETTLE_AFTER_RESTART`` s after it started: re-drive
+    every active turn that no message names (queued or fetched) and no live node holds.
+
+    A Redis crash can take a message with it: popped by a consumer (``BRPOP``) whose next command,
+    recording it as fetched, found Redis gone. Nothing else would name that turn before its
+    progress deadline. A turn parked on approvals, or that progressed in the last ``QUIET_FOR`` s,
+    is left alone. Returns ``{turn_id: action}``. Raises redis errors."""
+    r = engine.store.r
+    info = r.info("server")
+    if float(info.get("uptime_in_seconds", 0)) < SETTLE_AFTER_RESTART:
+        return {}
+    if not r.set(f"agent:reconciled:{info.get('run_id')}", time.time(), nx=True, ex=86400):
+        return {}
+    quiet_since = time.time() + engine.settings.progress_timeout - QUIET_FOR
+    watched = {t.decode() for t in r.zrangebyscore("turns:watch", "-inf", quiet_since)}
+    if not watched:
+        return {}
+    named = turns_named_by_messages(r, QUEUES, TURN_TASKS) | set(engine.liveness.held_by_live_nodes().values())
+    done = {}
+    for turn_id in sorted(watched - named):
+        state = engine.store.load(turn_id)
+        if state is None or state.status.terminal or state.status == TurnStatus.awaiting_approval:
+            continue
+        done[turn_id] = engine.redrive(
+            turn_id, engine.settings.max_redrives, reason="no message after a Redis restart"
+        ).action
+    return done
 
 
 @app.task(name="tasks.watchdog.sweep", acks_late=True, throws=(TurnFailed,))
@@ -77,6 +116,7 @@ def sweep() -> dict:
         done.update(recover_node(engine, node))
     if dead:  # a heartbeat gone for a TTL: what the node fetched before then is nobody's now
         restore_orphans(engine, before=time.time() - engine.settings.liveness_ttl)
+    done.update(reconcile_after_restart(engine))
     for turn_id in engine.store.overdue():
         if turn_id not in done:
             done[turn_id] = engine.redrive(turn_id, limit).action

@@ -133,3 +133,18 @@ def test_a_message_fetched_by_a_process_that_died_is_given_back(stack, gateway, 
     assert not _redriven(stack.control, tid)  # given back, not re-driven
     # Held messages are not taken: a second pass finds nothing to give back.
     assert _python(stack, RESTORE) == "0"
+
+
+def test_a_message_lost_with_a_redis_crash_is_found_missing_after_the_restart(stack, gateway, script_name):
+    gateway.add_script(script_name, [{"output": [msg("found again")]}])
+    r = redis.Redis.from_url(stack.url)
+    tid = stack.control.enqueue({"agent_id": "sup-c", "input": "hi", "model": script_name})
+    assert r.lpop("turns")  # popped by a consumer whose next command found Redis gone
+    stack.redis.halt(kill=True)
+    stack.redis.restart()
+    stack.start_worker()
+    stack.start_beat()
+    view = stack.control.wait(tid, timeout=60)
+    assert view.final_output == "found again", view
+    reasons = [e["reason"] for e in _redriven(stack.control, tid)]
+    assert reasons == ["no message after a Redis restart"], reasons

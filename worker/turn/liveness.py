@@ -169,18 +169,18 @@ class Liveness:
             held, *_ = p.execute()
         return {_text(k): _text(v) for k, v in held.items()}
 
-    def held_by_live_nodes(self) -> set[str]:
-        """Task ids that some node with a live heartbeat holds (received, reserved or running)."""
+    def held_by_live_nodes(self) -> dict[str, str]:
+        """``task_id`` -> ``turn_id`` of what nodes with a live heartbeat hold (received, reserved or running)."""
         nodes = [_text(n) for n in self.r.smembers(NODES_KEY)]
         with self.r.pipeline(transaction=False) as p:
             for n in nodes:
                 p.exists(_alive_key(n))
-                p.hkeys(held_key(n))
+                p.hgetall(held_key(n))
             replies = p.execute()
-        held: set[str] = set()
-        for alive, keys in zip(replies[::2], replies[1::2], strict=True):
+        held: dict[str, str] = {}
+        for alive, tasks in zip(replies[::2], replies[1::2], strict=True):
             if alive:
-                held.update(_text(k) for k in keys)
+                held.update({_text(k): _text(v) for k, v in tasks.items()})
         return held
 
     def take_held_turns(self, node_id: str) -> set[str]:
