@@ -4,6 +4,7 @@ COPY pyproject.toml README.md ./
 COPY worker ./worker
 COPY tasks ./tasks
 COPY control ./control
+COPY devtools ./devtools
 COPY scripts ./scripts
 RUN pip install --no-cache-dir '.[monitor]' && useradd --create-home agent && mkdir -p /homes && chown agent /homes
 # MCP-backed skills: the model reaches MCP servers through run_command and the mcporter CLI, which needs

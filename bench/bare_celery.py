@@ -42,7 +42,7 @@ app.conf.update(
     worker_hijack_root_logger=False,
 )
 
-# One keep-alive pool per thread, as the runtime's model client (worker.model.client): httpcore's
+# One keep-alive pool per thread, as the runtime's model client (worker.model.responses): httpcore's
 # pool shared by hundreds of threads closes connections other threads use (encode/httpcore#1110).
 # One TLS context for all of them (httpx builds one per client otherwise: ~10 ms of CPU each).
 _local = threading.local()

@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from devtools.embedded_redis import EmbeddedRedis  # noqa: E402
 from devtools.hosted_endpoint import HostedEndpoint  # noqa: E402
+from devtools.scripted_gateway import ScriptedGateway  # noqa: E402
 from devtools.workers import worker_argv  # noqa: E402
-from worker.model.scripted_gateway import ScriptedGateway  # noqa: E402
 
 MODEL_TIMEOUT = 30.0
 STREAM = "0"

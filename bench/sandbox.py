@@ -9,6 +9,8 @@ alternation (pairs, because this VM's speed drifts between samples):
 
 Commands: ``true`` and a small pipeline (``seq 1 2000 | sort -r | head -3 | wc -l``).
 Printed: the median wall time of each, and the median of the paired ratios sandboxed / unsandboxed.
+Then the per-agent limits of issue 19 (the home's quota mount, the memory cgroup,
+the seccomp filter), each against the sandbox without them, and a home's first use.
 A last line isolates bubblewrap itself: ``bash -c true`` spawned directly vs the same inside
 ``bwrap`` with the sandbox's mounts (no tool around either).
 
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from worker.settings import Settings
 from worker.tooling.contract import AbortSignal, ToolContext
+from worker.tools.computer import homes
 from worker.tools.computer import sandbox as sb
 from worker.tools.computer.catalog import create_computer_tools
 from worker.turn.context import TurnContext
@@ -37,11 +40,21 @@ from worker.turn.context import TurnContext
 COMMANDS = {"true": "true", "pipeline": "seq 1 2000 | sort -r | head -3 | wc -l"}
 
 
-def make_runner(root: Path, sandbox: str, network: str = "none"):
-    home = root / "bench-agent"
+# Today's sandbox before the per-agent limits of issue 19, and each limit added on its own.
+LIMITS_OFF = {"home_quota_mb": 0, "command_memory_cgroup": False, "command_seccomp": False}
+VARIANTS = {
+    "home mount": {**LIMITS_OFF, "home_quota_mb": 64},
+    "memory cgroup": {**LIMITS_OFF, "command_memory_cgroup": True},
+    "seccomp": {**LIMITS_OFF, "command_seccomp": True},
+    "all three": {"home_quota_mb": 64, "command_memory_cgroup": True, "command_seccomp": True},
+}
+
+
+def make_runner(root: Path, sandbox: str, network: str = "none", agent: str = "bench-agent", **limits):
+    home = root / agent
     home.mkdir(parents=True, exist_ok=True)
-    settings = Settings(homes_root=root, command_sandbox=sandbox)
-    ctx = TurnContext(turn_id="b", agent_id="bench-agent", home=home, settings=settings, network=network)
+    settings = Settings(homes_root=root, command_sandbox=sandbox, home_image_preallocate=False, **limits)
+    ctx = TurnContext(turn_id="b", agent_id=agent, home=home, settings=settings, network=network)
     tool = {t.name: t for t in create_computer_tools(ctx)}["run_command"]
     tctx = ToolContext(turn_id="b", call_id="c", home=home, abort=AbortSignal())
 
@@ -61,6 +74,14 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=25)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-homes-"))
+    try:
+        run_all(root, args)
+    finally:
+        homes.release_all(root)  # every home image this run mounted
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_all(root: Path, args: argparse.Namespace) -> None:
     off, on, egress = make_runner(root, "off"), make_runner(root, "bwrap"), make_runner(root, "bwrap", "egress")
     for run in (off, on, egress):  # warm-up: probe, imports, page cache
         for command in COMMANDS.values():
@@ -81,6 +102,8 @@ def main() -> None:
             f"{statistics.median(r_on):>6.2f}x {statistics.median(t_eg) * 1e3:>8.2f} {statistics.median(r_eg):>6.2f}x"
         )
 
+    limits_costs(root, args.pairs)
+
     bash = shutil.which("bash") or "/bin/bash"
     bwrap = sb.find_bwrap(Settings())
     direct, wrapped, ratios = [], [], []
@@ -97,6 +120,39 @@ def main() -> None:
         f"bwrap alone: bash -c true {statistics.median(direct) * 1e3:.2f} ms, in bwrap "
         f"{statistics.median(wrapped) * 1e3:.2f} ms, ratio {statistics.median(ratios):.2f}x"
     )
+
+
+def limits_costs(root: Path, pairs: int) -> None:
+    """The per-agent limits of issue 19, each against today's sandbox without them, per command;
+    and the one-time cost of a home's first use (image made, formatted, mounted)."""
+    base = make_runner(root, "bwrap", agent="limits-base", **LIMITS_OFF)
+    runners = {
+        name: make_runner(root, "bwrap", agent=f"limits-{i}", **v) for i, (name, v) in enumerate(VARIANTS.items())
+    }
+    for run in (base, *runners.values()):
+        run("true")
+    print(f"\nper-agent limits per command (`true`), {pairs} alternating samples (ms, median; ratio to without)")
+    print(f"{'without limits':<16} {'':>8} ", end="")
+    t_base: list[float] = []
+    rows: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in VARIANTS}
+    for _ in range(pairs):
+        for name, run in runners.items():
+            a, b = base("true"), run("true")
+            t_base.append(a)
+            rows[name][0].append(b)
+            rows[name][1].append(b / a)
+    print(f"{statistics.median(t_base) * 1e3:>8.2f}")
+    for name, (times, ratios) in rows.items():
+        print(f"{'+ ' + name:<16} {'':>8} {statistics.median(times) * 1e3:>8.2f} {statistics.median(ratios):>6.2f}x")
+    settings = Settings(homes_root=root, home_quota_mb=64, home_image_preallocate=True)
+    firsts = []
+    for i in range(max(pairs // 5, 3)):
+        home = root / f"first-use-{i}"
+        t0 = time.perf_counter()
+        homes.provision(settings, home)
+        firsts.append(time.perf_counter() - t0)
+        homes.release(settings, home, delete=True)
+    print(f"first use of a home (64 MB image allocated, mkfs.ext4, mount): {statistics.median(firsts) * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

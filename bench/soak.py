@@ -79,7 +79,7 @@ class Gateway:
 
     def __init__(self, scripts: Path, log: Path, latency: float, logdir: Path):
         self.port = free_port()
-        self.cmd = [sys.executable, "-m", "worker.model.scripted_gateway", "--port", str(self.port),
+        self.cmd = [sys.executable, "-m", "devtools.scripted_gateway", "--port", str(self.port),
                     "--scripts", str(scripts), "--latency", str(latency), "--answer-log", str(log)]  # fmt: skip
         self.logdir = logdir
         self.proc: subprocess.Popen | None = None

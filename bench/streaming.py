@@ -35,9 +35,11 @@ class NullDispatcher:
         pass
 
     def services(self, request):
-        return {}
+        from worker.tooling.contract import ToolServices
 
-    def turn_finished(self, turn_id, hooks=True, status=None, error=None):
+        return ToolServices()
+
+    def turn_finished(self, turn_id):
         pass
 
 
@@ -52,8 +54,8 @@ def main() -> None:
     import redis
 
     from devtools.embedded_redis import EmbeddedRedis
-    from worker.model.client import ResponsesClient
-    from worker.model.scripted_gateway import ScriptedGateway
+    from devtools.scripted_gateway import ScriptedGateway
+    from worker.model.responses import ResponsesClient
     from worker.settings import Settings
     from worker.turn.engine import TurnEngine
     from worker.turn.request import TurnRequest

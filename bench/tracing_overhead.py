@@ -49,6 +49,7 @@ def noop_instrumentation_seconds(n: int = 20_000) -> float:
     the context around the next message) in a worker with tracing off (no SDK, no propagation)."""
     from worker.turn import telemetry
     from worker.turn.dispatch import PlannedCall
+    from worker.turn.state import CallResult
 
     telemetry.set_propagation(False)  # what tasks.telemetry does at worker_init when tracing is off
 
@@ -61,7 +62,7 @@ def noop_instrumentation_seconds(n: int = 20_000) -> float:
             telemetry.model_reply(span, "r", "completed", usage, 1)
         telemetry.planned_calls([call], {"call_1": 0})
         with telemetry.tool_call_span(call, "t", "a", 0, 0) as span:
-            telemetry.tool_outcome(span, {"output": "x"})
+            telemetry.tool_outcome(span, CallResult("x"))
         with telemetry.under_turn(tp):
             pass
     return (time.perf_counter() - t0) / n
@@ -74,7 +75,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from devtools.embedded_redis import EmbeddedRedis
-    from worker.model.scripted_gateway import ScriptedGateway
+    from devtools.scripted_gateway import ScriptedGateway
 
     redis_srv = EmbeddedRedis()
     base = redis_srv.start().rsplit("/", 1)[0]

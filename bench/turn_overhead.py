@@ -40,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from devtools.embedded_redis import EmbeddedRedis
-    from worker.model.scripted_gateway import ScriptedGateway
+    from devtools.scripted_gateway import ScriptedGateway
 
     redis_srv = EmbeddedRedis()
     url = redis_srv.start()

@@ -21,7 +21,7 @@ from control.errors import ControlPlaneError
 from tasks.dispatcher import CeleryDispatcher
 from worker.settings import get_settings, redact_url
 from worker.tools.toolsets import toolset_names
-from worker.turn import approvals, parking
+from worker.turn import approvals
 from worker.turn.engine import TurnEngine
 from worker.turn.request import TurnRefused, TurnRequest, TurnStatus
 from worker.turn.store import TurnStore
@@ -163,7 +163,7 @@ class ControlPlane:
         with _redis_errors(self.url):
             return [e for _, e in self.store.events(turn_id, after=after)]
 
-    def workflows(self) -> "WorkflowClient":
+    def workflows(self) -> WorkflowClient:
         """Workflow tasks and Brain pages (``control.workflow.WorkflowClient``)."""
         from control.workflow import WorkflowClient
 
@@ -212,7 +212,7 @@ class ControlPlane:
     def _decide(self, turn_id: str, call_id: str, decision: approvals.Decision, **kw: Any) -> dict[str, Any]:
         try:
             with _redis_errors(self.url):
-                rec, changed = parking.decide(self._engine, turn_id, call_id, decision, **kw)
+                rec, changed = self._engine.approvals.decide(turn_id, call_id, decision, **kw)
         except approvals.ApprovalError as exc:
             raise ControlPlaneError(str(exc)) from exc
         return {**rec.public(), "changed": changed}

@@ -24,20 +24,33 @@ CLI (against ``REDIS_URL``): ``python -m control.workflow_cli`` (``brain-add``, 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from control.errors import ControlPlaneError
 from worker.records.brain import BrainStore, Page
 from worker.records.workflow import TERMINAL, WorkflowService, WorkflowTask
+from worker.turn.store import TurnStore
 
-if TYPE_CHECKING:
-    from control.client import ControlPlane
+
+class TurnControl(Protocol):
+    """What ``WorkflowClient`` needs of the control plane (``control.client.ControlPlane``): its
+    turn store, and starting and cancelling turns."""
+
+    store: TurnStore
+
+    def enqueue(self, request: Any, turn_id: str | None = None) -> str:
+        """Start a turn; its id. Raises ``ControlPlaneError``."""
+        ...
+
+    def cancel(self, turn_id: str) -> bool:
+        """Ask a turn to stop. Raises ``ControlPlaneError`` for an unknown turn."""
+        ...
 
 
 class WorkflowClient:
     """Workflow and Brain operations for the control plane (see the module docstring)."""
 
-    def __init__(self, control: ControlPlane):
+    def __init__(self, control: TurnControl):
         self.control = control
         self.r = control.store.r
         self.service = WorkflowService(

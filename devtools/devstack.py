@@ -82,6 +82,11 @@ class Stack:
                     proc.wait()
         if self.redis is not None:
             self.redis.stop()
+        # The agent homes' quota images the workers mounted (worker/tools/computer/homes.py).
+        if os.environ.get("AGENT_HOMES_ROOT"):
+            from worker.tools.computer.homes import release_all
+
+            release_all(os.environ["AGENT_HOMES_ROOT"])
 
 
 def _wait_http(url: str, timeout: float = 15) -> None:
@@ -207,7 +212,7 @@ def start_stack(stack: Stack, demo: str) -> None:
             [
                 sys.executable,
                 "-m",
-                "worker.model.scripted_gateway",
+                "devtools.scripted_gateway",
                 "--port",
                 str(port),
                 "--scripts",
@@ -222,6 +227,8 @@ def start_stack(stack: Stack, demo: str) -> None:
     else:
         console.print(f"model gateway {os.environ['OPENAI_BASE_URL']} (model {os.environ.get('OPENAI_MODEL')})")
     os.environ.setdefault("AGENT_HOMES_ROOT", str(ROOT / "var" / "homes"))
+    # Development: sparse home images, so that each demo agent does not reserve its whole quota.
+    os.environ.setdefault("AGENT_HOME_IMAGE_PREALLOCATE", "0")
     stack.spans = _enable_demo_traces(stack)
     from worker.settings import get_settings
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from worker.model.scripted_gateway import ScriptedGateway
-from worker.model.sse_script import sse_events
+from devtools.scripted_gateway import ScriptedGateway
+from devtools.sse_script import sse_events
 
 
 class HostedEndpoint:

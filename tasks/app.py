@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from celery import Celery
 from celery.signals import worker_init
-from kombu import Queue
+from kombu.entity import Queue
 
 from tasks import telemetry  # noqa: F401  (signal handlers: trace context in headers, SDK setup)
 from tasks.metrics import prepare_multiprocess_dir

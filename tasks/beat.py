@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import redis
 from redbeat import RedBeatScheduler
@@ -23,7 +24,7 @@ RETRY_SECONDS = 1.0
 class ResilientRedBeatScheduler(RedBeatScheduler):
     """``RedBeatScheduler`` whose ``tick`` survives a Redis restart (see the module docstring)."""
 
-    def setup_schedule(self):
+    def setup_schedule(self) -> Any:
         """redbeat reads its entries from Redis at start: wait for Redis instead of exiting."""
         delay = RETRY_SECONDS
         while True:
@@ -34,7 +35,7 @@ class ResilientRedBeatScheduler(RedBeatScheduler):
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def tick(self, *args, **kwargs):
+    def tick(self, *args: Any, **kwargs: Any) -> Any:
         """One scheduler pass; returns seconds until the next. Never raises for a Redis outage."""
         try:
             return super().tick(*args, **kwargs)

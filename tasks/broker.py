@@ -186,11 +186,11 @@ class Channel(kombu_redis.Channel):
         # and the watchdog re-drives their turns long before (``tasks.liveness``).
         if self.connection is None or getattr(self.connection, "client", None) is None:
             raise redis.ConnectionError("the broker connection is closed")
-        return super()._connparams(asynchronous=asynchronous)
+        return dict(super()._connparams(asynchronous=asynchronous))
 
     def _brpop_read(self, **options: Any) -> bool:
         try:
-            return super()._brpop_read(**options)
+            return bool(super()._brpop_read(**options))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             # The item was already popped (BRPOP): nothing to give back. The rotation to the
             # next queue happened before decoding, so the other queues keep their turn.

@@ -9,7 +9,6 @@ result backend for every message.
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from typing import Any, Callable
 
 from celery import chain, group
@@ -18,6 +17,7 @@ from kombu.exceptions import OperationalError
 from tasks.app import app
 from tasks.services import turn_services
 from worker.settings import get_settings
+from worker.tooling.contract import ToolServices
 from worker.turn.dispatch import Batch
 from worker.turn.outage import BrokerUnavailable, until_redis_answers
 from worker.turn.request import TurnRequest
@@ -25,26 +25,6 @@ from worker.turn.request import TurnRequest
 TURN_STEP = "tasks.turns.turn_step"
 TOOL_CALL = "tasks.turns.tool_call"
 TURN_FINISHED = "tasks.turns.turn_finished"
-
-# The turn that ended during the current task, if any (a task runs in one thread: a context variable).
-_ENDED_HERE: ContextVar[str | None] = ContextVar("agent_turn_ended_here", default=None)
-
-
-# How that turn ended: ``(status, error)``, when the engine said (saves reading the turn back).
-_ENDED_AS: ContextVar[tuple[Any, str | None] | None] = ContextVar("agent_turn_ended_as", default=None)
-
-
-def ended_here(reset: bool = True) -> str | None:
-    """The id of the turn whose end was reported during the current task (and forget it)."""
-    turn_id = _ENDED_HERE.get()
-    if reset and turn_id is not None:
-        _ENDED_HERE.set(None)
-    return turn_id
-
-
-def ended_as() -> tuple[Any, str | None] | None:
-    """``(TurnStatus, error)`` of the turn that ended during the current task, if the engine said."""
-    return _ENDED_AS.get()
 
 
 def _publish(send: Callable[[], Any], what: str, *, wait: bool) -> None:
@@ -73,7 +53,7 @@ class CeleryDispatcher:
     - a model step: ``turn_step`` on the turn's queue (``turns``, ``background`` or ``workflow``);
     - a parallel batch: a ``group`` of ``tool_call`` tasks on ``tools``;
     - a sequential batch: a ``chain`` of ``tool_call`` tasks on ``tools`` (one after another).
-    No chord: the barrier is the turn store's (DESIGN-NOTES section 1).
+    No chord: the barrier is the turn store's (docs/architecture.md, "Batches").
     """
 
     def __init__(self, broker_url: str | None = None):
@@ -124,16 +104,12 @@ class CeleryDispatcher:
             send = chain(*sigs).apply_async
         _publish(send, f"calls of step {step} of {turn_id}", wait=self._wait)
 
-    def turn_finished(self, turn_id: str, hooks: bool = True, status: Any = None, error: str | None = None) -> None:
-        """Note that the turn ended in the current task (``ended_here``: the task reports a failed turn
-        as FAILURE) and, when it has end hooks (``hooks``), send ``turn_finished(turn_id)`` to ``turns``."""
-        _ENDED_HERE.set(turn_id)
-        _ENDED_AS.set((status, error) if status is not None else None)
-        if hooks:
-            sig = app.signature(TURN_FINISHED, (turn_id,))
-            options = {"queue": "turns", "ignore_result": True, "argsrepr": f"turn={turn_id}"}
-            _publish(lambda: sig.apply_async(**options, **self._options()), f"end of {turn_id}", wait=self._wait)
+    def turn_finished(self, turn_id: str) -> None:
+        """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""
+        sig = app.signature(TURN_FINISHED, (turn_id,))
+        options = {"queue": "turns", "ignore_result": True, "argsrepr": f"turn={turn_id}"}
+        _publish(lambda: sig.apply_async(**options, **self._options()), f"end of {turn_id}", wait=self._wait)
 
-    def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
-        """Turn-scoped callables for tool creators (``tasks.services.turn_services``)."""
-        return turn_services(request)
+    def services(self, request: TurnRequest) -> ToolServices:
+        """The edge's tool services (``tasks.services.turn_services``)."""
+        return turn_services()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from worker.turn.engine import TurnEngine
-from worker.turn.store import TurnState
+from worker.turn.state import TurnState
 
 
 def on_turn_finished(engine: TurnEngine, state: TurnState) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def on_turn_finished(engine: TurnEngine, state: TurnState) -> dict[str, Any]:
 
 
 def _workflow_attempt_finished(engine: TurnEngine, state: TurnState, meta: dict[str, Any]) -> dict[str, Any]:
-    """Commit or fail a workflow task attempt (DESIGN-NOTES section 7; ``worker.records.workflow``).
+    """Commit or fail a workflow task attempt (docs/architecture.md, "Workflow tasks"; ``worker.records.workflow``).
 
     A turn that terminated through ``submit_result`` commits only if the
     submitted value validates again against the schema persisted on the task

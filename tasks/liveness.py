@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
 import redis
 from celery.signals import task_postrun, task_received, worker_init, worker_shutdown
@@ -70,7 +71,7 @@ def _heartbeat(node: str, records: liveness.Liveness) -> None:
 
 
 @worker_init.connect
-def _start_heartbeat(sender=None, **_: object) -> None:
+def _start_heartbeat(sender: Any = None, **_: object) -> None:
     global _in_process
     from celery.concurrency.prefork import TaskPool as PreforkPool
 
@@ -96,7 +97,7 @@ def _retire(**_: object) -> None:
 
 
 @task_received.connect
-def _hold(request=None, **_: object) -> None:
+def _hold(request: Any = None, **_: object) -> None:
     if request is None or request.name not in TURN_TASKS or not request.args:
         return
     if _in_process:
@@ -111,7 +112,7 @@ def _hold(request=None, **_: object) -> None:
 
 
 @task_postrun.connect
-def _release(task_id=None, task=None, **_: object) -> None:
+def _release(task_id: Any = None, task: Any = None, **_: object) -> None:
     if task is None or task.name not in TURN_TASKS:
         return
     if _in_process:

@@ -27,7 +27,7 @@ log = logging.getLogger("agent.metrics")
 _state: dict[str, Any] = {"dir": None, "server": None}
 
 
-def metrics_port(env: dict[str, str] | os._Environ | None = None) -> int:
+def metrics_port(env: dict[str, str] | os._Environ[str] | None = None) -> int:
     """``AGENT_METRICS_PORT`` as an int (0 when unset). Raises ``ValueError`` naming it when malformed."""
     raw = (os.environ if env is None else env).get("AGENT_METRICS_PORT", "").strip() or "0"
     try:
@@ -56,7 +56,7 @@ def prepare_multiprocess_dir() -> None:
             # Already imported (e.g. by the Flower plugin the celery CLI loads): the value class was
             # chosen without the directory. Metrics created from now on (worker.turn.metrics is
             # imported with the task modules, later) take the multiprocess one.
-            values.ValueClass = values.get_value_class()
+            setattr(values, "ValueClass", values.get_value_class())  # noqa: B010 (not in its stubs)
 
 
 class TurnsInFlight:

@@ -12,7 +12,7 @@ import threading
 import redis
 
 from tasks.dispatcher import CeleryDispatcher
-from worker.model.client import ResponsesClient
+from worker.model.responses import ResponsesClient
 from worker.settings import get_settings
 from worker.tools.skills import skills_instructions
 from worker.tools.toolsets import toolset_resolver

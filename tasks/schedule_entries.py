@@ -28,7 +28,7 @@ def entry_key(schedule_id: str) -> str:
     """Redis key of the schedule's redbeat entry (``redbeat:agent-schedule:<id>``)."""
     from redbeat.schedulers import ensure_conf
 
-    return ensure_conf(app).key_prefix + entry_name(schedule_id)
+    return str(ensure_conf(app).key_prefix) + entry_name(schedule_id)
 
 
 def _celery_schedule(record: dict[str, Any]) -> Any:

@@ -28,6 +28,7 @@ import fcntl
 import json
 import logging
 import os
+from contextvars import Token
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -51,10 +52,10 @@ log = logging.getLogger("agent.telemetry")
 
 _TRACER = trace.get_tracer("agent.tasks")
 _state: dict[str, Any] = {"provider": None}
-_spans: dict[str, tuple[trace.Span, object]] = {}
+_spans: dict[str, tuple[trace.Span, Token[otel_context.Context]]] = {}
 
 
-def tracing_exporters(env: dict[str, str] | os._Environ, settings: Settings) -> list[str]:
+def tracing_exporters(env: dict[str, str] | os._Environ[str], settings: Settings) -> list[str]:
     """The exporters the environment asks for (``otlp``, ``console``, ``file``); empty: tracing off.
 
     Raises ``ValueError`` naming ``OTEL_TRACES_EXPORTER`` for an exporter this worker does not ship.
@@ -123,7 +124,7 @@ def _id_generator() -> Any:
     return TurnIdGenerator()
 
 
-def configure_tracing(env: dict[str, str] | os._Environ | None = None, settings: Settings | None = None) -> bool:
+def configure_tracing(env: dict[str, str] | os._Environ[str] | None = None, settings: Settings | None = None) -> bool:
     """Install the SDK's tracer provider when the environment asks for tracing; True if it did.
 
     Raises ``ValueError`` for an unsupported ``OTEL_TRACES_EXPORTER``.
@@ -147,6 +148,7 @@ def configure_tracing(env: dict[str, str] | os._Environ | None = None, settings:
         elif name == "console":
             exporter = ConsoleSpanExporter()
         else:
+            assert settings.otel_file is not None  # "file" is chosen only with AGENT_OTEL_FILE set
             exporter = JsonLinesSpanExporter(settings.otel_file)
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)

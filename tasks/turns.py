@@ -5,46 +5,56 @@ turn store. Neither task ever waits on another (no ``.get()``).
 
 The task during which a turn ends with a failure status (``TurnStatus.failure``) raises
 ``TurnFailed`` after everything is recorded, so that monitors see the failure (Flower's
-FAILURE state and Failed filter, ``task-failed`` events). It is an expected exception
-(``throws``): logged in one line, and the message is acknowledged, never retried.
+FAILURE state and Failed filter, ``task-failed`` events). The engine says so in the step's
+return value (``StepOutcome.ended``). ``TurnFailed`` is an expected exception (``throws``):
+logged in one line, and the message is acknowledged, never retried.
+
+A retryable model-gateway error is retried with exponential backoff and jitter
+(``retry_delay``: docs/architecture.md, "Retries").
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, TypeVar
+import random
+from typing import Any, Callable, TypeVar
 
 from tasks.app import app
-from tasks.dispatcher import ended_as, ended_here
 from tasks.runtime import get_engine
-from worker.model.client import GatewayError
+from worker.model.interface import GatewayError
 from worker.settings import get_settings
 from worker.turn.outage import OUTAGE_ERRORS, until_redis_answers
+from worker.turn.outcome import StepOutcome
 from worker.turn.request import TurnStatus
 
 log = logging.getLogger("agent.tasks")
 T = TypeVar("T")
 
 MAX_MODEL_RETRIES = 5
+MAX_RETRY_DELAY = 60.0  # seconds
 
 
 class TurnFailed(Exception):
     """The turn this task worked on ended with a failure status; the message names the status and reason."""
 
 
-def _report(turn_id: str, result: dict) -> dict:
-    # Raise when this very task ended the turn with a failure status (ended_here is set by the dispatcher).
-    if ended_here() != turn_id:
-        return result
-    told = ended_as()
-    if told is not None:
-        status, error = told
-    else:
-        state = get_engine().store.load(turn_id)
-        status, error = (state.status, state.error) if state is not None else (None, None)
-    if status is not None and status.failure:
-        raise TurnFailed(f"turn {turn_id} ended {status.value}: {error or ''}".strip())
-    return result
+def retry_delay(retries: int, rand: Callable[[], float] = random.random) -> float:
+    """Seconds before model-call retry ``retries + 1``: half of ``min(60, 2**retries)`` plus a random
+    part of the other half ("equal jitter"), so that turns failing together (a gateway outage) do
+    not all retry in the same second, and every retry still waits at least half its backoff."""
+    cap = min(MAX_RETRY_DELAY, float(2**retries))
+    return round(cap / 2 + rand() * cap / 2, 3)
+
+
+def _report(turn_id: str, outcome: StepOutcome) -> dict[str, Any]:
+    """The task's result; raises ``TurnFailed`` when this very step or call ended the turn failed."""
+    if outcome.ended is not None and outcome.ended.status.failure:
+        _fail_task(turn_id, outcome.ended.status, outcome.ended.error)
+    return {"action": outcome.action, "detail": outcome.detail}
+
+
+def _fail_task(turn_id: str, status: TurnStatus, error: str | None) -> None:
+    raise TurnFailed(f"turn {turn_id} ended {status.value}: {error or ''}".strip())
 
 
 def _through_outages(run: Callable[[], T], what: str) -> T:
@@ -55,17 +65,24 @@ def _through_outages(run: Callable[[], T], what: str) -> T:
     return until_redis_answers(run, what=what, timeout=get_settings().redis_outage_timeout)
 
 
+def _fail_turn(turn_id: str, error: str) -> dict[str, Any]:
+    """End the turn ``failed`` with ``error``; raises ``TurnFailed`` when it ended here."""
+    engine = get_engine()
+    if _through_outages(lambda: engine.fail_turn(turn_id, TurnStatus.failed, error), f"turn {turn_id}"):
+        _fail_task(turn_id, TurnStatus.failed, error)
+    return {"action": "failed"}
+
+
 @app.task(name="tasks.turns.turn_step", bind=True, acks_late=True, max_retries=MAX_MODEL_RETRIES, throws=(TurnFailed,))
-def turn_step(self, turn_id: str, step: int) -> dict:
+def turn_step(self: Any, turn_id: str, step: int) -> dict[str, Any]:
     """Run model step ``step`` of ``turn_id``; retried with backoff on retryable gateway errors."""
     engine = get_engine()
-    ended_here()  # forget an end seen by an earlier task of this process
     try:
         outcome = _through_outages(lambda: engine.run_step(turn_id, step), f"turn {turn_id} step {step}")
     except GatewayError as exc:
         error = str(exc)
         if self.request.retries < MAX_MODEL_RETRIES:
-            delay = min(60, 2**self.request.retries)
+            delay = retry_delay(self.request.retries)
 
             def note_retry() -> None:
                 engine.store.event(turn_id, "model_retry", step=step, error=error[:300], in_s=delay)
@@ -74,11 +91,7 @@ def turn_step(self, turn_id: str, step: int) -> dict:
 
             _through_outages(note_retry, f"turn {turn_id} step {step}")
             raise self.retry(exc=exc, countdown=delay) from exc
-        _through_outages(
-            lambda: engine.fail_turn(turn_id, TurnStatus.failed, f"model gateway failed after retries: {error}"),
-            f"turn {turn_id}",
-        )
-        return _report(turn_id, {"action": "failed"})
+        return _fail_turn(turn_id, f"model gateway failed after retries: {error}")
     except OUTAGE_ERRORS as exc:
         # Redis stayed away longer than redis_outage_timeout: the turn's state is fine; the
         # watchdog re-drives the step once Redis is back.
@@ -86,9 +99,8 @@ def turn_step(self, turn_id: str, step: int) -> dict:
         raise
     except Exception as exc:  # never leave a turn hanging on a bug: end it with the reason
         log.exception("turn %s step %s crashed", turn_id, step)
-        engine.fail_turn(turn_id, TurnStatus.failed, f"internal error in step {step}: {exc.__class__.__name__}: {exc}")
-        return _report(turn_id, {"action": "failed"})
-    return _report(turn_id, {"action": outcome.action, "detail": outcome.detail})
+        return _fail_turn(turn_id, f"internal error in step {step}: {exc.__class__.__name__}: {exc}")
+    return _report(turn_id, outcome)
 
 
 _limit = get_settings().tool_time_limit
@@ -97,17 +109,16 @@ _limit = get_settings().tool_time_limit
 @app.task(
     name="tasks.turns.tool_call", acks_late=True, soft_time_limit=_limit, time_limit=_limit + 30, throws=(TurnFailed,)
 )
-def tool_call(turn_id: str, step: int, call_id: str) -> dict:
+def tool_call(turn_id: str, step: int, call_id: str) -> dict[str, Any]:
     """Run one tool call of step ``step``; the last call of a batch advances the turn. A Redis
     outage is waited out (the call's result is kept until stored: ``worker.turn.outage``)."""
-    ended_here()
     engine = get_engine()
     outcome = _through_outages(lambda: engine.run_call(turn_id, step, call_id), f"call {call_id} of turn {turn_id}")
-    return _report(turn_id, {"action": outcome.action, "detail": outcome.detail})
+    return _report(turn_id, outcome)
 
 
 @app.task(name="tasks.turns.turn_finished", acks_late=True)
-def turn_finished(turn_id: str) -> dict:
+def turn_finished(turn_id: str) -> dict[str, Any]:
     """Run the control-plane hooks of a turn that ended (workflow commit, background job status)."""
     from tasks.hooks import on_turn_finished
 

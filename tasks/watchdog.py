@@ -1,7 +1,7 @@
 """The watchdog, run by celery beat every ``Settings.watchdog_interval`` seconds:
 
 - rejects tool calls nobody approved before their approval deadline
-  (``worker.turn.parking.expire``), which resumes their turns;
+  (``worker.turn.gate.ApprovalGate.expire``), which resumes their turns;
 - re-drives every turn held by a worker node whose heartbeat stopped (``tasks.liveness``): a
   killed worker's turns recover within about ``2 * liveness_ttl``, not after the broker's
   ``visibility_timeout``; a node's supervisor that sees its process exit calls ``recover_node``
@@ -29,7 +29,6 @@ from tasks.liveness import TURN_TASKS
 from tasks.runtime import get_engine
 from tasks.turns import TurnFailed
 from worker.turn.engine import TurnEngine
-from worker.turn.parking import expire
 from worker.turn.request import TurnStatus
 
 
@@ -103,13 +102,13 @@ def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
 
 
 @app.task(name="tasks.watchdog.sweep", acks_late=True, throws=(TurnFailed,))
-def sweep() -> dict:
+def sweep() -> dict[str, str]:
     """Re-drive every overdue turn once; returns ``{turn_id: action}``. Raises ``TurnFailed``
     (after everything is done) when it failed turns that made no progress."""
     engine = get_engine()
     limit = engine.settings.max_redrives
-    done = {}
-    for turn_id, n in expire(engine).items():  # before the re-drives: an expiry resumes the turn
+    done: dict[str, str] = {}
+    for turn_id, n in engine.approvals.expire().items():  # before the re-drives: an expiry resumes the turn
         done[turn_id] = f"{n} approvals expired"
     dead = engine.liveness.dead_nodes()
     for node in dead:

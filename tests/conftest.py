@@ -24,7 +24,7 @@ _state: dict = {}
 
 def pytest_configure(config):
     from devtools.embedded_redis import EmbeddedRedis
-    from worker.model.scripted_gateway import ScriptedGateway
+    from devtools.scripted_gateway import ScriptedGateway
 
     _state["started"] = time.time()
     url = control_url = os.environ.get("TEST_REDIS_URL")
@@ -63,6 +63,10 @@ def pytest_configure(config):
             # The command egress proxy may reach the local web server's port only (test-only
             # setting, for the positive egress test); every other loopback port stays refused.
             "AGENT_TEST_ONLY_EGRESS_LOOPBACK_PORTS": str(web.httpd.server_address[1]),
+            # Every home the suite makes is a real quota mount (loop-mounted ext4), small and sparse
+            # (the disk-fill attack test allocates its own whole); unmounted at the end (below).
+            "AGENT_HOME_QUOTA_MB": "64",
+            "AGENT_HOME_IMAGE_PREALLOCATE": "0",
         }
     )
     _state["homes"] = homes
@@ -71,12 +75,33 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     for proc in _state.get("workers", []):
         stop_process(proc)
+    release_mounts(
+        _state.get("homes"), config._tmp_path_factory.getbasetemp() if hasattr(config, "_tmp_path_factory") else None
+    )
     if "gateway" in _state:
         _state["gateway"].stop()
     if "web" in _state:
         _state["web"].stop()
     if "redis" in _state:
         _state["redis"].stop()
+
+
+def release_mounts(*roots: Path | None) -> None:
+    """Unmount every home image mounted under ``roots`` (lazily: never fails on a busy one; the
+    loop device goes with its last user)."""
+    from worker.tools.computer.homes import release_all
+
+    for root in roots:
+        if root is not None:
+            release_all(root)
+
+
+@pytest.fixture(autouse=True)
+def _unmount_test_homes(request):
+    """Homes a test made under its ``tmp_path`` are unmounted after it, whatever its outcome."""
+    path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    release_mounts(path)
 
 
 def stop_process(proc: subprocess.Popen) -> None:

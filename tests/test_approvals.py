@@ -240,7 +240,7 @@ def test_forged_tool_call_message_never_runs_an_undecided_call(control, gateway,
     """Attack: a tool_call message for a call that awaits approval (forged, or a stale
     redelivery) must not run it. Staged in-process with the real engine and Redis."""
     from tests.test_idempotency import RecordingDispatcher
-    from worker.model.client import ResponsesClient
+    from worker.model.responses import ResponsesClient
     from worker.settings import Settings
     from worker.tools.toolsets import toolset_resolver
     from worker.turn.engine import TurnEngine

@@ -1,4 +1,4 @@
-"""Per-turn assembly differs by the turn's context exactly as the spec says."""
+"""Per-turn assembly differs by the turn's context as docs/architecture.md ("Which files a change takes") says."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 import redis as redis_lib
 
 from worker.settings import Settings
+from worker.tooling.contract import ToolServices
 from worker.tools.assembly import text_turn_tools, workflow_task_tools
 from worker.turn.context import TurnContext
 from worker.turn.request import TurnSupports
@@ -34,12 +35,12 @@ def ctx(tmp_path, redis_url):
             settings=Settings(**(WEB if web else NO_WEB)),
             supports=TurnSupports(spawn_jobs=spawn_jobs, brain=brain),
             redis=redis_lib.Redis.from_url(redis_url),
-            services={
-                "enqueue_turn": lambda request: "turn-id",
-                "cancel_turn": lambda turn_id: True,
-                "save_schedule_entry": lambda *a, **k: None,
-                "delete_schedule_entry": lambda *a, **k: None,
-            },
+            services=ToolServices(
+                enqueue_turn=lambda request, turn_id=None: "turn-id",
+                cancel_turn=lambda turn_id: True,
+                save_schedule_entry=lambda record: None,
+                delete_schedule_entry=lambda schedule_id: None,
+            ),
             metadata={"result_schema": SCHEMA, "workflow_task_id": "w1"},
             workflow_task=workflow_task,
         )

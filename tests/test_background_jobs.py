@@ -205,15 +205,16 @@ def test_job_cancel_stops_a_running_job(control, gateway, script_name, agent_id,
 
 def test_job_tools_absent_without_spawn_jobs(control, gateway, script_name, agent_id, homes_root):
     from worker.settings import get_settings
+    from worker.tooling.contract import ToolServices
     from worker.tools.assembly import text_turn_tools
     from worker.turn.context import TurnContext
     from worker.turn.request import TurnSupports
 
-    services = {
-        "enqueue_turn": lambda *a: "t",
-        "save_schedule_entry": lambda r: None,
-        "delete_schedule_entry": lambda s: None,
-    }
+    services = ToolServices(
+        enqueue_turn=lambda request, turn_id=None: "t",
+        save_schedule_entry=lambda r: None,
+        delete_schedule_entry=lambda s: None,
+    )
 
     def names(spawn):
         ctx = TurnContext(
@@ -231,7 +232,7 @@ def test_job_tools_absent_without_spawn_jobs(control, gateway, script_name, agen
     jobs = ["job_start", "job_status", "job_list", "job_cancel"]
     assert [n for n in with_jobs if n in jobs] == jobs
     assert not set(jobs) & set(without)
-    # Spec order: ... schedule tools, then background job tools.
+    # Catalog order: ... schedule tools, then background job tools.
     assert with_jobs.index("schedule_cancel") < with_jobs.index("job_start")
     assert "schedule_create" in without
 

@@ -11,7 +11,7 @@ import redis
 
 from worker.records.brain import BrainError, BrainStore, Page, rank, snippet, tokenize
 from worker.settings import Settings
-from worker.tooling.contract import AbortSignal, ToolContext
+from worker.tooling.contract import AbortSignal, ToolContext, ToolServices
 from worker.tools.brain import GetPageParams, RecallParams, create_brain_tools
 from worker.turn.context import TurnContext
 from worker.turn.request import TurnSupports
@@ -38,7 +38,12 @@ def tools(brain: bool = True):
 
 def tctx(r, agent):
     return ToolContext(
-        turn_id="t1", call_id="c1", home=Path("/tmp"), abort=AbortSignal(), agent_id=agent, services={"redis": r}
+        turn_id="t1",
+        call_id="c1",
+        home=Path("/tmp"),
+        abort=AbortSignal(),
+        agent_id=agent,
+        services=ToolServices(redis=r),
     )
 
 

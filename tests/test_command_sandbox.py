@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -78,35 +78,46 @@ def test_proxy_vets_like_web_fetch():
         loop.close()
 
 
-def test_process_limit_counts_only_the_sandbox():
-    """RLIMIT_NPROC set inside the sandbox's user namespace ignores the uid's processes outside it.
+def test_process_limit_counts_one_agent(tmp_path):
+    """The process cap (``AGENT_COMMAND_MAX_PROCESSES``) counts this agent's processes only.
 
-    As root the test runs as uid 65534 (the kernel exempts uid 0 from RLIMIT_NPROC). 20 processes
-    of that uid outside a sandbox limited to 12 do not stop 6 inside; 30 inside are refused.
+    A root worker runs each agent as its own uid, so RLIMIT_NPROC counts that agent: 20 processes
+    of another uid do not stop 6 inside a command capped at 12; 30 inside are refused. Every
+    process lives until its command ends (no timing: the count cannot drop while the loop runs),
+    and the uids are this test's own (no other suite's processes count).
     """
-    bwrap = sandbox.find_bwrap(Settings())
-    as_root = os.geteuid() == 0
+    from worker.tooling.contract import AbortSignal, ToolContext
+    from worker.tools.computer import homes
+    from worker.tools.computer.catalog import create_computer_tools
+    from worker.turn.context import TurnContext
 
-    def drop() -> None:
-        if as_root:
-            os.setgroups([])
-            os.setresgid(65534, 65534, 65534)
-            os.setresuid(65534, 65534, 65534)
+    home = tmp_path / f"np-{uuid.uuid4().hex[:8]}"
+    settings = Settings(command_max_processes=12)
+    agent = homes.provision(settings, home)
+    ctx = TurnContext(turn_id="t", agent_id=home.name, home=home, settings=settings)
+    tool = {t.name: t for t in create_computer_tools(ctx)}["run_command"]
 
-    outside = [subprocess.Popen(["sleep", "60"], preexec_fn=drop) for _ in range(20)]
+    def inside(n: int) -> str:
+        spawn = f"i=0; while [ $i -lt {n} ]; do sleep 600 & i=$((i+1)); done; echo spawned-{n}"
+        r = tool.execute(
+            tool.input_model(command=f"exec /bin/sh -c '{spawn}'", timeout_seconds=60),  # sh: no fork retries
+            ToolContext(turn_id="t", call_id="c", home=home, abort=AbortSignal()),
+        )
+        return r.content
+
+    other = None
+    if os.geteuid() == 0:
+        assert agent.uid is not None
+        other = agent.uid + 1 if agent.uid + 1 < settings.uid_base + settings.uid_count else agent.uid - 1
+    outside = [
+        subprocess.Popen(["sleep", "600"], user=other, group=other, extra_groups=[] if other is not None else None)
+        for _ in range(20)
+    ]
     try:
-
-        def inside(n: int) -> str:
-            spawn = f"i=0; while [ $i -lt {n} ]; do sleep 3 & i=$((i+1)); done; echo spawned-{n}"
-            argv = [bwrap, *sandbox.core_args(), "--chdir", "/tmp", "--"]
-            argv += [shutil.which("bash") or "/bin/bash", "-c", f"ulimit -u 12 && exec /bin/sh -c '{spawn}'"]
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, preexec_fn=drop, env={})
-            return proc.stdout + proc.stderr
-
         out = inside(6)
         assert "spawned-6" in out and "fork" not in out.lower(), out
         out = inside(30)
-        assert "fork" in out.lower(), out
+        assert "fork" in out.lower() and "spawned-30" not in out, out
     finally:
         for p in outside:
             p.kill()
@@ -193,4 +204,9 @@ def test_no_nested_user_namespaces_and_no_capabilities(tmp_path):
     assert "userns=1" in r.content
     for cap in ("CapEff", "CapPrm", "CapBnd"):
         assert f"{cap}:\t0000000000000000" in r.content
-    assert "\n1000\nagent\n" in r.content
+    settings = Settings()
+    uid = int(r.content.split("\nagent\n")[0].rsplit("\n", 1)[1])
+    if os.geteuid() == 0:  # a root worker: the agent's own unprivileged uid, never root
+        assert settings.uid_base <= uid < settings.uid_base + settings.uid_count
+    else:
+        assert uid == sandbox.SANDBOX_UID

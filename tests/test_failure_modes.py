@@ -10,8 +10,9 @@ import orjson
 import pytest
 
 from tests.support.scripts import fc, msg
-from worker.model.client import GatewayError, parse_response
+from worker.model.interface import GatewayError
 from worker.model.items import normalize_reply_calls, unanswered_call_ids
+from worker.model.responses import parse_response
 from worker.turn.request import TurnStatus
 
 
@@ -85,7 +86,7 @@ def test_give_up_answers_every_call_and_hooks_are_resent(redis_url, gateway, scr
     import redis as redis_lib
 
     from tests.test_idempotency import RecordingDispatcher
-    from worker.model.client import ResponsesClient
+    from worker.model.responses import ResponsesClient
     from worker.settings import Settings
     from worker.tools.toolsets import toolset_resolver
     from worker.turn.engine import TurnEngine
@@ -129,7 +130,7 @@ def test_plain_turn_sends_no_end_hooks(redis_url, gateway, script_name):
     import redis as redis_lib
 
     from tests.test_idempotency import RecordingDispatcher
-    from worker.model.client import ResponsesClient
+    from worker.model.responses import ResponsesClient
     from worker.settings import Settings
     from worker.tools.toolsets import toolset_resolver
     from worker.turn.engine import TurnEngine
@@ -175,3 +176,14 @@ def test_dead_redis_after_connect_is_a_control_plane_error():
         cp.status("x")
     with pytest.raises(ControlPlaneError):
         cp.enqueue({"input": "go"})
+
+
+def test_model_call_retries_back_off_with_jitter():
+    """Equal jitter: retry n waits between half and all of min(60, 2**n) seconds, spread at random,
+    so turns that failed together (a gateway outage) do not all retry in the same second."""
+    from tasks.turns import retry_delay
+
+    assert [retry_delay(n, rand=lambda: 0.0) for n in range(8)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert [retry_delay(n, rand=lambda: 1.0) for n in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    spread = {retry_delay(4) for _ in range(50)}
+    assert len(spread) > 10 and all(8 <= d <= 16 for d in spread)

@@ -10,9 +10,10 @@ import orjson
 import pytest
 import redis
 
+from worker.turn.dispatch import Plan
 from worker.turn.guard import Writes
 from worker.turn.request import TurnRefused, TurnStatus
-from worker.turn.state import StaleStep, key
+from worker.turn.state import CallResult, StaleStep, key
 from worker.turn.store import FINISHING_KEY, TurnStore
 
 
@@ -43,7 +44,7 @@ def test_stale_step_or_phase_writes_nothing(store):
     tid = _new(store)
     before = _snapshot(store, tid)
     with pytest.raises(StaleStep, match="turn is at step 0/model, not 1/model"):
-        store.begin_tools(tid, 1, [{"type": "message"}], [], [], {}, {})
+        store.begin_tools(tid, 1, [{"type": "message"}], Plan([], []), {}, {})
     with pytest.raises(StaleStep, match="turn is at step 0/model, not 0/tools"):
         store.finish_tools(tid, 0, [{"type": "function_call_output"}])
     assert _snapshot(store, tid) == before
@@ -62,7 +63,9 @@ def test_ended_turn_is_fenced_out_and_unknown_turn_refused(store):
 
 def test_allowed_transition_writes_everything_once(store):
     tid = _new(store)
-    store.begin_tools(tid, 0, [{"type": "message", "n": 1}], [], [], {}, {"t": 1}, events=[("call_planned", {"x": 1})])
+    store.begin_tools(
+        tid, 0, [{"type": "message", "n": 1}], Plan([], []), {}, {"t": 1}, events=[("call_planned", {"x": 1})]
+    )
     st = store.load(tid)
     assert (st.step, st.phase, st.model_calls, st.invalid_counts) == (0, "tools", 1, {"t": 1})
     assert store.items(tid)[-1] == {"type": "message", "n": 1}
@@ -96,8 +99,8 @@ def test_long_argument_lists_pass_luas_unpack_limit(store):
     items = [{"type": "message", "i": i} for i in range(20_000)]
     tid = _new(store, items=items)
     assert len(store.items(tid)) == 20_000
-    results = {f"c{i}": {"output": "x"} for i in range(6_000)}
-    store.begin_tools(tid, 0, items, [], [], results, {})
+    results = {f"c{i}": CallResult("x") for i in range(6_000)}
+    store.begin_tools(tid, 0, items, Plan([], []), results, {})
     assert len(store.items(tid)) == 40_000
     assert store.r.hlen(key(tid, "results", 0)) == 6_000
     assert store.items(tid)[-1] == {"type": "message", "i": 19_999}
@@ -176,12 +179,12 @@ def test_turn_started_event_keeps_its_shape_for_any_agent_id(store):
     for agent in ('q"uo\\te', "ü-日本", "a"):
         tid = uuid.uuid4().hex
         store.create(tid, {"agent_id": agent, "input": "x"}, [])
-        view = store.begin_step(tid, 0, "owner-1", 30, "agent:node:test:tasks")
+        view = store.claims.begin_step(tid, 0, "owner-1", 30, "agent:node:test:tasks")
         assert view.claim.tried and view.claim.holder is None and view.claim.started
         assert view.state.status == TurnStatus.running
         started = [e for _, e in store.events(tid) if e["kind"] == "turn_started"]
         assert len(started) == 1 and set(started[0]) == {"kind", "at", "agent_id"}
         assert started[0]["agent_id"] == agent and isinstance(started[0]["at"], float)
         # A second delivery sees the claim held by the first owner and starts nothing.
-        again = store.begin_step(tid, 0, "owner-2", 30, "agent:node:test:tasks")
+        again = store.claims.begin_step(tid, 0, "owner-2", 30, "agent:node:test:tasks")
         assert again.claim.tried and again.claim.holder == "owner-1" and not again.claim.started

@@ -1,4 +1,4 @@
-"""Crash and redelivery semantics of the engine against a real Redis (DESIGN-NOTES section 3).
+"""Crash and redelivery semantics of the engine against a real Redis (docs/architecture.md, "Claims and fencing").
 
 The queue layer is replaced by a dispatcher that records what it would send, so each
 redelivery and crash can be staged exactly; the state transitions are the real ones.
@@ -14,8 +14,10 @@ import pytest
 import redis
 
 from tests.support.scripts import fc
-from worker.model.client import ResponsesClient
+from worker.model.interface import ModelRequest
+from worker.model.responses import ResponsesClient
 from worker.settings import Settings
+from worker.tooling.contract import ToolServices
 from worker.tools.toolsets import toolset_resolver
 from worker.turn.engine import TurnEngine
 from worker.turn.request import TurnRequest, TurnStatus
@@ -33,11 +35,10 @@ class RecordingDispatcher:
         self.sent.append(("batch", turn_id, step, batch_index, list(batch.call_ids), batch.mode))
 
     def services(self, request):
-        return {}
+        return ToolServices()
 
-    def turn_finished(self, turn_id, hooks=True, status=None, error=None):
-        if hooks:
-            self.sent.append(("finished", turn_id))
+    def turn_finished(self, turn_id):
+        self.sent.append(("finished", turn_id))
 
 
 @pytest.fixture
@@ -71,8 +72,8 @@ def test_duplicate_step_delivery_calls_model_once_and_plans_once(engine, gateway
 def test_crash_after_model_reply_reuses_memoized_reply(engine, gateway, script_name):
     turn_id = start(engine, gateway, script_name, [{"output": [fc("read_thing", '{"label": "a"}')]}])
     # a first delivery got the reply and died before recording the plan
-    body = engine.client.build_request(model=script_name, input=engine.store.items(turn_id), tools=[])
-    engine.store.save_reply(turn_id, 0, engine.client.create(body).to_json())
+    request = ModelRequest(model=script_name, input=engine.store.items(turn_id))
+    engine.store.save_reply(turn_id, 0, engine.client.create(request).to_json())
     n = len(gateway.requests)
     assert engine.run_step(turn_id, 0).action == "dispatched"
     assert len(gateway.requests) == n, "the redelivered step must not pay for the same tokens twice"
@@ -116,7 +117,7 @@ def test_call_running_elsewhere_is_not_duplicated(engine, gateway, script_name):
     turn_id = start(engine, gateway, script_name, [{"output": [fc("read_thing", '{"label": "r"}')]}])
     engine.run_step(turn_id, 0)
     call_id = engine.dispatcher.sent[0][4][0]
-    engine.store.claim(turn_id, 0, call_id, "other:2", lease=60)
+    engine.store.claims.claim(turn_id, 0, call_id, "other:2", lease=60)
     assert engine.run_call(turn_id, 0, call_id).action == "dropped"
     assert tool_log(engine, turn_id) == []
 

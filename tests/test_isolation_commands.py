@@ -87,7 +87,7 @@ def test_sandbox_available():
     assert settings.command_sandbox == "bwrap"
     result = sandbox.probe(sandbox.find_bwrap(settings))
     assert result.version.startswith("bubblewrap")
-    assert result.process_cap in ("rlimit", "cgroup-pids"), result.notes
+    assert result.process_cap in ("rlimit", "rlimit+cgroup-pids"), result.notes
 
 
 # ----------------------------------------------------------------- finding 1: secrets, homes, worker

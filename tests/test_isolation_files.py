@@ -10,6 +10,7 @@ hundreds of reads, writes and edits land outside.
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 from tests.support.scripts import fc
 from worker.settings import Settings
 from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, WorkerTool
+from worker.tools.computer import homes
 from worker.tools.computer.catalog import create_computer_tools
 from worker.tools.computer.confine import ConfinementError
 from worker.tools.computer.home_fs import HomeDir
@@ -50,8 +52,10 @@ while True:
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
+    """A home as the worker makes it: its own quota file system, mounted (``homes.provision``)."""
     h = tmp_path / "home"
     h.mkdir()
+    homes.provision(Settings(), h)
     return h
 
 
@@ -65,8 +69,8 @@ def outside(tmp_path: Path) -> Path:
     return o
 
 
-def tools_for(home: Path) -> dict[str, WorkerTool]:
-    ctx = TurnContext(turn_id="t1", agent_id="a1", home=home, settings=Settings())
+def tools_for(home: Path, settings: Settings | None = None) -> dict[str, WorkerTool]:
+    ctx = TurnContext(turn_id="t1", agent_id="a1", home=home, settings=settings or Settings())
     return {t.name: t for t in create_computer_tools(ctx)}
 
 
@@ -147,9 +151,26 @@ def test_symlink_swap_race_never_escapes(home, outside):
 # ----------------------------------------------------------------- hard links, symlinks, special files
 
 
-def test_hard_link_to_outside_file_refused(home, outside):
+def test_hard_link_from_outside_cannot_be_made_into_a_quota_home(home, outside):
+    """A home is its own file system: a hard link to a file outside it cannot exist."""
+    with pytest.raises(OSError) as info:
+        os.link(outside / "secret.txt", home / "hl.txt")
+    assert info.value.errno == errno.EXDEV
+
+
+@pytest.fixture
+def plain_home(tmp_path: Path) -> Path:
+    """A plain directory home (``AGENT_HOME_QUOTA_MB=0``): the same file system as ``outside``."""
+    h = tmp_path / "plain-home"
+    h.mkdir()
+    return h
+
+
+def test_hard_link_to_outside_file_refused(plain_home, outside):
+    """Without the quota (a plain directory home), the file tools refuse a file with several links."""
+    home = plain_home
     os.link(outside / "secret.txt", home / "hl.txt")
-    tools = tools_for(home)
+    tools = tools_for(home, Settings(home_quota_mb=0))
     r = call(tools["read_file"], home, path="hl.txt")
     assert r.is_error and "hl.txt is a file with 2 hard links" in r.content and "not read" in r.content
     assert SECRET not in r.content
@@ -165,7 +186,8 @@ def test_hard_link_to_outside_file_refused(home, outside):
     assert os.stat(outside / "secret.txt").st_nlink == 2  # still linked, untouched
 
 
-def test_hard_linked_todo_file_is_replaced_not_written_through(home, outside):
+def test_hard_linked_todo_file_is_replaced_not_written_through(plain_home, outside):
+    home = plain_home
     victim = outside / "todos.json"
     victim.write_bytes(orjson.dumps([{"id": "x", "content": SECRET, "status": "pending", "priority": "low"}]))
     (home / ".agent").mkdir()
@@ -290,11 +312,15 @@ def test_symlinked_and_hard_linked_reads_end_as_error_outputs(control, gateway, 
     agent = f"a-{uuid.uuid4().hex[:6]}"
     home = homes_root / agent
     home.mkdir(parents=True)
-    outside = homes_root / f"outside-{agent}"  # same file system as the homes: hard links work
+    homes.provision(Settings(), home)  # the home's own file system, as the worker mounts it
+    outside = homes_root / f"outside-{agent}"
     outside.mkdir()
     (outside / "secret.txt").write_text(f"{SECRET}\n")
     (home / "link").symlink_to(outside, target_is_directory=True)
-    os.link(outside / "secret.txt", home / "hard.txt")
+    with pytest.raises(OSError):  # no hard link across file systems: one inside the home stands in
+        os.link(outside / "secret.txt", home / "hard.txt")
+    (home / "secret-copy.txt").write_text(f"{SECRET}\n")
+    os.link(home / "secret-copy.txt", home / "hard.txt")
     gateway.add_script(
         script_name,
         [

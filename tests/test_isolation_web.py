@@ -154,13 +154,14 @@ def test_search_key_never_appears_in_logs(web_server, debug_logs, as_param):
 
 
 def test_openai_key_never_appears_in_model_client_logs(gateway, debug_logs, script_name):
-    from worker.model.client import ResponsesClient
+    from worker.model.interface import ModelRequest
+    from worker.model.responses import ResponsesClient
 
     key = "sk-must-not-be-logged-4242"
     gateway.add_script(script_name, [{"output": [msg("hi")]}])
     client = ResponsesClient(gateway.base_url, key)
     try:
-        reply = client.create(client.build_request(model=script_name, input=[], tools=[]))
+        reply = client.create(ModelRequest(model=script_name, input=[]))
     finally:
         client.close()
     assert reply.text == "hi"

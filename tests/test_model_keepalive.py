@@ -5,7 +5,7 @@ thread has been handed or is already using (surplus keep-alive and keep-alive ex
 encode/httpcore#1110): that thread fails with EBADF, or sits in a poll() nothing wakes until its
 read timeout (a 120 s stall of one turn in the concurrency bench). The client keeps one pool per
 thread, so no pool ever serves two threads. These tests go through ``ResponsesClient.create`` and
-the streaming path (``create_streaming``) against ``devtools.hosted_endpoint`` (HTTP/1.1,
+the streaming path (``ResponsesClient.stream``) against ``devtools.hosted_endpoint`` (HTTP/1.1,
 keep-alive, chunked streams), with a short read timeout.
 """
 
@@ -16,9 +16,9 @@ import threading
 import time
 
 from devtools.hosted_endpoint import HostedEndpoint
-from worker.model.client import GatewayError, ResponsesClient
-from worker.model.scripted_gateway import ScriptedGateway
-from worker.model.streaming import create_streaming
+from devtools.scripted_gateway import ScriptedGateway
+from worker.model.interface import GatewayError, ModelRequest
+from worker.model.responses import ResponsesClient
 
 THREADS = 256  # the steps worker's threads pool
 READ_TIMEOUT = 3.0
@@ -31,10 +31,9 @@ def _hammer(client: ResponsesClient, *, rounds: int, pause: tuple[float, float])
     start = threading.Barrier(THREADS)
 
     def work(i: int) -> None:
-        body = client.build_request(
+        request = ModelRequest(
             model="ka",
             input=[{"type": "message", "role": "user", "content": f"hello {i}"}],
-            tools=[],
             metadata={"client": str(threading.get_ident())},
         )
         start.wait()
@@ -42,9 +41,9 @@ def _hammer(client: ResponsesClient, *, rounds: int, pause: tuple[float, float])
             t0 = time.monotonic()
             try:
                 if (i + j) % 2:
-                    reply = client.create(body)
+                    reply = client.create(request)
                 else:
-                    reply = create_streaming(client, body, lambda *_: None)
+                    reply = client.stream(request, lambda _: None)
                 assert reply.text.startswith("kept alive")
                 with lock:
                     done[0] += 1

@@ -11,11 +11,12 @@ import redis
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from devtools.scripted_gateway import ScriptedGateway
+from devtools.sse_script import sse_events
 from tests.support.scripts import fc, msg
 from tests.test_idempotency import RecordingDispatcher
-from worker.model.client import GatewayError, ResponsesClient
-from worker.model.scripted_gateway import ScriptedGateway
-from worker.model.sse_script import sse_events
+from worker.model.interface import Delta, GatewayError, ModelRequest
+from worker.model.responses import ResponsesClient
 from worker.model.streaming import DeltaBatcher, stream_reply
 from worker.settings import Settings
 from worker.tools.toolsets import toolset_resolver
@@ -102,8 +103,8 @@ def test_a_redelivered_step_uses_the_memoized_reply(engine, gateway, script_name
     turn_id = uuid.uuid4().hex
     engine.create_turn(TurnRequest(input="go", model=script_name, toolset="testing"), turn_id)
     # a first delivery streamed the whole reply, memoized it, and died before recording the turn's end
-    body = engine.client.build_request(model=script_name, input=engine.store.items(turn_id), tools=[])
-    reply = stream_reply(engine.client, body, lambda evs: engine.store.add_events(turn_id, evs), step=0)
+    request = ModelRequest(model=script_name, input=engine.store.items(turn_id))
+    reply = stream_reply(engine.client, request, lambda evs: engine.store.add_events(turn_id, evs), step=0)
     engine.store.save_reply(turn_id, 0, reply.to_json())
     n = len(gateway.requests)
     assert engine.run_step(turn_id, 0).action == "completed"
@@ -148,9 +149,9 @@ def test_batcher_joins_deltas_and_flushes_at_close():
     published: list = []
     b = DeltaBatcher(published.extend, step=3, interval=60.0)
     for piece in ("a", "b", "c"):
-        b.add("text", 0, piece, {})
-    b.add("arguments", 1, '{"x"', {"call_id": "c1", "name": "t"})
-    b.add("arguments", 1, ": 1}", {"call_id": "c1", "name": "t"})
+        b.add(Delta("text", 0, piece))
+    b.add(Delta("arguments", 1, '{"x"', "c1", "t"))
+    b.add(Delta("arguments", 1, ": 1}", "c1", "t"))
     b.close()
     # the first delta goes at once (time to first token); the rest is joined per item and kind
     assert [(e["type"], e["delta"], e["seq"]) for _, e in published] == [
@@ -163,9 +164,9 @@ def test_batcher_joins_deltas_and_flushes_at_close():
 
 def test_gateway_failures_map_to_gateway_errors(gateway):
     client = ResponsesClient(gateway.base_url)
-    body = client.build_request(model="no-such-script", input="go", tools=[])
+    request = ModelRequest(model="no-such-script", input=[{"type": "message", "role": "user", "content": "go"}])
     with pytest.raises(GatewayError) as info:
-        stream_reply(client, body, lambda evs: None, step=0)
+        stream_reply(client, request, lambda evs: None, step=0)
     assert info.value.status_code == 404 and not info.value.retryable
 
 

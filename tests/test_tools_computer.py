@@ -15,6 +15,7 @@ import pytest
 
 from worker.settings import Settings
 from worker.tooling.contract import AbortSignal, ToolContext, ToolResult, WorkerTool
+from worker.tools.computer import homes
 from worker.tools.computer import search as computer_search
 from worker.tools.computer.catalog import create_computer_tools
 from worker.turn.context import TurnContext
@@ -22,8 +23,10 @@ from worker.turn.context import TurnContext
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
+    """A home as the worker makes it: its own quota file system, mounted (``homes.provision``)."""
     h = tmp_path / "home"
     h.mkdir()
+    homes.provision(Settings(), h)
     return h
 
 

@@ -12,6 +12,7 @@ from tasks.telemetry import tracing_exporters
 from worker.settings import Settings
 from worker.turn import telemetry
 from worker.turn.dispatch import PlannedCall
+from worker.turn.state import CallResult
 
 
 @pytest.mark.parametrize(
@@ -51,7 +52,7 @@ def spans(monkeypatch):
 def test_tool_arguments_and_results_are_recorded_only_when_allowed(spans, record):
     call = PlannedCall("call_1", "write_file", 0, mode="sequential", data={"content": "API_KEY=sk-live-123"})
     with telemetry.tool_call_span(call, "turn-1", "alice", 2, 1, record_content=record) as span:
-        outcome = telemetry.tool_outcome(span, {"output": "wrote sk-live-123", "is_error": False}, record)
+        outcome = telemetry.tool_outcome(span, CallResult("wrote sk-live-123"), record)
     assert outcome == "ok"
     (finished,) = spans.get_finished_spans()
     attrs = dict(finished.attributes)
@@ -68,9 +69,7 @@ def test_tool_arguments_and_results_are_recorded_only_when_allowed(spans, record
 def test_a_failed_tool_call_is_an_error_span(spans):
     call = PlannedCall("call_2", "run_command", 0, data={"command": "x"})
     with telemetry.tool_call_span(call, "turn-1", "alice", 0, 0) as span:
-        outcome = telemetry.tool_outcome(
-            span, {"output": "Error", "is_error": True, "details": {"error": "interrupted"}}
-        )
+        outcome = telemetry.tool_outcome(span, CallResult.error("Error", "interrupted"))
     assert outcome == "interrupted"
     (finished,) = spans.get_finished_spans()
     assert finished.status.status_code.name == "ERROR" and finished.attributes["error.type"] == "interrupted"

@@ -481,6 +481,7 @@ def test_start_refuses_an_unresolvable_ref_before_any_attempt():
 
 
 def _ctx(settings, brain, workflow_task=True, services=None, redis=None):
+    from worker.tooling.contract import ToolServices
     from worker.turn.context import TurnContext
     from worker.turn.request import TurnSupports
 
@@ -492,9 +493,15 @@ def _ctx(settings, brain, workflow_task=True, services=None, redis=None):
         supports=TurnSupports(brain=brain),
         workflow_task=workflow_task,
         metadata={"workflow_task_id": "wf_x", "result_schema": SCHEMA},
-        services=services or {},
+        services=services or ToolServices(),
         redis=redis,
     )
+
+
+def _enqueue_only():
+    from worker.tooling.contract import ToolServices
+
+    return ToolServices(enqueue_turn=lambda request, turn_id=None: "x")
 
 
 @pytest.mark.parametrize(
@@ -511,7 +518,7 @@ def test_workflow_task_catalog(web, brain, expected):
     from worker.tools.assembly import workflow_task_tools
 
     settings = Settings(web_search_url="http://search.invalid/search" if web else None, web_fetch_enabled=False)
-    tools = workflow_task_tools(_ctx(settings, brain, services={"enqueue_turn": lambda *a: "x"}, redis=object()))
+    tools = workflow_task_tools(_ctx(settings, brain, services=_enqueue_only(), redis=object()))
     assert [t.name for t in tools] == expected
     by = {t.name: t for t in tools}
     assert by["submit_result"].strict is True and by["submit_result"].json_schema["properties"]["result"]["type"]
@@ -535,7 +542,7 @@ def test_main_turn_gets_workflow_tools_and_task_turn_does_not():
     from worker.tools.assembly import text_turn_tools
     from worker.tools.workflow import create_workflow_tools
 
-    svc = {"enqueue_turn": lambda *a: "x"}
+    svc = _enqueue_only()
     main = [t.name for t in text_turn_tools(_ctx(Settings(), True, workflow_task=False, services=svc, redis=object()))]
     assert main[-4:] == ["workflow_start", "workflow_show", "workflow_list", "workflow_cancel"]
     assert create_workflow_tools(_ctx(Settings(), True, workflow_task=True, services=svc, redis=object())) == []

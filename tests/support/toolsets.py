@@ -32,7 +32,7 @@ def _logged(name: str, fn):
     def execute(params, ctx):
         start = time.time()
         result = fn(params, ctx)
-        ctx.services["redis"].rpush(
+        ctx.services.redis_client().rpush(
             f"test:log:{ctx.turn_id}",
             orjson.dumps([name, ctx.call_id, start, time.time(), getattr(params, "label", "")]),
         )
@@ -60,7 +60,7 @@ def _big(params, ctx):
 
 def _crash_once(params, ctx):
     # The first run of each call kills its own process (a pool child dying mid-tool).
-    r = ctx.services["redis"]
+    r = ctx.services.redis_client()
     if r.set(f"test:crash:{ctx.turn_id}:{ctx.call_id}", "1", nx=True):
         import os
         import signal

@@ -35,7 +35,7 @@ def output_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if hasattr(content, "model_dump_json"):  # pydantic models: JSON, never str() (case E13)
-        return content.model_dump_json()
+        return str(content.model_dump_json())
     return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS).decode()
 
 

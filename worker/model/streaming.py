@@ -1,22 +1,13 @@
-"""The model's output as it is written: Responses API streaming (server-sent events) and delta batching.
+"""The model's output as it is written: deltas batched into the turn's event stream.
 
-``stream_reply(client, body, publish, step=...)`` posts the request with ``stream: true``
-(``httpx-sse``), hands every ``response.output_text.delta`` and
-``response.function_call_arguments.delta`` to a ``DeltaBatcher``, and returns the same
-``ModelReply`` as ``ResponsesClient.create`` once ``response.completed`` (or
-``response.incomplete``) arrives, so the reply is memoized exactly as before. An endpoint
-that answers a plain JSON body (no streaming support) works unchanged.
+``stream_reply(client, request, publish, step=...)`` makes the call through ``ModelClient.stream``
+(``worker.model.interface``), hands every ``Delta`` to a ``DeltaBatcher`` and returns the same
+``ModelReply`` as ``create`` would, so the reply is memoized exactly as a plain call's. Nothing here
+depends on the wire API: the client parses its own stream.
 
-Event names and shapes: OpenAI Responses API, "Streaming events" (``response.created``,
-``response.output_item.added``/``done``, ``response.output_text.delta``,
-``response.function_call_arguments.delta``, ``response.completed``, ``response.incomplete``,
-``response.failed``, ``error``); every event carries ``type`` and ``sequence_number``, and
-there is no ``[DONE]`` sentinel.
-
-Failures (``GatewayError``): a stream cut before its terminal event, a transport error, or an
-``error`` event are retryable (the queue layer retries the step with backoff; the deltas of
-the broken attempt stay in the event stream, tagged with their ``attempt``);
-``response.failed`` is not (same rule as ``status: failed`` in a JSON body).
+A stream that breaks raises the client's ``GatewayError`` (retryable: the queue layer retries the
+step with backoff); the deltas of the broken attempt stay in the event stream, tagged with their
+``attempt``, and a ``model_stream_broken`` event tells a reader to discard them.
 """
 
 from __future__ import annotations
@@ -27,19 +18,11 @@ import time
 import uuid
 from typing import Any, Callable
 
-import httpx
-import orjson
-from httpx_sse import connect_sse
-
-from worker.model.client import GatewayError, ModelReply, ResponsesClient, parse_response
+from worker.model.interface import Delta, GatewayError, ModelClient, ModelReply, ModelRequest
 
 log = logging.getLogger("agent.model")
 
 Publish = Callable[[list[tuple[str, dict[str, Any]]]], None]
-OnDelta = Callable[[str, int, str, dict[str, Any]], None]
-
-# ``error`` event codes that a retry cannot fix.
-_FATAL_CODES = {"invalid_request_error", "invalid_prompt", "context_length_exceeded", "invalid_api_key"}
 
 
 class DeltaBatcher:
@@ -67,16 +50,19 @@ class DeltaBatcher:
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
 
-    def add(self, kind: str, output_index: int, delta: str, extra: dict[str, Any]) -> None:
-        """Queue one delta (``kind`` ``text`` or ``arguments``); publishes when the interval has passed."""
-        if not delta:
+    def add(self, delta: Delta) -> None:
+        """Queue one delta; publishes when the interval has passed."""
+        if not delta.text:
             return
         with self._lock:
             last = self._pending[-1] if self._pending else None
-            if last and last["type"] == kind and last["output_index"] == output_index:
-                last["delta"] += delta
+            if last and last["type"] == delta.kind and last["output_index"] == delta.output_index:
+                last["delta"] += delta.text
             else:
-                self._pending.append({"type": kind, "output_index": output_index, "delta": delta, **extra})
+                event: dict[str, Any] = {"type": delta.kind, "output_index": delta.output_index, "delta": delta.text}
+                if delta.kind == "arguments":
+                    event.update(call_id=delta.call_id, name=delta.name)
+                self._pending.append(event)
             due = time.monotonic() - self._last >= self.interval
             if due:
                 self._flush_locked()
@@ -96,7 +82,7 @@ class DeltaBatcher:
             self._timer = None
         if not self._pending:
             return
-        events = []
+        events: list[tuple[str, dict[str, Any]]] = []
         for d in self._pending:
             events.append(("model_delta", {"step": self.step, "attempt": self.attempt, "seq": self.seq, **d}))
             self.seq += 1
@@ -113,80 +99,17 @@ class DeltaBatcher:
         self.flush()
 
 
-def _status_error(resp: httpx.Response) -> GatewayError:
-    retryable = resp.status_code in (408, 409, 429) or resp.status_code >= 500
-    return GatewayError(
-        f"model gateway answered HTTP {resp.status_code}: {resp.text[:500]}",
-        retryable=retryable,
-        status_code=resp.status_code,
-    )
-
-
-def create_streaming(client: ResponsesClient, body: dict[str, Any], on_delta: OnDelta) -> ModelReply:
-    """POST ``body`` with ``stream: true``; call ``on_delta(kind, output_index, delta, extra)`` per delta.
-
-    Returns the ``ModelReply`` of the terminal event (or of a plain JSON body). Raises ``GatewayError``.
-    """
-    calls: dict[int, dict[str, Any]] = {}
-    try:
-        with connect_sse(client.http, "POST", "/responses", content=orjson.dumps({**body, "stream": True})) as source:
-            resp = source.response
-            if resp.status_code >= 400:
-                resp.read()
-                raise _status_error(resp)
-            if "text/event-stream" not in resp.headers.get("content-type", ""):
-                resp.read()  # an endpoint without streaming answered the whole response
-                try:
-                    return parse_response(orjson.loads(resp.content))
-                except orjson.JSONDecodeError as exc:
-                    raise GatewayError("model gateway sent a non-JSON body", retryable=True) from exc
-            events = source.iter_sse()
-            for sse in events:
-                if not sse.data or sse.data == "[DONE]":
-                    continue
-                try:
-                    event = orjson.loads(sse.data)
-                except orjson.JSONDecodeError as exc:
-                    raise GatewayError("model stream sent a non-JSON event", retryable=True) from exc
-                kind = event.get("type") or sse.event
-                if kind == "response.output_item.added":
-                    item = event.get("item") or {}
-                    if item.get("type") == "function_call":
-                        calls[event.get("output_index", 0)] = {"call_id": item.get("call_id"), "name": item.get("name")}
-                elif kind == "response.output_text.delta":
-                    on_delta("text", event.get("output_index", 0), str(event.get("delta") or ""), {})
-                elif kind == "response.function_call_arguments.delta":
-                    idx = event.get("output_index", 0)
-                    on_delta("arguments", idx, str(event.get("delta") or ""), calls.get(idx, {}))
-                elif kind in ("response.completed", "response.incomplete", "response.failed"):
-                    reply = parse_response(event.get("response"))  # response.failed raises, not retryable
-                    for _ in events:  # read to the stream's end: a keep-alive connection goes back to the pool
-                        pass
-                    return reply
-                elif kind == "error":
-                    code = event.get("code") or ""
-                    raise GatewayError(
-                        f"model stream error {code}: {event.get('message', '')}"[:500],
-                        retryable=code not in _FATAL_CODES,
-                    )
-    except httpx.TimeoutException as exc:
-        raise GatewayError(f"model stream timed out: {exc.__class__.__name__}", retryable=True) from exc
-    except httpx.TransportError as exc:
-        raise GatewayError(f"model stream broke: {exc.__class__.__name__}: {exc}", retryable=True) from exc
-    raise GatewayError("model stream ended before response.completed", retryable=True)
-
-
 def stream_reply(
-    client: ResponsesClient, body: dict[str, Any], publish: Publish, *, step: int, interval: float = 0.04
+    client: ModelClient, request: ModelRequest, publish: Publish, *, step: int, interval: float = 0.04
 ) -> ModelReply:
-    """``create_streaming`` with its deltas batched into ``publish`` (the turn's event stream).
+    """``client.stream(request)`` with its deltas batched into ``publish`` (the turn's event stream).
 
     A broken stream publishes ``model_stream_broken`` (``step``, ``attempt``, ``error``) before
     the ``GatewayError`` propagates, so a reader can discard that attempt's partial text.
     """
     batcher = DeltaBatcher(publish, step=step, interval=interval)
     try:
-        return create_streaming(client, body, batcher.add)
+        return client.stream(request, batcher.add)
     except GatewayError as exc:
         batcher.close()
         if batcher.published:

@@ -7,8 +7,7 @@ A workflow task is an isolated unit of work (a title, instructions and a
 result JSON Schema). Each attempt runs as its own turn with a fresh
 conversation: ``toolset="workflow_task"``, ``queue="workflow"``,
 ``finish_tool="submit_result"`` and ``metadata={"workflow_task_id",
-"attempt", "result_schema"}`` (spec, "Workflow task tools"; DESIGN-NOTES
-section 7). Attempts never share conversation state: each one gets a new turn
+"attempt", "result_schema"}`` (docs/architecture.md, "Workflow tasks"). Attempts never share conversation state: each one gets a new turn
 whose only input is the task's instructions.
 
 Plain Python (no Celery): ``WorkflowService`` is used by the main-turn tools
@@ -546,7 +545,7 @@ class WorkflowService:
 
 def start_task_id(turn_id: str, call_id: str) -> str:
     """Deterministic task id for a ``workflow_start`` call: a re-run of the same call starts nothing new
-    (``call_id`` scoped by turn is the call's idempotency key, DESIGN-NOTES section 3)."""
+    (``call_id`` scoped by turn is the call's idempotency key, docs/architecture.md, "Claims and fencing")."""
     return "wf_" + hashlib.sha1(f"{turn_id}:{call_id}".encode()).hexdigest()[:20]
 
 
@@ -563,10 +562,7 @@ def find_submission(turn_store: Any, turn_id: str, step: int) -> tuple[bool, Any
     calls, _ = plan
     results = turn_store.results(turn_id, step)
     for call in sorted(calls, key=lambda c: c.index):
-        if call.name != FINISH_TOOL:
-            continue
-        res = results.get(call.call_id) or {}
-        details = res.get("details") or {}
-        if res.get("terminate") and "submitted" in details:
-            return True, details["submitted"]
+        res = results.get(call.call_id) if call.name == FINISH_TOOL else None
+        if res is not None and res.terminate and "submitted" in res.details:
+            return True, res.details["submitted"]
     return False, None

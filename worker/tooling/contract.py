@@ -17,10 +17,12 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generic, Literal, TypeVar
+from typing import Any, Callable, Generic, Literal, Protocol, TypeVar
 
+import redis
 from pydantic import BaseModel
 
+from worker.settings import Settings
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.schemas import function_definition
 
@@ -131,6 +133,42 @@ class ToolResult:
     is_error: bool = False
 
 
+class EnqueueTurn(Protocol):
+    """Start a turn: ``request`` is a ``TurnRequest`` or its JSON dict; returns the turn id (an
+    existing one for a reused idempotency key or turn id). Raises ``pydantic.ValidationError`` or
+    ``TurnRefused`` (``worker.turn.request``)."""
+
+    def __call__(self, request: Any, turn_id: str | None = None) -> str: ...
+
+
+@dataclass(frozen=True)
+class ToolServices:
+    """The services a tool (and a tool category creator) may use, given by the layer that runs
+    it; each is None when the turn has none, and a tool or creator treats None as "capability
+    absent" (the creator offers no tool that needs it).
+
+    - ``redis``: the runtime's Redis client (Brain pages, workflow tasks, jobs, schedules, todos);
+    - ``settings``: the worker's ``Settings``;
+    - ``enqueue_turn(request, turn_id=None) -> turn_id``: start another turn (``EnqueueTurn``);
+    - ``cancel_turn(turn_id) -> bool``: ask a turn to stop (False when unknown or already ended);
+    - ``save_schedule_entry(record) -> None`` / ``delete_schedule_entry(schedule_id) -> None``: a
+      schedule's timer entry (``worker.records.schedules.ScheduleRecord``), kept by the Celery edge.
+    """
+
+    redis: redis.Redis | None = None
+    settings: Settings | None = None
+    enqueue_turn: EnqueueTurn | None = None
+    cancel_turn: Callable[[str], bool] | None = None
+    save_schedule_entry: Callable[[Any], None] | None = None
+    delete_schedule_entry: Callable[[str], None] | None = None
+
+    def redis_client(self) -> redis.Redis:
+        """``redis``, for a tool that is only offered with it; raises ``RuntimeError`` when absent."""
+        if self.redis is None:
+            raise RuntimeError("this turn has no Redis client")
+        return self.redis
+
+
 @dataclass
 class ToolContext:
     """What a running tool may use besides its params.
@@ -141,8 +179,8 @@ class ToolContext:
       confined to it.
     - ``abort``: the turn's ``AbortSignal``.
     - ``agent_id``: the agent the turn belongs to.
-    - ``services``: turn-scoped handles (Redis client, settings, enqueue
-      callbacks) given by the layer that runs the tool.
+    - ``services``: the ``ToolServices`` of the turn.
+    - ``metadata``: the turn request's ``metadata`` (free JSON of the control plane).
     """
 
     turn_id: str
@@ -150,7 +188,8 @@ class ToolContext:
     home: Path
     abort: AbortSignal
     agent_id: str = "agent"
-    services: dict[str, Any] = field(default_factory=dict)
+    services: ToolServices = field(default_factory=ToolServices)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 def _default_describe(name: str) -> Callable[[Any], str]:
@@ -161,7 +200,7 @@ def _default_describe(name: str) -> Callable[[Any], str]:
 class WorkerTool(Generic[P]):
     """A tool the runtime can offer and run. Build it with ``define_worker_tool``.
 
-    Fields mirror the spec's contract table. ``input_model`` and
+    Fields are the tool contract (docs/writing-a-tool.md). ``input_model`` and
     ``json_schema`` are mutually exclusive; with neither the tool takes no
     arguments (an empty object schema).
     """

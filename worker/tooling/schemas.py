@@ -21,33 +21,56 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 from urllib.parse import unquote, urljoin
 
 import jsonschema
 import orjson
+from pydantic import BaseModel
 
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.strict import field_name, to_strict_schema
 from worker.tooling.validators import compile_validator
 from worker.tooling.wire import check_root, wire_copy
 
-if TYPE_CHECKING:
-    from worker.tooling.contract import WorkerTool
+
+class ToolSpec(Protocol):
+    """What schema collection reads of a tool (``worker.tooling.contract.WorkerTool`` has it all):
+    its name, description, input schema (a pydantic model, a raw JSON Schema, or neither) and
+    provider flags. A protocol, so that this module needs nothing of the contract module, which
+    calls it to check a tool when it is defined."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def input_model(self) -> type[BaseModel] | None: ...
+    @property
+    def json_schema(self) -> dict[str, Any] | None: ...
+    @property
+    def strict(self) -> bool: ...
+    @property
+    def namespace(self) -> str | None: ...
+    @property
+    def namespace_description(self) -> str | None: ...
+    @property
+    def defer_loading(self) -> bool: ...
+
 
 _PARAMS_CACHE: dict[Any, dict[str, Any]] = {}
 _DEF_CACHE: dict[Any, dict[str, Any]] = {}
 _CACHE_LIMIT = 4096
-# Per tool object (WorkerTool is frozen and hashed by identity): the definition and the
+# Per tool object (a WorkerTool is frozen and hashed by identity): the definition and the
 # validation info, so a turn that re-assembles the same tools does dict lookups only.
 # A raw ``json_schema`` must not be mutated after ``define_worker_tool``.
-_DEF_BY_TOOL: "weakref.WeakKeyDictionary[WorkerTool, dict[str, Any]]" = weakref.WeakKeyDictionary()
-_INFO_BY_TOOL: "weakref.WeakKeyDictionary[WorkerTool, ValidationInfo]" = weakref.WeakKeyDictionary()
+_DEF_BY_TOOL: "weakref.WeakKeyDictionary[ToolSpec, dict[str, Any]]" = weakref.WeakKeyDictionary()
+_INFO_BY_TOOL: "weakref.WeakKeyDictionary[ToolSpec, ValidationInfo]" = weakref.WeakKeyDictionary()
 
 EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
-def _schema_key(tool: WorkerTool) -> Any:
+def _schema_key(tool: ToolSpec) -> Any:
     if tool.input_model is not None:
         return ("model", tool.input_model)
     if tool.json_schema is not None:
@@ -56,7 +79,7 @@ def _schema_key(tool: WorkerTool) -> Any:
     return ("empty",)
 
 
-def source_schema(tool: WorkerTool) -> dict[str, Any]:
+def source_schema(tool: ToolSpec) -> dict[str, Any]:
     """The tool's own parameters schema (before any strict projection).
 
     Returns a dict; raises ``ToolDefinitionError`` if the root is not an
@@ -203,7 +226,7 @@ def _check_refs(schema: dict[str, Any], tool_name: str) -> None:
                 raise ToolDefinitionError(f"{where} has a {key} {ref!r} that points to a non-schema")
 
 
-def parameters_schema(tool: WorkerTool) -> dict[str, Any]:
+def parameters_schema(tool: ToolSpec) -> dict[str, Any]:
     """The ``parameters`` sent to the provider: the strict copy (``worker.tooling.strict``), or the
     wire copy (``worker.tooling.wire``: the source schema itself unless a provider rule changes it)."""
     schema = source_schema(tool)
@@ -218,7 +241,7 @@ def parameters_schema(tool: WorkerTool) -> dict[str, Any]:
     return cached
 
 
-def function_definition(tool: WorkerTool) -> dict[str, Any]:
+def function_definition(tool: ToolSpec) -> dict[str, Any]:
     """The Responses API function tool for ``tool``.
 
     Shape: ``{"type": "function", "name", "description", "parameters",
@@ -249,7 +272,7 @@ def function_definition(tool: WorkerTool) -> dict[str, Any]:
     return definition
 
 
-def collect_tool_definitions(tools: Iterable[WorkerTool], *, loaded: Iterable[str] = ()) -> list[dict[str, Any]]:
+def collect_tool_definitions(tools: Iterable[ToolSpec], *, loaded: Iterable[str] = ()) -> list[dict[str, Any]]:
     """The ``tools`` array of a Responses request, in assembly order.
 
     - Tools without a namespace become function tools.
@@ -337,7 +360,7 @@ def _resolver(root: dict[str, Any]) -> Callable[[Any], Any]:
     return resolve
 
 
-def validation_info(tool: WorkerTool) -> ValidationInfo:
+def validation_info(tool: ToolSpec) -> ValidationInfo:
     """Cached ``ValidationInfo`` for ``tool`` (see the class docstring)."""
     info = _INFO_BY_TOOL.get(tool)
     if info is not None:

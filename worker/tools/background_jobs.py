@@ -6,7 +6,7 @@ spec, "How the tool set is assembled per turn"), has a Redis client and the
 workflow task turn.
 
 ``job_cancel`` marks the record ``cancel_requested`` and sets the job turn's
-cancel flag (``services["cancel_turn"]`` when present, which also ends a
+cancel flag (``services.cancel_turn`` when present, which also ends a
 still-queued turn at once; else ``TurnStore.request_cancel``); the job turn
 stops at its next step boundary and the hook records ``cancelled``.
 
@@ -73,13 +73,14 @@ def _error(text: str, kind: str) -> ToolResult:
 
 def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
     """The background job category (empty unless the turn may spawn jobs)."""
-    if not ctx.supports.spawn_jobs or ctx.workflow_task or ctx.redis is None or "enqueue_turn" not in ctx.services:
+    enqueue_turn = ctx.services.enqueue_turn
+    if not ctx.supports.spawn_jobs or ctx.workflow_task or ctx.redis is None or enqueue_turn is None:
         return []
 
     def turn_status(tctx: ToolContext, turn_id: str | None) -> str | None:
         from worker.turn.store import TurnStore
 
-        st = TurnStore(tctx.services["redis"]).load(turn_id) if turn_id else None
+        st = TurnStore(tctx.services.redis_client()).load(turn_id) if turn_id else None
         return st.status.value if st else None
 
     def view(tctx: ToolContext, rec: dict[str, Any], preview: bool = False) -> dict[str, Any]:
@@ -97,19 +98,19 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
         }
 
     def own(tctx: ToolContext, job_id: str) -> dict[str, Any] | None:
-        rec = JobStore(tctx.services["redis"]).get(job_id)
+        rec = JobStore(tctx.services.redis_client()).get(job_id)
         return rec if rec is not None and rec.get("agent_id") == tctx.agent_id else None
 
     def start(p: JobStartParams, tctx: ToolContext) -> ToolResult:
         from worker.records.jobs import job_id_for
         from worker.turn.store import TurnStore
 
-        state = TurnStore(tctx.services["redis"]).load(tctx.turn_id)
+        state = TurnStore(tctx.services.redis_client()).load(tctx.turn_id)
         parent = state.request if state is not None else {}
         meta = parent.get("metadata") or {}
         job_id = job_id_for(tctx.turn_id, tctx.call_id)
         job_turn_id = f"{job_id}-turn"
-        store = JobStore(tctx.services["redis"])
+        store = JobStore(tctx.services.redis_client())
         try:
             rec, created = store.create(
                 job_id=job_id,
@@ -141,7 +142,7 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
             "egress_allow_hosts": parent.get("egress_allow_hosts"),
         }
         try:
-            tctx.services["enqueue_turn"](request, job_turn_id)
+            enqueue_turn(request, job_turn_id)
         except Exception as exc:
             if created:
                 store.remove(job_id)
@@ -164,7 +165,7 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
         return ToolResult(content=v, details={"job_id": p.job_id, "status": v["status"]})
 
     def list_(p: NoParams, tctx: ToolContext) -> ToolResult:
-        store = JobStore(tctx.services["redis"])
+        store = JobStore(tctx.services.redis_client())
         rows = [view(tctx, r, preview=True) for r in store.list(tctx.agent_id)]
         return ToolResult(
             content={
@@ -181,17 +182,18 @@ def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
         rec = own(tctx, p.job_id)
         if rec is None:
             return _error(f"no background job {p.job_id!r} for this agent; call job_list to see the ids.", "not_found")
-        new = JobStore(tctx.services["redis"]).request_cancel(p.job_id)
+        new = JobStore(tctx.services.redis_client()).request_cancel(p.job_id)
         if new is None:
             return ToolResult(
                 content=f"Job {p.job_id} ('{rec['title']}') already finished with status "
                 f"{rec['status']}; nothing to cancel.",
                 details={"outcome": "already_finished"},
             )
-        if "cancel_turn" in tctx.services:  # flag + event, and a still-queued turn ends at once
-            tctx.services["cancel_turn"](rec["turn_id"])
+        cancel_turn = tctx.services.cancel_turn
+        if cancel_turn is not None:  # flag + event, and a still-queued turn ends at once
+            cancel_turn(rec["turn_id"])
         else:
-            TurnStore(tctx.services["redis"]).request_cancel(rec["turn_id"], by="job_cancel")
+            TurnStore(tctx.services.redis_client()).request_cancel(rec["turn_id"], by="job_cancel")
         return ToolResult(
             content={
                 "job_id": p.job_id,

@@ -5,7 +5,7 @@ Offered by ``create_brain_tools(ctx)`` when the turn supports Brain
 tools recall and get_page when Brain is enabled"). Both are ``parallel`` and
 ``is_read_only``. They read the agent's pages (``worker.records.brain.BrainStore``)
 through the Redis client the runtime gives every tool
-(``ToolContext.services["redis"]``).
+(``ToolContext.services.redis``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class GetPageParams(BaseModel):
 
 
 def _store(ctx: ToolContext) -> BrainStore:
-    redis = ctx.services.get("redis")
+    redis = ctx.services.redis
     if redis is None:
         raise RuntimeError("Brain is not reachable in this turn (no Redis client)")
     return BrainStore(redis, ctx.agent_id)

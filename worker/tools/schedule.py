@@ -5,8 +5,8 @@ recurring by cron (UTC). Records live in Redis (``worker.records.schedules``); t
 firing entry (celery-redbeat) is saved and deleted through two services the
 queue layer provides, so this module never imports Celery:
 
-- ``services["save_schedule_entry"](record) -> None``
-- ``services["delete_schedule_entry"](schedule_id) -> None``
+- ``services.save_schedule_entry(record) -> None``
+- ``services.delete_schedule_entry(schedule_id) -> None``
 
 The category is absent when the turn has no Redis client or lacks either
 service, or in a workflow task turn (spec, "Workflow task tools": no schedule
@@ -102,7 +102,7 @@ def _error(text: str, kind: str) -> ToolResult:
 def _parent_request(ctx: ToolContext) -> dict[str, Any]:
     from worker.turn.store import TurnStore
 
-    state = TurnStore(ctx.services["redis"]).load(ctx.turn_id)
+    state = TurnStore(ctx.services.redis_client()).load(ctx.turn_id)
     return state.request if state is not None else {}
 
 
@@ -129,7 +129,8 @@ def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool]:
     """The schedule category for a turn (empty when its prerequisites are absent)."""
     if ctx.workflow_task or ctx.redis is None:
         return []
-    if "save_schedule_entry" not in ctx.services or "delete_schedule_entry" not in ctx.services:
+    save_entry, delete_entry = ctx.services.save_schedule_entry, ctx.services.delete_schedule_entry
+    if save_entry is None or delete_entry is None:
         return []
 
     def create(p: ScheduleCreateParams, tctx: ToolContext) -> ToolResult:
@@ -168,7 +169,7 @@ def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool]:
                 **{k: meta[k] for k in CARRIED_METADATA if k in meta},
             },
         }
-        store = ScheduleStore(tctx.services["redis"])
+        store = ScheduleStore(tctx.services.redis_client())
         try:
             outcome = store.create(
                 new_record(
@@ -187,7 +188,7 @@ def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool]:
             return _error(str(exc), "limit")
         rec = outcome.record
         try:
-            tctx.services["save_schedule_entry"](rec)
+            save_entry(rec)
         except Exception as exc:  # the record must not stay active without a firing entry
             reason = str(exc)[:300]
             store.update(sid, lambda r: {"status": "cancelled", "next_run": None, "error": reason})
@@ -210,8 +211,8 @@ def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool]:
     def list_(p: ScheduleListParams, tctx: ToolContext) -> ToolResult:
         from worker.turn.store import TurnStore
 
-        store = ScheduleStore(tctx.services["redis"])
-        turns = TurnStore(tctx.services["redis"])
+        store = ScheduleStore(tctx.services.redis_client())
+        turns = TurnStore(tctx.services.redis_client())
         rows = []
         for rec in store.list(tctx.agent_id):
             if rec["status"] != "active" and not p.include_finished:
@@ -231,13 +232,13 @@ def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool]:
         )
 
     def cancel(p: ScheduleCancelParams, tctx: ToolContext) -> ToolResult:
-        store = ScheduleStore(tctx.services["redis"])
+        store = ScheduleStore(tctx.services.redis_client())
         rec, outcome = store.cancel(p.schedule_id, tctx.agent_id)
         if outcome == "not_found":
             return _error(
                 f"no schedule {p.schedule_id!r} for this agent; call schedule_list to see the ids.", "not_found"
             )
-        tctx.services["delete_schedule_entry"](p.schedule_id)  # idempotent; also cleans up after a done one-off
+        delete_entry(p.schedule_id)  # idempotent; also cleans up after a done one-off
         if outcome != "cancelled":
             return ToolResult(
                 content=f"Schedule {p.schedule_id} ('{rec['title']}') was already {rec['status']}; nothing to cancel.",

@@ -36,6 +36,8 @@ from typing import Any, Sequence
 
 import orjson
 
+from worker.settings import Settings, get_settings
+from worker.tools.computer import homes
 from worker.tools.computer.home_fs import HomeDir
 from worker.turn.request import Skill
 
@@ -78,7 +80,9 @@ def skills_instructions(skills: Sequence[Skill], *, mcporter: str = "mcporter") 
     return "\n\n".join(parts)
 
 
-def write_mcporter_config(home: Path | str, servers: dict[str, dict[str, Any]]) -> Path:
+def write_mcporter_config(
+    home: Path | str, servers: dict[str, dict[str, Any]], settings: Settings | None = None
+) -> Path:
     """Write the agent's mcporter config to ``<home>/config/mcporter.json`` and return its path.
 
     ``servers`` maps a server name (``^[A-Za-z0-9_-]{1,64}$``: no dots, as
@@ -89,7 +93,8 @@ def write_mcporter_config(home: Path | str, servers: dict[str, dict[str, Any]]) 
     Commands run without the worker's environment: put the values a server
     needs in its ``env``. The file is written atomically with mode 0600 (it
     may hold tokens), by descriptors from the home (``home_fs``: race-free). Raises ``ValueError`` for a bad name or entry and
-    ``worker.tools.computer.confine.ConfinementError`` if ``config/`` escapes the home.
+    ``worker.tools.computer.confine.ConfinementError`` if ``config/`` escapes the home, and
+    ``homes.HomeUnavailable`` when the home cannot be made ready (``settings``: default the process's).
     """
     for name, entry in servers.items():
         if not SERVER_NAME.match(name):
@@ -97,6 +102,9 @@ def write_mcporter_config(home: Path | str, servers: dict[str, dict[str, Any]]) 
         if not isinstance(entry, dict) or not (entry.get("command") or entry.get("baseUrl") or entry.get("url")):
             raise ValueError(f"mcporter server {name!r} needs a 'command' (stdio) or a 'baseUrl' (HTTP)")
     data = orjson.dumps({"mcpServers": servers, "imports": []}, option=orjson.OPT_INDENT_2)
-    with HomeDir(home) as hd:
+    # The home made ready as for a tool call (its quota mounted), the file the agent's: mode 0600
+    # must not keep the agent's own commands from reading it.
+    agent_home = homes.provision(settings or get_settings(), Path(home))
+    with agent_home.as_owner(), HomeDir(home) as hd:
         rel = hd.write_atomic(MCPORTER_CONFIG, data, mode=0o600)
         return Path(hd.root) / rel

@@ -45,7 +45,7 @@ DESCRIPTION = (
 def _execute(task_id: str | None) -> Any:
     def execute(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
         value = params["result"]
-        redis = ctx.services.get("redis")
+        redis = ctx.services.redis
         if redis is not None and task_id:
             WorkflowService(redis).record_submission(task_id, ctx.turn_id, value)
         return ToolResult(

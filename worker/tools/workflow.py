@@ -1,8 +1,7 @@
 """Main-turn workflow tools: ``workflow_start``, ``workflow_show``, ``workflow_list``, ``workflow_cancel``.
 
-Spec, "How the tool set is assembled per turn": "Workflow tools add the four
-main-turn operations: start, show, list, and cancel. They are not included in
-Workflow task turns." ``create_workflow_tools(ctx)`` returns ``[]`` in a
+The four main-turn operations (start, show, list, cancel); they are not included in
+workflow task turns (docs/architecture.md, "Workflow tasks"). ``create_workflow_tools(ctx)`` returns ``[]`` in a
 workflow task turn or without Redis; ``workflow_start`` is left out when the
 turn has no ``enqueue_turn`` service (a missing service means the capability
 is absent, ``worker.turn.context``).
@@ -84,9 +83,7 @@ def _error(message: str) -> ToolResult:
 
 def _service(ctx: ToolContext) -> WorkflowService:
     return WorkflowService(
-        ctx.services["redis"],
-        enqueue_turn=ctx.services.get("enqueue_turn"),
-        cancel_turn=ctx.services.get("cancel_turn"),
+        ctx.services.redis_client(), enqueue_turn=ctx.services.enqueue_turn, cancel_turn=ctx.services.cancel_turn
     )
 
 
@@ -98,8 +95,7 @@ def _owned(svc: WorkflowService, task_id: str, agent_id: str):
 
 
 def _start(params: StartParams, ctx: ToolContext) -> ToolResult:
-    turn_ctx = ctx.services.get("turn_context")
-    meta = getattr(turn_ctx, "metadata", {}) or {}
+    meta = ctx.metadata
     try:
         task, created = _service(ctx).start(
             agent_id=ctx.agent_id,
@@ -179,7 +175,7 @@ def create_workflow_tools(ctx: TurnContext) -> list[WorkerTool]:
     if ctx.workflow_task or ctx.redis is None:
         return []
     tools: list[WorkerTool] = []
-    if ctx.services.get("enqueue_turn") is not None:
+    if ctx.services.enqueue_turn is not None:
         tools.append(
             define_worker_tool(
                 name="workflow_start",

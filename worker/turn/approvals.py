@@ -1,8 +1,10 @@
-"""Human approval of tool calls: who must approve, the records in Redis, the decisions, the gates.
+"""Human approval of tool calls: the records in Redis, the decisions, the gates.
 
-Rule (DESIGN-NOTES section 11): a wait for a person is state in Redis, never a task. When a
-step's plan holds calls that need approval, ``begin_tools`` records one ``pending`` record per
-such call (same MULTI as the plan) and the turn takes status ``awaiting_approval``. Batches
+Who must approve is ``worker.turn.approval_policy``; how the turn loop parks and resumes is
+``worker.turn.gate``. Rule (docs/architecture.md, "Approvals"): a wait for a person is state in
+Redis, never a task. When a step's plan holds calls that need approval, ``begin_tools`` records
+one ``pending`` record per such call (same MULTI as the plan) and the turn takes status
+``awaiting_approval``. Batches
 run in emitted order as usual (``worker.turn.dispatch``); a batch holding an approval call is
 *gated*: it is dispatched once (a) the batch before it passed its barrier and (b) every
 approval call in it is decided. Whoever makes the second of those true (the barrier's last
@@ -27,13 +29,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import orjson
-import redis
 from jsonschema import Draft202012Validator
 
-from worker.settings import Settings
-from worker.tooling.contract import WorkerTool
 from worker.turn.dispatch import Batch, PlannedCall
-from worker.turn.request import TurnRequest, TurnStatus
+from worker.turn.request import TurnStatus
+from worker.turn.state import CallResult
 from worker.turn.state import key as _k
 
 PENDING_KEY = "approvals:pending"
@@ -81,7 +81,7 @@ class ApprovalRecord:
         return orjson.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, raw: bytes | str) -> "ApprovalRecord":
+    def from_json(cls, raw: bytes | str) -> ApprovalRecord:
         return cls(**orjson.loads(raw))
 
     def public(self) -> dict[str, Any]:
@@ -89,32 +89,6 @@ class ApprovalRecord:
         d = asdict(self)
         d.pop("schema")
         return d
-
-
-# ----- who must approve --------------------------------------------------------
-
-
-def approval_mode(request: TurnRequest, settings: Settings) -> str:
-    """The turn's approval mode: the request's, else ``AGENT_APPROVAL_MODE``."""
-    return request.approval.mode or settings.approval_mode
-
-
-def approval_timeout(request: TurnRequest, settings: Settings) -> float:
-    """Seconds a call may wait for a decision: the request's, else ``AGENT_APPROVAL_TIMEOUT``."""
-    return request.approval.timeout or settings.approval_timeout
-
-
-def call_needs_approval(tool: WorkerTool, params: Any, ctx: Any, mode: str) -> bool:
-    """Whether this validated call waits for a person under ``mode``.
-
-    ``off``: never; ``destructive``: every destructive tool, plus what tools declare;
-    ``declared``: what the tool's ``needs_approval`` says (a bool, or its decision function).
-    """
-    if mode == "off":
-        return False
-    if mode == "destructive" and tool.is_destructive:
-        return True
-    return tool.approval_required(params, ctx)
 
 
 # ----- records -------------------------------------------------------------------
@@ -195,18 +169,18 @@ def write_requests(pipe: Any, turn_id: str, records: list[ApprovalRecord]) -> No
         )
 
 
-def records(r: redis.Redis, turn_id: str, step: int) -> dict[str, ApprovalRecord]:
+def records(r: Any, turn_id: str, step: int) -> dict[str, ApprovalRecord]:
     """The step's approval records by ``call_id``."""
     return {k.decode(): ApprovalRecord.from_json(v) for k, v in r.hgetall(approvals_key(turn_id, step)).items()}
 
 
-def record(r: redis.Redis, turn_id: str, step: int, call_id: str) -> ApprovalRecord | None:
+def record(r: Any, turn_id: str, step: int, call_id: str) -> ApprovalRecord | None:
     """One call's approval record, or None."""
     raw = r.hget(approvals_key(turn_id, step), call_id)
     return ApprovalRecord.from_json(raw) if raw else None
 
 
-def pending(r: redis.Redis, turn_id: str | None = None, agent_id: str | None = None) -> list[ApprovalRecord]:
+def pending(r: Any, turn_id: str | None = None, agent_id: str | None = None) -> list[ApprovalRecord]:
     """Undecided records of parked turns: of one turn, of one agent's turns, or all (oldest first)."""
     ids = [turn_id] if turn_id else [x.decode() for x in r.zrange(PENDING_KEY, 0, -1)]
     out: list[ApprovalRecord] = []
@@ -236,7 +210,7 @@ def check_params(rec: ApprovalRecord, params: dict[str, Any]) -> None:
 
 
 def decide(
-    r: redis.Redis,
+    r: Any,
     turn_id: str,
     call_id: str,
     decision: Decision,
@@ -323,17 +297,17 @@ def decide(
     return result["rec"], result["changed"]
 
 
-def rejection_result(rec: ApprovalRecord) -> dict[str, Any]:
+def rejection_result(rec: ApprovalRecord) -> CallResult:
     """The stored result of a rejected call: its ``function_call_output`` carries the reason."""
     who = "the approval deadline" if rec.by == "deadline" else (rec.by or "a person")
     reason = rec.reason or "no reason given"
-    return {
-        "output": f"Rejected by {who}: {reason}. The call did not run.",
-        "is_error": True,
-        "details": {"error": "rejected", "by": rec.by, "reason": rec.reason},
-        "activity": f"Rejected: {rec.activity}",
-        "ms": 0.0,
-    }
+    return CallResult(
+        output=f"Rejected by {who}: {reason}. The call did not run.",
+        is_error=True,
+        details={"error": "rejected", "by": rec.by, "reason": rec.reason},
+        activity=f"Rejected: {rec.activity}",
+        ms=0.0,
+    )
 
 
 # ----- gates -----------------------------------------------------------------------
@@ -368,9 +342,7 @@ def gated(batch: Batch, calls: list[PlannedCall]) -> bool:
     return any(cid in need for cid in batch.call_ids)
 
 
-def try_open(
-    r: redis.Redis, turn_id: str, step: int, batch_index: int, batches: list[Batch], calls: list[PlannedCall]
-) -> bool:
+def try_open(r: Any, turn_id: str, step: int, batch_index: int, batches: list[Batch], calls: list[PlannedCall]) -> bool:
     """True exactly once, for the caller that finds gated batch ``batch_index`` ready to dispatch:
     the batch before it passed its barrier and every approval call in it is decided."""
     if batch_index > 0 and not r.exists(_k(turn_id, "adv", step, batch_index - 1)):
@@ -382,7 +354,7 @@ def try_open(
     return bool(r.set(gate_key(turn_id, step, batch_index), "1", nx=True, ex=RETENTION_SECONDS))
 
 
-def next_gated(r: redis.Redis, turn_id: str, step: int, batches: list[Batch], calls: list[PlannedCall]) -> int | None:
+def next_gated(r: Any, turn_id: str, step: int, batches: list[Batch], calls: list[PlannedCall]) -> int | None:
     """Index of the first gated batch not yet opened, or None."""
     for i, b in enumerate(batches):
         if gated(b, calls) and not r.exists(gate_key(turn_id, step, i)):
@@ -390,7 +362,12 @@ def next_gated(r: redis.Redis, turn_id: str, step: int, batches: list[Batch], ca
     return None
 
 
-def overdue_turns(r: redis.Redis, now: float | None = None, limit: int = 100) -> list[str]:
+def forget_turn(r: Any, turn_id: str) -> None:
+    """Drop an ended turn from the parked turns (``approvals:pending``)."""
+    r.zrem(PENDING_KEY, turn_id)
+
+
+def overdue_turns(r: Any, now: float | None = None, limit: int = 100) -> list[str]:
     """Parked turns whose earliest approval deadline has passed (for the watchdog sweep)."""
     now = time.time() if now is None else now
     return [x.decode() for x in r.zrangebyscore(PENDING_KEY, "-inf", now, start=0, num=limit)]

@@ -3,8 +3,8 @@
 Every operation is one round trip (a Lua script or a pipeline): a call is claimed with its
 ``call_started`` event; a result is stored (first write wins) with ``call_completed`` and the
 batch's barrier, which fires once; a model step is claimed with its progress deadline and, at the
-turn's first step, the ``running`` mark. A mixin of ``TurnStore`` (``worker.turn.store``), which
-registers the scripts on its Redis client.
+turn's first step, the ``running`` mark. ``TurnStore`` (``worker.turn.store``) holds one ``Claims``
+on its Redis client, as ``store.claims``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,17 @@ import orjson
 import redis
 
 from worker.turn.guard import LUA_TERMINAL
-from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, AdvanceView, StepClaim, StepView, TurnState
+from worker.turn.state import (
+    EVENTS_MAXLEN,
+    RETENTION_SECONDS,
+    AdvanceView,
+    CallResult,
+    StepClaim,
+    StepView,
+    TurnState,
+    event_json,
+    parse_results,
+)
 from worker.turn.state import key as _k
 
 # Claim a call for execution and announce it in one round trip.
@@ -102,7 +112,16 @@ return 0
 
 
 class Claims:
-    """``TurnStore``'s claims and barrier (see the module docstring)."""
+    """Claims and the barrier in the Redis at ``client`` (see the module docstring);
+    ``progress_timeout``: seconds of the progress deadline a stored result pushes."""
+
+    def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0):
+        self.r = client
+        self.progress_timeout = progress_timeout
+        self._claim = client.register_script(_CLAIM_LUA)
+        self._record = client.register_script(_RECORD_LUA)
+        self._release = client.register_script(_RELEASE_LUA)
+        self._begin_step = client.register_script(_BEGIN_STEP_LUA)
 
     def claim(
         self,
@@ -112,7 +131,7 @@ class Claims:
         owner: str,
         lease: float,
         started_event: dict[str, Any] | None = None,
-    ) -> tuple[bool, dict | None]:
+    ) -> tuple[bool, dict[str, Any] | None]:
         """Claim a call for execution (``lease`` seconds) and, if won, append ``call_started``.
 
         Returns ``(won, existing_claim)``.
@@ -124,7 +143,7 @@ class Claims:
                 call_id,
                 orjson.dumps(claim),
                 RETENTION_SECONDS,
-                self._event_json("call_started", started_event or {"call_id": call_id}),
+                event_json("call_started", started_event or {"call_id": call_id}),
                 EVENTS_MAXLEN,
             ],
         )
@@ -158,7 +177,7 @@ class Claims:
                 now,
                 EVENTS_MAXLEN,
                 turn_id,
-                self._event_json("turn_started", {})[:-1] + b',"agent_id":',
+                event_json("turn_started", {})[:-1] + b',"agent_id":',
             ],
         )
         pairs = _pairs(h)
@@ -197,7 +216,7 @@ class Claims:
         turn_id: str,
         step: int,
         call_id: str,
-        result: dict[str, Any],
+        result: CallResult,
         batch_index: int,
         batch_call_ids: list[str],
         completed_event: dict[str, Any] | None = None,
@@ -207,15 +226,15 @@ class Claims:
         Returns ``(stored, view)``: ``view`` (what closing the batch reads, as ``advance_view``
         returns it) exactly once per batch, to the caller that completed it; else None.
         """
-        event = self._event_json("call_completed", completed_event) if completed_event else b""
+        event = event_json("call_completed", completed_event) if completed_event else b""
         p = self.r.pipeline(transaction=False)
         self._record(
             keys=self._record_keys(turn_id, step, batch_index),
             args=[
                 call_id,
-                orjson.dumps(result),
+                orjson.dumps(result.to_json()),
                 RETENTION_SECONDS,
-                "1" if result.get("terminate") else "0",
+                "1" if result.terminate else "0",
                 event,
                 EVENTS_MAXLEN,
                 *batch_call_ids,
@@ -255,5 +274,4 @@ def _advance_view(turn_id: str, reply: list[Any]) -> AdvanceView | None:
     if not reply[1]:
         return None
     h = _pairs(reply[2])
-    results = {k.decode(): orjson.loads(v) for k, v in _pairs(reply[4]).items()}
-    return AdvanceView(TurnState.from_hash(turn_id, h) if h else None, bool(reply[3]), results)
+    return AdvanceView(TurnState.from_hash(turn_id, h) if h else None, bool(reply[3]), parse_results(_pairs(reply[4])))

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from worker.settings import Settings
-from worker.tooling.contract import AbortSignal
+from worker.tooling.contract import AbortSignal, ToolServices
 from worker.turn.request import Skill, TurnSupports
 
 
@@ -20,9 +20,9 @@ from worker.turn.request import Skill, TurnSupports
 class TurnContext:
     """Everything a category creator may read.
 
-    ``services`` holds callables provided by the orchestration layer, e.g.
-    ``enqueue_turn(request_dict) -> turn_id``; creators must treat a missing
-    service as "capability absent".
+    ``services`` are the turn's ``ToolServices`` (the same its tools get), e.g.
+    ``services.enqueue_turn``; a creator treats a service that is None as "capability
+    absent". ``redis`` is the runtime's Redis client (None: the turn has none).
     """
 
     turn_id: str
@@ -35,7 +35,7 @@ class TurnContext:
     workflow_task: bool = False
     redis: Any = None
     skills: tuple[Skill, ...] = ()
-    services: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    services: ToolServices = field(default_factory=ToolServices)
     metadata: dict[str, Any] = field(default_factory=dict)
     # Network of the turn's commands (``TurnRequest.network``): "none" or "egress" through the
     # egress proxy; ``egress_allow_hosts`` None means any host the address guard allows.

@@ -1,6 +1,6 @@
-"""The dispatch plan of one model response: which calls run together.
+"""The dispatch plan of one model response: which calls run together (``Plan``).
 
-Rule (DESIGN-NOTES section 2, same as Pydantic AI's ``sequential=True``):
+Rule (docs/architecture.md, "Batches"; the same as Pydantic AI's ``sequential=True``):
 consecutive parallel-mode calls form one batch that runs concurrently (a
 Celery group); a sequential-mode call is a barrier: earlier calls finish, it
 runs alone, later calls wait for it. Consecutive sequential calls form one
@@ -12,7 +12,9 @@ Outputs are always recorded in the order the model emitted the calls.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
+
+Mode = Literal["parallel", "sequential"]
 
 
 @dataclass
@@ -27,7 +29,7 @@ class PlannedCall:
     call_id: str
     name: str
     index: int
-    mode: Literal["parallel", "sequential"] = "parallel"
+    mode: Mode = "parallel"
     data: dict[str, Any] | None = None
     output: str | None = None
     activity: str = ""
@@ -47,7 +49,7 @@ class PlannedCall:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "PlannedCall":
+    def from_json(cls, data: dict[str, Any]) -> PlannedCall:
         """Inverse of ``to_json``."""
         return cls(**data)
 
@@ -56,8 +58,40 @@ class PlannedCall:
 class Batch:
     """Calls dispatched together: ``parallel`` (a group) or ``sequential`` (a chain, in order)."""
 
-    mode: Literal["parallel", "sequential"]
+    mode: Mode
     call_ids: list[str]
+
+
+class Plan(NamedTuple):
+    """A step's dispatch plan, stored in ``turn:{id}:plan:{n}`` when the step moves to its tools:
+    every call of the reply (``calls``, runnable or not, emitted order) and the ``batches`` the
+    runnable ones are sent in. Unpacks as ``calls, batches = plan``."""
+
+    calls: list[PlannedCall]
+    batches: list[Batch]
+
+    def call(self, call_id: str) -> PlannedCall | None:
+        """The planned call ``call_id``, or None."""
+        return next((c for c in self.calls if c.call_id == call_id), None)
+
+    def batch_of(self, call_id: str) -> int | None:
+        """The index of the batch that runs ``call_id``, or None (a call that does not run)."""
+        return next((i for i, b in enumerate(self.batches) if call_id in b.call_ids), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (what the store keeps)."""
+        return {
+            "calls": [c.to_json() for c in self.calls],
+            "batches": [{"mode": b.mode, "call_ids": b.call_ids} for b in self.batches],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        """Inverse of ``to_json``."""
+        return cls(
+            [PlannedCall.from_json(c) for c in data["calls"]],
+            [Batch(b["mode"], b["call_ids"]) for b in data["batches"]],
+        )
 
 
 def plan_batches(calls: list[PlannedCall]) -> list[Batch]:

@@ -93,6 +93,8 @@ class Writes(CoreCommands):
     ``GuardScript`` to run; nothing is sent. Raises ``ValueError`` for a command that is not a
     single-key write (``SINGLE_KEY_WRITES``)."""
 
+    _event_dispatcher: Any = None  # CoreCommands expects a client's; nothing is sent from here
+
     def __init__(self) -> None:
         self.recorded: list[tuple[Any, ...]] = []
 

@@ -1,4 +1,5 @@
-"""What the engine needs from the layer that drives it (a ``Dispatcher``), and what it reports back.
+"""What the turn loop needs from the layer that drives it (a ``Dispatcher``), and how it names its
+work for monitors.
 
 ``tasks.dispatcher.CeleryDispatcher`` implements ``Dispatcher`` with Celery groups and chains;
 ``worker/`` itself never imports Celery.
@@ -6,17 +7,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from worker.tooling.contract import WorkerTool
+from worker.tooling.contract import ToolServices, WorkerTool
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall
 from worker.turn.request import TurnRequest
 
 
 class Dispatcher(Protocol):
-    """How the engine hands work to the queue layer."""
+    """How the turn loop hands work to the queue layer."""
 
     def enqueue_step(self, turn_id: str, step: int, *, queue: str, label: str = "") -> None:
         """Run model step ``step`` of the turn later, on ``queue``. ``label`` describes it for
@@ -35,15 +35,15 @@ class Dispatcher(Protocol):
         """Run the batch's calls: together (``parallel``) or one after another (``sequential``).
         ``labels`` describes each call by ``call_id`` for monitors (``call_labels``)."""
 
-    def services(self, request: TurnRequest) -> dict[str, Callable[..., Any]]:
-        """Turn-scoped callables for tool creators (e.g. ``enqueue_turn``)."""
+    def services(self, request: TurnRequest) -> ToolServices:
+        """The queue layer's services for the turn's tools (e.g. schedule entries); the turn loop
+        adds its own (Redis, settings, ``enqueue_turn``, ``cancel_turn``)."""
 
-    def turn_finished(self, turn_id: str, hooks: bool = True, status: Any = None, error: str | None = None) -> None:
-        """A turn just ended here with ``status`` (a ``TurnStatus``) and ``error``; run its
-        control-plane hooks when it has some (``hooks``)."""
+    def turn_finished(self, turn_id: str) -> None:
+        """The turn ended and has end hooks (``worker.turn.request.END_HOOK_METADATA``): run them."""
 
 
-Toolset = Callable[[TurnContext], list[WorkerTool]]
+Toolset = Callable[[TurnContext], list[WorkerTool[Any]]]
 
 
 def step_label(agent_id: str, turn_id: str, step: int) -> str:
@@ -59,11 +59,3 @@ def call_labels(agent_id: str, turn_id: str, step: int, calls: list[PlannedCall]
 def no_toolsets(name: str) -> Toolset:
     """The resolver of an engine that runs no tools (a control plane's): raises ``LookupError``."""
     raise LookupError(f"this engine runs no tools (toolset {name!r})")
-
-
-@dataclass
-class StepOutcome:
-    """What a step or call did, for logs and tests: ``action`` plus a short detail."""
-
-    action: str
-    detail: str = ""

@@ -12,6 +12,7 @@ import orjson
 from worker.tooling.arguments import ArgumentsOutcome, validate_tool_arguments
 from worker.tooling.contract import WorkerTool
 from worker.turn.dispatch import PlannedCall
+from worker.turn.state import CallResult
 
 log = logging.getLogger("agent.loop")
 
@@ -19,25 +20,25 @@ log = logging.getLogger("agent.loop")
 def plan_calls(
     turn_id: str,
     invalid_counts: dict[str, int],
-    tools: list[WorkerTool],
+    tools: list[WorkerTool[Any]],
     calls: list[dict[str, Any]],
     reply_status: str,
     max_raw_echo: int,
-    approval: Callable[[WorkerTool, Any], bool] | None = None,
-) -> tuple[list[PlannedCall], dict[str, dict[str, Any]], dict[str, int]]:
+    approval: Callable[[WorkerTool[Any], Any], bool] | None = None,
+) -> tuple[list[PlannedCall], dict[str, CallResult], dict[str, int]]:
     """Validate each ``function_call`` of a reply against the turn's tools, in emitted order.
 
     Returns ``(planned, pre, invalid_counts)``: a ``PlannedCall`` per call (runnable ones carry
     validated ``data``), the outputs already known for calls that will not run (duplicate
     ``call_id``, unknown tool, invalid arguments; keyed by ``call_id``), and the per-tool
-    invalid-call counts including this reply (the retry budget, DESIGN-NOTES section 6).
+    invalid-call counts including this reply (the retry budget, docs/architecture.md, "Invalid calls").
     ``approval(tool, params)`` marks a runnable call ``needs_approval`` (``worker.turn.approvals``).
     Never raises for bad model output.
     """
     by_name = {t.name: t for t in tools}
     invalid_counts = dict(invalid_counts)
     planned: list[PlannedCall] = []
-    pre: dict[str, dict[str, Any]] = {}
+    pre: dict[str, CallResult] = {}
     for i, fc in enumerate(calls):
         call_id, name = fc["call_id"], fc["name"]
         if fc.get("duplicate_of"):
@@ -51,7 +52,7 @@ def plan_calls(
                     call_id, name, i, output=out, activity=f"Duplicate call of {name}", error_kind="duplicate_call_id"
                 )
             )
-            pre[call_id] = {"output": out, "is_error": True, "details": {"error": "duplicate_call_id"}}
+            pre[call_id] = CallResult.error(out, "duplicate_call_id")
             continue
         tool = by_name.get(name)
         if tool is None:
@@ -60,7 +61,7 @@ def plan_calls(
             planned.append(
                 PlannedCall(call_id, name, i, output=out, activity=f"Unknown tool {name}", error_kind="unknown_tool")
             )
-            pre[call_id] = {"output": out, "is_error": True, "details": {"error": "unknown_tool"}}
+            pre[call_id] = CallResult.error(out, "unknown_tool")
             continue
         try:
             outcome = validate_tool_arguments(
@@ -94,16 +95,13 @@ def plan_calls(
                     error_kind="invalid_arguments",
                 )
             )
-            pre[call_id] = {
-                "output": out,
-                "is_error": True,
-                "details": {
-                    "error": "invalid_arguments",
-                    "kind": outcome.error_kind,
-                    "repairs": outcome.repairs,
-                    "errors": [{"loc": e.loc, "msg": e.msg} for e in outcome.errors],
-                },
-            }
+            pre[call_id] = CallResult.error(
+                out,
+                "invalid_arguments",
+                kind=outcome.error_kind,
+                repairs=outcome.repairs,
+                errors=[{"loc": e.loc, "msg": e.msg} for e in outcome.errors],
+            )
             continue
         planned.append(
             PlannedCall(

@@ -1,16 +1,18 @@
-"""A turn's state as read from Redis (``TurnState``, ``CallView``), its key scheme, and the fencing error.
+"""A turn's state as read from Redis (``TurnState``, the views a step or a call reads, a call's
+``CallResult``), its key scheme, the JSON of its events, and the fencing error.
 
 The keys themselves are listed in ``worker.turn.store``, which owns every write.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from worker.turn.dispatch import Batch, PlannedCall
+from worker.turn.dispatch import Plan
 from worker.turn.request import TurnStatus
 
 # Events kept per turn (a Redis Stream, trimmed approximately), and how long an ended turn's keys live.
@@ -19,23 +21,74 @@ RETENTION_SECONDS = 7 * 24 * 3600
 
 
 @dataclass
+class CallResult:
+    """The result of one tool call, stored as JSON in ``turn:{id}:results:{n}`` under its
+    ``call_id`` (first write wins), and read back to build its ``function_call_output``.
+
+    - ``output``: the text the model reads (already capped to ``max_output_chars``);
+    - ``is_error``; ``details``: JSON for logs and transcripts (``error`` names the kind of
+      failure: ``exception``, ``interrupted``, ``outcome_unknown``, ``rejected``,
+      ``invalid_arguments``...; ``repairs``, ``output_cut_chars``, ``loaded`` tool names...);
+    - ``terminate``: the turn ends after this step's batch (``ToolResult.terminate``);
+    - ``presentation_events``: ``[{"kind", "data"}]`` for the reply surface;
+    - ``activity``: the label after completion (None: the planned call's);
+    - ``ms``: how long the tool ran (None when nothing ran).
+    """
+
+    output: str
+    is_error: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+    terminate: bool = False
+    presentation_events: list[dict[str, Any]] = field(default_factory=list)
+    activity: str | None = None
+    ms: float | None = None
+
+    @classmethod
+    def error(cls, output: str, kind: str, /, **details: Any) -> CallResult:
+        """An error result whose ``details.error`` is ``kind`` (plus ``details``)."""
+        return cls(output=output, is_error=True, details={"error": kind, **details})
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (what the results hash stores)."""
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CallResult:
+        """Inverse of ``to_json``; tolerant of results stored before a field existed."""
+        return cls(
+            output=str(data.get("output", "")),
+            is_error=bool(data.get("is_error", False)),
+            details=dict(data.get("details") or {}),
+            terminate=bool(data.get("terminate", False)),
+            presentation_events=list(data.get("presentation_events") or []),
+            activity=data.get("activity"),
+            ms=data.get("ms"),
+        )
+
+
+def parse_results(raw: dict[bytes, bytes]) -> dict[str, CallResult]:
+    """A results hash as Redis returns it (``call_id`` -> JSON), parsed."""
+    return {k.decode(): CallResult.from_json(orjson.loads(v)) for k, v in raw.items()}
+
+
+@dataclass
 class CallView:
     """What a tool-call task reads before running, fetched in one round trip."""
 
-    state: "TurnState | None"
-    plan: tuple[list[PlannedCall], list[Batch]] | None
+    state: TurnState | None
+    plan: Plan | None
     has_result: bool
     cancelled: bool
 
 
 @dataclass
 class AdvanceView:
-    """What closing a batch reads (``TurnEngine._advance``): the state, the cancel flag and the
+    """What closing a batch reads (``worker.turn.completion``): the state, the cancel flag and the
     step's results by ``call_id``; returned by the barrier to its winner, or read in one round trip."""
 
-    state: "TurnState | None"
+    state: TurnState | None
     cancelled: bool
-    results: dict[str, dict[str, Any]]
+    results: dict[str, CallResult]
 
 
 @dataclass
@@ -55,7 +108,7 @@ class StepView:
     history, the memoized reply of the step (or None), the cancel flag and, from
     ``Claims.begin_step``, the model-call claim."""
 
-    state: "TurnState | None"
+    state: TurnState | None
     items: list[dict[str, Any]]
     reply: dict[str, Any] | None
     cancelled: bool
@@ -65,6 +118,11 @@ class StepView:
 def key(turn_id: str, *parts: Any) -> str:
     """A turn's Redis key: ``turn:{<id>}`` plus ``:``-joined parts (braces: one Cluster slot per turn)."""
     return ":".join([f"turn:{{{turn_id}}}", *map(str, parts)])
+
+
+def event_json(kind: str, data: dict[str, Any]) -> bytes:
+    """An event of the turn's stream as stored: ``{"kind", "at" (epoch seconds), **data}``."""
+    return orjson.dumps({"kind": kind, "at": round(time.time(), 3), **data})
 
 
 @dataclass
@@ -90,10 +148,15 @@ class TurnState:
     traceparent: str | None = None
 
     @classmethod
-    def from_hash(cls, turn_id: str, h: dict[bytes, bytes]) -> "TurnState":
+    def from_hash(cls, turn_id: str, h: dict[bytes, bytes]) -> TurnState:
         """Parse the ``turn:{id}`` hash (bytes keys and values)."""
-        g = lambda k, d=None: h.get(k.encode(), d)  # noqa: E731
-        dec = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+
+        def g(k: str, d: Any = None) -> Any:
+            return h.get(k.encode(), d)
+
+        def dec(v: Any) -> Any:
+            return v.decode() if isinstance(v, bytes) else v
+
         return cls(
             turn_id=turn_id,
             status=TurnStatus(dec(g("status", b"queued"))),

@@ -1,7 +1,8 @@
 """The turn's state in Redis between steps.
 
 Size: one concept kept whole on purpose: every write to a turn's keys, so that the
-fencing rules (guards on ``step`` and ``phase``) can be read and checked in one place.
+fencing rules (guards on ``step`` and ``phase``) can be read and checked in one place
+(claims and the barrier are their own part, ``worker.turn.claims``, held as ``store.claims``).
 
 A turn is a chain of steps over this state; no task waits on another. Every
 transition is guarded: one Lua script (``worker.turn.guard``) checks the
@@ -40,36 +41,45 @@ Cluster slot):
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import orjson
 import redis
 
 from worker.model.items import unanswered_call_ids
-from worker.turn.claims import _BEGIN_STEP_LUA, _CLAIM_LUA, _RECORD_LUA, _RELEASE_LUA, Claims
-from worker.turn.dispatch import Batch, PlannedCall
+from worker.turn.claims import Claims
+from worker.turn.dispatch import Plan
 from worker.turn.guard import CreateScript, GuardScript, Writes
 from worker.turn.request import END_HOOK_METADATA, TurnRefused, TurnStatus
-from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, AdvanceView, CallView, TurnState
+from worker.turn.state import (
+    EVENTS_MAXLEN,
+    RETENTION_SECONDS,
+    AdvanceView,
+    CallResult,
+    CallView,
+    TurnState,
+    event_json,
+    parse_results,
+)
 from worker.turn.state import key as _k
 
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
 FINISHING_KEY = "turns:finishing"
 
 
-class TurnStore(Claims):
-    """Redis-backed turn state. ``client`` is a ``redis.Redis`` (bytes responses)."""
+class TurnStore:
+    """Redis-backed turn state. ``client`` is a ``redis.Redis`` (bytes responses);
+    ``progress_timeout``: seconds a turn may go without progress before the watchdog re-drives it."""
 
     def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0):
-        self.r = client
+        # redis-py types every reply as ``bytes | str``; this client answers bytes
+        # (``decode_responses`` off), and the parsing below says what each reply is.
+        self.r: Any = client
         self.progress_timeout = progress_timeout
-        self._claim = self.r.register_script(_CLAIM_LUA)
-        self._record = self.r.register_script(_RECORD_LUA)
-        self._release = self.r.register_script(_RELEASE_LUA)
-        self._begin_step = self.r.register_script(_BEGIN_STEP_LUA)
+        self.claims = Claims(client, progress_timeout=progress_timeout)
         self._guard = GuardScript(self.r, FINISHING_KEY)
         self._create = CreateScript(self.r)
-        self._plans: dict[tuple[str, int], tuple[list[PlannedCall], list[Batch]]] = {}
+        self._plans: dict[tuple[str, int], Plan] = {}
 
     # ----- reading ---------------------------------------------------------
     def load(self, turn_id: str) -> TurnState | None:
@@ -92,20 +102,16 @@ class TurnStore(Claims):
                 out.append((eid.decode(), orjson.loads(fields[b"e"])))
         return out
 
-    def plan(self, turn_id: str, step: int) -> tuple[list[PlannedCall], list[Batch]] | None:
-        """The dispatch plan of ``step``: ``(calls, batches)``, or None before it is recorded."""
+    def plan(self, turn_id: str, step: int) -> Plan | None:
+        """The dispatch plan of ``step``, or None before it is recorded."""
         cached = self._plans.get((turn_id, step))
         return cached if cached is not None else self._parse_plan(turn_id, step, self.r.get(_k(turn_id, "plan", step)))
 
-    def _parse_plan(self, turn_id: str, step: int, raw: bytes | None) -> tuple[list[PlannedCall], list[Batch]] | None:
+    def _parse_plan(self, turn_id: str, step: int, raw: bytes | None) -> Plan | None:
         # A plan never changes once written: parse it once per process.
         if not raw:
             return None
-        data = orjson.loads(raw)
-        plan = (
-            [PlannedCall.from_json(c) for c in data["calls"]],
-            [Batch(b["mode"], b["call_ids"]) for b in data["batches"]],
-        )
+        plan = Plan.from_json(orjson.loads(raw))
         if len(self._plans) > 256:
             self._plans.clear()
         self._plans[(turn_id, step)] = plan
@@ -120,7 +126,7 @@ class TurnStore(Claims):
             p.hgetall(_k(turn_id, "results", step))
             h, cancelled, results = p.execute()
         state = TurnState.from_hash(turn_id, h) if h else None
-        return AdvanceView(state, bool(cancelled), {k.decode(): orjson.loads(v) for k, v in results.items()})
+        return AdvanceView(state, bool(cancelled), parse_results(results))
 
     def call_view(self, turn_id: str, step: int, call_id: str) -> CallView:
         """State, plan, whether the call has a result, and the cancel flag, in one round trip."""
@@ -134,9 +140,9 @@ class TurnStore(Claims):
         plan = self._plans.get((turn_id, step)) or self._parse_plan(turn_id, step, raw_plan)
         return CallView(state, plan, bool(has_result), bool(cancelled))
 
-    def results(self, turn_id: str, step: int) -> dict[str, dict[str, Any]]:
-        """Results of ``step`` by ``call_id`` (``output``, ``details``, ``is_error``, ``terminate``...)."""
-        return {k.decode(): orjson.loads(v) for k, v in self.r.hgetall(_k(turn_id, "results", step)).items()}
+    def results(self, turn_id: str, step: int) -> dict[str, CallResult]:
+        """Results of ``step`` by ``call_id``."""
+        return parse_results(self.r.hgetall(_k(turn_id, "results", step)))
 
     def status(self, turn_id: str) -> TurnStatus | None:
         """The turn's status alone (one field read), or None for an unknown turn."""
@@ -181,7 +187,7 @@ class TurnStore(Claims):
         request: dict[str, Any],
         initial_items: list[dict[str, Any]],
         idempotency_key: str | None = None,
-        fields: dict[str, str] | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> tuple[str, bool]:
         """Create the turn with its ``turn_queued`` event, atomically and in one round trip
         (``worker.turn.guard.CreateScript``); ``fields``: extra hash fields (e.g. the ``traceparent``).
@@ -197,7 +203,7 @@ class TurnStore(Claims):
         keys = [_k(turn_id), _k(turn_id, "items"), "turns:watch", f"agent:{agent_id}:turns", _k(turn_id, "events")]
         if idempotency_key:
             keys.append(f"turn-idem:{agent_id}:{idempotency_key}")
-        fields = {
+        hash_fields: dict[str, Any] = {
             "status": TurnStatus.queued.value,
             "step": 0,
             "phase": "model",
@@ -218,12 +224,12 @@ class TurnStore(Claims):
             keys,
             agent_id,
             turn_id,
-            fields,
+            hash_fields,
             [orjson.dumps(i) for i in initial_items],
             retention=RETENTION_SECONDS,
             deadline=now + self.progress_timeout,
             keep=500,
-            event=self._event_json("turn_queued", {}),
+            event=event_json("turn_queued", {}),
             events_maxlen=EVENTS_MAXLEN,
         )
         if code < 0:
@@ -266,7 +272,7 @@ class TurnStore(Claims):
         """``queued`` -> ``running`` at the first step, with the ``turn_started`` event ``event``
         in the same transaction (guarded; raises ``StaleStep`` if fenced out)."""
 
-        def w(pipe: Writes) -> None:
+        def w(pipe: Any) -> None:
             self._touch(pipe, turn_id, {"status": TurnStatus.running.value})
             if event is not None:
                 self._xadd(pipe, turn_id, "turn_started", event)
@@ -301,20 +307,20 @@ class TurnStore(Claims):
         key = _k(turn_id, "reply", step)
         if self.r.set(key, orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS):
             return reply
-        return orjson.loads(self.r.get(key))
+        stored: dict[str, Any] = orjson.loads(self.r.get(key))
+        return stored
 
     def begin_tools(
         self,
         turn_id: str,
         step: int,
         reply_items: list[dict[str, Any]],
-        calls: list[PlannedCall],
-        batches: list[Batch],
-        pre_results: dict[str, dict[str, Any]],
+        plan: Plan,
+        pre_results: dict[str, CallResult],
         invalid_counts: dict[str, int],
         loaded_tools: list[str] | None = None,
         also: Callable[[Any], None] | None = None,
-        events: list[tuple[str, dict[str, Any]]] = (),
+        events: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> None:
         """Record the reply's items and the dispatch plan; move to phase ``tools``.
 
@@ -323,21 +329,14 @@ class TurnStore(Claims):
         Raises ``StaleStep`` if another delivery already did it.
         """
 
-        def w(pipe: Writes) -> None:
+        def w(pipe: Any) -> None:
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
-            pipe.set(
-                _k(turn_id, "plan", step),
-                orjson.dumps(
-                    {
-                        "calls": [c.to_json() for c in calls],
-                        "batches": [{"mode": b.mode, "call_ids": b.call_ids} for b in batches],
-                    }
-                ),
-                ex=RETENTION_SECONDS,
-            )
+            pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
             if pre_results:
-                pipe.hset(_k(turn_id, "results", step), mapping={k: orjson.dumps(v) for k, v in pre_results.items()})
+                pipe.hset(
+                    _k(turn_id, "results", step), mapping={k: orjson.dumps(v.to_json()) for k, v in pre_results.items()}
+                )
                 pipe.expire(_k(turn_id, "results", step), RETENTION_SECONDS)
             fields = {"phase": "tools", "invalid_counts": orjson.dumps(invalid_counts)}
             if loaded_tools is not None:
@@ -352,11 +351,7 @@ class TurnStore(Claims):
         self._guarded(turn_id, step, "model", w)
 
     def _xadd(self, pipe: Any, turn_id: str, kind: str, data: dict[str, Any]) -> None:
-        pipe.xadd(_k(turn_id, "events"), {"e": self._event_json(kind, data)}, maxlen=EVENTS_MAXLEN, approximate=True)
-
-    @staticmethod
-    def _event_json(kind: str, data: dict[str, Any]) -> bytes:
-        return orjson.dumps({"kind": kind, "at": round(time.time(), 3), **data})
+        pipe.xadd(_k(turn_id, "events"), {"e": event_json(kind, data)}, maxlen=EVENTS_MAXLEN, approximate=True)
 
     def finish_tools(
         self,
@@ -369,7 +364,7 @@ class TurnStore(Claims):
     ) -> None:
         """Append the outputs (emitted order) and move to the next step, or end the turn with ``terminal``."""
 
-        def w(pipe: Writes) -> None:
+        def w(pipe: Any) -> None:
             if output_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in output_items])
             fields: dict[str, Any] = {"step": step + 1, "phase": "model"}
@@ -390,7 +385,7 @@ class TurnStore(Claims):
     ) -> None:
         """Record a reply that ran no tool plus follow-up input items, and move to step + 1."""
 
-        def w(pipe: Writes) -> None:
+        def w(pipe: Any) -> None:
             if items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in items])
             self._touch(pipe, turn_id, {"step": step + 1, "phase": "model", **(fields or {})})
@@ -413,7 +408,7 @@ class TurnStore(Claims):
         ``turn_finished`` event ``finished_event`` if given. Returns True when the turn has end
         hooks to run (``END_HOOK_METADATA``)."""
 
-        def w(pipe: Writes) -> None:
+        def w(pipe: Any) -> None:
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
             fields: dict[str, Any] = {"status": status.value}
@@ -433,7 +428,7 @@ class TurnStore(Claims):
     def fail(self, turn_id: str, status: TurnStatus, error: str) -> bool:
         """End a non-terminal turn whatever its step (cancel, gateway failure, watchdog give-up).
 
-        Every ``function_call`` still without an output gets one (DESIGN-NOTES section 2):
+        Every ``function_call`` still without an output gets one (docs/architecture.md, "Batches"):
         its stored result if the call finished, else an "Interrupted" output; the cancel
         flag is set so tools still running stop. Returns False if the turn had already ended.
         """
@@ -448,18 +443,15 @@ class TurnStore(Claims):
                 return
             items = [orjson.loads(x) for x in pipe.lrange(_k(turn_id, "items"), 0, -1)]
             missing = unanswered_call_ids(items)
-            results = {}
+            results: dict[str, CallResult] = {}
             if missing:
-                results = {
-                    k.decode(): orjson.loads(v)
-                    for k, v in pipe.hgetall(_k(turn_id, "results", int(h[b"step"]))).items()
-                }
+                results = parse_results(pipe.hgetall(_k(turn_id, "results", int(h[b"step"]))))
             pipe.multi()
             outputs = []
             for call_id in missing:
                 res = results.get(call_id)
                 text = (
-                    res["output"]
+                    res.output
                     if res
                     else (
                         f"Interrupted: the turn ended ({status.value}) before this call "
@@ -519,7 +511,7 @@ class TurnStore(Claims):
         p.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
         p.xadd(
             _k(turn_id, "events"),
-            {"e": self._event_json("cancel_requested", {"by": by})},
+            {"e": event_json("cancel_requested", {"by": by})},
             maxlen=EVENTS_MAXLEN,
             approximate=True,
         )

@@ -29,7 +29,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from worker.turn.dispatch import PlannedCall
 from worker.turn.request import TurnStatus
+from worker.turn.state import CallResult
 
 TRACER = trace.get_tracer("agent.turn")
 PROVIDER = "openai"  # gen_ai.provider.name: the Responses API wire format (any compatible gateway)
@@ -149,7 +151,7 @@ def model_reply(span: trace.Span, reply_id: str, status: str, usage: dict[str, i
     )
 
 
-def planned_calls(calls: list[Any], batch_of: dict[str, int]) -> None:
+def planned_calls(calls: list[PlannedCall], batch_of: dict[str, int]) -> None:
     """Note the plan of a model reply on the current span: one event per call (tool, call id, batch,
     repairs applied, the error that kept it from running). No argument values."""
     span = trace.get_current_span()
@@ -171,10 +173,10 @@ def planned_calls(calls: list[Any], batch_of: dict[str, int]) -> None:
 
 @contextmanager
 def tool_call_span(
-    call: Any, turn_id: str, agent_id: str, step: int, batch: int, record_content: bool = False
+    call: PlannedCall, turn_id: str, agent_id: str, step: int, batch: int, record_content: bool = False
 ) -> Iterator[trace.Span]:
-    """The span of one tool execution (``execute_tool {name}``, kind INTERNAL). ``call`` is a
-    ``PlannedCall``; its arguments are recorded only with ``record_content``."""
+    """The span of one tool execution (``execute_tool {name}``, kind INTERNAL); the call's
+    arguments are recorded only with ``record_content``."""
     if not tracing_active():
         yield trace.INVALID_SPAN
         return
@@ -198,20 +200,19 @@ def tool_call_span(
         yield span
 
 
-def tool_outcome(span: trace.Span, result: dict[str, Any], record_content: bool = False) -> str:
+def tool_outcome(span: trace.Span, result: CallResult, record_content: bool = False) -> str:
     """Set a tool call's outcome on its span and return it: ``ok``, or the result's error kind
     (``exception``, ``interrupted``, ``outcome_unknown``, ...), ``error`` when it names none."""
-    details = result.get("details") or {}
-    outcome = (details.get("error") or "error") if result.get("is_error") else "ok"
+    outcome = (result.details.get("error") or "error") if result.is_error else "ok"
     if span.is_recording():
         span.set_attribute("agent.tool.outcome", outcome)
-        if result.get("terminate"):
+        if result.terminate:
             span.set_attribute("agent.tool.terminate", True)
         if outcome != "ok":
             span.set_attribute("error.type", outcome)
             span.set_status(Status(StatusCode.ERROR, outcome))
         if record_content:
-            span.set_attribute("gen_ai.tool.call.result", _cap(str(result.get("output", ""))))
+            span.set_attribute("gen_ai.tool.call.result", _cap(result.output))
     return outcome
 
 

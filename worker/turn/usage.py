@@ -34,8 +34,10 @@ def normalize_usage(raw: dict[str, Any] | None) -> dict[str, int]:
     A missing or malformed count reads as 0.
     """
     raw = raw if isinstance(raw, dict) else {}
-    in_details = raw.get("input_tokens_details") if isinstance(raw.get("input_tokens_details"), dict) else {}
-    out_details = raw.get("output_tokens_details") if isinstance(raw.get("output_tokens_details"), dict) else {}
+    in_details = raw.get("input_tokens_details")
+    out_details = raw.get("output_tokens_details")
+    in_details = in_details if isinstance(in_details, dict) else {}
+    out_details = out_details if isinstance(out_details, dict) else {}
     inp, out = _count(raw.get("input_tokens")), _count(raw.get("output_tokens"))
     return {
         "input_tokens": inp,

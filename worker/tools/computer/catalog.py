@@ -38,9 +38,10 @@ from typing import Callable
 
 from worker.settings import Settings
 from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
+from worker.tools.computer import homes
 from worker.tools.computer.approval import command_needs_approval
 from worker.tools.computer.commands import RunCommandParams, _describe_command, _describe_command_done, _run_command
-from worker.tools.computer.common import guarded
+from worker.tools.computer.common import fail, guarded
 from worker.tools.computer.files import (
     EditFileParams,
     ListFilesParams,
@@ -71,6 +72,23 @@ def _bind(fn: Callable[..., ToolResult], settings: Settings) -> Callable[[object
     return lambda params, ctx: run(params, ctx, settings)
 
 
+def _at_home(
+    run: Callable[[object, ToolContext], ToolResult], settings: Settings
+) -> Callable[[object, ToolContext], ToolResult]:
+    """``run`` once the home is provisioned (its quota mounted), acting as the agent's uid
+    (``AgentHome.as_owner``); a home that cannot be made ready is the call's error output."""
+
+    def execute(params: object, ctx: ToolContext) -> ToolResult:
+        try:
+            home = homes.provision(settings, ctx.home)
+        except homes.HomeUnavailable as exc:
+            return fail(str(exc), home="unavailable")
+        with home.as_owner():
+            return run(params, ctx)
+
+    return execute
+
+
 def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
     """The computer tools for one turn, confined to ``ctx.home``.
 
@@ -84,6 +102,14 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
     cap_s = f"{settings.command_timeout:g}"
     policy = NetworkPolicy(mode=ctx.network, allow_hosts=ctx.egress_allow_hosts)
     run_command = guarded(_run_command)
+
+    def command(params: object, tctx: ToolContext) -> ToolResult:
+        try:
+            home = homes.provision(settings, tctx.home)
+        except homes.HomeUnavailable as exc:
+            return fail(str(exc), home="unavailable")
+        return run_command(params, tctx, settings, policy, home)
+
     if ctx.network == "egress":
         network = (
             "Network: outbound HTTP(S) only through the proxy set in HTTP_PROXY/HTTPS_PROXY "
@@ -104,7 +130,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
                 f"It runs in a sandbox: only the home is writable, other files are read-only system files. {network}"
             ),
             input_model=RunCommandParams,
-            execute=lambda params, tctx: run_command(params, tctx, settings, policy),
+            execute=command,
             execution_mode="sequential",
             is_destructive=True,
             needs_approval=command_needs_approval,
@@ -118,7 +144,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
                 "like `cat -n` unless line_numbers=false."
             ),
             input_model=ReadFileParams,
-            execute=_bind(_read_file, settings),
+            execute=_at_home(_bind(_read_file, settings), settings),
             execution_mode="parallel",
             is_read_only=True,
             describe_activity=_describe_read,
@@ -128,7 +154,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             name="write_file",
             description="Create or overwrite a text file in the agent home (parent directories are created).",
             input_model=WriteFileParams,
-            execute=guarded(_write_file),
+            execute=_at_home(guarded(_write_file), settings),
             execution_mode="sequential",
             is_destructive=True,
             describe_activity=_describe_write,
@@ -141,7 +167,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
                 "once (include surrounding lines to make it unique) unless replace_all=true."
             ),
             input_model=EditFileParams,
-            execute=guarded(_edit_file),
+            execute=_at_home(guarded(_edit_file), settings),
             execution_mode="sequential",
             is_destructive=True,
             describe_activity=_describe_edit,
@@ -151,7 +177,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             name="list_files",
             description="List a directory in the agent home, optionally recursively (with an entry cap).",
             input_model=ListFilesParams,
-            execute=guarded(_list_files),
+            execute=_at_home(guarded(_list_files), settings),
             execution_mode="parallel",
             is_read_only=True,
             describe_activity=_describe_list,
@@ -164,7 +190,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
                 "literal=true). Returns path:line: text for each matching line, up to max_results."
             ),
             input_model=SearchFilesParams,
-            execute=guarded(_search_files),
+            execute=_at_home(guarded(_search_files), settings),
             execution_mode="parallel",
             is_read_only=True,
             describe_activity=_describe_search,

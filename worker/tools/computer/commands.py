@@ -18,8 +18,10 @@ from pydantic import BaseModel, Field
 
 from worker.settings import Settings
 from worker.tooling.contract import ToolContext, ToolResult
+from worker.tools.computer.cgroups import MemoryCgroup
 from worker.tools.computer.common import fail, short
 from worker.tools.computer.confine import ConfinementError, display_path, home_root, resolve_in_home
+from worker.tools.computer.homes import AgentHome, full_note
 from worker.tools.computer.launch import KILL_GRACE, NetworkPolicy, command_env, prepare
 from worker.tools.computer.sandbox import SandboxUnavailable
 
@@ -116,7 +118,11 @@ class RunCommandParams(BaseModel):
 
 
 def _run_command(
-    params: RunCommandParams, ctx: ToolContext, settings: Settings, policy: NetworkPolicy = NetworkPolicy()
+    params: RunCommandParams,
+    ctx: ToolContext,
+    settings: Settings,
+    policy: NetworkPolicy = NetworkPolicy(),
+    agent_home: AgentHome | None = None,
 ) -> ToolResult:
     """Run ``params.command`` in the sandbox (``launch.prepare``); its lifetime bounds all its descendants.
 
@@ -126,7 +132,8 @@ def _run_command(
     in it dies. Unsandboxed (``AGENT_COMMAND_SANDBOX=off``), ``_RUNNER`` stops
     the tree (SIGTERM, then SIGKILL). ``policy`` is the turn's network. When
     the sandbox cannot be created the result is an error naming the cause and
-    the setting; nothing runs.
+    the setting; nothing runs. ``agent_home`` (``homes.provision``): the
+    command runs as its uid, and a full home is named in the result.
     """
     try:
         cwd = resolve_in_home(ctx.home, params.cwd or ".")
@@ -139,7 +146,8 @@ def _run_command(
     shell = shutil.which("bash") or "/bin/sh"
     home = home_root(ctx.home)
     try:
-        launch = prepare(settings, policy, home, cwd, params.command, shell)
+        owner = (agent_home.uid, agent_home.gid) if agent_home and agent_home.uid is not None else None
+        launch = prepare(settings, policy, home, cwd, params.command, shell, owner=owner)  # type: ignore[arg-type]
     except SandboxUnavailable as exc:
         return fail(str(exc), sandbox="unavailable")
     sink = _CappedSink(settings.command_output_cap)
@@ -161,9 +169,14 @@ def _run_command(
         return fail(f"could not start the command: {exc.strerror or exc}")
     launch.spawned()
     try:
-        return _supervise(proc, params, ctx, sink, started, timeout, cwd)
+        result = _supervise(proc, params, ctx, sink, started, timeout, cwd, launch.memory)
     finally:
         launch.cleanup()
+    note = full_note(agent_home) if agent_home is not None else None
+    if note:
+        result.content += f"\n[{note}]"
+        result.details["home_full"] = True
+    return result
 
 
 def _supervise(
@@ -174,8 +187,13 @@ def _supervise(
     started: float,
     timeout: float,
     cwd,
+    memory: MemoryCgroup | None = None,
 ) -> ToolResult:
-    """Pump output, enforce the timeout and abort, and build the result."""
+    """Pump output, enforce the timeout, the abort and the memory limit, and build the result.
+
+    ``memory``: the command's memory cgroup; once the kernel's OOM killer has
+    killed one of its processes, the whole command is killed and the result
+    says it passed its memory limit (``AGENT_COMMAND_MAX_MEMORY_BYTES``)."""
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -201,6 +219,10 @@ def _supervise(
         if ctx.abort.aborted:
             outcome = "aborted"
             break
+        if memory is not None and memory.oom_killed():
+            outcome = "memory_limit"
+            memory.kill()
+            break
         if reader.is_alive():
             # The output pipe closes when the last process of the command exits: waking on the
             # reader's end answers at once, where Popen.wait polls with growing sleeps.
@@ -210,6 +232,10 @@ def _supervise(
             proc.wait(timeout=min(0.05, left))
         except subprocess.TimeoutExpired:
             pass
+    if outcome == "exited" and memory is not None and memory.oom_killed():
+        outcome = "memory_limit"  # the kernel killed a process, and the command ended before we looked
+    if outcome == "memory_limit":
+        memory.kill()  # type: ignore[union-attr]
     if outcome != "exited":
         _stop_runner(proc)
     reader.join(PIPE_DRAIN_GRACE)
@@ -240,6 +266,17 @@ def _supervise(
             details=details,
             is_error=True,
         )
+    if outcome == "memory_limit":
+        limit = memory.limit_bytes if memory is not None else 0
+        return ToolResult(
+            content=(
+                f"{body}\n[command killed: its processes together passed its memory limit of "
+                f"{limit / 1024**2:,.0f} MiB (AGENT_COMMAND_MAX_MEMORY_BYTES); it and its background processes "
+                "were killed]"
+            ),
+            details=details,
+            is_error=True,
+        )
     if outcome == "aborted":
         return ToolResult(
             content=f"{body}\n[command cancelled: the turn was aborted; it and its background processes were killed]",
@@ -259,6 +296,8 @@ def _describe_command_done(p: RunCommandParams, r: ToolResult) -> str:
         return f"`{short(p.command)}` timed out"
     if outcome == "aborted":
         return f"Stopped `{short(p.command)}`"
+    if outcome == "memory_limit":
+        return f"`{short(p.command)}` passed its memory limit"
     if "exit_code" not in r.details:
         return f"Could not run `{short(p.command)}`"
     return f"Ran `{short(p.command)}` (exit {r.details['exit_code']})"

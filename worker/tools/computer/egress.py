@@ -109,13 +109,23 @@ class EgressProxy:
     shuts down every relayed connection and removes the socket directory.
     """
 
-    def __init__(self, allow_hosts: tuple[str, ...] | None = None, loopback_ports: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        allow_hosts: tuple[str, ...] | None = None,
+        loopback_ports: frozenset[int] = frozenset(),
+        owner: tuple[int, int] | None = None,
+    ):
+        """``owner``: the ``(uid, gid)`` the sandbox runs as, given the socket and its directory
+        (bwrap binds the socket as that uid, and the relay connects as it)."""
         self.allow_hosts = allow_hosts
         self.loopback_ports = loopback_ports
         self._dir = tempfile.mkdtemp(prefix="agent-egress-")
         self.socket_path = os.path.join(self._dir, "egress.sock")
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.socket_path)
+        if owner is not None:
+            os.chown(self._dir, *owner)
+            os.chown(self.socket_path, *owner)
         self._server.listen(64)
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()

@@ -4,8 +4,10 @@ Every path is opened through ``home_fs.HomeDir`` (component by component from
 a descriptor of the home, symlinks followed only while they stay inside) and
 the tools act on that descriptor only: read and edit through it, write
 through it after ``fstat`` says it is a regular file with one link, list
-with ``os.scandir(fd)`` and ``home_fs.walk``. Writes are in place (truncate,
-then write), as before.
+with ``os.scandir(fd)`` and ``home_fs.walk``. ``write_file`` writes in place
+(truncate, then write); ``read_file`` and ``edit_file`` stream
+(``worker.tools.computer.streams``): their memory does not grow with the
+file, and an edit goes to a temporary file renamed over the original.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ from worker.tools.computer.common import (
     plural,
 )
 from worker.tools.computer.confine import ConfinementError
-from worker.tools.computer.home_fs import HomeDir, Opened, read_fd, require_lone_regular, walk
+from worker.tools.computer.home_fs import HomeDir, Opened, require_lone_regular, walk
+from worker.tools.computer.streams import copy_replacing, count_occurrences, iter_lines
 
 # Reads: default/maximum lines per call, longest line kept, bytes sniffed for binary.
 READ_DEFAULT_LINES = 2000
 READ_MAX_LINE_CHARS = 2000
+# Bytes kept of a line while reading: enough for READ_MAX_LINE_CHARS characters of UTF-8.
+READ_MAX_LINE_BYTES = 4 * READ_MAX_LINE_CHARS
 # Listing caps.
 LIST_DEFAULT_ENTRIES = 200
 LIST_MAX_ENTRIES = 2000
@@ -55,7 +60,14 @@ def _open(
     """Open ``path`` race-free in the home, or the error result for the usual refusals."""
     try:
         with HomeDir(home) as hd:
-            return hd.open(path, flags, **kw)  # type: ignore[arg-type]
+            return _open_in(hd, path, verb, missing, flags, **kw)
+    except ConfinementError as exc:
+        return fail(str(exc))
+
+
+def _open_in(hd: HomeDir, path: str, verb: str, missing: str, flags: int, **kw: object) -> Opened | ToolResult:
+    try:
+        return hd.open(path, flags, **kw)  # type: ignore[arg-type]
     except ConfinementError as exc:
         return fail(str(exc))
     except FileNotFoundError as exc:
@@ -86,22 +98,22 @@ def _read_file(params: ReadFileParams, ctx: ToolContext, settings: Settings) -> 
             total = 0
             stopped_at_cap = False
             end = params.offset + params.limit - 1
-            # Read through the descriptor that was checked (a duplicate, so ``opened`` still owns its own).
-            with os.fdopen(os.dup(opened.fd), "r", encoding="utf-8", errors="replace", newline=None) as fh:
-                for n, line in enumerate(fh, start=1):
-                    total = n
-                    if n < params.offset or n > end or stopped_at_cap:
-                        continue
-                    text = line.rstrip("\n")
-                    if len(text) > READ_MAX_LINE_CHARS:
-                        text = text[:READ_MAX_LINE_CHARS] + f" [... line cut at {READ_MAX_LINE_CHARS} chars]"
-                    rendered = f"{n:>6}\t{text}" if params.line_numbers else text
-                    if size + len(rendered) + 1 > char_cap and out:
-                        stopped_at_cap = True
-                        continue
-                    out.append(rendered)
-                    size += len(rendered) + 1
-                    last = n
+            # Read through the descriptor that was checked, by chunks: only the first bytes of each
+            # line are kept (a 300 MB one-line file costs a chunk, not 300 MB).
+            for n, (head, cut) in enumerate(iter_lines(opened.fd, READ_MAX_LINE_BYTES), start=1):
+                total = n
+                if n < params.offset or n > end or stopped_at_cap:
+                    continue
+                text = head.decode("utf-8", errors="replace")
+                if cut or len(text) > READ_MAX_LINE_CHARS:
+                    text = text[:READ_MAX_LINE_CHARS] + f" [... line cut at {READ_MAX_LINE_CHARS} chars]"
+                rendered = f"{n:>6}\t{text}" if params.line_numbers else text
+                if size + len(rendered) + 1 > char_cap and out:
+                    stopped_at_cap = True
+                    continue
+                out.append(rendered)
+                size += len(rendered) + 1
+                last = n
         except OSError as exc:
             return fail(f"{shown}: cannot read ({os_reason(exc)})")
     lines_read = len(out)
@@ -195,50 +207,54 @@ class EditFileParams(BaseModel):
 
 
 def _edit_file(params: EditFileParams, ctx: ToolContext) -> ToolResult:
+    """Replace ``old_string`` in a file, streaming: the file is scanned by chunks (count, UTF-8
+    check) and the new content written by chunks to a temporary file renamed over it
+    (``HomeDir.write_atomic``), so memory stays bounded whatever the file's size, and a failed
+    write (the home's quota) leaves the file as it was."""
+    if params.old_string == params.new_string:
+        return fail("old_string and new_string are identical; nothing to change")
+    old, new = params.old_string.encode("utf-8"), params.new_string.encode("utf-8")
     try:
-        opened = _open(ctx.home, params.path, "edited", "no such file", os.O_RDWR)
-    except IsADirectoryError as exc:
-        return fail(f"{exc.filename} is a directory, not a regular file; not edited")
-    if isinstance(opened, ToolResult):
-        return opened
-    with opened:
-        shown = opened.rel
-        try:
-            require_lone_regular(opened.st, shown)
-        except NotRegularFile as exc:
-            return fail(f"{shown} is {exc.strerror}; not edited")
-        if params.old_string == params.new_string:
-            return fail("old_string and new_string are identical; nothing to change")
-        try:
-            data = read_fd(opened.fd)
-        except OSError as exc:
-            return fail(f"{shown}: cannot read ({os_reason(exc)})")
-        if b"\x00" in data[:BINARY_SNIFF_BYTES]:
-            return fail(f"{shown} looks like a binary file; not edited")
-        try:
-            text = data.decode("utf-8")  # bytes as they are: CRLF stays CRLF
-        except UnicodeDecodeError:
-            return fail(f"{shown} is not valid UTF-8 text; not edited")
-        count = text.count(params.old_string)
-        if count == 0:
-            return fail(f"old_string was not found in {shown}; read the file and copy the text exactly")
-        if count > 1 and not params.replace_all:
-            return fail(
-                f"old_string occurs {count} times in {shown}; include more surrounding text to make it "
-                f"unique, or set replace_all=true"
-            )
-        new_text = (
-            text.replace(params.old_string, params.new_string)
-            if params.replace_all
-            else text.replace(params.old_string, params.new_string, 1)
-        )
-        try:
-            _replace_content(opened.fd, new_text.encode("utf-8"))  # the same descriptor that was read and checked
-        except OSError as exc:
-            return fail(f"{shown}: cannot write ({os_reason(exc)})")
-    replaced = count if params.replace_all else 1
+        hd = HomeDir(ctx.home)
+    except ConfinementError as exc:
+        return fail(str(exc))
+    with hd:
+        opened = _open_in(hd, params.path, "edited", "no such file", os.O_RDONLY)
+        if isinstance(opened, ToolResult):
+            return opened
+        with opened:
+            shown = opened.rel
+            if stat.S_ISDIR(opened.st.st_mode):
+                return fail(f"{shown} is a directory, not a regular file; not edited")
+            try:
+                require_lone_regular(opened.st, shown)
+            except NotRegularFile as exc:
+                return fail(f"{shown} is {exc.strerror}; not edited")
+            try:
+                if b"\x00" in os.pread(opened.fd, BINARY_SNIFF_BYTES, 0):
+                    return fail(f"{shown} looks like a binary file; not edited")
+                count = count_occurrences(opened.fd, old)  # bytes as they are: CRLF stays CRLF
+            except UnicodeDecodeError:
+                return fail(f"{shown} is not valid UTF-8 text; not edited")
+            except OSError as exc:
+                return fail(f"{shown}: cannot read ({os_reason(exc)})")
+            if count == 0:
+                return fail(f"old_string was not found in {shown}; read the file and copy the text exactly")
+            if count > 1 and not params.replace_all:
+                return fail(
+                    f"old_string occurs {count} times in {shown}; include more surrounding text to make it "
+                    f"unique, or set replace_all=true"
+                )
+            try:
+                # The content comes from the descriptor that was read and checked; the rename goes
+                # to its real path (an edit through a symlink inside the home edits the target).
+                hd.write_atomic(
+                    shown, lambda out: copy_replacing(opened.fd, out, old, new), mode=stat.S_IMODE(opened.st.st_mode)
+                )
+            except OSError as exc:
+                return fail(f"{shown}: cannot write ({os_reason(exc)}); the file is unchanged")
     return ToolResult(
-        content=f"Edited {shown}: {plural(replaced, 'replacement')}", details={"path": shown, "replacements": replaced}
+        content=f"Edited {shown}: {plural(count, 'replacement')}", details={"path": shown, "replacements": count}
     )
 
 

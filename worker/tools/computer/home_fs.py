@@ -32,13 +32,15 @@ to the home as ``filename`` (``FileNotFoundError``, ``IsADirectoryError``,
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from worker.tools.computer.common import NotRegularFile, kind
 from worker.tools.computer.confine import lexical_parts, symlink_escape
@@ -53,6 +55,33 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+
+
+_owner = threading.local()
+
+
+@contextlib.contextmanager
+def owned_by(owner: tuple[int, int] | None) -> Iterator[None]:
+    """In this thread, what ``HomeDir`` creates (files, directories, temporary files) is given to
+    ``owner`` (``(uid, gid)``; the agent's host uid, ``homes.AgentHome.as_owner``) with ``fchown``.
+    ``None``: left to the worker's uid. Per thread: concurrent calls in other threads are unaffected."""
+    previous = getattr(_owner, "value", None)
+    _owner.value = owner
+    try:
+        yield
+    finally:
+        _owner.value = previous
+
+
+def _give(fd: int, name: str | None = None) -> None:
+    """Give ``fd`` (or ``name`` in the directory ``fd``, not followed) to the thread's owner, if any."""
+    owner = getattr(_owner, "value", None)
+    if owner is None:
+        return
+    if name is None:
+        os.fchown(fd, *owner)
+    else:
+        os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
 
 
 class HardLinkedFile(NotRegularFile):
@@ -177,6 +206,7 @@ class HomeDir:
                     if missing and create_dirs and (not last or flags & os.O_DIRECTORY):
                         try:
                             os.mkdir(name, 0o755, dir_fd=cur)
+                            _give(cur, name)
                         except FileExistsError:
                             pass
                         pending.append(name)
@@ -239,6 +269,11 @@ class HomeDir:
             # O_EXCL: if a symlink or anything else appeared meanwhile, fail rather than follow it.
             fd = os.open(name, base | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
             created = True
+            try:
+                _give(fd)
+            except BaseException:
+                os.close(fd)
+                raise
         except OSError as exc:
             if exc.errno == errno.ENXIO:  # a FIFO without a reader, or a socket, swapped in
                 raise NotRegularFile(errno.ENXIO, "a FIFO or socket, not a regular file", rel) from None
@@ -272,13 +307,18 @@ class HomeDir:
             require_lone_regular(f.st, f.rel)
             return f.rel, read_fd(f.fd, limit)
 
-    def write_atomic(self, path: str, data: bytes, mode: int = 0o644) -> str:
+    def write_atomic(self, path: str, data: bytes | Callable[[BinaryIO], object], mode: int = 0o644) -> str:
         """Replace ``path`` with ``data`` atomically; returns the path relative to the home.
 
-        The parent directory is resolved (and created) as ``open`` does; the
-        content goes to a new temporary name in it (``O_EXCL | O_NOFOLLOW``),
-        then ``os.replace`` with both ``dir_fd``s renames it over the name. A
-        symlink or hard link at the name is replaced, never written through.
+        ``data``: the bytes, or a function writing them to the binary file it
+        is given (a stream: nothing is held in memory here). The parent
+        directory is resolved (and created) as ``open`` does; the content goes
+        to a new temporary name in it (``O_EXCL | O_NOFOLLOW``, permission bits
+        ``mode & 0o777`` whatever the umask), then ``os.replace`` with both
+        ``dir_fd``s renames it over the name. A symlink or hard link at the
+        name is replaced, never written through. On any error (``ENOSPC`` at
+        the home's quota...) the temporary file is removed and ``path`` is
+        left as it was.
         """
         _, parts = lexical_parts(self.home, path, root=self.root)
         if not parts:
@@ -292,7 +332,12 @@ class HomeDir:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode, dir_fd=d.fd)
             try:
                 with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
+                    _give(fd)
+                    os.fchmod(fd, mode & 0o777)
+                    if callable(data):
+                        data(fh)
+                    else:
+                        fh.write(data)
                 os.replace(tmp, name, src_dir_fd=d.fd, dst_dir_fd=d.fd)
             except BaseException:
                 try:

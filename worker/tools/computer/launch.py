@@ -20,7 +20,7 @@ from typing import Callable
 
 from worker.settings import Settings
 from worker.tools.computer import sandbox
-from worker.tools.computer.cgroups import PidsCgroup, pids_cgroup_root
+from worker.tools.computer.cgroups import MemoryCgroup, PidsCgroup, memory_cgroup_root, pids_cgroup_root
 from worker.tools.computer.egress import PROXY_PORT, RELAY, SOCKET_IN_SANDBOX, EgressProxy
 
 log = logging.getLogger(__name__)
@@ -195,6 +195,7 @@ class Launch:
     pass_fds: list[int] = field(default_factory=list)
     sandboxed: bool = True
     cleanups: list[Callable[[], None]] = field(default_factory=list)
+    memory: MemoryCgroup | None = None  # the command's memory cgroup (``oom_killed``), when there is one
 
     def spawned(self) -> None:
         """Close the parent's copies of the passed descriptors (call once ``Popen`` returned or failed)."""
@@ -230,38 +231,55 @@ def warn_if_unsandboxed(settings: Settings) -> None:
 
 
 def _inner_script(limits: sandbox.Limits, egress: bool) -> str:
-    # $0 = the shell, $1 = the command, $2 = the relay's source. Limits first, so they bind the
-    # relay too; the command then replaces this shell.
-    lines = [limits.ulimit_line() + ' || { echo "sandbox: cannot apply the resource limits" >&2; exit 125; }']
+    # $0 = the shell, $1 = the command, $2 = the working directory, $3 = the relay's source. The
+    # directory is entered here, as the agent (a root bwrap without capabilities cannot enter a
+    # 0700 home of the agent's). Limits first, so they bind the relay too; the command then
+    # replaces this shell.
+    lines = ['cd -- "$2" || exit 125']
+    lines.append(limits.ulimit_line() + ' || { echo "sandbox: cannot apply the resource limits" >&2; exit 125; }')
     if egress:
         python = os.path.realpath(sys.executable)
         lines.append(
-            f'exec 3< <("{python}" -I -S -c "$2" {SOCKET_IN_SANDBOX} {PROXY_PORT} 2>/dev/null) && read -r _ <&3; exec 3<&-'
+            f'exec 3< <("{python}" -I -S -c "$3" {SOCKET_IN_SANDBOX} {PROXY_PORT} 2>/dev/null) && read -r _ <&3; exec 3<&-'
         )
     lines.append('exec "$0" -c "$1"')
     return "\n".join(lines)
 
 
-def prepare(settings: Settings, policy: NetworkPolicy, home: Path, cwd: Path, command: str, shell: str) -> Launch:
+def prepare(
+    settings: Settings,
+    policy: NetworkPolicy,
+    home: Path,
+    cwd: Path,
+    command: str,
+    shell: str,
+    owner: tuple[int, int] | None = None,
+) -> Launch:
     """The launch of ``shell -c command`` with cwd ``cwd`` in ``home`` (both real paths).
 
-    Raises ``sandbox.SandboxUnavailable`` (message names the cause and
-    ``AGENT_COMMAND_SANDBOX``) when the sandbox is on and cannot be created.
+    ``owner``: the agent's host ``(uid, gid)`` (``homes.AgentHome``). A root
+    worker runs the command as that uid (``sandbox.owner_prefix``: ``setpriv``
+    inside the sandbox, once ``bwrap`` has mounted as root), never as root:
+    what a command creates is the agent's, a setuid bit grants nothing
+    (``nosuid`` mounts, ``no_new_privs``), and RLIMIT_NPROC counts this
+    agent's processes (all of them on the host: one agent's budget). Raises ``sandbox.SandboxUnavailable`` (message names the
+    cause and ``AGENT_COMMAND_SANDBOX``) when the sandbox is on and cannot be created.
     """
     env = command_env(home, settings)
     if settings.command_sandbox == "off":
         warn_if_unsandboxed(settings)
         return Launch(argv=_runner_argv(shell, command), env=env, cwd=str(cwd), sandboxed=False)
     bwrap = sandbox.find_bwrap(settings)
-    probed = sandbox.probe(bwrap)
+    probed = sandbox.probe(bwrap, settings)
     limits = sandbox.Limits.from_settings(settings)
     launch = Launch(argv=[], env={}, cwd="/")
+    switch = owner if owner is not None and os.geteuid() == 0 else None
     try:
         binds: list[tuple[str, str]] = []
         egress = policy.mode == "egress"
         if egress:
             ports = frozenset(int(p) for p in settings.test_only_egress_loopback_ports.split(",") if p.strip())
-            proxy = EgressProxy(policy.allow_hosts, loopback_ports=ports)
+            proxy = EgressProxy(policy.allow_hosts, loopback_ports=ports, owner=switch)
             launch.cleanups.append(proxy.close)
             binds.append((proxy.socket_path, SOCKET_IN_SANDBOX))
             url = f"http://127.0.0.1:{PROXY_PORT}"
@@ -278,21 +296,64 @@ def prepare(settings: Settings, policy: NetworkPolicy, home: Path, cwd: Path, co
             command=command,
             fds=launch.pass_fds,
             extra_binds=binds,
+            owner=switch,
         )
         if egress:
             argv.append(RELAY)
-        if probed.process_cap == "cgroup-pids":
+        procs: list[str] = []
+        memory = _memory_cgroup(settings, limits)
+        if memory is not None:
+            launch.cleanups.append(memory.remove)
+            launch.memory = memory
+            procs.append(str(memory.procs_file))
+        if probed.process_cap.endswith("cgroup-pids"):
             parent = pids_cgroup_root()
             assert parent is not None
             group = PidsCgroup(parent, limits.processes)
             launch.cleanups.append(group.remove)
-            # Join the cgroup before bwrap starts, so every sandbox process is counted.
-            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group.procs_file), *argv]
+            procs.append(str(group.procs_file))
+        if procs:
+            # Join the cgroups (as the worker) before bwrap starts, so every sandbox process is counted.
+            argv = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *procs, "--", *argv]
         launch.argv = argv
         return launch
     except BaseException:
         launch.cleanup()
         raise
+
+
+# argv: cgroup.procs files, "--", then the command: the shell writes its pid to each and execs it.
+JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+_warned_no_memory_cgroup = False
+
+
+def _memory_cgroup(settings: Settings, limits: sandbox.Limits) -> MemoryCgroup | None:
+    """The command's memory cgroup (limit ``AGENT_COMMAND_MAX_MEMORY_BYTES`` over all its
+    processes). Raises ``SandboxUnavailable`` when the host offers no writable memory cgroup,
+    unless ``AGENT_COMMAND_MEMORY_CGROUP`` is off (then ``None`` and a WARNING, once)."""
+    global _warned_no_memory_cgroup
+    if not settings.command_memory_cgroup:
+        if not _warned_no_memory_cgroup:
+            _warned_no_memory_cgroup = True
+            log.warning(
+                "AGENT_COMMAND_MEMORY_CGROUP=0: a command's memory is limited per process only (RLIMIT_AS); "
+                "several processes of one command together can use more. Development only."
+            )
+        return None
+    parent = memory_cgroup_root()
+    if parent is None:
+        raise sandbox.SandboxUnavailable(
+            "command sandbox unavailable: no writable memory cgroup (cgroup v1 'memory' hierarchy, or v2 with "
+            "the memory controller delegated to the worker) for the per-command memory limit; run the worker as "
+            "root or with a delegated cgroup, or for development only set AGENT_COMMAND_MEMORY_CGROUP=0"
+        )
+    try:
+        return MemoryCgroup(parent, limits.address_space_bytes)
+    except OSError as exc:
+        raise sandbox.SandboxUnavailable(
+            f"command sandbox unavailable: cannot create a memory cgroup ({exc})"
+        ) from None
 
 
 def startup_check(settings: Settings) -> str:
@@ -306,7 +367,7 @@ def startup_check(settings: Settings) -> str:
         warn_if_unsandboxed(settings)
         return "off"
     try:
-        probed = sandbox.probe(sandbox.find_bwrap(settings))
+        probed = sandbox.probe(sandbox.find_bwrap(settings), settings)
     except sandbox.SandboxUnavailable as exc:
         log.error("%s", exc)
         return f"unavailable: {exc}"

@@ -150,6 +150,18 @@ def find_bwrap(settings: Settings) -> str:
         ) from None
 
 
+def find_setpriv() -> str:
+    """Path of util-linux's ``setpriv`` (a root worker starts each sandbox as the agent's uid with it).
+    Raises ``SandboxUnavailable`` when missing."""
+    for path in (shutil.which("setpriv"), "/usr/bin/setpriv", "/bin/setpriv"):
+        if path and os.access(path, os.X_OK):
+            return path
+    raise SandboxUnavailable(
+        "command sandbox unavailable: a root worker runs commands as each agent's own uid with setpriv "
+        "(util-linux), which is not installed; " + UNAVAILABLE_HINT
+    )
+
+
 def _system_args() -> list[str]:
     args = ["--ro-bind", "/usr", "/usr"]
     for name in SYSTEM_DIRS:
@@ -170,40 +182,71 @@ def _system_args() -> list[str]:
 SHM_BYTES = 64 * 1024**2
 
 
-def core_args(tmp_bytes: int = 256 * 1024**2) -> list[str]:
+def core_args(tmp_bytes: int = 256 * 1024**2, owner: tuple[int, int] | None = None) -> list[str]:
     """Namespaces, session, capabilities, identity and the system mounts (no home, no command).
 
     ``/tmp`` is a private tmpfs of ``tmp_bytes`` bytes and ``/dev/shm`` one of ``SHM_BYTES``; the
     rest of the root and ``/dev`` are made read-only by ``READ_ONLY_ROOT`` at the end of the argv.
+
+    ``owner`` (a root worker: the agent's host ``(uid, gid)``): no user namespace; bwrap mounts as
+    root and keeps only ``CAP_SETUID``/``CAP_SETGID`` for the command's first process, which is
+    ``setpriv`` dropping to the agent's uid for good (``owner_prefix``). Without ``owner`` (a worker
+    that is not root): a user namespace maps uid/gid ``SANDBOX_UID`` to the worker's own.
     """
+    if owner is None:
+        identity = ["--unshare-all", "--unshare-user", "--disable-userns"]  # no nested user namespaces
+        identity += ["--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
+    else:
+        identity = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        identity += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        identity += ["--cap-add", "CAP_SETPCAP"]  # to empty the bounding set (setpriv)
+    system = _system_args()
+    # A root bwrap makes missing directories 0700 and a tmpfs 0755, root's: the agent's uid could
+    # neither traverse /etc/ssl nor write /tmp. Sandbox-only directories, nothing on the host changes.
+    shared = ["--perms", "1777"] if owner is not None else []
+    if owner is not None:
+        system = parents_args([system[i + 2] for i, a in enumerate(system) if a == "--ro-bind"]) + system
     return [
-        "--unshare-all",
-        "--unshare-user",
-        "--disable-userns",  # no nested user namespaces: less kernel surface for an escape
+        *identity,
         "--die-with-parent",
         "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--uid",
-        str(SANDBOX_UID),
-        "--gid",
-        str(SANDBOX_GID),
         "--hostname",
         "agent",
-        *_system_args(),
+        *system,
         "--proc",
         "/proc",
         "--dev",
         "/dev",
         "--size",
         str(SHM_BYTES),
+        *shared,
         "--tmpfs",
         "/dev/shm",
         "--size",
         str(tmp_bytes),
+        *shared,
         "--tmpfs",
         "/tmp",
         "--clearenv",
+    ]
+
+
+def owner_prefix(owner: tuple[int, int] | None) -> list[str]:
+    """What the sandbox's first process runs before the command: for ``owner``, ``setpriv`` to the
+    agent's uid/gid with no supplementary groups, no capabilities and ``no_new_privs`` (nothing it
+    runs can gain privileges: every mount is also ``nosuid``). Empty without ``owner``."""
+    if owner is None:
+        return []
+    uid, gid = owner
+    return [
+        find_setpriv(),
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
     ]
 
 
@@ -226,28 +269,33 @@ _probe_lock = threading.Lock()
 _probed: dict[str, ProbeResult] = {}
 
 
-def probe(bwrap: str) -> ProbeResult:
-    """Run ``bwrap <core args> /bin/sh -c 'exit 0'`` once per binary (cached on success).
+def probe(bwrap: str, settings: Settings | None = None) -> ProbeResult:
+    """Run ``bwrap <core args> /bin/sh -c 'exit 0'`` once per binary (cached on success), as
+    commands run: under ``setpriv`` to an agent uid for a root worker, with the seccomp filter
+    unless ``AGENT_COMMAND_SECCOMP`` is off.
 
     Raises ``SandboxUnavailable`` with bwrap's own error (e.g. "No permissions
     to create new namespace": user namespaces are off, or Docker's default
     seccomp profile) and the setting to change.
     """
+    settings = settings or Settings()
     with _probe_lock:
         if bwrap in _probed:
             return _probed[bwrap]
+        fds: list[int] = []
+        # As commands will run: as an agent's uid for a root worker, with the seccomp filter.
+        owner = (settings.uid_base, settings.uid_base) if os.geteuid() == 0 else None
+        argv = [bwrap, *core_args(owner=owner), *READ_ONLY_ROOT, *seccomp_args(settings, fds), "--"]
+        argv += [*owner_prefix(owner), "/bin/sh", "-c", "exit 0"]
         try:
-            proc = subprocess.run(
-                [bwrap, *core_args(), *READ_ONLY_ROOT, "--", "/bin/sh", "-c", "exit 0"],
-                capture_output=True,
-                text=True,
-                timeout=PROBE_TIMEOUT,
-                env={},
-            )
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT, env={}, pass_fds=fds)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SandboxUnavailable(
                 f"command sandbox unavailable: running {bwrap} failed ({exc}); {UNAVAILABLE_HINT}"
             ) from None
+        finally:
+            for fd in fds:
+                os.close(fd)
         if proc.returncode != 0:
             cause = " ".join((proc.stderr or proc.stdout or f"exit status {proc.returncode}").split())[:300]
             raise SandboxUnavailable(
@@ -262,17 +310,9 @@ def probe(bwrap: str) -> ProbeResult:
         from worker.tools.computer.cgroups import pids_cgroup_root
 
         notes: list[str] = []
-        if os.geteuid() != 0:
-            cap = "rlimit"
-        elif pids_cgroup_root() is not None:
-            cap = "cgroup-pids"
-        else:
-            cap = "none"
-            notes.append(
-                "the worker runs as root: the kernel exempts uid 0 from RLIMIT_NPROC and no writable pids cgroup "
-                "was found, so the per-command process cap is NOT enforced; run the worker as a non-root user"
-            )
-            log.warning("command sandbox: %s", notes[-1])
+        # Commands never run as uid 0 (a root worker runs them as the agent's uid), so RLIMIT_NPROC
+        # always holds; a pids cgroup, where writable, also bounds the command's whole tree.
+        cap = "rlimit+cgroup-pids" if pids_cgroup_root() is not None else "rlimit"
         result = ProbeResult(bwrap=bwrap, version=version, process_cap=cap, notes=notes)
         log.info("command sandbox ready: %s (%s), process cap by %s", bwrap, version, cap)
         _probed[bwrap] = result
@@ -336,12 +376,57 @@ def readonly_sources(settings: Settings) -> list[str]:
     return out
 
 
-def passwd_data() -> tuple[bytes, bytes]:
-    """Contents of the synthesized ``/etc/passwd`` and ``/etc/group``."""
-    passwd = (
-        f"agent:x:{SANDBOX_UID}:{SANDBOX_GID}:agent:/tmp:/bin/bash\nnobody:x:65534:65534:nobody:/:/usr/sbin/nologin\n"
-    )
-    group = f"agent:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"
+_warned_no_seccomp = False
+
+
+def seccomp_args(settings: Settings, fds: list[int]) -> list[str]:
+    """``--seccomp FD`` with the filter of ``worker.tools.computer.seccomp`` (the descriptor is
+    appended to ``fds``), or nothing when ``AGENT_COMMAND_SECCOMP`` is off (a WARNING, once).
+    Raises ``SandboxUnavailable`` when the filter cannot be compiled here."""
+    global _warned_no_seccomp
+    if not settings.command_seccomp:
+        if not _warned_no_seccomp:
+            _warned_no_seccomp = True
+            log.warning(
+                "AGENT_COMMAND_SECCOMP=0: commands run WITHOUT the seccomp filter (mount, namespaces, ptrace, "
+                "keyring, bpf and setuid bits are then only as restricted as the kernel makes them). Development only."
+            )
+        return []
+    from worker.tools.computer.seccomp import SeccompUnavailable, program_fd
+
+    try:
+        fd = program_fd()
+    except SeccompUnavailable as exc:
+        raise SandboxUnavailable(
+            f"command sandbox unavailable: {exc}; install them, or for development only set "
+            "AGENT_COMMAND_SECCOMP=0 (commands then run without the filter)"
+        ) from None
+    fds.append(fd)
+    return ["--seccomp", str(fd)]
+
+
+def parents_args(dests: list[str]) -> list[str]:
+    """``--perms 0755 --dir`` for every missing ancestor of ``dests`` inside the sandbox: bwrap run
+    by root makes them ``0700`` otherwise (as on the host, e.g. ``/root``), which the agent's uid
+    could not traverse. Only the sandbox's own directories: nothing on the host changes."""
+    args: list[str] = []
+    seen: set[str] = set()
+    for dest in dests:
+        parts = Path(dest).parts[1:-1]
+        for i in range(1, len(parts) + 1):
+            path = "/" + "/".join(parts[:i])
+            if path in seen or path.startswith(("/usr/", "/proc", "/dev")) or path in ("/usr", "/tmp"):
+                continue
+            seen.add(path)
+            args += ["--perms", "0755", "--dir", path]
+    return args
+
+
+def passwd_data(owner: tuple[int, int] | None = None) -> tuple[bytes, bytes]:
+    """Contents of the synthesized ``/etc/passwd`` and ``/etc/group`` ("agent" is ``owner`` or ``SANDBOX_UID``)."""
+    uid, gid = owner or (SANDBOX_UID, SANDBOX_GID)
+    passwd = f"agent:x:{uid}:{gid}:agent:/tmp:/bin/bash\nnobody:x:65534:65534:nobody:/:/usr/sbin/nologin\n"
+    group = f"agent:x:{gid}:\nnogroup:x:65534:\n"
     return passwd.encode(), group.encode()
 
 
@@ -367,27 +452,32 @@ def build_argv(
     command: str,
     fds: list[int],
     extra_binds: list[tuple[str, str]] = (),  # type: ignore[assignment]
+    owner: tuple[int, int] | None = None,
 ) -> list[str]:
     """The full ``bwrap`` argv for one command.
 
     ``home`` and ``cwd`` are real paths (``cwd`` inside ``home``); ``env`` is
     the whole inner environment; ``script`` runs as ``shell -c script shell
-    command`` (it applies the limits, then ``exec``s the command); ``fds``
+    command cwd`` (it enters ``cwd``, applies the limits, then ``exec``s the command); ``fds``
     receives the descriptors to pass to ``Popen(pass_fds=...)`` (the caller
     closes them after spawning); ``extra_binds`` are read-only ``(source,
-    dest)`` pairs (the egress socket).
+    dest)`` pairs (the egress socket); ``owner``: see ``core_args``.
     """
-    passwd, group = passwd_data()
+    passwd, group = passwd_data(owner)
     pfd, gfd = data_fd(passwd), data_fd(group)
     fds += [pfd, gfd]
-    argv = [bwrap, *core_args(settings.command_tmp_bytes)]
+    argv = [bwrap, *core_args(settings.command_tmp_bytes, owner)]
     argv += ["--ro-bind-data", str(pfd), "/etc/passwd", "--ro-bind-data", str(gfd), "/etc/group"]
-    for src in readonly_sources(settings):
+    sources = readonly_sources(settings)
+    if owner is not None:
+        argv += parents_args([*sources, *(dest for _, dest in extra_binds), str(home)])
+    for src in sources:
         argv += ["--ro-bind", src, src]
     for src, dest in extra_binds:
         argv += ["--ro-bind", src, dest]
-    argv += ["--bind", str(home), str(home), "--chdir", str(cwd), *READ_ONLY_ROOT]
+    argv += ["--bind", str(home), str(home), "--chdir", "/", *READ_ONLY_ROOT]
+    argv += seccomp_args(settings, fds)
     for key, value in env.items():
         argv += ["--setenv", key, value]
-    argv += ["--", shell, "-c", script, shell, command]
+    argv += ["--", *owner_prefix(owner), shell, "-c", script, shell, command, str(cwd)]
     return argv

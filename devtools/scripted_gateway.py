@@ -26,10 +26,10 @@ over the output items), ``total_tokens``, ``input_tokens_details.cached_tokens``
 ``output_tokens_details.reasoning_tokens`` (0). A step's ``usage`` object overrides these counts.
 
 A request with ``stream: true`` is answered with server-sent events carrying the real event
-names and shapes (``worker.model.sse_script``), unless the gateway was built with
+names and shapes (``devtools.sse_script``), unless the gateway was built with
 ``streaming=False`` (an endpoint without streaming: it answers the JSON body).
 
-Run: ``python -m worker.model.scripted_gateway --port 8089 --scripts scripts/``.
+Run: ``python -m devtools.scripted_gateway --port 8089 --scripts scripts/``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 import orjson
 
-from worker.model.sse_script import sse_events
+from devtools.sse_script import sse_events
 
 Step = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
 

@@ -1,0 +1,244 @@
+"""The OpenAI Responses API client (a ``ModelClient``, ``worker.model.interface``), over httpx.
+
+``ResponsesClient.create(request)`` posts ``{base_url}/responses`` and returns a ``ModelReply``;
+``stream(request, on_delta)`` posts it with ``stream: true`` and reads the server-sent events
+(``httpx-sse``). It works unchanged against api.openai.com, any OpenAI-compatible Responses
+endpoint, and the project's scripted gateway (``devtools.scripted_gateway``).
+
+Streaming event names and shapes: OpenAI Responses API, "Streaming events" (``response.created``,
+``response.output_item.added``/``done``, ``response.output_text.delta``,
+``response.function_call_arguments.delta``, ``response.completed``, ``response.incomplete``,
+``response.failed``, ``error``); every event carries ``type`` and ``sequence_number``, and there is
+no ``[DONE]`` sentinel. An endpoint that answers a streamed request with a plain JSON body (no
+streaming support) is read as such.
+
+Failures (``GatewayError``): transport errors, timeouts, HTTP 408/409/429/5xx, a malformed body,
+a stream cut before its terminal event and an ``error`` event are retryable; other 4xx,
+``status: failed`` and ``response.failed`` are not.
+"""
+
+from __future__ import annotations
+
+import ssl
+import threading
+from typing import Any
+
+import certifi
+import httpx
+import orjson
+from httpx_sse import EventSource, connect_sse
+
+from worker.model.interface import Delta, GatewayError, ModelReply, ModelRequest, OnDelta
+
+# ``error`` event codes that a retry cannot fix.
+_FATAL_CODES = {"invalid_request_error", "invalid_prompt", "context_length_exceeded", "invalid_api_key"}
+
+
+class ResponsesClient:
+    """Synchronous Responses API client (implements ``ModelClient``).
+
+    ``base_url`` like ``https://api.openai.com/v1``; ``timeout`` and ``connect_timeout`` in
+    seconds; ``max_connections`` bounds the connections of each thread's pool. The API key is
+    sent as a bearer token and never logged. Reuse one instance per process.
+
+    Each thread gets its own ``httpx.Client`` (its own keep-alive pool; one TLS context for
+    all): httpcore's sync pool, shared by hundreds of threads, closes connections that another
+    thread was handed and is about to use or already uses (surplus keep-alive, keep-alive
+    expiry; encode/httpcore#1110), and that thread either fails with ``EBADF`` or waits in a
+    ``poll()`` that nothing wakes until its read timeout. With one pool per thread, a pool's
+    clean-up only ever closes its own thread's idle connections. ``transport``, when given, is
+    shared by every thread's client (tests).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str = "",
+        *,
+        timeout: float = 120.0,
+        connect_timeout: float = 10.0,
+        max_connections: int = 100,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._base_url = base_url.rstrip("/")
+        self._headers = headers
+        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._transport = transport
+        self._tls: ssl.SSLContext | None = None
+        self._local = threading.local()
+        self._clients: list[httpx.Client] = []
+        self._lock = threading.Lock()
+
+    @property
+    def http(self) -> httpx.Client:
+        """This thread's ``httpx.Client`` (base URL and headers set)."""
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            with self._lock:
+                if self._tls is None:  # loading the CA bundle costs ~10 ms: once per process, not per thread
+                    self._tls = ssl.create_default_context(cafile=certifi.where())
+                client = httpx.Client(
+                    base_url=self._base_url,
+                    headers=self._headers,
+                    timeout=self._timeout,
+                    limits=self._limits,
+                    transport=self._transport,
+                    verify=self._tls,
+                )
+                self._clients.append(client)
+            self._local.client = client
+        return client
+
+    def close(self) -> None:
+        """Close every thread's pooled connections."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+        self._local = threading.local()
+
+    @staticmethod
+    def wire_body(request: ModelRequest) -> dict[str, Any]:
+        """The JSON body of ``POST /responses`` (a ``ResponseCreateParams``) for ``request``."""
+        body: dict[str, Any] = {"model": request.model, "input": request.input, "store": False}
+        if request.tools:
+            body["tools"] = request.tools
+            body["parallel_tool_calls"] = True
+        if request.instructions:
+            body["instructions"] = request.instructions
+        if request.max_output_tokens:
+            body["max_output_tokens"] = request.max_output_tokens
+        if request.metadata:
+            body["metadata"] = request.metadata
+        return body
+
+    def create(self, request: ModelRequest) -> ModelReply:
+        """POST the request; return the parsed reply. Raises ``GatewayError``."""
+        try:
+            resp = self.http.post("/responses", content=orjson.dumps(self.wire_body(request)))
+        except httpx.TimeoutException as exc:
+            raise GatewayError(f"model call timed out: {exc.__class__.__name__}", retryable=True) from exc
+        except httpx.TransportError as exc:
+            raise GatewayError(f"model gateway unreachable: {exc.__class__.__name__}: {exc}", retryable=True) from exc
+        if resp.status_code >= 400:
+            raise _status_error(resp)
+        return _parse_body(resp.content)
+
+    def stream(self, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
+        """POST the request with ``stream: true``; ``on_delta`` gets each text or arguments piece.
+
+        Returns the ``ModelReply`` of the terminal event (or of a plain JSON body). Raises ``GatewayError``.
+        """
+        body = {**self.wire_body(request), "stream": True}
+        try:
+            with connect_sse(self.http, "POST", "/responses", content=orjson.dumps(body)) as source:
+                resp = source.response
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise _status_error(resp)
+                if "text/event-stream" not in resp.headers.get("content-type", ""):
+                    resp.read()  # an endpoint without streaming answered the whole response
+                    return _parse_body(resp.content)
+                return _read_events(source, on_delta)
+        except httpx.TimeoutException as exc:
+            raise GatewayError(f"model stream timed out: {exc.__class__.__name__}", retryable=True) from exc
+        except httpx.TransportError as exc:
+            raise GatewayError(f"model stream broke: {exc.__class__.__name__}: {exc}", retryable=True) from exc
+
+
+def _read_events(source: EventSource, on_delta: OnDelta) -> ModelReply:
+    """Read a Responses event stream up to its terminal event, reporting deltas."""
+    calls: dict[int, tuple[str | None, str | None]] = {}  # output_index -> (call_id, name)
+    events = source.iter_sse()
+    for sse in events:
+        if not sse.data or sse.data == "[DONE]":
+            continue
+        try:
+            event = orjson.loads(sse.data)
+        except orjson.JSONDecodeError as exc:
+            raise GatewayError("model stream sent a non-JSON event", retryable=True) from exc
+        kind = event.get("type") or sse.event
+        index = event.get("output_index", 0)
+        if kind == "response.output_item.added":
+            item = event.get("item") or {}
+            if item.get("type") == "function_call":
+                calls[index] = (item.get("call_id"), item.get("name"))
+        elif kind == "response.output_text.delta":
+            on_delta(Delta("text", index, str(event.get("delta") or "")))
+        elif kind == "response.function_call_arguments.delta":
+            call_id, name = calls.get(index, (None, None))
+            on_delta(Delta("arguments", index, str(event.get("delta") or ""), call_id, name))
+        elif kind in ("response.completed", "response.incomplete", "response.failed"):
+            reply = parse_response(event.get("response"))  # response.failed raises, not retryable
+            for _ in events:  # read to the stream's end: a keep-alive connection goes back to its pool
+                pass
+            return reply
+        elif kind == "error":
+            code = event.get("code") or ""
+            raise GatewayError(
+                f"model stream error {code}: {event.get('message', '')}"[:500], retryable=code not in _FATAL_CODES
+            )
+    raise GatewayError("model stream ended before response.completed", retryable=True)
+
+
+def _status_error(resp: httpx.Response) -> GatewayError:
+    retryable = resp.status_code in (408, 409, 429) or resp.status_code >= 500
+    return GatewayError(
+        f"model gateway answered HTTP {resp.status_code}: {resp.text[:500]}",
+        retryable=retryable,
+        status_code=resp.status_code,
+    )
+
+
+def _parse_body(content: bytes) -> ModelReply:
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError("model gateway sent a non-JSON body", retryable=True) from exc
+    return parse_response(data)
+
+
+_ITEM_FIELDS = {"function_call": ("call_id", "name", "arguments")}
+
+
+def parse_response(data: Any) -> ModelReply:
+    """Check a Responses API body's shape and parse it.
+
+    Raises ``GatewayError`` for ``status: failed`` (not retryable), and for a body that is
+    not a response object: not an object, ``output`` not a list of objects, a
+    ``function_call`` whose ``name`` / ``call_id`` / ``arguments`` are not strings (a
+    malformed 200 is retried like a 5xx: a gateway glitch, not the model's answer), or
+    ``status`` ``in_progress`` / ``queued`` (background mode is not used).
+    """
+    if not isinstance(data, dict):
+        raise GatewayError(
+            f"model gateway sent a malformed response: a JSON {type(data).__name__}, not a response object",
+            retryable=True,
+        )
+    status = data.get("status") or "completed"
+    if status == "failed":
+        err = data.get("error") or {}
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raise GatewayError(f"model response failed: {msg}", retryable=False)
+    if status in ("in_progress", "queued"):
+        raise GatewayError(f"model gateway sent an unfinished response (status {status})", retryable=True)
+    output = data.get("output")
+    if output is None:
+        output = []
+    if not isinstance(output, list) or not all(isinstance(i, dict) for i in output):
+        raise GatewayError("model gateway sent a malformed response: output is not a list of items", retryable=True)
+    for item in output:
+        for key in _ITEM_FIELDS.get(item.get("type"), ()):
+            value = item.get(key)
+            if key == "call_id" and value is None:
+                continue  # a missing call_id gets a placeholder (worker.model.items.normalize_reply_calls)
+            if not isinstance(value, str):
+                raise GatewayError(
+                    f"model gateway sent a malformed function_call: {key} is {type(value).__name__}, not a string",
+                    retryable=True,
+                )
+    return ModelReply.from_json(data)

@@ -1,0 +1,54 @@
+"""Which tool calls wait for a person, and for how long: the approval rules, in one place.
+
+The gate that applies them (parks the turn, opens a batch once decided) is
+``worker.turn.gate``; the records and decisions are ``worker.turn.approvals``. A change to one of
+these rules is a change to this module and its test (docs/architecture.md, "Which files a change
+takes").
+
+Modes (``TurnRequest.approval.mode``, else ``AGENT_APPROVAL_MODE``):
+
+- ``off``: nothing waits (approvals waived for the turn);
+- ``declared``: a call waits when its tool declares it (``needs_approval``: a bool, or a function
+  of the validated params and the ``TurnContext``; a function that raises counts as "needs
+  approval");
+- ``destructive``: also every call of a destructive tool (``is_destructive``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from worker.settings import Settings
+from worker.tooling.contract import WorkerTool
+from worker.turn.context import TurnContext
+from worker.turn.request import TurnRequest
+
+ApprovalRule = Callable[[WorkerTool[Any], Any], bool]
+"""``(tool, validated_params) -> needs approval``, as ``worker.turn.planning.plan_calls`` takes it."""
+
+
+def approval_mode(request: TurnRequest, settings: Settings) -> str:
+    """The turn's approval mode: the request's, else ``AGENT_APPROVAL_MODE``."""
+    return request.approval.mode or settings.approval_mode
+
+
+def approval_timeout(request: TurnRequest, settings: Settings) -> float:
+    """Seconds a call may wait for a decision: the request's, else ``AGENT_APPROVAL_TIMEOUT``."""
+    return request.approval.timeout or settings.approval_timeout
+
+
+def call_needs_approval(tool: WorkerTool[Any], params: Any, ctx: TurnContext, mode: str) -> bool:
+    """Whether this validated call waits for a person under ``mode`` (see the module docstring)."""
+    if mode == "off":
+        return False
+    if mode == "destructive" and tool.is_destructive:
+        return True
+    return tool.approval_required(params, ctx)
+
+
+def approval_rule(ctx: TurnContext, request: TurnRequest, settings: Settings) -> ApprovalRule | None:
+    """The turn's rule for ``plan_calls``, or None when approvals are off for it."""
+    mode = approval_mode(request, settings)
+    if mode == "off":
+        return None
+    return lambda tool, params: call_needs_approval(tool, params, ctx, mode)

@@ -1,0 +1,103 @@
+"""Batch completion: what follows a batch's barrier.
+
+Whoever stores a batch's last result wins its barrier (``Claims.record_and_check``: exactly once)
+and closes the batch here: the next batch is sent (through the approval gate), or, after the last
+batch or when the turn must stop (a terminating result, the cancel flag, a tool's retry budget for
+invalid calls spent), the step's outputs are recorded in the order the model emitted the calls and
+step ``n + 1`` is enqueued, or the turn ends (docs/architecture.md, "Batches").
+"""
+
+from __future__ import annotations
+
+from worker.model.items import function_call_output
+from worker.turn import telemetry
+from worker.turn.ending import CANCELLED, TurnEnd
+from worker.turn.gate import ApprovalGate
+from worker.turn.interfaces import step_label
+from worker.turn.outcome import Ended
+from worker.turn.request import TurnRequest, TurnStatus
+from worker.turn.runtime import TurnRuntime
+from worker.turn.state import AdvanceView, CallResult, StaleStep, TurnState
+
+NOT_RUN = "Interrupted: the call did not run (the turn ended before it)."
+
+
+class BatchCompletion:
+    """Closes batches of turns in ``runtime``'s store (see the module docstring)."""
+
+    def __init__(self, runtime: TurnRuntime, gate: ApprovalGate, end: TurnEnd):
+        self.rt = runtime
+        self.gate = gate
+        self.end = end
+
+    def close(
+        self, turn_id: str, step: int, request: TurnRequest, done_index: int, view: AdvanceView | None = None
+    ) -> Ended | None:
+        """Close batch ``done_index`` of ``step`` (-1: no batch ran, every call failed validation).
+        ``view``: what the barrier returned to its winner; read here otherwise. Returns how the turn
+        ended, when closing the batch ended it."""
+        store = self.rt.store
+        view = view or store.advance_view(turn_id, step)
+        state = view.state
+        if state is None or state.status.terminal:
+            return None
+        plan = store.plan(turn_id, step)
+        assert plan is not None, f"turn {turn_id} step {step} has results but no plan"
+        over = self._over_budget(state)
+        nxt = done_index + 1
+        if nxt < len(plan.batches) and not (state.terminate or over or view.cancelled):
+            self.gate.dispatch(turn_id, step, nxt, plan, agent_id=request.agent_id)  # a gated batch may park here
+            return None
+        outputs = []
+        for call in sorted(plan.calls, key=lambda c: c.index):
+            res = view.results.get(call.call_id) or CallResult(NOT_RUN, is_error=True)
+            item, _ = function_call_output(call.call_id, res.output, max_chars=self.rt.settings.max_output_chars)
+            outputs.append(item)
+        terminal, error = self._ending(state, view.cancelled, over)
+        loaded = _loaded_tools(state, view.results)
+        try:
+            store.finish_tools(
+                turn_id,
+                step,
+                outputs,
+                terminal=terminal,
+                error=error,
+                loaded_tools=loaded if loaded != state.loaded_tools else None,
+            )
+        except StaleStep:
+            return None
+        if terminal is not None:
+            return self.end.finished(turn_id, terminal, error=error)
+        with telemetry.under_turn(state.traceparent):
+            self.rt.dispatcher.enqueue_step(
+                turn_id, step + 1, queue=request.queue, label=step_label(request.agent_id, turn_id, step + 1)
+            )
+        return None
+
+    def _over_budget(self, state: TurnState) -> list[str]:
+        """Tools whose retry budget for invalid calls is spent (``max_invalid_calls_per_tool``)."""
+        limit = self.rt.settings.max_invalid_calls_per_tool
+        return sorted(name for name, count in state.invalid_counts.items() if count > limit)
+
+    def _ending(self, state: TurnState, cancelled: bool, over: list[str]) -> tuple[TurnStatus | None, str | None]:
+        """How the step ends the turn: ``(status, error)``, or ``(None, None)`` to go on."""
+        if cancelled:
+            return TurnStatus.cancelled, CANCELLED
+        if state.terminate:
+            return TurnStatus.terminated, None
+        if over:
+            limit = self.rt.settings.max_invalid_calls_per_tool
+            return TurnStatus.invalid_arguments, (
+                f"the model sent invalid arguments to {', '.join(over)} more than {limit} times"
+            )
+        return None, None
+
+
+def _loaded_tools(state: TurnState, results: dict[str, CallResult]) -> list[str]:
+    """The turn's loaded tools after this step: its own, plus those ``tool_search`` loaded."""
+    loaded = list(state.loaded_tools)
+    for res in results.values():
+        for name in res.details.get("loaded", []) or []:
+            if name not in loaded:
+                loaded.append(name)
+    return loaded

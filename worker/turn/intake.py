@@ -1,0 +1,55 @@
+"""Starting a turn: the request checked, the turn stored with its first items and trace, step 0 enqueued."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+
+from worker.model.items import user_message
+from worker.turn import telemetry
+from worker.turn.interfaces import step_label
+from worker.turn.request import TurnRefused, TurnRequest, check_turn_id
+from worker.turn.runtime import TurnRuntime
+
+
+class TurnIntake:
+    """Creates turns in ``runtime``'s store and enqueues their first step."""
+
+    def __init__(self, runtime: TurnRuntime):
+        self.rt = runtime
+
+    def create(self, request: TurnRequest, turn_id: str) -> tuple[str, bool]:
+        """Store a new turn and enqueue its first step. Returns ``(turn_id, created)``; ``created``
+        is False for a reused idempotency key or a turn id the agent already used (nothing is
+        enqueued again).
+
+        Raises ``TurnRefused`` (nothing stored) for a turn id not matching ``ID_PATTERN``, a turn
+        id of another agent, or a request whose JSON is over ``settings.max_input_bytes``.
+        """
+        check_turn_id(turn_id)
+        dumped = request.model_dump(mode="json")
+        size = len(orjson.dumps(dumped))
+        limit = self.rt.settings.max_input_bytes
+        if size > limit:
+            raise TurnRefused(
+                f"the turn request is {size:,} bytes as JSON (input, instructions, skills, metadata); "
+                f"the limit is {limit:,} (AGENT_MAX_INPUT_BYTES)"
+            )
+        items = [user_message(request.input)] if isinstance(request.input, str) else list(request.input)
+        traceparent = telemetry.new_traceparent()
+        tid, created = self.rt.store.create(
+            turn_id, dumped, items, idempotency_key=request.idempotency_key, fields={"traceparent": traceparent}
+        )
+        if created:
+            with telemetry.under_turn(traceparent):
+                self.rt.dispatcher.enqueue_step(tid, 0, queue=request.queue, label=step_label(request.agent_id, tid, 0))
+        return tid, created
+
+    def enqueue(self, request: dict[str, Any] | TurnRequest, turn_id: str | None = None) -> str:
+        """The ``enqueue_turn`` tool service: validate ``request`` and start a turn; returns its id
+        (an existing one for a reused idempotency key or turn id of the same agent). Raises
+        ``pydantic.ValidationError`` or ``TurnRefused`` (see ``create``)."""
+        req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
+        return self.create(req, turn_id or uuid.uuid4().hex)[0]

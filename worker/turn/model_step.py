@@ -1,0 +1,232 @@
+"""A model step, up to its stored reply: ``prepare`` the request, ``call`` the model once, hand the
+reply to ``worker.turn.replies``.
+
+- ``prepare`` reads the step in one round trip (``Claims.begin_step``: state, history, memoized
+  reply, cancel flag, and the step's model-call claim), drops a stale or duplicate delivery,
+  applies the caps (cancel flag, ``max_model_calls``, token budget), builds the turn's tools and
+  the ``ModelRequest``. A step whose reply is already stored (a redelivery after a crash, or a
+  reply kept through a Redis outage) needs no call.
+- ``call`` makes the one model call of the step through the ``ModelClient`` (streamed unless
+  ``AGENT_MODEL_STREAM=0``), and stores the reply with its ``model_reply`` event and usage record
+  (first write wins: a redelivered step never pays twice).
+
+The split is the seam for a step that does not hold a thread while the model answers
+(docs/architecture.md, "Model clients"): ``prepare`` gives a ``PreparedStep`` whose ``model_request``
+another component can send; once the reply is stored, running the step again finds the memo and
+goes straight to ``ReplyHandler.handle``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from worker.model.interface import GatewayError, ModelClient, ModelReply, ModelRequest
+from worker.model.streaming import stream_reply
+from worker.tooling.schemas import collect_tool_definitions
+from worker.turn import metrics, telemetry
+from worker.turn.ending import CANCELLED, TurnEnd
+from worker.turn.events import ModelReplied
+from worker.turn.liveness import held_key, node, owner
+from worker.turn.outage import Unsaved, until_redis_answers
+from worker.turn.outcome import StepOutcome
+from worker.turn.prepared import PreparedStep, StoredReply
+from worker.turn.replies import ReplyHandler
+from worker.turn.request import TurnRequest, TurnStatus
+from worker.turn.runtime import TurnRuntime
+from worker.turn.state import StaleStep, StepClaim, StepView, TurnState
+from worker.turn.toolbox import Toolbox
+from worker.turn.usage import UsageLedger, budget_exceeded, normalize_usage
+
+log = logging.getLogger("agent.loop")
+
+# Model replies this process paid for but could not store yet (a Redis outage).
+_UNSAVED_REPLIES = Unsaved()
+
+
+class ModelStep:
+    """Runs model steps (see the module docstring); ``client`` None: an engine that only enqueues."""
+
+    def __init__(
+        self, runtime: TurnRuntime, toolbox: Toolbox, client: ModelClient | None, replies: ReplyHandler, end: TurnEnd
+    ):
+        self.rt = runtime
+        self.toolbox = toolbox
+        self.client = client
+        self.replies = replies
+        self.end = end
+
+    def run(self, turn_id: str, step: int) -> StepOutcome:
+        """Run model step ``step`` of the turn. Stale or duplicate deliveries are dropped.
+
+        Raises ``GatewayError`` (retryable) for the queue layer to retry with backoff.
+        """
+        prepared = self.prepare(turn_id, step)
+        if isinstance(prepared, StepOutcome):
+            return prepared
+        stored = StoredReply(prepared.memo) if prepared.memo is not None else self.call(prepared)
+        if isinstance(stored, StepOutcome):
+            return stored
+        return self.replies.handle(prepared, stored)
+
+    # ----- before the call ----------------------------------------------------
+    def prepare(self, turn_id: str, step: int) -> PreparedStep | StepOutcome:
+        """Read the step and check it; the ``PreparedStep``, or the outcome of a step that ends here."""
+        # The claim covers the model call (up to model_timeout), as does the progress deadline.
+        lease = self.rt.settings.model_timeout + 60
+        view = self.rt.store.claims.begin_step(turn_id, step, owner(), lease, held_key(node()))
+        state = view.state
+        if state is None:
+            return StepOutcome("dropped", "unknown turn")
+        stale = _stale(state, step)
+        if stale is not None:
+            return stale
+        request = TurnRequest.model_validate(state.request)
+        if view.cancelled:
+            return StepOutcome("cancelled", ended=self.end.fail(turn_id, TurnStatus.cancelled, CANCELLED))
+        capped = self._caps(turn_id, step, state, request)
+        if capped is not None:
+            return capped
+        ctx = self.toolbox.context(state, request)
+        tools = self.toolbox.tools(ctx, request)
+        if log.isEnabledFor(logging.INFO):  # the join is not free, and workers usually log at WARNING
+            log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
+        model = request.model or self.rt.settings.model
+        prepared = PreparedStep(turn_id, step, state, request, ctx, tools, view.items, lease, model)
+        return self._memo(prepared, view) or self._claimed(prepared, view.claim)
+
+    def _caps(self, turn_id: str, step: int, state: TurnState, request: TurnRequest) -> StepOutcome | None:
+        """The outcome of a step stopped by the model-call cap or the token budget, else None."""
+        max_calls = request.max_model_calls or self.rt.settings.max_model_calls
+        if state.model_calls >= max_calls:
+            error = f"stopped after {state.model_calls} model calls (max_model_calls={max_calls})"
+            ended = self.end.at_model_step(turn_id, step, TurnStatus.max_model_calls, error)
+            return StepOutcome("ended", "max_model_calls", ended=ended)
+        over_budget = request.token_budget and budget_exceeded(self.rt.usage.totals(turn_id), request.token_budget)
+        if over_budget:
+            ended = self.end.at_model_step(turn_id, step, TurnStatus.budget_exceeded, over_budget)
+            return StepOutcome("ended", "budget_exceeded", ended=ended)
+        return None
+
+    def _memo(self, prepared: PreparedStep, view: StepView) -> PreparedStep | None:
+        """``prepared`` with the step's stored (or kept) reply, or None when it has none."""
+        memo = _UNSAVED_REPLIES.get((prepared.turn_id, prepared.step)) or view.reply
+        if memo is None:
+            return None
+        if prepared.state.status == TurnStatus.queued:  # a memo but never marked running
+            self.rt.store.mark_running(prepared.turn_id, prepared.step, event={"agent_id": prepared.request.agent_id})
+        prepared.memo = memo
+        return prepared
+
+    def _claimed(self, prepared: PreparedStep, claim: StepClaim) -> PreparedStep | StepOutcome:
+        """``prepared`` with its model request when this process may make the call, else dropped."""
+        if self.client is None:
+            raise RuntimeError("this engine has no model client: it cannot run model steps")
+        if not self._may_call(prepared, claim):
+            return StepOutcome("dropped", f"step {prepared.step} is running elsewhere")
+        ctx, request, settings = prepared.context, prepared.request, self.rt.settings
+        prepared.model_request = ModelRequest(
+            model=prepared.model,
+            input=prepared.history,
+            tools=collect_tool_definitions(prepared.tools, loaded=prepared.state.loaded_tools),
+            instructions=self.toolbox.instructions(ctx, request),
+            max_output_tokens=settings.max_output_tokens,
+        )
+        return prepared
+
+    def _may_call(self, prepared: PreparedStep, claim: StepClaim) -> bool:
+        """Whether this process may make the step's model call, from the claim ``begin_step`` took:
+        False while a live process elsewhere is making it (a duplicate or re-driven delivery must
+        not pay the model twice); a dead holder's claim is taken over."""
+        if not claim.tried:  # nothing was claimable when read: the step moved on (checked above)
+            return False
+        if claim.started:
+            metrics.TURNS_STARTED.labels(prepared.request.queue).inc()
+        if claim.holder is None or claim.holder == owner():
+            return True
+        if not self.rt.liveness.owner_is_dead(claim.holder):
+            return False
+        store, turn_id, step = self.rt.store, prepared.turn_id, prepared.step
+        store.claims.take_over_step(turn_id, step, owner(), prepared.lease)
+        try:  # the dead holder may have died before its turn was marked running
+            store.mark_running(turn_id, step, event={"agent_id": prepared.request.agent_id})
+        except StaleStep:
+            return False
+        return True
+
+    # ----- the call -------------------------------------------------------------
+    def call(self, prepared: PreparedStep) -> StoredReply | StepOutcome:
+        """Call the model once for the step and store its reply with its usage record; the stored
+        reply or, for a request the gateway refused, the outcome of the ended turn. Raises
+        ``GatewayError`` (retryable) after freeing the step's claim for the retry."""
+        try:
+            return self._call(prepared)
+        except BaseException:
+            # Free the step for the retry (it may run in another process); after a stored
+            # reply nobody claims again (the memo answers), so the claim just expires.
+            self.rt.store.claims.release_step(prepared.turn_id, prepared.step, owner())
+            raise
+
+    def _call(self, prepared: PreparedStep) -> StoredReply | StepOutcome:
+        assert prepared.model_request is not None
+        turn_id, step, model = prepared.turn_id, prepared.step, prepared.model
+        started = time.perf_counter()
+        with telemetry.model_call_span(model, turn_id, prepared.request.agent_id, step) as span:
+            try:
+                reply = self._create(turn_id, step, prepared.model_request)
+            except GatewayError as exc:
+                metrics.MODEL_CALL_SECONDS.labels(model).observe(time.perf_counter() - started)
+                if exc.retryable:
+                    raise
+                ended = self.end.at_model_step(turn_id, step, TurnStatus.failed, str(exc))
+                return StepOutcome("ended", "model request rejected", ended=ended)
+            elapsed = time.perf_counter() - started
+            metrics.MODEL_CALL_SECONDS.labels(model).observe(elapsed)
+            usage = normalize_usage(reply.usage)
+            telemetry.model_reply(span, reply.id, reply.status, usage, len(reply.function_calls))
+        calls = len(reply.function_calls)
+        event = ModelReplied(step, reply.status, reply.text[:1000], calls, round(elapsed * 1000, 1), usage)
+        return self._store(turn_id, step, model, reply, event)
+
+    def _create(self, turn_id: str, step: int, request: ModelRequest) -> ModelReply:
+        """The model call: streamed (deltas batched into the event stream) unless ``AGENT_MODEL_STREAM=0``."""
+        assert self.client is not None
+        settings = self.rt.settings
+        if not settings.model_stream:
+            return self.client.create(request)
+        return stream_reply(
+            self.client,
+            request,
+            lambda events: self.rt.store.add_events(turn_id, events),
+            step=step,
+            interval=settings.stream_flush_ms / 1000,
+        )
+
+    def _store(self, turn_id: str, step: int, model: str, reply: ModelReply, event: ModelReplied) -> StoredReply:
+        """Store the paid-for reply (memo, event, usage record, cancel flag read: one round trip),
+        keeping it in this process until Redis has it, so neither an outage nor a redelivery pays again."""
+        data = reply.to_json()
+        _UNSAVED_REPLIES.put((turn_id, step), data)
+        usage = event.usage
+        stored, cancelled, extra = until_redis_answers(
+            lambda: self.rt.store.save_reply_and_check(
+                turn_id,
+                step,
+                data,
+                event.fields(),
+                also=lambda pipe: UsageLedger.queue_record(pipe, turn_id, step, usage, model),
+            ),
+            what=f"saving the model reply of turn {turn_id} step {step}",
+            timeout=self.rt.settings.redis_outage_timeout,
+        )
+        _UNSAVED_REPLIES.drop((turn_id, step))
+        return StoredReply(stored, cancelled, UsageLedger.recorded(extra))
+
+
+def _stale(state: TurnState, step: int) -> StepOutcome | None:
+    """The outcome of a delivery that must not run (an ended turn, another step), else None."""
+    if state.status.terminal:
+        return StepOutcome("dropped", f"turn already {state.status.value}")
+    if state.step != step or state.phase != "model":
+        return StepOutcome("dropped", f"stale step {step}; turn at {state.step}/{state.phase}")
+    return None

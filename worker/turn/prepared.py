@@ -1,0 +1,45 @@
+"""What a model step carries from its preparation to its reply (``worker.turn.model_step`` builds
+these, ``worker.turn.replies`` reads them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from worker.model.interface import ModelRequest
+from worker.tooling.contract import WorkerTool
+from worker.turn.context import TurnContext
+from worker.turn.request import TurnRequest
+from worker.turn.state import TurnState
+
+
+@dataclass
+class PreparedStep:
+    """A model step that passed its checks: what ``ModelStep.prepare`` read and built.
+
+    ``memo`` is the step's stored reply (JSON) when it already has one; otherwise this process
+    holds the step's model-call claim for ``lease`` seconds and ``model_request`` is the call to make.
+    """
+
+    turn_id: str
+    step: int
+    state: TurnState
+    request: TurnRequest
+    context: TurnContext
+    tools: list[WorkerTool[Any]]
+    history: list[dict[str, Any]]
+    lease: float
+    model: str
+    memo: dict[str, Any] | None = None
+    model_request: ModelRequest | None = None
+
+
+@dataclass(frozen=True)
+class StoredReply:
+    """A step's reply as stored (``ModelReply.to_json``); ``cancelled``: the cancel flag, read with
+    the store write; ``recorded``: ``(usage stored, the turn's usage totals)`` when the usage record
+    was written with the reply (None for a memoized reply: the handler records it)."""
+
+    reply: dict[str, Any]
+    cancelled: bool = False
+    recorded: tuple[bool, dict[str, int]] | None = None

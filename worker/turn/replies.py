@@ -1,0 +1,179 @@
+"""A model step, from its stored reply on: the turn's end, or its planned tool calls.
+
+``ReplyHandler.handle`` takes a step that ``worker.turn.model_step`` prepared and its stored reply
+(paid for now or memoized earlier) and:
+
+- counts the reply's token usage once per step (the record is written with the reply when this
+  step paid for it; a memoized reply is recorded here, first write wins);
+- ends the turn cancelled when the cancel flag was set while the model answered;
+- without function calls: completes the turn with the answer (``incomplete`` when it stopped at
+  the output-token limit), or, for a turn that must end through a finish tool, adds one repair
+  instruction and runs the next step (a second miss fails the turn);
+- with function calls: validates each (``worker.turn.planning``), asks the approval gate which
+  wait for a person, records the reply, the plan and a ``call_planned`` event per call in one
+  guarded transition, and sends the first batch (or closes the step at once when nothing runs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker.model.interface import ModelReply
+from worker.model.items import cut_replayed_arguments, normalize_reply_calls, user_message
+from worker.turn import metrics, telemetry
+from worker.turn.approval_policy import approval_rule
+from worker.turn.completion import BatchCompletion
+from worker.turn.dispatch import Plan
+from worker.turn.ending import CANCELLED, TurnEnd
+from worker.turn.events import CallPlanned, TurnFinished
+from worker.turn.gate import ApprovalGate
+from worker.turn.interfaces import step_label
+from worker.turn.outcome import StepOutcome
+from worker.turn.planning import plan_calls
+from worker.turn.prepared import PreparedStep, StoredReply
+from worker.turn.request import TurnStatus
+from worker.turn.runtime import TurnRuntime
+from worker.turn.state import StaleStep
+from worker.turn.usage import normalize_usage
+
+Items = list[dict[str, Any]]
+
+
+class ReplyHandler:
+    """Handles stored replies of model steps (see the module docstring)."""
+
+    def __init__(self, runtime: TurnRuntime, gate: ApprovalGate, completion: BatchCompletion, end: TurnEnd):
+        self.rt = runtime
+        self.gate = gate
+        self.completion = completion
+        self.end = end
+
+    def handle(self, prepared: PreparedStep, stored: StoredReply) -> StepOutcome:
+        """The step's outcome, from its stored reply (see the module docstring)."""
+        reply = ModelReply.from_json(stored.reply)
+        totals = self._usage(prepared, reply, stored.recorded)
+        if stored.cancelled:  # cancelled while the model was answering
+            return StepOutcome("cancelled", ended=self.end.fail(prepared.turn_id, TurnStatus.cancelled, CANCELLED))
+        history_ids = {str(i.get("call_id")) for i in prepared.history if i.get("type") == "function_call"}
+        items, calls = normalize_reply_calls([_clean_item(i) for i in reply.output], history_ids, prepared.step)
+        if calls:
+            return self._plan(prepared, reply, items, calls)
+        if prepared.request.finish_tool:
+            return self._prose_without_finish(prepared, items)
+        return self._answer(prepared, reply, items, totals)
+
+    def _usage(
+        self, prepared: PreparedStep, reply: ModelReply, recorded: tuple[bool, dict[str, int]] | None
+    ) -> dict[str, int]:
+        """Record the step's usage once (also when the reply came from the memo: a crash after the
+        call) and count its tokens when this is the first record; returns the turn's totals."""
+        usage = normalize_usage(reply.usage)
+        if recorded is None:  # recorded with the reply when this step paid for it
+            recorded = self.rt.usage.record_and_total(prepared.turn_id, prepared.step, usage, prepared.model)
+        stored, totals = recorded
+        if stored:
+            metrics.tokens_used(prepared.model, usage)
+        return totals
+
+    def _answer(self, prepared: PreparedStep, reply: ModelReply, items: Items, totals: dict[str, int]) -> StepOutcome:
+        """A reply without calls completes the turn; one cut at the output-token limit is not a
+        completed turn: it ends ``incomplete`` and says so."""
+        if reply.status == "incomplete":
+            status = TurnStatus.incomplete
+            error: str | None = (
+                f"the model's answer stopped at the output-token limit ({reply.incomplete_reason or 'incomplete'})"
+            )
+        else:
+            status, error = TurnStatus.completed, None
+        finished = TurnFinished(status.value, error, reply.text, totals)
+        try:
+            hooks = self.rt.store.complete(
+                prepared.turn_id,
+                prepared.step,
+                items,
+                status,
+                final_output=reply.text,
+                error=error,
+                finished_event=finished.fields(),
+            )
+        except StaleStep:
+            return StepOutcome("dropped", "already completed")
+        ended = self.end.finished(
+            prepared.turn_id, status, final_output=reply.text, error=error, hooks=hooks, usage=totals
+        )
+        return StepOutcome(status.value, ended=ended)
+
+    def _prose_without_finish(self, prepared: PreparedStep, items: Items) -> StepOutcome:
+        """A turn that must end through its finish tool answered in prose: one bounded repair
+        instruction, then a failed turn at the second miss (docs/architecture.md, "Workflow tasks")."""
+        turn_id, step, store = prepared.turn_id, prepared.step, self.rt.store
+        tool = prepared.request.finish_tool
+        if prepared.state.finish_misses >= 1:
+            error = f"the model replied without calling {tool} twice; the task must end through {tool}"
+            try:
+                store.complete(turn_id, step, items, TurnStatus.failed, error=error)
+            except StaleStep:
+                return StepOutcome("dropped", "already ended")
+            return StepOutcome(
+                "ended", "no submission", ended=self.end.finished(turn_id, TurnStatus.failed, error=error)
+            )
+        instruction = user_message(
+            f"You replied without calling `{tool}`. This task can only end by calling `{tool}` with a value "
+            f"that matches its schema. Call `{tool}` now; do not answer in prose."
+        )
+        try:
+            store.continue_after_reply(turn_id, step, items + [instruction], {"finish_misses": 1})
+        except StaleStep:
+            return StepOutcome("dropped", "already continued")
+        store.event(turn_id, "repair_instruction", step=step, tool=tool)
+        self._next_step(prepared)
+        return StepOutcome("repair_instruction")
+
+    def _next_step(self, prepared: PreparedStep) -> None:
+        agent_id, turn_id, nxt = prepared.request.agent_id, prepared.turn_id, prepared.step + 1
+        with telemetry.under_turn(prepared.state.traceparent):
+            self.rt.dispatcher.enqueue_step(
+                turn_id, nxt, queue=prepared.request.queue, label=step_label(agent_id, turn_id, nxt)
+            )
+
+    def _plan(self, prepared: PreparedStep, reply: ModelReply, items: Items, calls: Items) -> StepOutcome:
+        """Validate and record the reply's calls, then send the first batch."""
+        turn_id, step, request, settings = prepared.turn_id, prepared.step, prepared.request, self.rt.settings
+        planned, pre_results, invalid_counts = plan_calls(
+            turn_id,
+            prepared.state.invalid_counts,
+            prepared.tools,
+            calls,
+            reply.status,
+            settings.max_raw_arguments_echo,
+            approval=approval_rule(prepared.context, request, settings),
+        )
+        batches, asks = self.gate.plan(turn_id, step, request, planned, prepared.tools)
+        plan = Plan(planned, batches)
+        items = cut_replayed_arguments(
+            items, {c.call_id for c in planned if not c.runnable}, settings.max_replay_arguments
+        )
+        batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
+        events = [CallPlanned.of(step, call, batch_of.get(call.call_id)).event() for call in planned]
+        try:
+            store = self.rt.store
+            store.begin_tools(turn_id, step, items, plan, pre_results, invalid_counts, also=asks, events=events)
+        except StaleStep:
+            return StepOutcome("dropped", "plan already recorded")
+        metrics.calls_planned(planned, {t.name for t in prepared.tools})
+        telemetry.planned_calls(planned, batch_of)
+        detail = f"{len(planned)} calls in {len(batches)} batches"
+        over = [n for n, c in invalid_counts.items() if c > settings.max_invalid_calls_per_tool]
+        if over or not batches:  # nothing to run (all calls failed validation): close the step now
+            return StepOutcome("dispatched", detail, ended=self.completion.close(turn_id, step, request, -1))
+        if not self.gate.dispatch(turn_id, step, 0, plan, agent_id=request.agent_id):
+            return StepOutcome("parked", "calls await approval")
+        return StepOutcome("dispatched", detail)
+
+
+def _clean_item(item: dict[str, Any]) -> dict[str, Any]:
+    """Keep only what the Responses API accepts back as input for our item types."""
+    if item.get("type") == "function_call":
+        # ``namespace`` must go back unchanged or the API answers 400 "Missing namespace for function_call".
+        return {k: item[k] for k in ("type", "id", "call_id", "name", "namespace", "arguments", "status") if k in item}
+    return item
