@@ -77,16 +77,19 @@ def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
 
     A Redis crash can take a message with it: popped by a consumer (``BRPOP``) whose next command,
     recording it as fetched, found Redis gone. Nothing else would name that turn before its
-    progress deadline. A turn parked on approvals, or that progressed in the last ``QUIET_FOR`` s,
-    is left alone. Returns ``{turn_id: action}``. Raises redis errors."""
+    progress deadline. A turn parked on approvals, that progressed in the last ``QUIET_FOR`` s, or
+    whose deadline already passed (the progress deadline re-drives it in the same sweep), is left
+    alone. Returns ``{turn_id: action}``. Raises redis errors."""
     r = engine.store.r
     info = r.info("server")
     if float(info.get("uptime_in_seconds", 0)) < SETTLE_AFTER_RESTART:
         return {}
     if not r.set(f"agent:reconciled:{info.get('run_id')}", time.time(), nx=True, ex=86400):
         return {}
-    quiet_since = time.time() + engine.settings.progress_timeout - QUIET_FOR
-    watched = {t.decode() for t in r.zrangebyscore("turns:watch", "-inf", quiet_since)}
+    now = time.time()
+    quiet_since = now + engine.settings.progress_timeout - QUIET_FOR
+    # Overdue turns are left to the progress deadline, in this same sweep.
+    watched = {t.decode() for t in r.zrangebyscore("turns:watch", f"({now}", quiet_since)}
     if not watched:
         return {}
     named = turns_named_by_messages(r, QUEUES, TURN_TASKS) | set(engine.liveness.held_by_live_nodes().values())
