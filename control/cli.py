@@ -1,5 +1,5 @@
 """``agent-runtime``: the control-plane CLI (enqueue, wait, status, items, transcript, cancel, schema,
-approvals, approve, reject).
+approvals, approve, reject, nodes, drain).
 
 Reads ``REDIS_URL`` like the workers. Exit codes: 0 success, 1 turn ended
 without completing, 2 bad input or unreachable Redis.
@@ -80,6 +80,9 @@ def enqueue(
     spawn_jobs: bool = typer.Option(False, help="offer background job tools"),
     network: str = typer.Option("none", help="commands' network: none, or egress (through the guarded proxy)"),
     allow_host: list[str] = typer.Option(None, help="with --network egress: a host egress may reach (repeatable)"),
+    approval: str = typer.Option(
+        None, help="which calls wait for a person: declared, destructive or off (default: AGENT_APPROVAL_MODE)"
+    ),
     wait: bool = typer.Option(False, help="follow the transcript until the turn ends"),
 ) -> None:
     """Enqueue a turn and print its id (or follow it with --wait)."""
@@ -106,6 +109,7 @@ def enqueue(
                 "supports": {"spawn_jobs": spawn_jobs},
                 "network": network,
                 "egress_allow_hosts": allow_host or None,
+                "approval": {"mode": approval},
             }
         )
     if not wait:
@@ -282,6 +286,51 @@ def reject(
     control = _control()
     with _exit_on_errors():
         _print_decision(control.reject(turn_id, call_id, reason, by=by))
+
+
+@app.command()
+def nodes(as_json: bool = typer.Option(False, "--json", help="one JSON object instead of a table")) -> None:
+    """List the nodes that hold agents' homes: live or not, draining, how many agents each holds."""
+    control = _control()
+    with _exit_on_errors():
+        found = control.nodes()
+    if as_json:
+        print(orjson.dumps(found).decode())
+        return
+    if not found:
+        console.print("no node holds homes yet (a worker consuming the tools queue is one)")
+    for name, n in sorted(found.items()):
+        state = ("draining" if n["draining"] else "live") if n["live"] else f"down ({n['age']:.0f} s)"
+        drained = " (drained)" if n.get("drained_at") and n["agents"] == 0 else ""
+        console.print(f"[bold]{name}[/]  {state}{drained}  agents={n['agents']}  store={n.get('store') or 'none'}")
+
+
+@app.command()
+def drain(
+    node: str,
+    undo: bool = typer.Option(False, "--undo", help="take placements again"),
+    wait: float = typer.Option(0.0, help="seconds to wait until every agent has left the node"),
+) -> None:
+    """Drain a node: it takes no new agent and releases each of its agents after their running calls
+    (snapshotted first when it has a snapshot store; otherwise their next node starts them empty and
+    tells the model). Their next calls go to another node. Exit 1 if --wait ran out."""
+    import time
+
+    control = _control()
+    with _exit_on_errors():
+        entry = control.drain(node, on=not undo)
+        if undo:
+            print(f"{node}: takes placements again")
+            return
+        if not entry.get("store"):
+            err.print(f"[yellow]warning:[/] {node} has no snapshot store: its agents' homes start empty elsewhere")
+        deadline = time.monotonic() + wait
+        while entry["agents"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+            entry = control.nodes()[node]
+    print(f"{node}: draining, {entry['agents']} agent(s) still on it")
+    if wait and entry["agents"]:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -19,6 +19,7 @@ import redis
 
 from control.errors import ControlPlaneError
 from tasks.dispatcher import CeleryDispatcher
+from worker.placement.records import Placement
 from worker.settings import get_settings, redact_url
 from worker.tools.toolsets import toolset_names
 from worker.turn import approvals
@@ -80,7 +81,8 @@ class ControlPlane:
             raise ControlPlaneError(f"cannot reach Redis at {redact_url(self.url)}: {exc}") from exc
         self._toolsets = toolset_names(settings)
         # Enqueueing and ending turns only: this engine never calls a model nor imports tool code.
-        self._engine = TurnEngine(self.store, settings, CeleryDispatcher(broker_url=self.url))
+        self.placement = Placement(self.store.r, settings.liveness_ttl)
+        self._engine = TurnEngine(self.store, settings, CeleryDispatcher(broker_url=self.url, placement=self.placement))
 
     @property
     def display_url(self) -> str:
@@ -178,6 +180,30 @@ class ControlPlane:
         self.status(turn_id)
         with _redis_errors(self.url):
             return self._engine.cancel(turn_id)
+
+    # ----- placement (docs/placement.md) -------------------------------------
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """Every node that holds homes: ``{node: {"live", "draining", "agents", "age" (s since its
+        heartbeat), "root", "store", "drained_at"?}}``."""
+        with _redis_errors(self.url):
+            return self.placement.nodes()
+
+    def drain(self, node: str, on: bool = True) -> dict[str, Any]:
+        """Mark ``node`` draining (``on``; it takes no new agent, and releases each of its agents,
+        snapshotted first when it has a snapshot store) or no longer draining. Returns the node's
+        entry of ``nodes()``. Raises ``ControlPlaneError`` for a node that never beat."""
+        known = self.nodes()
+        if node not in known:
+            raise ControlPlaneError(f"no node named {node!r} (known: {', '.join(sorted(known)) or 'none'})")
+        with _redis_errors(self.url):
+            self.placement.drain(node, on)
+        return self.nodes()[node]
+
+    def placement_of(self, agent_id: str) -> dict[str, str]:
+        """The placement record of ``agent_id`` (``node``, ``epoch``, ``reason``, ``prev``, ``at``;
+        empty when the agent never ran a computer call)."""
+        with _redis_errors(self.url):
+            return self.placement.record(agent_id)
 
     # ----- approvals (worker.turn.approvals) ---------------------------------
     def pending_approvals(self, turn_id: str | None = None, agent_id: str | None = None) -> list[dict[str, Any]]:

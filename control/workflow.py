@@ -11,10 +11,11 @@ attempt's turn, ``cancel`` to stop one):
   cancelled (raises ``ControlPlaneError`` on timeout);
 - ``add_brain_page(agent_id, title, text, page_id=None)``.
 
-CLI (against ``REDIS_URL``): ``python -m control.workflow_cli`` (``brain-add``, ``show``, ``list``,
-``retry``, ``cancel``); for example::
+CLI (against ``CONTROL_REDIS_URL``, else ``REDIS_URL``): ``python -m control.workflow_cli`` (``start``,
+``show``, ``list``, ``wait``, ``retry``, ``cancel``, ``brain-add``; ``--help`` on each); for example::
 
     python -m control.workflow_cli brain-add --agent demo --title "Tides" --file tides.md
+    python -m control.workflow_cli start --agent demo --title "Tides" --instructions "..." --schema @result.json --wait
     python -m control.workflow_cli show wf_...
     python -m control.workflow_cli list --agent demo
     python -m control.workflow_cli retry wf_...

@@ -32,7 +32,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from devtools.workers import Supervisor, beat_command, worker_commands
+from devtools.workers import Supervisor, beat_command, pool_env, worker_commands
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK_ENV = ROOT / "var" / "stack.env"
@@ -192,6 +192,26 @@ def print_span_tree(control: Any, turn_id: str, spans_file: Path | None, wait: f
         console.print(span_tree(spans, f"trace of turn {turn_id} ({len(spans)} spans, {spans_file})"))
 
 
+def check_redis_url(name: str) -> None:
+    """Raise ``RuntimeError`` with one line when the Redis URL in the variable ``name`` is malformed
+    or its Redis does not answer (before anything is started against it)."""
+    import redis
+
+    from worker.settings import redact_text, redact_url
+
+    url = os.environ[name]
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5)
+    except ValueError as exc:
+        raise RuntimeError(f"{name} {redact_url(url)!r} is not a Redis URL: {exc}") from None
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise RuntimeError(f"{name}: cannot reach Redis at {redact_url(url)}: {redact_text(str(exc))}") from None
+    finally:
+        client.close()
+
+
 def start_stack(stack: Stack, demo: str) -> None:
     """Start what is missing: embedded Redis (unless ``REDIS_URL``), the scripted gateway (unless
     ``OPENAI_BASE_URL``), one worker for every queue and beat. Raises ``RuntimeError`` if one does not come up."""
@@ -204,6 +224,7 @@ def start_stack(stack: Stack, demo: str) -> None:
         os.environ["CONTROL_REDIS_URL"] = stack.redis.control_url
         console.print(f"embedded Redis on {redact_url(os.environ['REDIS_URL'])} (ACL users worker and control)")
     else:
+        check_redis_url("REDIS_URL")
         console.print(f"using REDIS_URL={redact_url(os.environ['REDIS_URL'])}")
     if not os.environ.get("OPENAI_BASE_URL"):
         port = free_port()
@@ -238,7 +259,7 @@ def start_stack(stack: Stack, demo: str) -> None:
     )
     worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
     for name, cmd in worker_commands(tag=stack.worker_tag).items():
-        stack.supervisor.start(name, cmd, env=worker_env)
+        stack.supervisor.start(name, cmd, env=pool_env(name, worker_env))
     beat_env = {k: v for k, v in worker_env.items() if k not in ("OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY")}
     stack.supervisor.start("beat", beat_command(), env=beat_env)
     _wait_worker(stack)
@@ -350,7 +371,7 @@ def run(
     except KeyboardInterrupt:
         console.print("interrupted")
     except RuntimeError as exc:  # a process of the stack did not come up: say which, with its log
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line, however long
     finally:
         # A second signal must not cut the cleanup short (make forwards one, and the parent watch
         # sends another when make exits): from here on, nothing interrupts stopping the stack.

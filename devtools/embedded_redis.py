@@ -86,9 +86,16 @@ class EmbeddedRedis:
     ``control_url`` is the control plane's; ``stop()`` ends the server.
     """
 
-    def __init__(self, port: int = 0, *, persist: bool = False):
+    def __init__(self, port: int = 0, *, persist: bool = False, data_dir: Path | None = None):
         self.port = port or free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="embedded-redis-"))  # mode 0700
+        # data_dir: a directory kept after stop() (created mode 0700), so the append-only file
+        # outlives this process (``make redis``); None: a private temporary one, removed.
+        self.keep_dir = data_dir is not None
+        if data_dir is not None:
+            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.dir = data_dir
+        else:
+            self.dir = Path(tempfile.mkdtemp(prefix="embedded-redis-"))  # mode 0700
         self.proc: subprocess.Popen | None = None
         self.passwords = {user: secrets.token_hex(24) for user in USERS}
         # persist: an append-only file in ``dir`` (fsync on every write), so a restart keeps every turn.
@@ -163,9 +170,10 @@ class EmbeddedRedis:
         raise EmbeddedRedisError(f"{exe} did not answer on port {self.port} within {timeout}s")
 
     def stop(self) -> None:
-        """Terminate the server (kill after 5 s) and remove its directory."""
+        """Terminate the server (kill after 5 s) and remove its directory (unless it was given)."""
         self.halt()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not self.keep_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def halt(self, *, kill: bool = False) -> None:
         """Stop the server but keep its directory: ``restart`` brings it back, with its data when
@@ -207,12 +215,15 @@ def write_env_file(path: Path, values: dict[str, str]) -> Path:
 
 
 ENV_FILE = Path(__file__).resolve().parent.parent / "var" / "redis.env"
+DATA_DIR = Path(__file__).resolve().parent.parent / "var" / "redis"
 
 
 def main() -> None:
-    """``python -m devtools.embedded_redis [--port N] [--env-file PATH]``: run an embedded Redis
-    in the foreground until Ctrl-C. The URLs (with their passwords) go to the env file (mode
-    0600, removed on exit), never to the terminal or a log: ``. var/redis.env`` loads them."""
+    """``python -m devtools.embedded_redis [--port N] [--env-file PATH] [--data-dir DIR]``: run an
+    embedded Redis in the foreground until Ctrl-C. It persists like ``make run``'s: an append-only
+    file (fsync on every write) in a kept data directory (``var/redis``), so stopping and starting
+    it again loses no turn. The URLs (with their passwords, fresh each start) go to the env file
+    (mode 0600, removed on exit), never to the terminal or a log: ``. var/redis.env`` loads them."""
     import argparse
 
     from worker.settings import redact_url
@@ -220,6 +231,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--port", type=int, default=6390)
     parser.add_argument("--env-file", type=Path, default=ENV_FILE)
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="kept between runs (the append-only file)")
     args = parser.parse_args()
     import signal
     import sys
@@ -229,13 +241,14 @@ def main() -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a closed terminal must not leave Redis behind
         signal.signal(sig, _stop)
-    srv = EmbeddedRedis(args.port)
+    srv = EmbeddedRedis(args.port, persist=True, data_dir=args.data_dir)
     try:
         srv.start()
     except EmbeddedRedisError as exc:
         sys.exit(f"error: {exc}")
     env = write_env_file(args.env_file, {"REDIS_URL": srv.url, "CONTROL_REDIS_URL": srv.control_url})
     print(f"embedded Redis on {redact_url(srv.url)} (ACL users worker and control, fresh passwords)", flush=True)
+    print(f"data kept in {args.data_dir} (append-only file, fsync on every write)", flush=True)
     print(f"credentials in {env} (mode 0600); in each terminal: . {env}", flush=True)
     try:
         srv.proc.wait()

@@ -78,6 +78,24 @@ def worker_commands(
     }
 
 
+def pool_env(name: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the node's pool ``name`` (a key of ``worker_commands``), from ``env``
+    (default this process's). Each pool serves its own metrics: with ``AGENT_METRICS_PORT=N``
+    the I/O pool listens on N and the tools pool on N+1 (two servers on one port left the tools
+    pool's ``agent_tool_call_seconds`` unserved), each with its own multiprocess directory.
+    Raises ``ValueError`` naming the variable when it is malformed."""
+    from tasks.metrics import metrics_port
+
+    out = dict(os.environ if env is None else env)
+    port = metrics_port(out)
+    if port and name == "worker-tools":
+        if port == 65535:
+            raise ValueError("AGENT_METRICS_PORT must leave the next port for the tools pool (at most 65534)")
+        out["AGENT_METRICS_PORT"] = str(port + 1)
+    out.pop("PROMETHEUS_MULTIPROC_DIR", None)  # each pool's main process creates its own
+    return out
+
+
 def beat_command(loglevel: str = "INFO") -> list[str]:
     """argv of celery beat with the Redis-restart-proof redbeat scheduler (``tasks.beat``)."""
     return [
@@ -212,10 +230,14 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor: %(message)s")
     from devtools.node_recovery import NodeRecovery
 
+    try:
+        envs = {name: pool_env(name) for name in worker_commands(tag="x")}
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     commands = worker_commands()
     sup = Supervisor(on_exit=NodeRecovery(set(commands)))
     for name, cmd in commands.items():
-        sup.start(name, cmd)
+        sup.start(name, cmd, env=envs[name])
     if args.beat:
         sup.start("beat", beat_command())
     stop = threading.Event()

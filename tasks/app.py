@@ -35,7 +35,8 @@ def make_app() -> Celery:
     settings = get_settings()
     register_orjson()
     app = Celery(
-        "agent_runtime", include=["tasks.turns", "tasks.watchdog", "tasks.health", "tasks.scheduler", "tasks.liveness"]
+        "agent_runtime",
+        include=["tasks.turns", "tasks.watchdog", "tasks.health", "tasks.scheduler", "tasks.liveness", "tasks.node"],
     )
     longest_task = settings.tool_time_limit + 60
     app.conf.update(

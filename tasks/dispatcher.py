@@ -16,9 +16,11 @@ from kombu.exceptions import OperationalError
 
 from tasks.app import app
 from tasks.services import turn_services
+from worker.placement.records import Placement, node_queue
 from worker.settings import get_settings
 from worker.tooling.contract import ToolServices
 from worker.turn.dispatch import Batch
+from worker.turn.interfaces import ComputerCalls
 from worker.turn.outage import BrokerUnavailable, until_redis_answers
 from worker.turn.request import TurnRequest
 
@@ -56,13 +58,14 @@ class CeleryDispatcher:
     No chord: the barrier is the turn store's (docs/architecture.md, "Batches").
     """
 
-    def __init__(self, broker_url: str | None = None):
+    def __init__(self, broker_url: str | None = None, placement: Placement | None = None):
         # A control plane may name its own Redis; workers use the app's broker.
         self._broker_url = broker_url
         self._conn: Any = None
         # A worker waits a broker outage out (its step's state is already stored); a control
         # plane (its own broker URL) fails fast and lets its caller decide.
         self._wait = broker_url is None
+        self.placement = placement
 
     def _options(self) -> dict[str, Any]:
         if not self._broker_url or self._broker_url == app.conf.broker_url:
@@ -86,13 +89,25 @@ class CeleryDispatcher:
         *,
         queue: str,
         labels: dict[str, str] | None = None,
+        computer: ComputerCalls | None = None,
     ) -> None:
         """Send the batch's ``tool_call`` tasks: one task, a group (parallel) or a chain (sequential).
-        ``labels[call_id]`` is what Flower shows as a call's args (``tool agent= turn= step= call=``)."""
+        ``labels[call_id]`` is what Flower shows as a call's args (``tool agent= turn= step= call=``);
+        with ``placement``, the ``computer`` calls go to the queue of the node holding the agent's
+        home (``tools.node.<node>``; placed first if it has no live node; one Redis round trip per
+        batch), or to ``queue`` when no node can take it (its worker sends it on)."""
         labels = labels or {}
+        queues = dict.fromkeys(batch.call_ids, queue)
+        if computer is not None and self.placement is not None:
+            routed = [cid for cid in batch.call_ids if cid in computer.call_ids]
+            if routed:
+                node = self.placement.locate(computer.agent_id).node
+                queues.update(dict.fromkeys(routed, node_queue(node) if node else queue))
         sigs = [
             app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(
-                queue=queue, ignore_result=True, argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}"
+                queue=queues[cid],
+                ignore_result=True,
+                argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}",
             )
             for cid in batch.call_ids
         ]

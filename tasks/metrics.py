@@ -1,4 +1,5 @@
-"""A worker's Prometheus endpoint (``prometheus-client``): ``AGENT_METRICS_PORT`` (0: none).
+"""A worker's Prometheus endpoint (``prometheus-client``): ``AGENT_METRICS_PORT`` (0: none), on
+``AGENT_METRICS_ADDR`` (default 127.0.0.1; compose sets 0.0.0.0 on its internal ``ops`` network).
 
 The metrics themselves are ``worker.turn.metrics``. A prefork worker counts in several
 processes, so the client runs in multiprocess mode: every process writes its values to files
@@ -78,8 +79,10 @@ class TurnsInFlight:
         yield GaugeMetricFamily("agent_turns_in_flight", "Turns queued or running (with a progress deadline).", n)
 
 
-def start_metrics_server(port: int) -> int:
-    """Serve ``/metrics`` on ``port`` (0.0.0.0) from this process; returns the port."""
+def start_metrics_server(port: int, addr: str | None = None) -> int:
+    """Serve ``/metrics`` on ``addr:port`` (default ``AGENT_METRICS_ADDR``) from this process; returns the port.
+
+    Raises ``OSError`` when the address is taken (two workers given one port)."""
     import redis
     from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
@@ -92,11 +95,13 @@ def start_metrics_server(port: int) -> int:
         from prometheus_client import REGISTRY
 
         registry = REGISTRY
-    client = redis.Redis.from_url(get_settings().redis_url, socket_timeout=5, socket_connect_timeout=2)
+    settings = get_settings()
+    addr = addr or settings.metrics_addr
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
     registry.register(TurnsInFlight(client))
-    server, _thread = start_http_server(port, registry=registry)
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
     _state["server"] = server
-    log.info("metrics on :%s/metrics", port)
+    log.info("metrics on %s:%s/metrics", addr, port)
     return port
 
 

@@ -12,7 +12,9 @@ import threading
 import redis
 
 from tasks.dispatcher import CeleryDispatcher
+from tasks.placement import node_homes
 from worker.model.responses import ResponsesClient
+from worker.placement.records import Placement
 from worker.settings import get_settings
 from worker.tools.skills import skills_instructions
 from worker.tools.toolsets import toolset_resolver
@@ -57,10 +59,11 @@ def get_engine() -> TurnEngine:
             _engine = TurnEngine(
                 store,
                 settings,
-                CeleryDispatcher(),
+                CeleryDispatcher(placement=Placement(store.r, settings.liveness_ttl)),
                 toolset_resolver(settings),
                 client,
                 project_skills=skills_instructions,
+                computers=node_homes(store.r, settings),
             )
             _pid = os.getpid()
         return _engine

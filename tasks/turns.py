@@ -19,7 +19,10 @@ import logging
 import random
 from typing import Any, Callable, TypeVar
 
+from celery import Task
+
 from tasks.app import app
+from tasks.placement import forward
 from tasks.runtime import get_engine
 from worker.model.interface import GatewayError
 from worker.settings import get_settings
@@ -107,13 +110,21 @@ _limit = get_settings().tool_time_limit
 
 
 @app.task(
-    name="tasks.turns.tool_call", acks_late=True, soft_time_limit=_limit, time_limit=_limit + 30, throws=(TurnFailed,)
+    name="tasks.turns.tool_call",
+    bind=True,
+    acks_late=True,
+    soft_time_limit=_limit,
+    time_limit=_limit + 30,
+    throws=(TurnFailed,),
 )
-def tool_call(turn_id: str, step: int, call_id: str) -> dict[str, Any]:
+def tool_call(self: Task, turn_id: str, step: int, call_id: str) -> dict[str, Any]:
     """Run one tool call of step ``step``; the last call of a batch advances the turn. A Redis
-    outage is waited out (the call's result is kept until stored: ``worker.turn.outage``)."""
+    outage is waited out (the call's result is kept until stored: ``worker.turn.outage``). A call
+    whose agent's home is on another node is forwarded there (``tasks.placement.forward``)."""
     engine = get_engine()
     outcome = _through_outages(lambda: engine.run_call(turn_id, step, call_id), f"call {call_id} of turn {turn_id}")
+    if outcome.action == "forwarded":
+        return forward(self, outcome.detail)  # type: ignore[no-any-return]
     return _report(turn_id, outcome)
 
 

@@ -8,6 +8,8 @@
   itself, at once (``devtools.node_recovery``);
 - once after each Redis restart, re-drives the active turns no message names and no node holds
   (``reconcile_after_restart``: a message lost with the crash);
+- re-drives the turns whose tool calls wait in the queue of a node that died holding homes
+  (``tasks.placement.rescue_dead_queues``): their calls are re-sent through placement;
 - re-drives turns whose progress deadline passed (a lost message, a crash between barrier and
   enqueue), failing a turn after ``Settings.max_redrives`` re-drives without progress;
 - re-sends the end hooks of ended turns whose hooks never reported done.
@@ -26,8 +28,10 @@ import time
 from tasks.app import QUEUES, app
 from tasks.broker import orphaned_deliveries, restore, turns_named_by_messages
 from tasks.liveness import TURN_TASKS
+from tasks.placement import rescue_dead_queues
 from tasks.runtime import get_engine
 from tasks.turns import TurnFailed
+from worker.placement.records import QUEUE_PREFIX, Placement
 from worker.turn.engine import TurnEngine
 from worker.turn.request import TurnStatus
 
@@ -92,7 +96,9 @@ def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
     watched = {t.decode() for t in r.zrangebyscore("turns:watch", f"({now}", quiet_since)}
     if not watched:
         return {}
-    named = turns_named_by_messages(r, QUEUES, TURN_TASKS) | set(engine.liveness.held_by_live_nodes().values())
+    node_queues = [q.decode() for q in r.scan_iter(match=f"{QUEUE_PREFIX}*", _type="list")]
+    named = turns_named_by_messages(r, [*QUEUES, *node_queues], TURN_TASKS)
+    named |= set(engine.liveness.held_by_live_nodes().values())
     done = {}
     for turn_id in sorted(watched - named):
         state = engine.store.load(turn_id)
@@ -119,6 +125,9 @@ def sweep() -> dict[str, str]:
     if dead:  # a heartbeat gone for a TTL: what the node fetched before then is nobody's now
         restore_orphans(engine, before=time.time() - engine.settings.liveness_ttl)
     done.update(reconcile_after_restart(engine))
+    for node, turns in rescue_dead_queues(Placement(engine.store.r, engine.settings.liveness_ttl)).items():
+        for turn_id in sorted(turns - set(done)):
+            done[turn_id] = engine.redrive(turn_id, limit, reason=f"home node {node} stopped").action
     for turn_id in engine.store.overdue():
         if turn_id not in done:
             done[turn_id] = engine.redrive(turn_id, limit).action

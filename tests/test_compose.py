@@ -1,7 +1,8 @@
-"""compose.yaml describes a deployment made only of commands this project provides, safe by
-default (issue 9): Redis with a password on an internal network, the model key only where the
-model is called, the sandbox's seccomp profile on the tools worker, Flower on localhost with
-auth on every route, nothing else published."""
+"""compose.yaml describes a deployment made only of commands and images this project provides,
+safe by default (issues 9 and 18): Redis with passwords on an internal network (published on
+loopback for the control plane only), the model key only where the model is called, the tools
+worker's grants and no others, Flower on localhost with auth on every route, nothing else
+published. `make deploy-check` runs it for real (devtools/deploy_check.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_every_service_command_is_provided_by_the_project():
     services = _compose()["services"]
     served = set()
     for name, svc in services.items():
-        if "image" in svc:  # third-party services (Redis, Prometheus, Jaeger): checked by their own tests
+        if svc["image"] != "localhost/agent-runtime:latest":  # Redis, Prometheus, Phoenix: their own tests
             continue
         cmd = svc["command"]
         if cmd[0] == "celery":
@@ -81,6 +82,7 @@ def test_redis_keeps_data_and_never_evicts():
 def test_redis_requires_a_password_from_the_environment():
     services = _compose()["services"]
     assert services["redis"]["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+    assert services["redis"]["environment"]["REDIS_CONTROL_PASSWORD"].startswith("${REDIS_CONTROL_PASSWORD:?")
     # default: locked by a random per-start password (not off: Redis 7.0 replays the AOF as default)
     assert "user default on >%s" in _redis_shell() and "/dev/urandom" in _redis_shell()
     assert "requirepass" not in _redis_shell()
@@ -96,7 +98,8 @@ def _run_compose_redis(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
 
     port = free_port()
     script = _redis_shell().replace("$$", "$").replace("| redis-server -", f"| {shlex.quote(find_redis_server())} -")
-    script += f" --port {port} --bind 127.0.0.1 --appendonly no --save '' --dir {tempfile.mkdtemp()}"
+    script = script.replace("--dir /data", f"--dir {tempfile.mkdtemp()}")
+    script += f" --port {port} --bind 127.0.0.1 --appendonly no --save ''"
     proc = subprocess.Popen(["sh", "-c", script], env={"PATH": os.environ["PATH"], **env}, start_new_session=True)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
@@ -110,7 +113,7 @@ def _run_compose_redis(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
     raise AssertionError("compose's Redis command did not start")
 
 
-@pytest.mark.parametrize("control_password", ["", "ctl-pass-2"])
+@pytest.mark.parametrize("control_password", ["ctl-pass-2"])
 def test_compose_redis_command_really_enforces_the_acl(control_password):
     proc, port = _run_compose_redis({"REDIS_PASSWORD": "pw-1", "REDIS_CONTROL_PASSWORD": control_password})
     try:
@@ -140,7 +143,9 @@ def test_only_the_services_that_need_redis_join_the_backend_network():
     compose = _compose()
     services = compose["services"]
     assert compose["networks"]["backend"]["internal"] is True
-    assert services["redis"]["networks"] == ["backend"]
+    assert services["redis"]["networks"] == ["backend", "control"]
+    # `control` carries Redis's published port and nothing else
+    assert {n for n, s in services.items() if "control" in s.get("networks", [])} == {"redis"}
     on_backend = {n for n, s in services.items() if "backend" in s.get("networks", [])}
     assert on_backend == {"redis", "beat", "flower"} | {n for n in services if n.startswith("worker-")}
     assert "gateway" not in on_backend
@@ -157,8 +162,10 @@ def test_the_model_key_only_reaches_the_services_that_call_the_model():
 def test_nothing_is_published_but_the_operator_uis_on_localhost():
     services = _compose()["services"]
     published = {n: s["ports"] for n, s in services.items() if s.get("ports")}
-    assert set(published) == {"flower", "prometheus", "jaeger"}  # Flower, metrics and traces (issue 12)
+    # Flower, metrics and traces (issue 12), and Redis for the control plane outside compose (issue 18)
+    assert set(published) == {"flower", "prometheus", "phoenix", "redis"}
     assert all(p.startswith("127.0.0.1:") for ports in published.values() for p in ports)
+    assert published["redis"] == ["127.0.0.1:${REDIS_HOST_PORT:-6380}:6379"]
     assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
 
 
@@ -173,10 +180,14 @@ def test_the_tools_worker_runs_the_sandbox_under_the_shipped_seccomp_profile():
     services = _compose()["services"]
     opts = services["worker-tools"]["security_opt"]
     assert "seccomp=deploy/seccomp-bwrap.json" in opts and "apparmor=unconfined" in opts
+    # the only other grant: /proc unmasked (podman: unmask=/proc/*; Docker can only lift every mask)
+    assert "${AGENT_TOOLS_PROC_OPT:-systempaths=unconfined}" in opts and len(opts) == 4
     for name, svc in services.items():
         if name != "worker-tools":
-            assert not any(o.startswith(("seccomp=", "apparmor=")) for o in svc.get("security_opt", [])), name
+            grants = ("seccomp=", "apparmor=", "systempaths=", "unmask=", "${")
+            assert not any(o.startswith(grants) for o in svc.get("security_opt", [])), name
         assert "no-new-privileges:true" in svc.get("security_opt", []), name
+        assert svc.get("cap_drop") == ["ALL"] and not svc.get("cap_add") and not svc.get("privileged"), name
     profile = json.loads((ROOT / "deploy" / "seccomp-bwrap.json").read_text())
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
     denied = {n for rule in profile["syscalls"] if rule["action"] != "SCMP_ACT_ALLOW" for n in rule["names"]}
@@ -188,6 +199,39 @@ def test_the_tools_worker_runs_the_sandbox_under_the_shipped_seccomp_profile():
 def test_images_run_as_an_unprivileged_user():
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "\nUSER agent" in dockerfile
+    for name, user in (("redis", "redis"), ("prometheus", "prometheus"), ("phoenix", "phoenix")):
+        assert f"\nUSER {user}\n" in (ROOT / "deploy" / "images" / f"{name}.Dockerfile").read_text()
+
+
+def test_every_image_is_built_here_on_a_base_given_as_a_build_argument():
+    """No registry is needed beyond the base (docs/deployment.md): every service's image is built
+    from this repository, on BASE_IMAGE; the host's CA bundle only ever as a build secret."""
+    for name, svc in _compose()["services"].items():
+        assert svc["image"].startswith("localhost/agent-"), name
+        build = svc["build"]
+        assert build["args"]["BASE_IMAGE"] == "${BASE_IMAGE:-debian:bookworm-slim}", name
+        dockerfile = ROOT / build["context"] / build.get("dockerfile", "Dockerfile")
+        text = dockerfile.read_text()
+        assert "ARG BASE_IMAGE=debian:bookworm-slim\nFROM ${BASE_IMAGE}\n" in text, dockerfile
+        copies = [line for line in text.splitlines() if line.startswith(("COPY", "ADD"))]
+        assert not any("ssl" in line or "cert" in line or ".crt" in line for line in copies), dockerfile
+        if "pip install" in text:
+            assert "--mount=type=secret,id=ca_bundle" in text, dockerfile
+    from devtools.podman import IMAGES
+
+    assert {s["image"] for s in _compose()["services"].values()} == set(IMAGES)
+
+
+def test_redis_data_and_the_homes_are_directories_the_operator_chooses():
+    """Redis's disk is not the homes' (issue 19): both are host directories compose requires."""
+    services = _compose()["services"]
+    (data,) = services["redis"]["volumes"]
+    assert data.startswith("${REDIS_DATA_DIR:?") and data.endswith(":/data")
+    for name, svc in services.items():
+        if name.startswith("worker-"):
+            assert [v for v in svc["volumes"] if v.endswith(":/homes")] == [svc["volumes"][0]], name
+            assert svc["volumes"][0].startswith("${AGENT_HOMES_DIR:?"), name
+    assert "--dir /data" in _redis_shell()
 
 
 def _wait_http(url: str) -> None:
@@ -259,7 +303,8 @@ def test_prometheus_scrapes_every_worker_service_on_its_metrics_port():
     workers = {n for n, s in services.items() if "worker" in s.get("command", [])[:4]}
     assert workers and {services[n]["environment"]["AGENT_METRICS_PORT"] for n in workers} == {"9808"}
     assert compose["networks"]["ops"]["internal"] is True
-    assert all("ops" in services[n]["networks"] for n in workers | {"prometheus", "jaeger"})
+    assert all("ops" in services[n]["networks"] for n in workers | {"prometheus", "phoenix"})
+    assert {services[n]["environment"]["AGENT_METRICS_ADDR"] for n in workers} == {"0.0.0.0"}
     (mount,) = [v for v in services["prometheus"]["volumes"] if v.endswith("/etc/prometheus/prometheus.yml:ro")]
     config = yaml.safe_load((ROOT / mount.split(":")[0]).read_text())
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "agent-workers"]
@@ -267,12 +312,13 @@ def test_prometheus_scrapes_every_worker_service_on_its_metrics_port():
     assert set(sd["names"]) == workers and sd["port"] == 9808
 
 
-def test_workers_send_traces_to_the_jaeger_service():
+def test_workers_send_traces_to_the_trace_ui():
     services = _compose()["services"]
     for name in ("worker-turns", "worker-tools", "worker-background", "worker-workflow"):
         env = services[name]["environment"]
-        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith("jaeger:4318}") and "otlp" in env["OTEL_TRACES_EXPORTER"]
-    assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith("phoenix:6006}") and "otlp" in env["OTEL_TRACES_EXPORTER"]
+    assert services["phoenix"]["command"] == ["phoenix", "serve"]
+    assert "arize-phoenix" in (ROOT / "deploy" / "images" / "phoenix.Dockerfile").read_text()
 
 
 def test_model_queues_on_an_io_pool_tools_on_prefork_and_every_service_restarts():

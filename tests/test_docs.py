@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from pathlib import Path
 
@@ -230,7 +228,10 @@ def test_deployment_names_the_compose_services_and_published_ports():
     doc = (DOCS / "deployment.md").read_text()
     documented = set(re.findall(r"^\| `([\w-]+)` \|", _section(doc, "## Compose"), re.M))
     assert documented == set(compose), "docs/deployment.md's service table differs from compose.yaml"
-    published = {p.rsplit(":", 1)[0] for s in compose.values() for p in s.get("ports", [])}
+    # a port given by a variable with a default (`${REDIS_HOST_PORT:-6380}`) is documented by its default
+    published = {
+        re.sub(r"\$\{\w+:-(\d+)\}", r"\1", p.rsplit(":", 1)[0]) for s in compose.values() for p in s.get("ports", [])
+    }
     documented_ports = set(re.findall(r"^\| `(127\.0\.0\.1:\d+)` \|", _section(doc, "## What is published"), re.M))
     assert documented_ports == published, "docs/deployment.md's published ports differ from compose.yaml"
     nets = {n for s in compose.values() for n in s.get("networks", [])}
@@ -243,16 +244,14 @@ def test_deployment_names_the_compose_services_and_published_ports():
 
 def test_control_plane_names_every_cli_command():
     from control.cli import app
-    from control.workflow_cli import main as workflow_main
+    from control.workflow_cli import app as workflow_app
 
     doc = (DOCS / "control-plane.md").read_text()
     commands = typer.main.get_command(app).commands
     missing = [c for c in commands if f"agent-runtime {c}" not in doc]
     assert not missing, f"docs/control-plane.md does not show agent-runtime {missing}"
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-        workflow_main(["--help"])
-    subcommands = re.search(r"\{([\w,-]+)\}", out.getvalue()).group(1).split(",")
+    subcommands = list(typer.main.get_command(workflow_app).commands)
+    assert {"start", "show", "list", "wait", "retry", "cancel", "brain-add"} <= set(subcommands)
     missing = [c for c in subcommands if f"control.workflow_cli {c}" not in doc]
     assert not missing, f"docs/control-plane.md does not show workflow_cli {missing}"
 

@@ -31,7 +31,7 @@ class RecordingDispatcher:
     def enqueue_step(self, turn_id, step, *, queue, label=""):
         self.sent.append(("step", turn_id, step))
 
-    def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue, labels=None):
+    def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue, labels=None, computer=None):
         self.sent.append(("batch", turn_id, step, batch_index, list(batch.call_ids), batch.mode))
 
     def services(self, request):

@@ -5,6 +5,7 @@ Bad values fail at start-up with pydantic's error naming the variable.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 from functools import lru_cache
@@ -78,6 +79,19 @@ class Settings(BaseSettings):
     uid_base: int = Field(200_000, ge=1000)
     uid_count: int = Field(100_000, ge=1)
 
+    # Placement (docs/placement.md): each agent's home lives on one node. A node is a homes root;
+    # its name defaults to the one stored in <homes_root>/.placement/node (made on first start),
+    # so every tools worker sharing a homes root is one node. Must match ^[A-Za-z0-9_.-]{1,64}$.
+    node_name: str | None = None
+    # Snapshots of homes in an object store (S3 API): "s3://bucket/prefix". Unset: a re-placed
+    # agent gets an empty home and is told its computer was reset.
+    snapshot_store: str | None = None
+    # Endpoint of an S3-compatible server (MinIO, moto); unset: AWS. Credentials and region come
+    # from the usual AWS_* variables (boto3's own lookup).
+    snapshot_endpoint_url: str | None = None
+    # A home changed by a destructive computer call is snapshotted within this many seconds.
+    snapshot_interval: float = Field(5.0, gt=0)
+
     # Computer tools.
     command_timeout: float = 60.0
     command_output_cap: int = 64_000
@@ -145,8 +159,10 @@ class Settings(BaseSettings):
     )
     # A development exporter: spans as JSON lines appended to this file (tasks.telemetry).
     otel_file: Path | None = None
-    # Prometheus /metrics port of a worker (0: no metrics server); see tasks.metrics.
+    # Prometheus /metrics port of a worker (0: no metrics server) and the address it listens on
+    # (loopback unless a deployment says otherwise: it is unauthenticated); see tasks.metrics.
     metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_addr: str = "127.0.0.1"
 
     @property
     def progress_timeout(self) -> float:
@@ -155,11 +171,37 @@ class Settings(BaseSettings):
         whose heartbeat stopped are re-driven sooner, within about ``2 * liveness_ttl``."""
         return max(self.tool_time_limit, self.model_timeout) + self.progress_slack
 
+    @field_validator("metrics_addr")
+    @classmethod
+    def _ip_address(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError("must be an IP address to listen on (127.0.0.1, 0.0.0.0, ::)") from None
+        return v
+
     @field_validator("max_model_calls", "max_output_chars", "max_invalid_calls_per_tool", "max_input_bytes")
     @classmethod
     def _positive(cls, v: int) -> int:
         if v < 1:
             raise ValueError("must be >= 1")
+        return v
+
+    @field_validator("node_name")
+    @classmethod
+    def _node_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", v):
+            raise ValueError("a node name matches ^[A-Za-z0-9_.-]{1,64}$ (it names the node's tool queue)")
+        return v
+
+    @field_validator("snapshot_store")
+    @classmethod
+    def _snapshot_store(cls, v: str | None) -> str | None:
+        if not v:
+            return None
+        parts = urlsplit(v)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise ValueError("the snapshot store is s3://bucket[/prefix]")
         return v
 
 

@@ -42,21 +42,31 @@ class PrivateStack:
 
         self.control = ControlPlane(self.redis.control_url)
 
-    def _spawn(self, kind: str, cmd: list[str]) -> subprocess.Popen:
+    def _spawn(self, kind: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = Path(tempfile.gettempdir()) / f"private-{kind}-{uuid.uuid4().hex[:6]}.log"
         self.logs.append(log)
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=self.env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         proc.log = log  # type: ignore[attr-defined]
         self.procs.append(proc)
         return proc
 
     def start_worker(
-        self, *extra: str, pool: str = "threads", concurrency: int = 8, queues: str = "turns,tools,background,workflow"
+        self,
+        *extra: str,
+        pool: str = "threads",
+        concurrency: int = 8,
+        queues: str = "turns,tools,background,workflow",
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen:
-        """A worker on this Redis; returns once its heartbeat is in this Redis (RuntimeError after
-        ``START_TIMEOUT`` s).
+        """A worker on this Redis (``env``: its own extra environment); returns once its heartbeat
+        is in this Redis (RuntimeError after ``START_TIMEOUT`` s).
 
         (Not a ping: Celery's remote control publishes through the app's default broker.)"""
         name = f"private-{uuid.uuid4().hex[:6]}"
@@ -64,7 +74,7 @@ class PrivateStack:
         argv = worker_argv(
             queues, name=f"{name}@%h", pool=pool, concurrency=concurrency, loglevel=loglevel, extra=extra
         )
-        proc = self._spawn("worker", argv)
+        proc = self._spawn("worker", argv, env)
         from worker.turn.liveness import HOST
 
         deadline = time.monotonic() + START_TIMEOUT

@@ -220,6 +220,9 @@ class WorkerTool(Generic[P]):
     describe_activity: Callable[[P], str] | None = None
     describe_completed_activity: Callable[[P, ToolResult], str] | None = None
     needs_approval: NeedsApproval = False
+    # Runs on the agent's computer (its home, its commands): such a call is routed to the node
+    # that holds the agent's home (docs/placement.md); any other call runs on any tools worker.
+    needs_computer: bool = False
 
     def approval_required(self, params: P, ctx: Any) -> bool:
         """Whether a person must approve this call before it runs (the tool's own declaration).
@@ -274,6 +277,7 @@ def define_worker_tool(
     describe_activity: Callable[[Any], str] | None = None,
     describe_completed_activity: Callable[[Any, ToolResult], str] | None = None,
     needs_approval: NeedsApproval = False,
+    needs_computer: bool = False,
 ) -> WorkerTool[Any]:
     """Build a ``WorkerTool`` and check it can be offered to a model.
 
@@ -295,6 +299,10 @@ def define_worker_tool(
     ``(validated_params, turn_context) -> bool`` deciding per call (e.g. a command tool that
     needs approval unless the command is on an allowlist). Whether it is honoured depends on
     the turn's approval mode (``worker.turn.approvals``).
+
+    ``needs_computer``: the tool touches the agent's home (files, commands). Its calls run on the
+    node that holds that home, through the node's own queue (``docs/placement.md``); a tool that
+    keeps its state in Redis or calls the network leaves it False and runs on any tools worker.
     """
     if not TOOL_NAME_PATTERN.match(name or ""):
         raise ToolDefinitionError(
@@ -340,6 +348,7 @@ def define_worker_tool(
         describe_activity=describe_activity,
         describe_completed_activity=describe_completed_activity,
         needs_approval=needs_approval,
+        needs_computer=bool(needs_computer),
     )
     try:
         function_definition(tool)  # generates, checks and caches the parameters schema

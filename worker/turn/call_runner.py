@@ -11,6 +11,11 @@ At most once for destructive tools: a call whose claim is held by a dead worker 
 when its tool is not destructive; a destructive one gets an "outcome unknown" result instead
 (docs/architecture.md, "Claims and fencing"). Every ending of a call (ran, failed, interrupted,
 rejected, outcome unknown) is a ``call_completed`` event.
+
+Placement (``docs/placement.md``): a call that needs the agent's computer is first admitted by the
+node (``Computers.admit``): ``forwarded`` to the node holding the home, refused with an error
+output when no node can hold it, or run holding the home, the model told first when the home was
+just moved here or reset.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from worker.model.items import cap_output, output_text, storable
@@ -28,6 +34,7 @@ from worker.turn.completion import BatchCompletion
 from worker.turn.dispatch import Plan, PlannedCall
 from worker.turn.events import CallCompleted, CallStarted
 from worker.turn.gate import ApprovalGate
+from worker.turn.interfaces import Computers, HomeAdmission
 from worker.turn.liveness import owner
 from worker.turn.outage import Unsaved, until_redis_answers
 from worker.turn.outcome import StepOutcome
@@ -45,11 +52,19 @@ _UNSAVED_RESULTS = Unsaved()
 class CallRunner:
     """Runs tool calls (see the module docstring)."""
 
-    def __init__(self, runtime: TurnRuntime, toolbox: Toolbox, gate: ApprovalGate, completion: BatchCompletion):
+    def __init__(
+        self,
+        runtime: TurnRuntime,
+        toolbox: Toolbox,
+        gate: ApprovalGate,
+        completion: BatchCompletion,
+        computers: Computers | None = None,
+    ):
         self.rt = runtime
         self.toolbox = toolbox
         self.gate = gate
         self.completion = completion
+        self.computers = computers
 
     def run(self, turn_id: str, step: int, call_id: str) -> StepOutcome:
         """Run one planned call, store its result, and close the batch if it is the batch's last."""
@@ -95,9 +110,20 @@ class CallRunner:
         key = (turn_id, step, call.call_id)
         kept: tuple[CallResult, dict[str, Any]] | None = _UNSAVED_RESULTS.get(key)
         if kept is None:
-            result = self._execute_once(call, state, request, batch_index, view.cancelled)
+            admission = self._admit(call, request.agent_id)
+            if admission.forward_to is not None:  # another node holds the agent's home
+                return StepOutcome("forwarded", admission.forward_to)
+            try:
+                if admission.error is not None:
+                    result: CallResult | None = CallResult.error(admission.error, "no_computer")
+                else:
+                    result = self._execute_once(call, state, request, batch_index, view.cancelled)
+            finally:
+                admission.release()
             if result is None:
                 return StepOutcome("dropped", "call is running elsewhere")
+            if admission.notice:
+                result = _noted(result, admission.notice)
             if edited:
                 result = self.gate.note_edit(result, call)
             kept = (result, CallCompleted.of(step, call, result).fields())
@@ -110,6 +136,13 @@ class CallRunner:
         )
         _UNSAVED_RESULTS.drop(key)
         return closing
+
+    def _admit(self, call: PlannedCall, agent_id: str) -> HomeAdmission:
+        """The placement check of a call that needs the agent's computer (``Computers.admit``);
+        any other call, or a turn loop without placement, is admitted as is."""
+        if not call.computer or self.computers is None:
+            return HomeAdmission()
+        return self.computers.admit(agent_id, call.destructive)
 
     def _execute_once(
         self, call: PlannedCall, state: TurnState, request: TurnRequest, batch_index: int, cancelled: bool
@@ -222,6 +255,12 @@ def _run_tool(tool: WorkerTool[Any], params: Any, tctx: ToolContext, call: Plann
             is_error=True,
             details={"error": "exception", "type": exc.__class__.__name__},
         )
+
+
+def _noted(result: CallResult, notice: str) -> CallResult:
+    """``result`` with what the model must know about its computer (moved, reset) before its output."""
+    details = {**result.details, "placement": notice}
+    return replace(result, output=f"{notice}\n\n{result.output}", details=details)
 
 
 def _failure(call: PlannedCall, exc: Exception) -> CallResult:

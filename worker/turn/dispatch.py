@@ -38,6 +38,8 @@ class PlannedCall:
     error_kind: str | None = None
     # A person must approve the call before it runs (``worker.turn.approvals``).
     needs_approval: bool = False
+    # The tool needs the agent's computer: the call runs on the node holding the home (placement).
+    computer: bool = False
 
     @property
     def runnable(self) -> bool:

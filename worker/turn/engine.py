@@ -29,7 +29,7 @@ from worker.turn.context import TurnContext
 from worker.turn.ending import TurnEnd
 from worker.turn.gate import ApprovalGate
 from worker.turn.intake import TurnIntake
-from worker.turn.interfaces import Dispatcher, Toolset, no_toolsets
+from worker.turn.interfaces import Computers, Dispatcher, Toolset, no_toolsets
 from worker.turn.model_step import ModelStep
 from worker.turn.outcome import StepOutcome
 from worker.turn.redrive import Redrive
@@ -58,6 +58,7 @@ class TurnEngine:
         resolve_toolset: Callable[[str], Toolset] | None = None,
         client: ModelClient | None = None,
         project_skills: Callable[[tuple[Skill, ...]], str] | None = None,
+        computers: Computers | None = None,
     ):
         self.runtime = runtime = TurnRuntime.build(store, dispatcher, settings)
         self.store, self.settings, self.dispatcher, self.client = store, settings, dispatcher, client
@@ -75,7 +76,8 @@ class TurnEngine:
         self.completion = BatchCompletion(runtime, self.approvals, self.end)
         replies = ReplyHandler(runtime, self.approvals, self.completion, self.end)
         self.model_step = ModelStep(runtime, self.toolbox, client, replies, self.end)
-        self.calls = CallRunner(runtime, self.toolbox, self.approvals, self.completion)
+        # ``computers``: the node side of placement (``worker.placement.homes``); None runs computer calls anywhere.
+        self.calls = CallRunner(runtime, self.toolbox, self.approvals, self.completion, computers)
         self.redriver = Redrive(runtime, self.approvals, self.completion, self.end)
 
     # ----- starting and ending turns ----------------------------------------

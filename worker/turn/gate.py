@@ -28,7 +28,7 @@ from worker.tooling.schemas import source_schema
 from worker.turn import approvals, telemetry
 from worker.turn.approval_policy import approval_timeout
 from worker.turn.dispatch import Batch, Plan, PlannedCall, plan_batches
-from worker.turn.interfaces import call_labels
+from worker.turn.interfaces import call_labels, computer_calls
 from worker.turn.outcome import StepOutcome
 from worker.turn.request import TurnRequest
 from worker.turn.runtime import TurnRuntime
@@ -86,7 +86,13 @@ class ApprovalGate:
             within = telemetry.under_turn(state.traceparent if state else None)
         with within:
             self.rt.dispatcher.dispatch_batch(
-                turn_id, step, index, batches[index], queue="tools", labels=call_labels(agent_id, turn_id, step, calls)
+                turn_id,
+                step,
+                index,
+                batches[index],
+                queue="tools",
+                labels=call_labels(agent_id, turn_id, step, calls),
+                computer=computer_calls(agent_id, calls),
             )
         return True
 

@@ -7,6 +7,7 @@ work for monitors.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from worker.tooling.contract import ToolServices, WorkerTool
@@ -31,9 +32,12 @@ class Dispatcher(Protocol):
         *,
         queue: str,
         labels: dict[str, str] | None = None,
+        computer: ComputerCalls | None = None,
     ) -> None:
         """Run the batch's calls: together (``parallel``) or one after another (``sequential``).
-        ``labels`` describes each call by ``call_id`` for monitors (``call_labels``)."""
+        ``labels`` describes each call by ``call_id`` for monitors (``call_labels``); the calls
+        named in ``computer`` go to the queue of the node holding the agent's home instead of
+        ``queue`` (``docs/placement.md``)."""
 
     def services(self, request: TurnRequest) -> ToolServices:
         """The queue layer's services for the turn's tools (e.g. schedule entries); the turn loop
@@ -44,6 +48,51 @@ class Dispatcher(Protocol):
 
 
 Toolset = Callable[[TurnContext], list[WorkerTool[Any]]]
+
+
+@dataclass(frozen=True)
+class ComputerCalls:
+    """The calls of a batch that need the agent's computer (``WorkerTool.needs_computer``), and
+    the agent: the dispatcher routes them to the node holding its home."""
+
+    agent_id: str
+    call_ids: frozenset[str]
+
+
+def computer_calls(agent_id: str, calls: list[PlannedCall]) -> ComputerCalls | None:
+    """``ComputerCalls`` of a step's planned calls (None when none needs a computer)."""
+    ids = frozenset(c.call_id for c in calls if c.computer)
+    return ComputerCalls(agent_id, ids) if ids else None
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass
+class HomeAdmission:
+    """What the node that received a computer call may do with it (``Computers.admit``).
+
+    - ``forward_to``: another node holds the agent's home: nothing runs here, the call goes to
+      that queue;
+    - ``error``: the call cannot run now (no node can take the home, its snapshot could not be
+      read): this text is the call's output, the home is untouched;
+    - ``notice``: the home was just moved here or reset: the model is told, before this call's output;
+    - ``release``: called once the call ended (the home may then be snapshotted or moved).
+    """
+
+    forward_to: str | None = None
+    error: str | None = None
+    notice: str | None = None
+    release: Callable[[], None] = field(default=_nothing)
+
+
+class Computers(Protocol):
+    """The node side of placement, as the turn loop sees it (``worker.placement.homes.NodeHomes``)."""
+
+    def admit(self, agent_id: str, destructive: bool) -> HomeAdmission:
+        """May a computer call of ``agent_id`` run on this node now? Materializes the home when it
+        was just placed here (restored or reset); ``destructive`` marks the home changed."""
 
 
 def step_label(agent_id: str, turn_id: str, step: int) -> str:

@@ -113,6 +113,7 @@ def plan_calls(
                 activity=tool.activity(outcome.params),
                 repairs=outcome.repairs,
                 destructive=tool.is_destructive,
+                computer=tool.needs_computer,
                 needs_approval=bool(approval and approval(tool, outcome.params)),
             )
         )

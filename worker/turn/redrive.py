@@ -16,7 +16,7 @@ from worker.turn.completion import BatchCompletion
 from worker.turn.dispatch import Batch
 from worker.turn.ending import TurnEnd
 from worker.turn.gate import ApprovalGate
-from worker.turn.interfaces import call_labels, step_label
+from worker.turn.interfaces import call_labels, computer_calls, step_label
 from worker.turn.outcome import StepOutcome
 from worker.turn.request import TurnRequest, TurnStatus
 from worker.turn.runtime import TurnRuntime
@@ -69,8 +69,9 @@ class Redrive:
             missing = [c for c in batch.call_ids if c not in results]
             if missing:
                 labels = call_labels(request.agent_id, turn_id, step, plan.calls)
+                computer = computer_calls(request.agent_id, plan.calls)
                 self.rt.dispatcher.dispatch_batch(
-                    turn_id, step, i, Batch(batch.mode, missing), queue="tools", labels=labels
+                    turn_id, step, i, Batch(batch.mode, missing), queue="tools", labels=labels, computer=computer
                 )
                 return StepOutcome("redriven", f"batch {i}")
         # All results present but the barrier never closed the last batch: close it now.

@@ -93,7 +93,8 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
     """The computer tools for one turn, confined to ``ctx.home``.
 
     Order: run_command, read_file, write_file, edit_file, list_files,
-    search_files. Limits come from ``ctx.settings``: ``command_timeout``
+    search_files. Every one ``needs_computer``: its calls run on the node holding the agent's
+    home (``docs/placement.md``). Limits come from ``ctx.settings``: ``command_timeout``
     (seconds, the ceiling of a command's own timeout), ``command_output_cap``
     (bytes of command output kept) and ``max_output_chars`` (characters of a
     file read).
@@ -135,6 +136,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             is_destructive=True,
             needs_approval=command_needs_approval,
             describe_activity=_describe_command,
+            needs_computer=True,
             describe_completed_activity=_describe_command_done,
         ),
         define_worker_tool(
@@ -148,6 +150,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             execution_mode="parallel",
             is_read_only=True,
             describe_activity=_describe_read,
+            needs_computer=True,
             describe_completed_activity=_describe_read_done,
         ),
         define_worker_tool(
@@ -158,6 +161,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             execution_mode="sequential",
             is_destructive=True,
             describe_activity=_describe_write,
+            needs_computer=True,
             describe_completed_activity=_describe_write_done,
         ),
         define_worker_tool(
@@ -171,6 +175,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             execution_mode="sequential",
             is_destructive=True,
             describe_activity=_describe_edit,
+            needs_computer=True,
             describe_completed_activity=_describe_edit_done,
         ),
         define_worker_tool(
@@ -181,6 +186,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             execution_mode="parallel",
             is_read_only=True,
             describe_activity=_describe_list,
+            needs_computer=True,
             describe_completed_activity=_describe_list_done,
         ),
         define_worker_tool(
@@ -194,6 +200,7 @@ def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
             execution_mode="parallel",
             is_read_only=True,
             describe_activity=_describe_search,
+            needs_computer=True,
             describe_completed_activity=_describe_search_done,
         ),
     ]
