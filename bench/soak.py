@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import orjson
 import redis
@@ -100,6 +101,101 @@ class Gateway:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def _chaos(
+    action: str, sup: Supervisor, gateway: Gateway, srv: EmbeddedRedis, rng: random.Random, host: str
+) -> tuple[float, str, str]:
+    """Do one chaos ``action``; returns its event ``(when, what, node)``."""
+    when = time.time()
+    if action in ("worker-io", "worker-tools", "beat"):
+        proc = sup.procs[action]
+        node = f"{host}:{proc.pid}"
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return (when, action, node)
+    if action == "tools-child":
+        kids = _children(sup.procs["worker-tools"].pid)
+        if kids:
+            os.kill(rng.choice(kids), signal.SIGKILL)
+        return (when, action, "")
+    if action == "gateway":
+        gateway.kill()
+        time.sleep(1)
+        gateway.start()
+        return (when, action, "")
+    srv.halt(kill=True)
+    time.sleep(rng.uniform(1, 3))
+    srv.restart()
+    return (when, "redis", "")
+
+
+def _run_twice(homes: Path, turns: int) -> int:
+    """Destructive tool calls that ran more than once (each call writes its marker in the home)."""
+    twice = 0
+    for i in range(turns):
+        marks = homes / f"soak-{i}" / "markers.txt"
+        if marks.exists():
+            twice += sum(n - 1 for n in Counter(marks.read_text().split()).values() if n > 1)
+    return twice
+
+
+def _paid_twice(answers: Path, events: list[tuple[float, str, str]]) -> tuple[int, int]:
+    """Model calls paid twice for the same (turn input, step): ``(after a steps-worker kill, other)``."""
+    paid = defaultdict(list)
+    for line in answers.read_bytes().splitlines():
+        a = orjson.loads(line)
+        if a["complete"] and a["status"] == 200 and a["model"] == "soak":
+            paid[(a["input"], a["step"])].append(a["at"])
+    worker_kills = [w for w, what, _ in events if what in ("worker-io",)]
+    repaid_kill = repaid_other = 0
+    for times in paid.values():
+        times.sort()
+        for first, again in zip(times, times[1:], strict=False):
+            if any(first - 1 <= k <= again for k in worker_kills):
+                repaid_kill += 1
+            else:
+                repaid_other += 1
+    return repaid_kill, repaid_other
+
+
+def _recovery_times(control: Any, ids: list[str], events: list[tuple[float, str, str]]) -> list[float]:
+    """Seconds from each SIGKILL of a worker main process to the first re-drive of its turns."""
+    redriven: dict[str, float] = {}
+    for tid in ids:
+        for e in control.events(tid):
+            if e.get("kind") == "turn_redriven" and "stopped" in str(e.get("reason", "")):
+                node = str(e["reason"]).split("worker ", 1)[-1].split(" stopped")[0]
+                redriven[node] = min(redriven.get(node, float("inf")), float(e["at"]))
+    return [redriven[node] - when for when, what, node in events
+            if what in ("worker-io", "worker-tools") and node in redriven]  # fmt: skip
+
+
+def _redriven_without_a_holder(control: Any, ids: list[str]) -> tuple[set[str], set[str]]:
+    """Turns re-driven by the progress deadline (nobody knew they had stopped), and turns re-driven
+    because no message named them after a Redis restart (``tasks.watchdog.reconcile_after_restart``)."""
+    by_deadline: set[str] = set()
+    after_restart: set[str] = set()
+    for tid in ids:
+        for e in control.events(tid):
+            reason = str(e.get("reason", "")) if e.get("kind") == "turn_redriven" else ""
+            if reason.startswith("no progress"):
+                by_deadline.add(tid)
+            elif "Redis restart" in reason:
+                after_restart.add(tid)
+    return by_deadline, after_restart
+
+
+def _print_histories(control: Any, turns: list[str], events: list[tuple[float, str, str]], t0: float) -> None:
+    """What happened to ``turns`` against the chaos, in seconds since ``t0`` (the start)."""
+    for tid in turns:
+        print(f"  {tid}: " + "; ".join(
+            f"{float(e['at']) - t0:.1f} {e['kind']}" + "".join(f" {k}={e[k]}" for k in ("step", "phase", "call_id", "reason") if k in e)
+            for e in control.events(tid) if e.get("kind") not in ("model_delta",)))  # fmt: skip
+    if turns:
+        print("  chaos: " + ", ".join(f"{w - t0:.1f} {what}" for w, what, _ in events))
 
 
 def main() -> None:
@@ -186,31 +282,8 @@ def main() -> None:
             remaining_slots = max(1, int((chaos_until - now) / 3.5))
             action = "redis" if left > 0 and rng.random() < left / remaining_slots else rng.choice(
                 ["worker-io", "tools-child", "worker-tools", "beat", "gateway", "redis"])  # fmt: skip
-            when = time.time()
-            if action in ("worker-io", "worker-tools", "beat"):
-                proc = sup.procs[action]
-                node = f"{host}:{proc.pid}"
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                events.append((when, action, node))
-            elif action == "tools-child":
-                kids = _children(sup.procs["worker-tools"].pid)
-                if kids:
-                    os.kill(rng.choice(kids), signal.SIGKILL)
-                events.append((when, action, ""))
-            elif action == "gateway":
-                gateway.kill()
-                events.append((when, action, ""))
-                time.sleep(1)
-                gateway.start()
-            else:
-                srv.halt(kill=True)
-                events.append((when, "redis", ""))
-                time.sleep(rng.uniform(1, 3))
-                srv.restart()
-                redis_restarts += 1
+            events.append(_chaos(action, sup, gateway, srv, rng, host))
+            redis_restarts += action == "redis"
             print(f"  {time.monotonic() - started:6.1f}s chaos: {action} ({len(ids)} turns enqueued)", flush=True)
             next_chaos = time.monotonic() + rng.uniform(2, 5)
         time.sleep(0.05)
@@ -239,43 +312,11 @@ def main() -> None:
     lost = sum(s is None for s in statuses.values())
     stuck = sum(s is not None and s not in TERMINAL for s in statuses.values())
     failed = sum(s in TERMINAL and s != b"completed" for s in statuses.values())
-    twice = 0
-    for i in range(len(ids)):
-        marks = homes / f"soak-{i}" / "markers.txt"
-        if marks.exists():
-            twice += sum(n - 1 for n in Counter(marks.read_text().split()).values() if n > 1)
+    twice = _run_twice(homes, len(ids))
 
-    # Paid model calls: complete answers per (turn input, step).
-    paid = defaultdict(list)
-    for line in answers.read_bytes().splitlines():
-        a = orjson.loads(line)
-        if a["complete"] and a["status"] == 200 and a["model"] == "soak":
-            paid[(a["input"], a["step"])].append(a["at"])
-    worker_kills = [w for w, what, _ in events if what in ("worker-io",)]
-    repaid_kill = repaid_other = 0
-    for times in paid.values():
-        times.sort()
-        for first, again in zip(times, times[1:], strict=False):
-            if any(first - 1 <= k <= again for k in worker_kills):
-                repaid_kill += 1
-            else:
-                repaid_other += 1
-
-    # Recovery: from each SIGKILL of a worker main process to the first re-drive of its turns.
-    redriven: dict[str, float] = {}
-    by_deadline: set[str] = set()  # turns the progress deadline had to re-drive (nobody knew they stopped)
-    after_restart: set[str] = set()  # turns no message named after a Redis restart (tasks.watchdog)
-    for tid in ids:
-        for e in control.events(tid):
-            if e.get("kind") == "turn_redriven" and str(e.get("reason", "")).startswith("no progress"):
-                by_deadline.add(tid)
-            if e.get("kind") == "turn_redriven" and "Redis restart" in str(e.get("reason", "")):
-                after_restart.add(tid)
-            if e.get("kind") == "turn_redriven" and "stopped" in str(e.get("reason", "")):
-                node = str(e["reason"]).split("worker ", 1)[-1].split(" stopped")[0]
-                redriven[node] = min(redriven.get(node, float("inf")), float(e["at"]))
-    recovery = [redriven[node] - when for when, what, node in events
-                if what in ("worker-io", "worker-tools") and node in redriven]  # fmt: skip
+    repaid_kill, repaid_other = _paid_twice(answers, events)
+    recovery = _recovery_times(control, ids, events)
+    by_deadline, after_restart = _redriven_without_a_holder(control, ids)
 
     alive_at_end = {name: proc.poll() is None for name, proc in sup.procs.items()}
     kinds = Counter(what for _, what, _ in events)
@@ -292,13 +333,7 @@ def main() -> None:
         print("recovery: no worker-main kill held a turn")
     print(f"turns re-driven by the progress deadline: {len(by_deadline)} {sorted(by_deadline)}; "
           f"re-driven because no message named them after a Redis restart: {len(after_restart)}")  # fmt: skip
-    t0 = time.time() - (time.monotonic() - started)  # wall clock at the start
-    for tid in sorted(by_deadline):  # what happened to them, against the chaos (seconds since the start)
-        print(f"  {tid}: " + "; ".join(
-            f"{float(e['at']) - t0:.1f} {e['kind']}" + "".join(f" {k}={e[k]}" for k in ("step", "phase", "call_id", "reason") if k in e)
-            for e in control.events(tid) if e.get("kind") not in ("model_delta",)))  # fmt: skip
-    if by_deadline:
-        print("  chaos: " + ", ".join(f"{w - t0:.1f} {what}" for w, what, _ in events))
+    _print_histories(control, sorted(by_deadline), events, time.time() - (time.monotonic() - started))
     print(f"alive at the end: {alive_at_end}")
     sup.stop()
     gateway.kill()

@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import orjson
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:  # imported where used: a CLI start does not load the client before it needs it
+    from control.client import ControlPlane
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
@@ -26,7 +29,7 @@ err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 @contextmanager
 def _exit_on_errors() -> Iterator[None]:
     """Control-plane errors (Redis unreachable, unknown turn, timeout) and bad requests: message, exit 2."""
-    from control.client import ControlPlaneError
+    from control.errors import ControlPlaneError
 
     try:
         yield
@@ -40,7 +43,7 @@ def _exit_on_errors() -> Iterator[None]:
         raise typer.Exit(2) from exc
 
 
-def _control():
+def _control() -> ControlPlane:
     from control.client import ControlPlane
 
     with _exit_on_errors():
@@ -52,7 +55,7 @@ def _control():
 NOT_FROM_CLI = {"workflow_task": "workflow task turns are started with ControlPlane().workflows().start_workflow_task"}
 
 
-def _read_input_items(path: str) -> list:
+def _read_input_items(path: str) -> list[dict[str, Any]]:
     """The Responses input items in ``path`` (``-``: stdin): a JSON array of objects. Exit 2 otherwise."""
     try:
         raw = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
@@ -170,8 +173,9 @@ def trace(
         raise typer.Exit(2)
     control = _control()
     with _exit_on_errors():
-        control.status(turn_id)
-        found = turn_spans(Path(path), control.store.load(turn_id).traceparent)
+        control.status(turn_id)  # ControlPlaneError for an unknown turn
+        state = control.store.load(turn_id)
+        found = turn_spans(Path(path), state.traceparent if state else None)
     if not found:
         err.print(f"[red]error:[/] no span of turn {turn_id} in {path}")
         raise typer.Exit(1)
@@ -250,7 +254,7 @@ def approvals(
         console.print(f"    arguments: {escape(orjson.dumps(rec['arguments']).decode())}")
 
 
-def _print_decision(rec: dict) -> None:
+def _print_decision(rec: dict[str, Any]) -> None:
     what = rec["status"] if rec["changed"] else f"already {rec['status']} (by {rec['by']})"
     print(f"{rec['call_id']}: {what}")
 

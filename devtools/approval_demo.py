@@ -71,7 +71,7 @@ def run_approval_demo(
             **({"model": model} if model else {}),
         }
     )
-    done, errors = threading.Event(), []
+    done, errors = threading.Event(), list[str]()
     decider = threading.Thread(target=_decide, args=(control, turn_id, console, done, errors), daemon=True)
     decider.start()
     final = print_transcript(control, turn_id, console, timeout=120)

@@ -69,14 +69,16 @@ from devtools.podman import PodmanError, build_images, require_tools, write_conf
 
 
 def enqueue(dep: Deployment, text: str, agent: str, model: str, *extra: str) -> str:
-    return cli(dep, "enqueue", text, "--agent", agent, "--model", model, *extra).stdout.strip()
+    out: str = cli(dep, "enqueue", text, "--agent", agent, "--model", model, *extra).stdout
+    return out.strip()
 
 
 def wait_turn(dep: Deployment, turn_id: str) -> dict[str, Any]:
     run = cli(dep, "wait", turn_id, "--timeout", str(TURN_TIMEOUT), check=False, timeout=TURN_TIMEOUT + 30)
     if run.returncode != 0:
         raise CheckFailed(f"turn {turn_id} did not complete: {(run.stdout or run.stderr).strip()[:400]}")
-    return json.loads(run.stdout)
+    status: dict[str, Any] = json.loads(run.stdout)
+    return status
 
 
 def tool_outputs(dep: Deployment, turn_id: str) -> list[str]:
@@ -224,7 +226,8 @@ def flower(dep: Deployment) -> str:
 def prometheus_query(query: str) -> list[dict[str, Any]]:
     r = httpx.get("http://127.0.0.1:9090/api/v1/query", params={"query": query}, timeout=10)
     r.raise_for_status()
-    return r.json()["data"]["result"]
+    result: list[dict[str, Any]] = r.json()["data"]["result"]
+    return result
 
 
 def metrics() -> str:
@@ -257,7 +260,8 @@ def trace(dep: Deployment, turn_id: str) -> str:
     """The turn's spans in Phoenix (its REST API, as its UI shows them)."""
     from control.client import ControlPlane
 
-    traceparent = ControlPlane(dep.control_url).store.load(turn_id).traceparent or ""
+    state = ControlPlane(dep.control_url).store.load(turn_id)
+    traceparent = (state.traceparent if state else None) or ""
     trace_id = traceparent.split("-")[1] if traceparent.count("-") == 3 else ""
     if not trace_id:
         raise CheckFailed(f"turn {turn_id} has no trace id ({traceparent!r})")

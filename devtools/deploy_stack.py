@@ -132,7 +132,9 @@ def redact(text: str) -> str:
 # -- processes ---------------------------------------------------------------------------------
 
 
-def sh(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 600, check: bool = True, **kw: Any):
+def sh(
+    cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 600, check: bool = True, **kw: Any
+) -> "subprocess.CompletedProcess[str]":
     """Run ``cmd`` (captured); raise ``CheckFailed`` naming it and the end of its output when it fails."""
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)
     if check and proc.returncode != 0:
@@ -148,16 +150,16 @@ def compose_cmd() -> list[str]:
     return [exe, "-p", PROJECT, "-f", str(ROOT / "compose.yaml")]
 
 
-def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+def podman(*args: str, check: bool = True, timeout: float = 120) -> "subprocess.CompletedProcess[str]":
     return sh(["podman", *args], env={**os.environ, **podman_env()}, check=check, timeout=timeout)
 
 
-def cli(dep: Deployment, *args: str, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
+def cli(dep: Deployment, *args: str, timeout: float = 180, check: bool = True) -> "subprocess.CompletedProcess[str]":
     """``agent-runtime args`` from the host, as the control plane."""
     return sh([sys.executable, "-m", "control.cli", *args], env=dep.cli_env(), timeout=timeout, check=check)
 
 
-def workflow_cli(dep: Deployment, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def workflow_cli(dep: Deployment, *args: str, timeout: float = 180) -> "subprocess.CompletedProcess[str]":
     return sh([sys.executable, "-m", "control.workflow_cli", *args], env=dep.cli_env(), timeout=timeout)
 
 
@@ -188,7 +190,8 @@ def free(port: int) -> bool:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def make_disk(name: str, size_mb: int, owner: int) -> Path:

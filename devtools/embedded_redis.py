@@ -54,7 +54,8 @@ def free_port() -> int:
     """A free TCP port on 127.0.0.1 (bound then released)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 # What the worker and control users may run (Redis ACL rules). Redis 7 ACL categories;
@@ -96,7 +97,7 @@ class EmbeddedRedis:
             self.dir = data_dir
         else:
             self.dir = Path(tempfile.mkdtemp(prefix="embedded-redis-"))  # mode 0700
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.passwords = {user: secrets.token_hex(24) for user in USERS}
         # persist: an append-only file in ``dir`` (fsync on every write), so a restart keeps every turn.
         self.persist = persist
@@ -250,6 +251,7 @@ def main() -> None:
     print(f"embedded Redis on {redact_url(srv.url)} (ACL users worker and control, fresh passwords)", flush=True)
     print(f"data kept in {args.data_dir} (append-only file, fsync on every write)", flush=True)
     print(f"credentials in {env} (mode 0600); in each terminal: . {env}", flush=True)
+    assert srv.proc is not None  # start() returned: the server runs
     try:
         srv.proc.wait()
     except KeyboardInterrupt:

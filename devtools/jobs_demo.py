@@ -27,12 +27,13 @@ class JobsDemoReport:
     seconds: float
 
     def __bool__(self) -> bool:
-        return self.scheduled_turn["status"] == "completed" and self.job["status"] == "completed"
+        return bool(self.scheduled_turn["status"] == "completed" and self.job["status"] == "completed")
 
     def lines(self) -> list[str]:
         """The report as printable lines."""
         s, j, m, st = self.schedule, self.job, self.main, self.scheduled_turn
-        late = (parse_iso(s["last_run"]) - parse_iso(s["run_at"])).total_seconds() if s.get("last_run") else None
+        last_run, run_at = parse_iso(s.get("last_run")), parse_iso(s.get("run_at"))
+        late = (last_run - run_at).total_seconds() if last_run and run_at else None
         return [
             f"main turn {m['turn_id']}: {m['status']}: {m['final_output']}",
             f"schedule {s['schedule_id']} '{s['title']}' ({s['kind']}, due {s['run_at']}): {s['status']}; "
@@ -104,8 +105,8 @@ def run_schedule_and_job_demo(
     sched = job = None
     while time.monotonic() < deadline:
         sched, job = ScheduleStore(r).get(sid), JobStore(r).get(jid)
-        fired = sched and sched.get("last_turn_id")
-        if fired and control.status(sched["last_turn_id"]).done and job and job["status"] in FINISHED:
+        fired = sched.get("last_turn_id") if sched else None
+        if fired and control.status(fired).done and job and job["status"] in FINISHED:
             break
         time.sleep(poll)
     else:

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -118,7 +119,7 @@ def require_tools(*names: str) -> None:
         raise PodmanError(f"missing {', '.join(missing)}: run `make deploy-install` (Debian's packages, as root)")
 
 
-def podman(*args: str, check: bool = True, capture: bool = False, **kw) -> subprocess.CompletedProcess:
+def podman(*args: str, check: bool = True, capture: bool = False, **kw: Any) -> "subprocess.CompletedProcess[str]":
     """Run ``podman args`` with the project's configuration."""
     proc = subprocess.run(["podman", *args], env={**os.environ, **env()}, text=True, capture_output=capture, **kw)
     if check and proc.returncode != 0:

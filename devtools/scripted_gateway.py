@@ -1,4 +1,4 @@
-"""A scripted model gateway speaking the OpenAI Responses wire format over HTTP.
+"""A scripted model gateway speaking the OpenAI Responses (and Chat Completions) wire format over HTTP.
 
 ``POST /v1/responses`` answers with the next step of a scripted conversation.
 The script is chosen by the request's ``model`` field. The step is derived
@@ -29,6 +29,11 @@ A request with ``stream: true`` is answered with server-sent events carrying the
 names and shapes (``devtools.sse_script``), unless the gateway was built with
 ``streaming=False`` (an endpoint without streaming: it answers the JSON body).
 
+``POST /v1/chat/completions`` plays the same scripts in the Chat Completions wire format
+(``devtools.chat_wire``: a ``chat.completion`` body, or its chunk stream ending ``data: [DONE]``).
+The step is the number of assistant messages in ``messages``; broken tool-call pairing gets the
+HTTP 400 a real server gives; ``requests`` records the body seen as a Responses request.
+
 Run: ``python -m devtools.scripted_gateway --port 8089 --scripts scripts/``.
 """
 
@@ -45,6 +50,7 @@ from typing import Any, Callable
 
 import orjson
 
+from devtools.chat_wire import assistant_turns, chat_chunks, chat_completion, history_problem, responses_view
 from devtools.sse_script import sse_events
 
 Step = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
@@ -81,6 +87,20 @@ def _next_step(items: list[dict[str, Any]]) -> int:
     return highest + 1
 
 
+def responses_frames(payload: dict[str, Any], size: int) -> Any:
+    """``(is_delta, frame bytes)`` of a Responses event stream."""
+    for event in sse_events(payload, chunk=size):
+        data = b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+        yield event["type"].endswith(".delta"), data
+
+
+def chat_frames(payload: dict[str, Any], size: int) -> Any:
+    """``(is_delta, frame bytes)`` of a Chat Completions chunk stream, ``data: [DONE]`` last."""
+    for is_delta, chunk in chat_chunks(payload, chunk=size):
+        yield is_delta, b"data: " + orjson.dumps(chunk) + b"\n\n"
+    yield False, b"data: [DONE]\n\n"
+
+
 class ScriptedGateway:
     """Holds scripts and serves them over HTTP on ``127.0.0.1:port`` (0 picks a free port).
 
@@ -100,6 +120,7 @@ class ScriptedGateway:
     ):
         self.scripts: dict[str, list[Step]] = dict(scripts or {})
         self.requests: list[dict[str, Any]] = []
+        self.chat_requests: list[dict[str, Any]] = []
         self.streaming = streaming
         self.latency = latency
         self.in_flight = 0
@@ -131,7 +152,9 @@ class ScriptedGateway:
                     self._send(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:
-                if not self.path.rstrip("/").endswith("/responses"):
+                path = self.path.rstrip("/")
+                chat = path.endswith("/chat/completions")
+                if not chat and not path.endswith("/responses"):
                     self._send(404, {"error": {"message": f"unknown path {self.path}"}})
                     return
                 length = int(self.headers.get("Content-Length") or 0)
@@ -146,21 +169,24 @@ class ScriptedGateway:
                 try:
                     if gateway.latency:
                         time.sleep(gateway.latency)
-                    status, payload, step = gateway.respond_step(body)
+                    if chat:
+                        status, payload, step = gateway.respond_chat(body)
+                    else:
+                        status, payload, step = gateway.respond_step(body)
                 finally:
                     with gateway._lock:
                         gateway.in_flight -= 1
                 if status == 200 and body.get("stream") is True and gateway.streaming:
-                    complete = self._stream(payload, step)
+                    complete = self._stream(payload, step, chat=chat)
                 else:
                     try:
-                        self._send(status, payload)
+                        self._send(status, chat_completion(payload) if chat and status == 200 else payload)
                         complete = True
                     except (BrokenPipeError, ConnectionResetError):
                         complete = False
                 gateway.note_answer(body, status, complete)
 
-            def _stream(self, payload: dict[str, Any], step: dict[str, Any]) -> bool:
+            def _stream(self, payload: dict[str, Any], step: dict[str, Any], *, chat: bool = False) -> bool:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream; charset=utf-8")
                 self.send_header("Cache-Control", "no-cache")
@@ -170,8 +196,9 @@ class ScriptedGateway:
                 delay = float(step.get("stream_delay_ms", 0)) / 1000
                 cut = step.get("stream_break_after")
                 deltas = 0
-                for event in sse_events(payload, chunk=int(step.get("stream_chunk", 12))):
-                    is_delta = event["type"].endswith(".delta")
+                size = int(step.get("stream_chunk", 12))
+                frames: Any = chat_frames(payload, size) if chat else responses_frames(payload, size)
+                for is_delta, frame in frames:
                     if is_delta:
                         if cut is not None and deltas >= int(cut):
                             return False  # the connection closes without a terminal event
@@ -180,7 +207,6 @@ class ScriptedGateway:
                         if not deltas:
                             gateway.first_delta_at.setdefault(payload["id"], time.time())
                         deltas += 1
-                    frame = b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
                     try:
                         self.wfile.write(frame)
                         self.wfile.flush()
@@ -234,7 +260,7 @@ class ScriptedGateway:
         whether the whole answer reached the client (a paid model call)."""
         if self.answer_log is None:
             return
-        items = body.get("input") if isinstance(body.get("input"), list) else []
+        items: list[Any] = body["input"] if isinstance(body.get("input"), list) else []
         first = next((i.get("content") for i in items if isinstance(i, dict) and i.get("role") == "user"), None)
         if isinstance(first, list):
             first = " ".join(str(c.get("text", "")) for c in first if isinstance(c, dict))
@@ -242,6 +268,25 @@ class ScriptedGateway:
                 "status": status, "complete": complete}  # fmt: skip
         with self._lock, open(self.answer_log, "ab") as fh:
             fh.write(orjson.dumps(line) + b"\n")
+
+    def respond_chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        """``respond_step`` for a Chat Completions body: the step is the number of assistant
+        messages; ``requests`` gets the body seen as a Responses request (``chat_wire.responses_view``,
+        with ``wire: "chat"``), ``chat_requests`` the body as received. The payload is the Responses
+        body (the handler writes it in Chat shape)."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            error: dict[str, Any] = {"message": "messages must be a list of objects", "type": "invalid_request_error"}
+            return 400, {"error": error}, {}
+        view = responses_view(body)
+        with self._lock:
+            self.chat_requests.append(body)
+            self.requests.append(view)
+        problem = history_problem(messages)
+        if problem:
+            error = {"message": problem, "type": "invalid_request_error", "param": "messages", "code": None}
+            return 400, {"error": error}, {}
+        return self._play(view, assistant_turns(messages))
 
     def respond_step(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]]:
         """``respond`` plus the script step played (its streaming knobs); ``{}`` for an error."""
@@ -260,6 +305,9 @@ class ScriptedGateway:
         if problem:
             error = {"message": problem, "type": "invalid_request_error", "param": "input", "code": None}
             return 400, {"error": error}, {}
+        return self._play(body, _next_step(items))
+
+    def _play(self, body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, Any]]:
         model = body.get("model", "")
         script = self.scripts.get(model)
         if script is None:
@@ -269,13 +317,11 @@ class ScriptedGateway:
                 "code": "model_not_found",
             }
             return 404, {"error": error}, {}
-        n = _next_step(items)
         if n >= len(script):
             step: dict[str, Any] = {"output": [{"type": "message", "text": "(script finished)"}]}
         else:
-            step = script[n]
-            if callable(step):
-                step = step(body)
+            entry = script[n]
+            step = entry(body) if callable(entry) else entry
         return 200, self._render(model, n, step, body), step
 
     @staticmethod

@@ -1,6 +1,7 @@
 """The worker processes of a node, and a supervisor that keeps them running.
 
-Two pools, because the queues wait on different things (DESIGN-NOTES section 11):
+Two pools, because the queues wait on different things (a model call waits on the network,
+a tool call uses a core and needs a process of its own to be killed on a time limit):
 
 - ``turns``, ``background``, ``workflow``: steps that wait on the model for seconds. They run
   on an I/O pool (``--pool threads``, 256 threads by default) so one
@@ -28,7 +29,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 IO_QUEUES = "turns,background,workflow"
@@ -129,23 +130,30 @@ class Supervisor:
     (``devtools.node_recovery.NodeRecovery`` re-drives a dead worker's turns from there).
     """
 
+<<<<<<< HEAD
     def __init__(self, logdir: Path | None = None, on_restart=None, on_exit=None):
         self.logdir = logdir
         self.on_restart = on_restart or (lambda name, code: log.warning("%s exited (%s); restarting", name, code))
         self.on_exit = on_exit
         self.procs: dict[str, subprocess.Popen] = {}
+=======
+    def __init__(self, logdir: Path | None = None, on_restart: Callable[[str, int | None], None] | None = None):
+        self.logdir = logdir
+        self.on_restart = on_restart or (lambda name, code: log.warning("%s exited (%s); restarting", name, code))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+>>>>>>> main
         self.commands: dict[str, list[str]] = {}
         self.envs: dict[str, dict[str, str] | None] = {}
         self.restarts: dict[str, int] = {}
-        self._logs: dict[str, IO] = {}
+        self._logs: dict[str, IO[str]] = {}
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._started_at: dict[str, float] = {}
 
-    def _popen(self, name: str) -> subprocess.Popen:
+    def _popen(self, name: str) -> "subprocess.Popen[bytes]":
         self._started_at[name] = time.monotonic()
-        out: IO | None = None
+        out: IO[str] | None = None
         if self.logdir is not None:
             self.logdir.mkdir(parents=True, exist_ok=True)
             out = self._logs.get(name) or open(self.logdir / f"{name}.log", "a")
@@ -159,7 +167,7 @@ class Supervisor:
             start_new_session=True,  # a Ctrl-C meant for the supervisor reaches it first
         )
 
-    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> "subprocess.Popen[bytes]":
         """Start ``cmd`` as ``name`` (environment ``env``, default this one) and keep it running until ``stop()``."""
         with self._lock:
             self.commands[name] = cmd

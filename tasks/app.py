@@ -6,9 +6,10 @@ Queues (one per role, one worker deployment per queue):
 - ``background``: steps of background agent jobs.
 - ``workflow``: steps of workflow task turns.
 
-Reliability (Celery docs, "Optimizing" and "Redis caveats"; DESIGN-NOTES section 1):
-``task_acks_late``, ``task_reject_on_worker_lost``, ``worker_prefetch_multiplier=1``
-and a Redis ``visibility_timeout`` well above the longest task time limit.
+Reliability (Celery docs, "Optimizing" and "Redis caveats"): ``task_acks_late``,
+``task_reject_on_worker_lost``, ``worker_prefetch_multiplier=1`` and a Redis
+``visibility_timeout`` well above the longest task time limit (below it, Redis hands an
+unacked task to a second worker while the first still runs it).
 Every task is idempotent: steps are fenced by step number and tool calls
 keyed by ``call_id``.
 """

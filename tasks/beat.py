@@ -21,7 +21,7 @@ log = logging.getLogger("agent.beat")
 RETRY_SECONDS = 1.0
 
 
-class ResilientRedBeatScheduler(RedBeatScheduler):
+class ResilientRedBeatScheduler(RedBeatScheduler):  # type: ignore[misc]  # redbeat is untyped (Any)
     """``RedBeatScheduler`` whose ``tick`` survives a Redis restart (see the module docstring)."""
 
     def setup_schedule(self) -> Any:

@@ -173,7 +173,8 @@ class Channel(kombu_redis.Channel):
         pool = self.pool
         cached = self.__dict__.get("_sync_client")
         if cached is None or cached.connection_pool is not pool:
-            cached = self.__dict__["_sync_client"] = self._create_client()
+            # kombu's Channel._create_client: the stubs (celery-types) omit the redis Channel's private methods.
+            cached = self.__dict__["_sync_client"] = self._create_client()  # type: ignore[attr-defined]
         yield cached
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
@@ -186,11 +187,12 @@ class Channel(kombu_redis.Channel):
         # and the watchdog re-drives their turns long before (``tasks.liveness``).
         if self.connection is None or getattr(self.connection, "client", None) is None:
             raise redis.ConnectionError("the broker connection is closed")
-        return dict(super()._connparams(asynchronous=asynchronous))
+        # celery-types omits the redis Channel's private methods.
+        return dict(super()._connparams(asynchronous=asynchronous))  # type: ignore[misc]
 
     def _brpop_read(self, **options: Any) -> bool:
         try:
-            return bool(super()._brpop_read(**options))
+            return bool(super()._brpop_read(**options))  # type: ignore[misc]  # as above
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             # The item was already popped (BRPOP): nothing to give back. The rotation to the
             # next queue happened before decoding, so the other queues keep their turn.
@@ -203,10 +205,10 @@ class Transport(kombu_redis.Transport):
 
     Channel = Channel
 
-    def _deliver(self, message: Any, queue: str) -> None:
+    def _deliver(self, message: Any, queue: str | None) -> None:
         reason = malformed_reason(message)
         if reason is not None:
-            _dropped(queue, len(json.dumps(message)), reason)
+            _dropped(queue or "?", len(json.dumps(message)), reason)
             return
         try:
             super()._deliver(message, queue)
@@ -216,12 +218,12 @@ class Transport(kombu_redis.Transport):
             # A well-formed envelope whose payload Celery's own error path cannot handle: e.g.
             # an unknown task name with a pickle or non-JSON body (on_unknown_task decodes the
             # body and raises ContentDisallowed / DecodeError out of the consumer loop).
-            _dropped(queue, len(json.dumps(message)), f"the consumer failed on it ({type(exc).__name__})")
+            _dropped(queue or "?", len(json.dumps(message)), f"the consumer failed on it ({type(exc).__name__})")
             self._forget(message["properties"]["delivery_tag"])
 
     def _forget(self, delivery_tag: str) -> None:
         """Ack a dropped message that was already registered as unacked (so it is not restored)."""
-        for channel in self.channels:
+        for channel in self.channels or ():
             if delivery_tag in getattr(channel.qos, "_delivered", {}):
                 channel.qos.ack(delivery_tag)
 

@@ -104,20 +104,31 @@ class CeleryDispatcher:
                 node = self.placement.locate(computer.agent_id).node
                 queues.update(dict.fromkeys(routed, node_queue(node) if node else queue))
         sigs = [
-            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(
+            # Signature.set passes any option on to apply_async; celery-types declares only some of them.
+            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(  # type: ignore[call-arg]
                 queue=queues[cid],
                 ignore_result=True,
                 argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}",
             )
             for cid in batch.call_ids
         ]
+        # A control plane on its own broker (an approval releasing a batch) sends there, not to the app's.
+        options = self._options()
         if len(sigs) == 1:
+<<<<<<< HEAD
             send: Callable[[], Any] = sigs[0].apply_async
         elif batch.mode == "parallel":
             send = group(sigs).apply_async
         else:
             send = chain(*sigs).apply_async
         _publish(send, f"calls of step {step} of {turn_id}", wait=self._wait)
+=======
+            sigs[0].apply_async(**options)
+        elif batch.mode == "parallel":
+            group(sigs).apply_async(**options)
+        else:
+            chain(*sigs).apply_async(**options)
+>>>>>>> main
 
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""

@@ -90,7 +90,7 @@ def start_metrics_server(port: int, addr: str | None = None) -> int:
 
     registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # unannotated upstream
     else:  # a process that imported prometheus_client before the directory was set: its own values
         from prometheus_client import REGISTRY
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from celery.signals import celeryd_after_setup, worker_shutdown
 from kombu import Queue
@@ -30,7 +31,7 @@ _keeper: Keeper | None = None
 
 
 @celeryd_after_setup.connect
-def _host_homes(sender=None, instance=None, **_: object) -> None:
+def _host_homes(sender: object = None, instance: Any = None, **_: object) -> None:
     global _keeper
     if instance is None or "tools" not in instance.app.amqp.queues.consume_from:
         return

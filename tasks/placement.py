@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from celery import Task
 from kombu.simple import SimpleQueue
@@ -70,17 +70,20 @@ def node_homes(r: Any, settings: Settings) -> NodeHomes | None:
     )
 
 
-def forward(task: Task, queue: str) -> Any:
+def forward(task: Task[Any, Any], queue: str) -> Any:
     """End this ``tool_call`` and send it to ``queue`` instead (``Task.replace``: same task id; the
     rest of a sequential batch's chain follows it). Links of the chain that were bound for the queue
     this one came from go to ``queue`` too: they are calls of the same agent. Raises ``Ignore``."""
     came_from = (task.request.delivery_info or {}).get("routing_key")
-    for link in task.request.chain or []:
+    # celery-types declares request.chain a str; Celery keeps the chain's remaining signatures (dicts).
+    for link in cast("list[dict[str, Any]]", task.request.chain or []):
         options = link.setdefault("options", {})
         if came_from and options.get("queue") == came_from:
             options["queue"] = queue
-    sig = app.signature(TOOL_CALL, tuple(task.request.args), immutable=True).set(
-        queue=queue, ignore_result=True, argsrepr=task.request.argsrepr
+    # Signature.set passes any option on to apply_async; celery-types declares only some of them,
+    # and not the request's argsrepr either.
+    sig = app.signature(TOOL_CALL, tuple(task.request.args or ()), immutable=True).set(  # type: ignore[call-arg]
+        queue=queue, ignore_result=True, argsrepr=getattr(task.request, "argsrepr", None)
     )
     log.info("call %s forwarded from %s to %s", task.request.args, came_from, queue)
     return task.replace(sig)
@@ -98,7 +101,7 @@ def rescue_dead_queues(placement: Placement) -> dict[str, set[str]]:
         return found
     with app.connection_for_write() as conn:
         for node in dead:
-            queue = SimpleQueue(conn, node_queue(node))
+            queue = SimpleQueue(conn, node_queue(node))  # type: ignore[arg-type]  # kombu opens a channel on a connection
             try:
                 while True:
                     try:

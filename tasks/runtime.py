@@ -13,7 +13,7 @@ import redis
 
 from tasks.dispatcher import CeleryDispatcher
 from tasks.placement import node_homes
-from worker.model.responses import ResponsesClient
+from worker.model.clients import model_client
 from worker.placement.records import Placement
 from worker.settings import get_settings
 from worker.tools.skills import skills_instructions
@@ -49,13 +49,7 @@ def get_engine() -> TurnEngine:
         if _engine is None or _pid != os.getpid():
             settings = get_settings()
             store = TurnStore(redis_client(), progress_timeout=settings.progress_timeout)
-            client = ResponsesClient(
-                settings.openai_base_url,
-                settings.openai_api_key.get_secret_value(),
-                timeout=settings.model_timeout,
-                connect_timeout=settings.model_connect_timeout,
-                max_connections=settings.model_max_connections,
-            )
+            client = model_client(settings)
             _engine = TurnEngine(
                 store,
                 settings,

@@ -109,7 +109,8 @@ def turn_step(self: Any, turn_id: str, step: int) -> dict[str, Any]:
 _limit = get_settings().tool_time_limit
 
 
-@app.task(
+# celery-types declares the time limits as int; Celery takes seconds as a float.
+@app.task(  # type: ignore[call-overload,untyped-decorator]
     name="tasks.turns.tool_call",
     bind=True,
     acks_late=True,
@@ -117,7 +118,7 @@ _limit = get_settings().tool_time_limit
     time_limit=_limit + 30,
     throws=(TurnFailed,),
 )
-def tool_call(self: Task, turn_id: str, step: int, call_id: str) -> dict[str, Any]:
+def tool_call(self: Task[Any, Any], turn_id: str, step: int, call_id: str) -> dict[str, Any]:
     """Run one tool call of step ``step``; the last call of a batch advances the turn. A Redis
     outage is waited out (the call's result is kept until stored: ``worker.turn.outage``). A call
     whose agent's home is on another node is forwarded there (``tasks.placement.forward``)."""

@@ -3,6 +3,11 @@ scripted gateway over HTTP, and a real Celery worker subprocess (``--pool solo -
 serving every queue: any hidden blocking wait would deadlock it).
 
 Set ``TEST_REDIS_URL`` to use an existing Redis instead of the embedded one.
+
+``--fast`` (``make test-fast``) runs the modules of ``FAST_MODULES`` only and starts none of
+the services: Redis, gateway and model URLs point at a closed port, and the service fixtures
+fail, so a test that needs them fails loudly in that tier instead of passing or reaching a
+Redis of the machine. ``make test`` runs every module, these included.
 """
 
 from __future__ import annotations
@@ -21,8 +26,40 @@ from devtools.workers import worker_argv
 ROOT = Path(__file__).resolve().parent.parent
 _state: dict = {}
 
+FAST_MODULES = frozenset(
+    {
+        "test_arguments.py",
+        "test_arguments_doc.py",
+        "test_arguments_round2.py",
+        "test_citations.py",
+        "test_layout.py",
+        "test_repair_cases.py",
+        "test_schemas.py",
+        "test_strict.py",
+        "test_tracing_config.py",
+        "test_turn_request.py",
+        "test_wire_conformance.py",
+        "test_wire_rules.py",
+    }
+)
+"""The pure-Python modules (``--fast``). Their tests that take a service fixture or carry the
+``slow`` marker (a subprocess, or a timing measured over many runs) stay in ``make test`` only."""
+
+SERVICE_FIXTURES = frozenset({"gateway", "web_server", "redis_url", "solo_worker", "control"})
+
+NO_SERVICE_URL = "redis://127.0.0.1:1/0"  # a closed port: a fast-tier test that reaches for Redis fails
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--fast", action="store_true", help="the fast tier: FAST_MODULES only, no Redis, gateway, web server or worker"
+    )
+
 
 def pytest_configure(config):
+    if config.getoption("--fast"):
+        _configure_fast_tier()
+        return
     from devtools.embedded_redis import EmbeddedRedis
     from devtools.scripted_gateway import ScriptedGateway
 
@@ -70,6 +107,55 @@ def pytest_configure(config):
         }
     )
     _state["homes"] = homes
+
+
+def _configure_fast_tier() -> None:
+    homes = Path(tempfile.mkdtemp(prefix="agent-homes-"))
+    os.environ.update(
+        {
+            "REDIS_URL": NO_SERVICE_URL,
+            "CONTROL_REDIS_URL": NO_SERVICE_URL,
+            "OPENAI_BASE_URL": "http://127.0.0.1:1/v1",
+            "OPENAI_API_KEY": "sk-test-secret-never-logged",
+            "OPENAI_MODEL": "unset-script",
+            "AGENT_HOMES_ROOT": str(homes),
+            "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
+            "AGENT_APPROVAL_MODE": "off",
+        }
+    )
+    _state["homes"] = homes
+    _state["fast"] = True
+
+
+def pytest_ignore_collect(collection_path, config):
+    # The fast tier does not even import the other modules (their imports alone take seconds).
+    if config.getoption("--fast") and collection_path.name.startswith("test_") and collection_path.suffix == ".py":
+        return collection_path.name not in FAST_MODULES or None
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--fast"):
+        return
+
+    def fast(item: pytest.Item) -> bool:
+        return (
+            item.path.name in FAST_MODULES
+            and not SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+            and item.get_closest_marker("slow") is None
+        )
+
+    keep = [item for item in items if fast(item)]
+    dropped = [item for item in items if not fast(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
+
+
+def _not_in_fast_tier(what: str) -> None:
+    """Fail the test that asks for ``what`` (a service of the suite) in the fast tier."""
+    if _state.get("fast"):
+        pytest.fail(f"{what} is not started in the fast tier (--fast): take the module out of FAST_MODULES")
 
 
 def pytest_unconfigure(config):
@@ -120,6 +206,7 @@ def start_worker_process(
     """Start ``celery worker`` as a subprocess and wait until it answers a ping (on ``broker_url``
     when the worker uses another broker than the suite's). The process gets ``node_name`` and
     ``log_path`` attributes."""
+    _not_in_fast_tier("a Celery worker")
     name = f"test-{uuid.uuid4().hex[:6]}@%h"
     cmd = worker_argv(queues, name=name, loglevel="WARNING", extra=extra)
     log = open(Path(tempfile.gettempdir()) / f"worker-{uuid.uuid4().hex[:6]}.log", "w")
@@ -163,16 +250,19 @@ def broker_app(broker_url: str):
 
 @pytest.fixture(scope="session")
 def gateway():
+    _not_in_fast_tier("the scripted gateway")
     return _state["gateway"]
 
 
 @pytest.fixture(scope="session")
 def web_server():
+    _not_in_fast_tier("the web server")
     return _state["web"]
 
 
 @pytest.fixture(scope="session")
 def redis_url():
+    _not_in_fast_tier("Redis")
     return os.environ["REDIS_URL"]
 
 
@@ -200,3 +290,39 @@ def script_name():
 @pytest.fixture
 def homes_root() -> Path:
     return _state["homes"]
+
+
+API_STYLES = ("responses", "chat")
+
+
+@pytest.fixture(scope="session")
+def chat_stack():
+    """A worker with ``OPENAI_API_STYLE=chat`` (``--pool solo -c 1``) on a Redis of its own, so
+    no step of its turns is taken by the session's Responses worker; the same scripted gateway."""
+    from tests.support.private_stack import PrivateStack
+
+    stack = PrivateStack(OPENAI_API_STYLE="chat")
+    try:
+        stack.start_worker(pool="solo", concurrency=1)
+        yield stack
+    finally:
+        stack.close()
+
+
+@pytest.fixture(params=API_STYLES)
+def api_style(request) -> str:
+    """Each wire API the workers can speak (``OPENAI_API_STYLE``)."""
+    return request.param
+
+
+@pytest.fixture
+def styled_control(request, api_style):
+    """A control plane whose turns run on a worker speaking ``api_style``: the session's worker
+    (Responses) or ``chat_stack``'s. A module runs its end-to-end tests in both styles with
+    ``control = styled_control`` (a fixture of that name)."""
+    if api_style == "chat":
+        return request.getfixturevalue("chat_stack").control
+    request.getfixturevalue("solo_worker")
+    from control.client import ControlPlane
+
+    return ControlPlane()

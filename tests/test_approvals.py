@@ -359,8 +359,10 @@ def test_run_command_needs_approval_unless_allowlisted():
         assert needs(cmd), cmd
 
 
-def test_approval_demo(control, gateway, homes_root):
-    """``make run DEMO=approval``, against the test stack: one approval, one rejection, streamed text."""
+def test_approval_demo(styled_control, gateway, homes_root):
+    """``make run DEMO=approval``, against the test stack, in both wire styles: one approval, one
+    rejection, streamed text."""
+    control = styled_control
     import io
     from pathlib import Path
 
@@ -371,10 +373,11 @@ def test_approval_demo(control, gateway, homes_root):
     gateway.load_dir(Path(__file__).resolve().parent.parent / "scripts")
     out = io.StringIO()
     agent = f"demo-{uuid.uuid4().hex[:6]}"
-    assert run_approval_demo(
+    ok = run_approval_demo(
         control, console=Console(file=out, width=200), homes_root=homes_root, agent_id=agent, model=DEMO_MODEL
     )
     text = out.getvalue()
+    assert ok, text
     assert "pending approvals" in text and "rm -rf build/" in text and REJECT_REASON in text
     assert "build/ removed: True; notes.md kept: True" in text
     turn_id = control.store.agent_turns(agent)[0]

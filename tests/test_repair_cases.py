@@ -114,6 +114,7 @@ def test_size_cap_refuses_large_broken_input():
     assert not out.ok and "too large" in out.error and str(MAX_REPAIR_CHARS) in out.error
 
 
+@pytest.mark.slow
 def test_ladder_time_is_linear():
     def cut(n):
         items = ", ".join(f'"item number {i:07d}"' for i in range(n // 24))
@@ -313,16 +314,19 @@ ADVERSARIAL = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", sorted(ADVERSARIAL))
 def test_ladder_is_linear_on_adversarial_shapes(shape):
     make = ADVERSARIAL[shape]
 
     def timed(raw):
+        # CPU time of this thread, best of 5: a loaded machine preempts the test, which wall-clock
+        # time would count (seen: 38x at load average 6); the ratio is about the algorithm.
         best = 1e9
-        for _ in range(3):
-            t0 = time.perf_counter()
+        for _ in range(5):
+            t0 = time.thread_time()
             repair_arguments(raw)
-            best = min(best, time.perf_counter() - t0)
+            best = min(best, time.thread_time() - t0)
         return max(best, 1e-4)
 
     small, big = timed(make(20_000)), timed(make(200_000))

@@ -127,7 +127,7 @@ def test_create_list_cancel_through_a_turn(control, gateway, script_name, agent_
     assert rec["request"]["agent_id"] == agent_id and rec["request"]["input"] == "Remind me."
     assert rec["created_by_turn"] == turn_id and rec["depth"] == 0
 
-    # Activity labels (spec: describe_activity / describe_completed_activity).
+    # Activity labels (describe_activity / describe_completed_activity).
     events = control.events(turn_id)
     planned = [e["activity"] for e in events if e["kind"] == "call_planned" and e["name"] == "schedule_create"]
     assert planned[0] == "Scheduling 'weekday report' for cron '0 9 * * 1-5' (UTC)"

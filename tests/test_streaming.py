@@ -15,6 +15,7 @@ from devtools.scripted_gateway import ScriptedGateway
 from devtools.sse_script import sse_events
 from tests.support.scripts import fc, msg
 from tests.test_idempotency import RecordingDispatcher
+from worker.model.chat import ChatClient
 from worker.model.interface import Delta, GatewayError, ModelRequest
 from worker.model.responses import ResponsesClient
 from worker.model.streaming import DeltaBatcher, stream_reply
@@ -23,6 +24,18 @@ from worker.tools.toolsets import toolset_resolver
 from worker.turn.engine import TurnEngine
 from worker.turn.request import TurnRequest, TurnStatus
 from worker.turn.store import TurnStore
+
+
+@pytest.fixture
+def control(styled_control):
+    """The end-to-end tests here run in both wire styles (``styled_control``, tests/conftest.py)."""
+    return styled_control
+
+
+def client_for(api_style: str, base_url: str):
+    """The model client a worker in ``api_style`` uses, on ``base_url``."""
+    return (ChatClient if api_style == "chat" else ResponsesClient)(base_url)
+
 
 TEXT = (
     "Streaming lets a person read the answer while the model is still writing it; "
@@ -73,7 +86,7 @@ def test_a_stream_cut_mid_way_is_retried_and_the_reader_can_tell(control, gatewa
     assert len(served) == 2
     events = control.events(turn_id)
     [broken] = [e for e in events if e["kind"] == "model_stream_broken"]
-    assert "ended before response.completed" in broken["error"]
+    assert "model stream ended before" in broken["error"]  # response.completed / a finish_reason
     assert [e["kind"] for e in events].count("model_retry") == 1
     deltas = [e for e in events if e["kind"] == "model_delta"]
     first, second = broken["attempt"], {d["attempt"] for d in deltas} - {broken["attempt"]}
@@ -90,12 +103,11 @@ def test_a_streamed_incomplete_answer_follows_the_incomplete_rule(control, gatew
 
 
 @pytest.fixture
-def engine(redis_url, gateway):
+def engine(redis_url, gateway, api_style):
     settings = Settings()
     store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60.0)
-    return TurnEngine(
-        store, settings, RecordingDispatcher(), toolset_resolver(settings), ResponsesClient(gateway.base_url)
-    )
+    client = client_for(api_style, gateway.base_url)
+    return TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client)
 
 
 def test_a_redelivered_step_uses_the_memoized_reply(engine, gateway, script_name):
@@ -112,14 +124,13 @@ def test_a_redelivered_step_uses_the_memoized_reply(engine, gateway, script_name
     assert engine.store.load(turn_id).final_output == TEXT
 
 
-def test_an_endpoint_without_streaming_still_works(redis_url):
+def test_an_endpoint_without_streaming_still_works(redis_url, api_style):
     plain = ScriptedGateway({"plain": [{"output": [msg("a whole answer at once")]}]}, streaming=False).start()
     try:
         settings = Settings()
         store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60.0)
-        eng = TurnEngine(
-            store, settings, RecordingDispatcher(), toolset_resolver(settings), ResponsesClient(plain.base_url)
-        )
+        client = client_for(api_style, plain.base_url)
+        eng = TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client)
         turn_id = uuid.uuid4().hex
         eng.create_turn(TurnRequest(input="go", model="plain", toolset="testing"), turn_id)
         assert eng.run_step(turn_id, 0).action == "completed"

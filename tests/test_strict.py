@@ -32,7 +32,8 @@ def _nullable(node):
 
 
 # openai-agents-python makes every property required but does not add null to formerly
-# optional ones (rule D2 notes); we do (DESIGN-NOTES section 5), so where an example's
+# optional ones (rule D2 notes); we do (an omitted optional value must stay sendable once
+# strict mode makes every key required), so where an example's
 # property was optional our expected output is theirs with that property nullable.
 def _ours(name, out):
     if name in ("test_object_without_additional_properties", "test_typeless_root_is_normalized_to_object"):

@@ -7,9 +7,16 @@ import os
 import uuid
 
 import orjson
+import pytest
 
 from tests.support.scripts import fc
 from worker.turn.request import TurnStatus
+
+
+@pytest.fixture
+def control(styled_control):
+    """The end-to-end tests here run in both wire styles (``styled_control``, tests/conftest.py)."""
+    return styled_control
 
 
 def run(control, gateway, script_name, steps, agent_id):

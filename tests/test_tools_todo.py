@@ -14,7 +14,7 @@ from worker.tools.todo import create_todo_tool, todo_key
 from worker.turn.context import TurnContext
 
 ITEMS = [
-    {"id": "1", "content": "Read the spec", "status": "completed", "priority": "high"},
+    {"id": "1", "content": "Read the brief", "status": "completed", "priority": "high"},
     {"id": "2", "content": "Write the tools", "status": "in_progress"},
     {"id": "3", "content": "Write the tests", "status": "pending", "priority": "low"},
 ]
@@ -37,7 +37,7 @@ def test_file_storage_and_rendering(tmp_path):
     lines = r.content.splitlines()
     assert lines[0] == "Todo list (3 items: 1 completed, 1 in progress, 1 pending)"
     assert lines[1:] == [
-        "[x] 1. Read the spec (high)",
+        "[x] 1. Read the brief (high)",
         "[~] 2. Write the tools (medium)",
         "[ ] 3. Write the tests (low)",
     ]

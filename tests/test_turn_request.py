@@ -52,6 +52,7 @@ def test_control_plane_refuses_an_unknown_toolset(control):
         control.enqueue({"input": "x", "toolset": "nope"})
 
 
+@pytest.mark.slow
 def test_worker_process_exits_at_start_with_a_broken_toolset():
     import os
     import subprocess

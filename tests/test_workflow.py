@@ -643,7 +643,9 @@ def test_workflow_cancel_tool_and_show_of_unknown_task(control, gateway, client,
 # ----- the demo -----------------------------------------------------------------------------
 
 
-def test_workflow_demo(control, gateway, client):
+def test_workflow_demo(styled_control, gateway):
+    """``make run DEMO=workflow`` in both wire styles (``styled_control``)."""
+    control = styled_control
     from devtools.workflow_demo import load_demo_scripts, run_workflow_demo
 
     load_demo_scripts(gateway)

@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     openai_base_url: str = Field("https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")
     openai_api_key: SecretStr = Field(SecretStr(""), validation_alias="OPENAI_API_KEY")
     model: str = Field("gpt-4.1-mini", validation_alias="OPENAI_MODEL")
+    # Which wire API the model server speaks: the Responses API, or Chat Completions (servers for
+    # open models: llama.cpp, vLLM, LM Studio, Ollama); history is kept as Responses items either way.
+    openai_api_style: Literal["responses", "chat"] = Field("responses", validation_alias="OPENAI_API_STYLE")
     model_timeout: float = 120.0
     model_connect_timeout: float = 10.0
     max_output_tokens: int | None = None
@@ -50,7 +53,8 @@ class Settings(BaseSettings):
     # a bigger one is refused at enqueue, nothing stored (it would be sent to the model whole).
     max_input_bytes: int = 1_000_000
 
-    # Recovery (DESIGN-NOTES sections 1 and 11). A worker node's heartbeat lives this long; the
+    # Recovery (tasks.liveness, tasks.watchdog): acks_late alone does not bring back a turn whose
+    # worker died mid-step, so a heartbeat per node does. A worker node's heartbeat lives this long; the
     # watchdog re-drives the turns a node held once its heartbeat has been gone this long.
     liveness_ttl: float = 4.0
     # How often beat runs the watchdog sweep.

@@ -50,11 +50,6 @@ def _now_iso() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def job_key(job_id: str) -> str:
-    """Redis key of a job record: ``job:<id>``."""
-    return f"job:{job_id}"
-
-
 def job_id_for(turn_id: str, call_id: str) -> str:
     """Deterministic id for the job started by one call: a re-run of the call finds the same job."""
     return "job_" + hashlib.sha1(f"{turn_id}:{call_id}".encode()).hexdigest()[:16]
@@ -151,4 +146,5 @@ def live_status(rec: dict[str, Any], turn_status: str | None) -> str:
     """A record's status for readers: ``running`` while its turn runs, else the stored one."""
     if rec["status"] == "queued" and turn_status in ("running", "awaiting_approval"):
         return "running"
-    return rec["status"]
+    status: str = rec["status"]
+    return status

@@ -3,8 +3,8 @@
 ``check_result_schema`` refuses what could never validate (remote or dynamic refs,
 non-object roots); ``submit_result_schema`` wraps the task's schema for the strict
 ``submit_result`` tool, keeping the meaning of refs to the task schema's root;
-``result_errors`` validates a submitted value against the persisted schema (spec:
-"the control plane validates the submitted value against the persisted schema again").
+``result_errors`` validates a submitted value against the persisted schema (run again
+at commit time, ``worker.records.workflow``, whatever the tool already checked).
 """
 
 from __future__ import annotations
@@ -211,7 +211,8 @@ def submit_result_schema(result_schema: dict[str, Any]) -> dict[str, Any]:
         root["$schema"] = inner.pop("$schema")
     cls = jsonschema.validators.validator_for(result_schema, default=jsonschema.Draft202012Validator)
     inner.pop("$id", None)
-    if cls.ID_OF(inner) is not None:  # draft 3/4 "id"
+    # ID_OF is on every class jsonschema.validators.create builds; the stubs' Validator protocol omits it.
+    if cls.ID_OF(inner) is not None:  # type: ignore[attr-defined]  # draft 3/4 "id"
         inner.pop("id", None)
     hoisted = [key for key in _HOISTED if isinstance(inner.get(key), dict)]
     for key in _HOISTED:
@@ -220,7 +221,7 @@ def submit_result_schema(result_schema: dict[str, Any]) -> dict[str, Any]:
     description = "The task's result; it must match the task's result schema."
 
     name = RESULT_DEF
-    existing = root.get("$defs") if isinstance(root.get("$defs"), dict) else {}
+    existing: dict[str, Any] = root["$defs"] if isinstance(root.get("$defs"), dict) else {}
     n = 0
     while name in existing:
         n += 1

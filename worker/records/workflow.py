@@ -1,7 +1,7 @@
 """Workflow tasks: records in Redis, attempts, commit and retry.
 
-Size: one concept, a task's record and its transitions (start, launch, cancel, retry,
-commit); the result schema rules are in ``worker.records.result_schema``.
+One concept, a task's record and its transitions (start, launch, cancel, retry, commit);
+the result schema rules are in ``worker.records.result_schema``.
 
 A workflow task is an isolated unit of work (a title, instructions and a
 result JSON Schema). Each attempt runs as its own turn with a fresh
@@ -39,9 +39,9 @@ Status rules:
 - ``queued`` after start or retry; ``running`` once the attempt's turn has
   started (seen by ``show``/``list``, which look at the turn);
 - ``succeeded`` only when the turn ended through an accepted ``submit_result``
-  *and* the submitted value validates against the persisted schema (spec:
-  "the control plane validates the submitted value against the persisted
-  schema again before it commits the result");
+  *and* the submitted value validates against the persisted schema, checked
+  again here before the commit (the tool's own check ran in the worker, which
+  is not trusted to decide the task's outcome);
 - ``failed`` for every other ending, with the reason (turn status and error);
 - ``cancelled`` by ``cancel``; a cancelled task never commits a result;
 - ``retry`` (from ``failed`` or ``cancelled``) starts attempt ``n + 1`` as a
@@ -162,7 +162,10 @@ class WorkflowTask:
     @classmethod
     def from_hash(cls, h: dict[bytes, bytes]) -> "WorkflowTask":
         """Inverse of ``to_hash``."""
-        s = lambda k, d="": h[k.encode()].decode() if k.encode() in h else d  # noqa: E731
+
+        def s(k: str, d: str = "") -> str:
+            return h[k.encode()].decode() if k.encode() in h else d
+
         return cls(
             task_id=s("task_id"),
             agent_id=s("agent_id"),

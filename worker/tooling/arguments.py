@@ -43,7 +43,7 @@ import functools
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from worker.tooling.coercion import coerce
 from worker.tooling.contract import WorkerTool
@@ -125,7 +125,7 @@ class ArgumentsOutcome:
         error: str | None = None,
         errors: list[FieldError] | None = None,
         error_kind: str | None = None,
-        tool: WorkerTool | None = None,
+        tool: WorkerTool[Any] | None = None,
     ):
         self.ok = ok
         self.params = params
@@ -162,7 +162,7 @@ def _echo(raw: str, cap: int) -> str:
 
 
 def _failure(
-    tool: WorkerTool,
+    tool: WorkerTool[Any],
     raw: str,
     kind: str,
     reason: str,
@@ -191,7 +191,7 @@ def _failure(
 
 
 def _validate(
-    tool: WorkerTool, data: dict[str, Any], info: Any
+    tool: WorkerTool[Any], data: dict[str, Any], info: Any
 ) -> tuple[Any, list[FieldError], dict[str, Any], list[str]]:
     """Strict null handling + validation. Returns (params, errors, data_used, null_repairs)."""
     notes: list[str] = []
@@ -204,7 +204,7 @@ def _validate(
 
 
 def validate_tool_arguments(
-    tool: WorkerTool, raw: str, *, response_status: str = "completed", max_raw_echo: int = DEFAULT_MAX_RAW_ECHO
+    tool: WorkerTool[Any], raw: str, *, response_status: str = "completed", max_raw_echo: int = DEFAULT_MAX_RAW_ECHO
 ) -> ArgumentsOutcome:
     """Parse, repair if needed, and validate a function call's ``arguments``.
 
@@ -266,7 +266,7 @@ _ENVELOPE_KEYS = frozenset(
 
 
 @functools.lru_cache(maxsize=1024)
-def _hints_matter(model: type) -> bool:
+def _hints_matter(model: type[BaseModel]) -> bool:
     """False when no envelope and no markup key can validate against ``model`` as sent, so the
     happy path may skip looking for them: every envelope lacks one of the model's required
     fields (an envelope only has ``_ENVELOPE_KEYS``), and no object of the model takes keys it
@@ -292,7 +292,7 @@ def _hints_matter(model: type) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def _no_float_fields(model: type) -> bool:
+def _no_float_fields(model: type[BaseModel]) -> bool:
     """True when no field of ``model`` (at any depth) can take a float: no ``number``
     type and no schema that accepts anything (``Any``, ``true``, open ``additionalProperties``).
     Cached per model class."""
@@ -321,7 +321,9 @@ def _no_float_fields(model: type) -> bool:
         return False
 
 
-def _validate_tool_arguments(tool: WorkerTool, raw: str, response_status: str, max_raw_echo: int) -> ArgumentsOutcome:
+def _validate_tool_arguments(
+    tool: WorkerTool[Any], raw: str, response_status: str, max_raw_echo: int
+) -> ArgumentsOutcome:
     if len(raw) > MAX_NESTING_DEPTH and raw.count("[") + raw.count("{") > MAX_NESTING_DEPTH:
         depth = check_depth(raw)  # the exact, string-aware count (the test above is its cheap half)
         if depth:
@@ -393,13 +395,13 @@ def _validate_tool_arguments(tool: WorkerTool, raw: str, response_status: str, m
     return _failure(tool, raw, "validation", "", max_raw_echo, errors=errors, data=used, repairs=repairs + notes)
 
 
-def _success(tool: WorkerTool, params: Any, used: dict[str, Any], repairs: list[str]) -> ArgumentsOutcome:
+def _success(tool: WorkerTool[Any], params: Any, used: dict[str, Any], repairs: list[str]) -> ArgumentsOutcome:
     return ArgumentsOutcome(
         ok=True, params=params, data=None if tool.input_model is not None else used, repairs=repairs, tool=tool
     )
 
 
-def _object_ladder(tool: WorkerTool, data: dict[str, Any], info: Any) -> tuple[Any, Any]:
+def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any) -> tuple[Any, Any]:
     """The object rungs in their fixed order (module docstring, step 6).
 
     Returns ``((params, data_used, repairs), None)`` for the first candidate that
@@ -410,7 +412,8 @@ def _object_ladder(tool: WorkerTool, data: dict[str, Any], info: Any) -> tuple[A
     props = info.properties
     shown = None
     for unwrap in (False, True):
-        cur, names = data, []
+        cur: dict[str, Any] = data
+        names: list[str] = []
         if unwrap:
             for _ in range(MAX_UNWRAP):
                 cand = unwrap_candidate(cur, props)

@@ -140,7 +140,7 @@ def coerce(
             if branch is not None:
                 value = coerce(value, branch, resolve, applied, loc, steps + 1)
     if isinstance(value, dict):
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        props: dict[str, Any] = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
         extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
         out = None
         for key, v in value.items():
@@ -153,7 +153,7 @@ def coerce(
                     out = dict(value)
                 out[key] = nv
         return value if out is None else out
-    prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []
+    prefix: list[Any] = schema["prefixItems"] if isinstance(schema.get("prefixItems"), list) else []
     items = schema.get("items") if isinstance(schema.get("items"), dict) else None
     new_list = None
     for i, v in enumerate(value):

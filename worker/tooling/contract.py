@@ -21,6 +21,7 @@ from typing import Any, Callable, Generic, Literal, Protocol, TypeVar
 
 import redis
 from pydantic import BaseModel
+from redis import Redis
 
 from worker.settings import Settings
 from worker.tooling.errors import ToolDefinitionError
@@ -162,7 +163,7 @@ class ToolServices:
     save_schedule_entry: Callable[[Any], None] | None = None
     delete_schedule_entry: Callable[[str], None] | None = None
 
-    def redis_client(self) -> redis.Redis:
+    def redis_client(self) -> Redis:  # (in this class, ``redis`` names the field)
         """``redis``, for a tool that is only offered with it; raises ``RuntimeError`` when absent."""
         if self.redis is None:
             raise RuntimeError("this turn has no Redis client")

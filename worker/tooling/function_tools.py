@@ -68,9 +68,7 @@ def function_input_model(fn: Callable[..., Any]) -> type[BaseModel]:
             else:
                 default = Field(default, description=docs[name])
         fields[name] = (ann, default)
-    return create_model(  # type: ignore[call-overload]
-        f"{fn.__name__}_args", __config__=ConfigDict(title=f"{fn.__name__}_args"), **fields
-    )
+    return create_model(f"{fn.__name__}_args", __config__=ConfigDict(title=f"{fn.__name__}_args"), **fields)
 
 
 def call_arguments(fn: Callable[..., Any], params: BaseModel) -> tuple[list[Any], dict[str, Any]]:
@@ -94,7 +92,7 @@ def call_arguments(fn: Callable[..., Any], params: BaseModel) -> tuple[list[Any]
 
 def function_tool(
     fn: Callable[..., Any], *, name: str | None = None, description: str | None = None, **options: Any
-) -> WorkerTool:
+) -> WorkerTool[Any]:
     """A ``WorkerTool`` running ``fn``; ``options`` go to ``define_worker_tool`` (``strict``, ...).
 
     Raises ``ToolDefinitionError`` like ``define_worker_tool`` (e.g. strict

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from worker.tooling.json_checks import NotJson
 
@@ -21,7 +21,14 @@ _CLOSERS = {"dict": "}", "list": "])"}
 _LITERALS = {True: ("true", "True"), False: ("false", "False"), None: ("null", "None")}
 
 
-def _tokens(value: Any):
+def _gap_end(source: str, pos: int) -> int:
+    """Where the gap (whitespace, ``:``/``,``, comments) starting at ``pos`` ends."""
+    m = _GAP.match(source, pos)
+    assert m is not None  # every part of _GAP is optional: it matches the empty string
+    return m.end()
+
+
+def _tokens(value: Any) -> Iterator[tuple[str, Any]]:
     """The tokens of a JSON value in document order: ("open"/"close", kind) and ("key"/"leaf", v)."""
     stack: list[Any] = [("value", value)]
     while stack:
@@ -68,7 +75,7 @@ def _no_invention(source: str, value: Any) -> bool:
     """
     pos = 0
     for kind, tok in _tokens(value):
-        pos = _GAP.match(source, pos).end()
+        pos = _gap_end(source, pos)
         if kind == "open" or kind == "close":
             chars = (_OPENERS if kind == "open" else _CLOSERS)[tok]
             if pos >= len(source) or source[pos] not in chars:
@@ -106,7 +113,7 @@ def _no_invention(source: str, value: Any) -> bool:
                 return False
         else:
             return False
-    return _GAP.match(source, pos).end() == len(source)
+    return _gap_end(source, pos) == len(source)
 
 
 def json_repair_rung(text: str) -> Any:

@@ -95,8 +95,8 @@ def unwrap_envelope(value: dict[str, Any], tool_name: str, declared: Any) -> tup
         calls = value.get(key)
         if key in declared or not isinstance(calls, list) or not calls:
             continue
-        parts = [_call(c, ()) for c in calls]
-        if any(p is None for p in parts):
+        parts = [p for c in calls if (p := _call(c, ())) is not None]
+        if len(parts) != len(calls):
             continue
         if len(parts) == 1 and set(value) - {key} <= _ENVELOPE_EXTRA and _names_tool(parts[0][0], tool_name):
             return _unwrapped(parts[0][2], key, parts[0][3].split(".")[-1])

@@ -26,7 +26,7 @@ def pydantic_errors(exc: ValidationError) -> list[FieldError]:
     return [FieldError(loc_of(e["loc"]), e["msg"]) for e in exc.errors()]
 
 
-def validate_params(tool: WorkerTool, data: dict[str, Any]) -> tuple[Any, list[FieldError]]:
+def validate_params(tool: WorkerTool[Any], data: dict[str, Any]) -> tuple[Any, list[FieldError]]:
     """Validate a decoded JSON object against the tool's own schema.
 
     Pydantic tools: the model in strict JSON mode; raw-schema tools: the cached
@@ -65,8 +65,10 @@ def validate_params(tool: WorkerTool, data: dict[str, Any]) -> tuple[Any, list[F
         ]
 
 
-def params_to_data(tool: WorkerTool, params: Any) -> dict[str, Any]:
+def params_to_data(tool: WorkerTool[Any], params: Any) -> dict[str, Any]:
     """JSON-ready form of validated params (for storage and the wire)."""
     if tool.input_model is not None:
-        return params.model_dump(mode="json")
-    return params
+        dumped: dict[str, Any] = params.model_dump(mode="json")
+        return dumped
+    data: dict[str, Any] = params
+    return data

@@ -1,7 +1,7 @@
 """The repair ladder for malformed function-call ``arguments`` strings.
 
 ``worker.tooling.arguments`` parses strictly first; this module only runs when that
-fails. Policy (``tests/fixtures/cases/README.md``, DESIGN-NOTES section 6):
+fails. Policy (docs/arguments.md, ``tests/fixtures/cases/README.md``):
 
 - never invent a value: a key without a value, a string or number cut at the
   end of the text, or a repair library's guess is refused;
@@ -110,18 +110,15 @@ class RepairOutcome:
     error: str | None = None
 
 
-def repair_arguments(
-    raw: str, *, tool: Any = None, response_status: str = "completed", declared_properties: Any = None
-) -> RepairOutcome:
+def repair_arguments(raw: str, *, response_status: str = "completed") -> RepairOutcome:
     """Climb the text ladder for an ``arguments`` string that did not parse as a JSON object.
 
     Returns ``RepairOutcome(ok=True, value=<dict>, repairs=[...])`` or
     ``RepairOutcome(ok=False, error=<text for the model>)``. Never raises.
     ``response_status == "incomplete"`` refuses every repair (OpenAI
     Responses ``status: incomplete`` = stopped at ``max_output_tokens``).
-    ``tool`` and ``declared_properties`` are accepted for compatibility and
-    unused: envelopes and markup keys are object checks, made by
-    ``worker.tooling.arguments`` for every call (``worker.tooling.object_rungs``).
+    Envelopes and markup keys are object checks, made by ``worker.tooling.arguments``
+    for every call (``worker.tooling.object_rungs``).
     """
     if response_status == "incomplete":
         return RepairOutcome(ok=False, error=CUT_OFF_ERROR)
@@ -238,7 +235,7 @@ def _mismatched_closer(text: str, exc: Mismatch) -> tuple[Any, list[str]]:
     one never reaches the ladder.)
     """
     pos, closer = exc.pos, exc.closer
-    readings = []
+    readings: list[str | None] = []
     inner = exc.stack.index(_OPENER[closer], 0) if _OPENER[closer] in exc.stack else -1
     if inner >= 0:
         last = max(i for i, c in enumerate(exc.stack) if c == _OPENER[closer])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 from urllib.parse import unquote, urljoin
 
 import jsonschema
@@ -135,7 +135,7 @@ _SCHEMA_ONE = (
 )
 
 
-def _schema_nodes(root: Any):
+def _schema_nodes(root: Any) -> Iterator[tuple[dict[str, Any], tuple[Any, ...]]]:
     """Every sub-schema of ``root`` with its path (iterative; only schema positions, so a
     ``$ref`` key inside ``enum``/``const``/``default``/``examples`` data is not taken for one)."""
     stack: list[tuple[Any, tuple[Any, ...]]] = [(root, ())]
@@ -372,7 +372,7 @@ def validation_info(tool: ToolSpec) -> ValidationInfo:
         # no schema: any object validates, as before (the definition sends EMPTY_OBJECT_SCHEMA)
         schema = tool.json_schema if tool.json_schema is not None else {"type": "object"}
         validator = compile_validator(schema)
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    props: dict[str, Any] = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
     info = ValidationInfo(
         schema=schema,
         properties=props,

@@ -56,7 +56,7 @@ table in ``worker.tooling.wire``. This converter applies P1-P3 as it goes
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, NoReturn
 
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.wire import ROOT_COMBINATORS, check_root, field_name, has_lookaround, merge_all_of, with_note
@@ -141,7 +141,7 @@ class _Converter:
         self.tool_name = tool_name
         self.nodes = 0
 
-    def fail(self, path: tuple[Any, ...], problem: str, rule: str) -> None:
+    def fail(self, path: tuple[Any, ...], problem: str, rule: str) -> NoReturn:
         raise ToolDefinitionError(
             f"tool {self.tool_name!r} cannot be strict: field {field_name(path)!r} "
             f"(schema path {_pointer(path)}) {problem}; {rule}. "
@@ -168,16 +168,45 @@ class _Converter:
         return entry
 
     def walk(self, node: Any, path: tuple[Any, ...], refs: tuple[str, ...] = ()) -> Any:
+        """The strict copy of ``node`` (a schema at ``path``; ``refs``: the $refs being inlined)."""
+        self._count(path)
+        if not isinstance(node, dict):
+            if node is True or node == {}:
+                self.fail(path, "accepts any JSON value", "OpenAI strict mode requires every schema to declare a type")
+            return node
+        merged = self._merged(node, path, refs)
+        if merged is not None:
+            return self.walk(*merged)
+
+        out = _rewritten_keywords(node)
+        self._walk_children(out, path, refs)
+        if "not" in out:
+            self.fail(path, "uses 'not'", "OpenAI strict mode does not support the 'not' keyword")
+        if _is_object(out) and "anyOf" not in out:
+            self.close_object(out, path, refs)
+        if out.get("type") == "array" or (isinstance(out.get("type"), list) and "array" in out["type"]):
+            self._convert_array(out, path, refs)
+        if not any(k in out for k in _TYPE_DEFINING):
+            self.fail(
+                path,
+                "accepts any JSON value (no type, enum, const, $ref or anyOf)",
+                "OpenAI strict mode requires every schema to declare a type",
+            )
+        return out
+
+    def _count(self, path: tuple[Any, ...]) -> None:
+        """The size guards (D10): at most ``_MAX_NODES`` nodes, ``_MAX_DEPTH`` levels."""
         self.nodes += 1
         if self.nodes > _MAX_NODES:
             self.fail(path, "makes the schema too large", f"conversion visits at most {_MAX_NODES} nodes")
         if len(path) > _MAX_DEPTH * 2:
             self.fail(path, "is nested too deeply", f"conversion stops at depth {_MAX_DEPTH}")
-        if not isinstance(node, dict):
-            if node is True or node == {}:
-                self.fail(path, "accepts any JSON value", "OpenAI strict mode requires every schema to declare a type")
-            return node
 
+    def _merged(
+        self, node: dict[str, Any], path: tuple[Any, ...], refs: tuple[str, ...]
+    ) -> tuple[dict[str, Any], tuple[Any, ...], tuple[str, ...]] | None:
+        """``node`` rewritten into one schema to walk again (``(node, path, refs)``) when it is a
+        $ref with siblings (D3) or has an allOf (D4, P3); ``None`` when it is neither."""
         # D3: $ref with siblings -> inline the target (siblings win), then re-process.
         if "$ref" in node and len(node) > 1:
             ref = node["$ref"]
@@ -195,8 +224,7 @@ class _Converter:
                     "a $ref that needs inlining cannot be recursive",
                 )
             target = copy.deepcopy(self.resolve(ref, path))
-            merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-            return self.walk(merged, path, refs + (ref,))
+            return {**target, **{k: v for k, v in node.items() if k != "$ref"}}, path, refs + (ref,)
 
         # D4: single-entry allOf merges into its parent.
         all_of = node.get("allOf")
@@ -210,50 +238,27 @@ class _Converter:
                     f"has a single-entry allOf whose keys {clash} conflict with its parent",
                     "OpenAI strict mode needs the allOf merged into its parent",
                 )
-            return self.walk({**inner, **rest}, path, refs)
+            return {**inner, **rest}, path, refs
         # P3 (worker.tooling.wire): a multi-entry allOf is merged when its entries merge cleanly.
         if isinstance(all_of, list) and len(all_of) > 1:
-            merged, why = merge_all_of(node, all_of, lambda e: self._deref(e, path))
-            if merged is None:
+            all_merged, why = merge_all_of(node, all_of, lambda e: self._deref(e, path))
+            if all_merged is None:
                 self.fail(
                     path,
                     f"has an allOf that cannot be merged into one schema ({why})",
                     "P3: providers refuse allOf in strict mode ('allOf' is not permitted), and strict mode "
                     "closes each entry, so no value could satisfy them all",
                 )
-            return self.walk(merged, path, refs)
+            return all_merged, path, refs
+        return None
 
-        out = dict(node)
-        # D4: oneOf -> anyOf.
-        if "oneOf" in out:
-            one_of = out.pop("oneOf")
-            out["anyOf"] = list(out.get("anyOf", [])) + list(one_of)
-            out.pop("discriminator", None)
-        # D6: null default dropped.
-        if "default" in out and out["default"] is None:
-            del out["default"]
-        # D7: unsupported keywords removed from the copy, stated in the description.
-        notes = []
-        for key in _UNSUPPORTED:
-            if key in out:
-                value = out.pop(key)
-                if not isinstance(value, (dict, list)):
-                    notes.append(f"{key}={value}")
-                else:
-                    notes.append(key)
-        if has_lookaround(out.get("pattern")):  # P2 (worker.tooling.wire): providers reject look-around
-            notes.append(f"pattern={out.pop('pattern')}")
-        if "format" in out and out["format"] not in _SUPPORTED_FORMATS:
-            notes.append(f"format={out.pop('format')}")
-        if notes:
-            out["description"] = _with_note(out.get("description"), ", ".join(notes))
-
-        if "$defs" in out or "definitions" in out:
-            for defs_key in ("$defs", "definitions"):
-                if isinstance(out.get(defs_key), dict):
-                    out[defs_key] = {
-                        name: self.walk(sub, path + (defs_key, name), refs) for name, sub in out[defs_key].items()
-                    }
+    def _walk_children(self, out: dict[str, Any], path: tuple[Any, ...], refs: tuple[str, ...]) -> None:
+        """Convert ``out``'s $defs/definitions, anyOf branches and allOf entries in place."""
+        for defs_key in ("$defs", "definitions"):
+            if isinstance(out.get(defs_key), dict):
+                out[defs_key] = {
+                    name: self.walk(sub, path + (defs_key, name), refs) for name, sub in out[defs_key].items()
+                }
 
         if "anyOf" in out:
             branches = [self.walk(b, path + ("anyOf", i), refs) for i, b in enumerate(out["anyOf"])]
@@ -272,42 +277,31 @@ class _Converter:
                     )
         if isinstance(out.get("allOf"), list):
             out["allOf"] = [self.walk(b, path + ("allOf", i), refs) for i, b in enumerate(out["allOf"])]
-        if "not" in out:
-            self.fail(path, "uses 'not'", "OpenAI strict mode does not support the 'not' keyword")
 
-        if _is_object(out) and "anyOf" not in out:
-            self.close_object(out, path, refs)
-        if out.get("type") == "array" or (isinstance(out.get("type"), list) and "array" in out["type"]):
-            items = out.get("items")
-            if items is False or (items is not None and not isinstance(items, dict) and items is not True):
-                self.fail(
-                    path,
-                    f"is an array with 'items': {items!r}"
-                    + (" (a fixed-length tuple through prefixItems)" if "prefixItems" in out else ""),
-                    "D8: OpenAI strict mode supports neither prefixItems nor a non-schema 'items'; "
-                    "an array must declare one typed 'items' schema",
-                )
-            if (
-                items is None
-                or items is True
-                or items == {}
-                or (isinstance(items, dict) and not any(k in items for k in _TYPE_DEFINING))
-            ):
-                self.fail(
-                    path,
-                    "is an array without a typed 'items' schema",
-                    'OpenAI strict mode requires arrays to declare their item type ("array schema missing items")',
-                )
-            out["items"] = self.walk(items, path + ("items",), refs)
-            out.pop("prefixItems", None)
-
-        if not any(k in out for k in _TYPE_DEFINING):
+    def _convert_array(self, out: dict[str, Any], path: tuple[Any, ...], refs: tuple[str, ...]) -> None:
+        """D8: an array keeps one typed ``items`` schema (converted in place); no ``prefixItems``."""
+        items = out.get("items")
+        if items is False or (items is not None and not isinstance(items, dict) and items is not True):
             self.fail(
                 path,
-                "accepts any JSON value (no type, enum, const, $ref or anyOf)",
-                "OpenAI strict mode requires every schema to declare a type",
+                f"is an array with 'items': {items!r}"
+                + (" (a fixed-length tuple through prefixItems)" if "prefixItems" in out else ""),
+                "D8: OpenAI strict mode supports neither prefixItems nor a non-schema 'items'; "
+                "an array must declare one typed 'items' schema",
             )
-        return out
+        if (
+            items is None
+            or items is True
+            or items == {}
+            or (isinstance(items, dict) and not any(k in items for k in _TYPE_DEFINING))
+        ):
+            self.fail(
+                path,
+                "is an array without a typed 'items' schema",
+                'OpenAI strict mode requires arrays to declare their item type ("array schema missing items")',
+            )
+        out["items"] = self.walk(items, path + ("items",), refs)
+        out.pop("prefixItems", None)
 
     def close_object(self, out: dict[str, Any], path: tuple[Any, ...], refs: tuple[str, ...]) -> None:
         ap = out.get("additionalProperties", False)
@@ -347,6 +341,36 @@ class _Converter:
         out["properties"] = new_props
         out["additionalProperties"] = False
         out["required"] = list(new_props)
+
+
+def _rewritten_keywords(node: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``node`` with oneOf as anyOf (D4), a null default dropped (D6), and the keywords
+    strict mode refuses removed and stated in the description (D7, P2)."""
+    out = dict(node)
+    # D4: oneOf -> anyOf.
+    if "oneOf" in out:
+        one_of = out.pop("oneOf")
+        out["anyOf"] = list(out.get("anyOf", [])) + list(one_of)
+        out.pop("discriminator", None)
+    # D6: null default dropped.
+    if "default" in out and out["default"] is None:
+        del out["default"]
+    # D7: unsupported keywords removed from the copy, stated in the description.
+    notes = []
+    for key in _UNSUPPORTED:
+        if key in out:
+            value = out.pop(key)
+            if not isinstance(value, (dict, list)):
+                notes.append(f"{key}={value}")
+            else:
+                notes.append(key)
+    if has_lookaround(out.get("pattern")):  # P2 (worker.tooling.wire): providers reject look-around
+        notes.append(f"pattern={out.pop('pattern')}")
+    if "format" in out and out["format"] not in _SUPPORTED_FORMATS:
+        notes.append(f"format={out.pop('format')}")
+    if notes:
+        out["description"] = _with_note(out.get("description"), ", ".join(notes))
+    return out
 
 
 MAX_DESCRIPTION_CHARS = 1024
@@ -403,7 +427,8 @@ def to_strict_schema(schema: dict[str, Any], *, tool_name: str) -> dict[str, Any
             f"tool {tool_name!r} cannot be strict: the root schema has type {t!r}; "
             "OpenAI strict mode requires the root to be a non-nullable object"
         )
-    return conv.walk(root, ())
+    converted: dict[str, Any] = conv.walk(root, ())
+    return converted
 
 
 def strict_violations(schema: Any) -> list[str]:

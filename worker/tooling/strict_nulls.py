@@ -89,32 +89,46 @@ def omit_nulls(value: Any, schema: Any, resolve: Any, loc: str, dropped: list[st
             if branch is not None:
                 value = omit_nulls(value, branch, resolve, loc, dropped, steps + 1)
     if isinstance(value, dict):
-        props = schema.get("properties")
-        props = props if isinstance(props, dict) else {}
-        extra = schema.get("additionalProperties")
-        extra = extra if isinstance(extra, dict) else None
-        if not props and extra is None:
-            return value
-        required = schema.get("required", ())
-        out = None
-        for key, v in value.items():
-            sub = props.get(key, extra if key not in props else None)
-            if sub is None:
-                continue
-            here = f"{loc}.{key}" if loc else key
-            if v is None:
-                if key in props and key not in required and not accepts_null(resolve(sub)):
-                    if out is None:
-                        out = dict(value)
-                    del out[key]
-                    dropped.append(here)
-            elif isinstance(v, (dict, list)):
-                nv = omit_nulls(v, sub, resolve, here, dropped, steps + 1)
-                if nv is not v:
-                    if out is None:
-                        out = dict(value)
-                    out[key] = nv
-        return value if out is None else out
+        return _omit_in_object(value, schema, resolve, loc, dropped, steps)
+    return _omit_in_list(value, schema, resolve, loc, dropped, steps)
+
+
+def _omit_in_object(
+    value: dict[str, Any], schema: dict[str, Any], resolve: Any, loc: str, dropped: list[str], steps: int
+) -> dict[str, Any]:
+    """``omit_nulls`` for an object: its own optional nulls dropped, its values walked."""
+    props = schema.get("properties")
+    props = props if isinstance(props, dict) else {}
+    extra = schema.get("additionalProperties")
+    extra = extra if isinstance(extra, dict) else None
+    if not props and extra is None:
+        return value
+    required = schema.get("required", ())
+    out = None
+    for key, v in value.items():
+        sub = props.get(key, extra if key not in props else None)
+        if sub is None:
+            continue
+        here = f"{loc}.{key}" if loc else key
+        if v is None:
+            if key in props and key not in required and not accepts_null(resolve(sub)):
+                if out is None:
+                    out = dict(value)
+                del out[key]
+                dropped.append(here)
+        elif isinstance(v, (dict, list)):
+            nv = omit_nulls(v, sub, resolve, here, dropped, steps + 1)
+            if nv is not v:
+                if out is None:
+                    out = dict(value)
+                out[key] = nv
+    return value if out is None else out
+
+
+def _omit_in_list(
+    value: list[Any], schema: dict[str, Any], resolve: Any, loc: str, dropped: list[str], steps: int
+) -> list[Any]:
+    """``omit_nulls`` for an array: each item walked against its ``prefixItems``/``items`` schema."""
     prefix = schema.get("prefixItems")
     prefix = prefix if isinstance(prefix, list) else []
     items = schema.get("items")

@@ -74,7 +74,7 @@ def fix_escapes(tok: str, at: int, names: set[str]) -> str:
     ``\\d``: a Windows path or a regex class, where dropping it changes the value).
     """
 
-    def one(m: re.Match) -> str:
+    def one(m: re.Match[str]) -> str:
         if m.group(1) is not None:
             return m.group()
         where = at + m.start()
@@ -109,7 +109,7 @@ def normalize(text: str, start: int, repairs: list[str]) -> tuple[str, int, bool
     out: list[str] = []
     stack: list[str] = []
     opened: list[int] = []  # where each open bracket of ``stack`` stands in ``text``
-    sig: list[str] = ["", ""]  # kinds of the last two significant tokens
+    sig: list[str | None] = ["", ""]  # kinds of the last two significant tokens
     names: set[str] = set()
     pos = start
     n = len(text)
@@ -118,12 +118,9 @@ def normalize(text: str, start: int, repairs: list[str]) -> tuple[str, int, bool
         kind = m.lastgroup
         tok = m.group()
         pos = m.end()
-        if kind == "dq":
-            if CTRL.search(tok):
-                names.add("control_characters")
-            if "\\" in tok:
-                tok = fix_escapes(tok, m.start(), names)
-            out.append(tok)
+        if kind in _VALUE_KINDS:
+            piece, kind = _value_token(kind, tok, m, names)
+            out.append(piece)
         elif kind == "ws":
             out.append(tok)
             continue
@@ -147,37 +144,10 @@ def normalize(text: str, start: int, repairs: list[str]) -> tuple[str, int, bool
             out.append(tok)
         elif kind == "colon" or kind == "num":
             out.append(tok)
-        elif kind == "word":
-            lit = PY_LITERALS.get(tok)
-            if tok == "undefined":
-                raise Refused(
-                    "'undefined' is not a JSON value (a value is never guessed); send the value or omit the key"
-                )
-            if lit is not None:
-                names.add("python_literals")
-                out.append(lit)
-            else:
-                out.append(tok)
-        elif kind == "sq":
-            body = tok[1:-1].replace("\\'", "'")
-            body = re.sub(r'(?<!\\)((?:\\\\)*)"', r'\1\\"', body)
-            names.add("single_quotes")
-            body = '"' + body + '"'
-            out.append(fix_escapes(body, m.start(), names) if "\\" in body else body)
-            kind = "dq"
-        elif kind == "esc":
-            names.add("over_escaped_quotes")
-            out.append('"' + m.group(4) + '"')
-            kind = "dq"
         elif kind == "bsws":
             names.add("stray_escapes")
             out.append(" ")
             continue
-        elif kind == "cut":
-            raise Refused(
-                "a string in your arguments is not closed (the text ends inside it); "
-                "nothing was run: send the complete value"
-            )
         else:  # other, bsrun (a backslash outside a string: not JSON, a later rung decides)
             out.append(tok)
         sig = [sig[1], kind]
@@ -185,29 +155,7 @@ def normalize(text: str, start: int, repairs: list[str]) -> tuple[str, int, bool
         pos = n
     balanced = not stack
     if stack:
-        last, before = sig[1], sig[0]
-        if last == "colon" or (last == "dq" and stack[-1] == "{" and before in ("open", "comma")):
-            raise Refused(
-                "your arguments end with a key that has no value; nothing was run "
-                "(a value is never guessed): send the complete arguments"
-            )
-        if last == "open":
-            raise Refused(
-                "your arguments end right after an opening bracket, so its content is missing; "
-                "send the complete arguments"
-            )
-        if last == "num":
-            raise Refused(
-                "your arguments end with a number and an unclosed object, so the number may be cut; "
-                "send the complete arguments"
-            )
-        if last == "comma":
-            # the comma before the cut is dropped; every value before it is complete
-            for i in range(len(out) - 1, -1, -1):
-                if out[i] == ",":
-                    del out[i]
-                    break
-        out.extend(_CLOSER[c] for c in reversed(stack))
+        _close_at_the_cut(out, stack, sig)
         names.add("closed_delimiters")
     for name in (
         "single_quotes",
@@ -222,6 +170,67 @@ def normalize(text: str, start: int, repairs: list[str]) -> tuple[str, int, bool
         if name in names:
             repairs.append(name)
     return "".join(out), pos, balanced
+
+
+_VALUE_KINDS = frozenset({"dq", "word", "sq", "esc", "cut"})
+
+
+def _value_token(kind: str, tok: str, m: re.Match[str], names: set[str]) -> tuple[str, str]:
+    """The JSON text of a string or word token (``kind`` in ``_VALUE_KINDS``) and the kind it
+    counts as from then on (a repaired quote is a ``dq`` string). Raises ``Refused`` for
+    ``undefined`` and for a string cut at the end of the text."""
+    if kind == "dq":
+        if CTRL.search(tok):
+            names.add("control_characters")
+        return (fix_escapes(tok, m.start(), names) if "\\" in tok else tok), kind
+    if kind == "word":
+        if tok == "undefined":
+            raise Refused("'undefined' is not a JSON value (a value is never guessed); send the value or omit the key")
+        lit = PY_LITERALS.get(tok)
+        if lit is not None:
+            names.add("python_literals")
+            return lit, kind
+        return tok, kind
+    if kind == "sq":
+        body = tok[1:-1].replace("\\'", "'")
+        body = re.sub(r'(?<!\\)((?:\\\\)*)"', r'\1\\"', body)
+        names.add("single_quotes")
+        body = '"' + body + '"'
+        return (fix_escapes(body, m.start(), names) if "\\" in body else body), "dq"
+    if kind == "esc":
+        names.add("over_escaped_quotes")
+        return '"' + m.group(4) + '"', "dq"
+    raise Refused(  # cut
+        "a string in your arguments is not closed (the text ends inside it); nothing was run: send the complete value"
+    )
+
+
+def _close_at_the_cut(out: list[str], stack: list[str], sig: list[str | None]) -> None:
+    """Append the closers of ``stack`` to ``out`` (the text ended inside them), after dropping a
+    trailing comma. Raises ``Refused`` when the cut may have taken a value: after a key, right
+    after an opening bracket, or after a number (``sig``: the last two significant kinds)."""
+    last, before = sig[1], sig[0]
+    if last == "colon" or (last == "dq" and stack[-1] == "{" and before in ("open", "comma")):
+        raise Refused(
+            "your arguments end with a key that has no value; nothing was run "
+            "(a value is never guessed): send the complete arguments"
+        )
+    if last == "open":
+        raise Refused(
+            "your arguments end right after an opening bracket, so its content is missing; send the complete arguments"
+        )
+    if last == "num":
+        raise Refused(
+            "your arguments end with a number and an unclosed object, so the number may be cut; "
+            "send the complete arguments"
+        )
+    if last == "comma":
+        # the comma before the cut is dropped; every value before it is complete
+        for i in range(len(out) - 1, -1, -1):
+            if out[i] == ",":
+                del out[i]
+                break
+    out.extend(_CLOSER[c] for c in reversed(stack))
 
 
 def parse_first_object(text: str, start: int, repairs: list[str]) -> tuple[Any, int, bool, str]:

@@ -22,7 +22,7 @@ applies to the functions inside the namespace, not to the namespace).
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -55,7 +55,7 @@ def _stem(word: str) -> str:
     return word
 
 
-def rank_tools(query: str, tools: Sequence[WorkerTool]) -> list[tuple[float, WorkerTool]]:
+def rank_tools(query: str, tools: Sequence[WorkerTool[Any]]) -> list[tuple[float, WorkerTool[Any]]]:
     """Score ``tools`` against ``query``; return ``(score, tool)`` with score > 0, best first.
 
     Ranking (simple and predictable, no index needed for tens of tools):
@@ -72,7 +72,7 @@ def rank_tools(query: str, tools: Sequence[WorkerTool]) -> list[tuple[float, Wor
     """
     q_words = {_stem(w) for w in _words(query)}
     q_lower = query.lower()
-    scored: list[tuple[float, int, WorkerTool]] = []
+    scored: list[tuple[float, int, WorkerTool[Any]]] = []
     for index, tool in enumerate(tools):
         name_words = {_stem(w) for w in _words(tool.name) + _words(tool.namespace or "")}
         desc_words = {_stem(w) for w in _words(tool.description) + _words(tool.namespace_description or "")}
@@ -90,7 +90,7 @@ def rank_tools(query: str, tools: Sequence[WorkerTool]) -> list[tuple[float, Wor
     return [(score, tool) for score, _, tool in scored]
 
 
-def make_tool_search_tool(deferred_tools: Iterable[WorkerTool]) -> WorkerTool:
+def make_tool_search_tool(deferred_tools: Iterable[WorkerTool[Any]]) -> WorkerTool[Any]:
     """The ``tool_search`` tool for ``deferred_tools`` (a parallel, read-only function tool).
 
     Input: ``{"query": str, "limit": int}`` (``limit`` 1-20, default 5).
@@ -145,7 +145,7 @@ def make_tool_search_tool(deferred_tools: Iterable[WorkerTool]) -> WorkerTool:
     )
 
 
-def with_tool_search(tools: Iterable[WorkerTool]) -> list[WorkerTool]:
+def with_tool_search(tools: Iterable[WorkerTool[Any]]) -> list[WorkerTool[Any]]:
     """``tools`` plus a ``tool_search`` tool over the deferred ones, only when some tool is deferred.
 
     The result is a new list; the search tool comes last. With no deferred

@@ -141,8 +141,8 @@ def merge_all_of(
             elif merged[key] != value:
                 return None, f"allOf entries give {key!r} different values"
     all_props = set(merged.get("properties") or {})
-    for props in closed_props:
-        if all_props - props:
+    for closed in closed_props:
+        if all_props - closed:
             return None, "an allOf entry is closed (additionalProperties: false) while another adds properties"
     return merged, ""
 

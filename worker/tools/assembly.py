@@ -1,11 +1,14 @@
 """Per-turn tool assembly: the main text-turn catalog and the workflow task catalog.
 
 Each category creator is given the turn's ``TurnContext`` and returns its
-tools; the order is explicit and fixed (spec, "How the tool set is assembled
-per turn"). A category whose prerequisites are absent contributes nothing.
+tools; the order is explicit and fixed (a stable order keeps the model's prompt
+prefix, and so its cache, the same from turn to turn). A category whose
+prerequisites are absent contributes nothing.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from worker.tooling.contract import WorkerTool
 from worker.tools.background_jobs import create_background_job_tools
@@ -19,13 +22,13 @@ from worker.tools.workflow import create_workflow_tools
 from worker.turn.context import TurnContext
 
 
-def text_turn_tools(ctx: TurnContext) -> list[WorkerTool]:
-    """The main text-turn tool set, in the spec's order: todo, computer, web, schedule,
+def text_turn_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
+    """The main text-turn tool set, in this order: todo, computer, web, schedule,
     background job and workflow tools. Each creator returns ``[]`` when its
     prerequisites are absent (no web profile bound, the turn may not spawn jobs,
     a workflow task turn never gets workflow tools).
     """
-    tools: list[WorkerTool] = [
+    tools: list[WorkerTool[Any]] = [
         create_todo_tool(ctx),
         *create_computer_tools(ctx),
         *create_web_tools(ctx),
@@ -36,16 +39,16 @@ def text_turn_tools(ctx: TurnContext) -> list[WorkerTool]:
     return tools
 
 
-def workflow_task_tools(ctx: TurnContext) -> list[WorkerTool]:
+def workflow_task_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """The fixed workflow task catalog: web tools, Brain ``recall``/``get_page``, ``submit_result``.
 
-    Spec, "Workflow task tools": available web tools (present only when a
-    provider profile is bound), the read-only Brain tools when Brain is enabled
+    A task gets only what its isolated unit of work needs: the available web tools
+    (present only when a provider profile is bound), the read-only Brain tools when Brain is enabled
     (``ctx.supports.brain``), and the task-specific ``submit_result`` built from
     ``ctx.metadata["result_schema"]``. It does not reuse the main catalog: no
     computer, file, shell, MCP, skill, schedule, workflow or background job tools.
 
     Raises ``ValueError`` when the turn has no ``metadata.result_schema``.
     """
-    tools: list[WorkerTool] = [*create_web_tools(ctx), *create_brain_tools(ctx), create_submit_result_tool(ctx)]
+    tools: list[WorkerTool[Any]] = [*create_web_tools(ctx), *create_brain_tools(ctx), create_submit_result_tool(ctx)]
     return tools

@@ -1,7 +1,7 @@
 """Background agent job tools: ``job_start``, ``job_status``, ``job_list``, ``job_cancel``.
 
-Present only when the turn supports spawning jobs (``ctx.supports.spawn_jobs``;
-spec, "How the tool set is assembled per turn"), has a Redis client and the
+Present only when the turn supports spawning jobs (``ctx.supports.spawn_jobs``,
+``worker.tools.assembly``), has a Redis client and the
 ``enqueue_turn(request_dict, turn_id) -> turn_id`` service, and is not a
 workflow task turn.
 
@@ -71,7 +71,7 @@ def _error(text: str, kind: str) -> ToolResult:
     return ToolResult(content=f"Error: {text}", is_error=True, details={"error": kind})
 
 
-def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool]:
+def create_background_job_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """The background job category (empty unless the turn may spawn jobs)."""
     enqueue_turn = ctx.services.enqueue_turn
     if not ctx.supports.spawn_jobs or ctx.workflow_task or ctx.redis is None or enqueue_turn is None:

@@ -1,8 +1,8 @@
 """Read-only Brain tools: ``recall`` (ranked search) and ``get_page`` (one page, paged).
 
 Offered by ``create_brain_tools(ctx)`` when the turn supports Brain
-(``ctx.supports.brain``; spec, "Workflow task tools": "the read-only Brain
-tools recall and get_page when Brain is enabled"). Both are ``parallel`` and
+(``ctx.supports.brain``; a workflow task turn gets them too, read-only, when
+Brain is enabled). Both are ``parallel`` and
 ``is_read_only``. They read the agent's pages (``worker.records.brain.BrainStore``)
 through the Redis client the runtime gives every tool
 (``ToolContext.services.redis``).
@@ -98,7 +98,7 @@ def _get_page(params: GetPageParams, ctx: ToolContext) -> ToolResult:
     )
 
 
-def create_brain_tools(ctx: TurnContext) -> list[WorkerTool]:
+def create_brain_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """``[recall, get_page]`` when ``ctx.supports.brain``; otherwise ``[]``."""
     if not ctx.supports.brain:
         return []

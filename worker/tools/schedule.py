@@ -9,8 +9,8 @@ queue layer provides, so this module never imports Celery:
 - ``services.delete_schedule_entry(schedule_id) -> None``
 
 The category is absent when the turn has no Redis client or lacks either
-service, or in a workflow task turn (spec, "Workflow task tools": no schedule
-tools there).
+service, or in a workflow task turn (a task's catalog is fixed and has no
+schedule tools, ``worker.tools.assembly``).
 
 The scheduled turn's request (stored in the record): same ``agent_id``;
 ``input`` from the call; ``instructions`` = the creating turn's instructions,
@@ -125,7 +125,7 @@ def _public(rec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool]:
+def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """The schedule category for a turn (empty when its prerequisites are absent)."""
     if ctx.workflow_task or ctx.redis is None:
         return []
@@ -239,6 +239,8 @@ def create_schedule_tools(ctx: TurnContext) -> list[WorkerTool]:
                 f"no schedule {p.schedule_id!r} for this agent; call schedule_list to see the ids.", "not_found"
             )
         delete_entry(p.schedule_id)  # idempotent; also cleans up after a done one-off
+        if rec is None:  # deleted between the cancel's reads
+            return _error(f"no schedule {p.schedule_id!r} for this agent any more.", "not_found")
         if outcome != "cancelled":
             return ToolResult(
                 content=f"Schedule {p.schedule_id} ('{rec['title']}') was already {rec['status']}; nothing to cancel.",

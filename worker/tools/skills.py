@@ -1,9 +1,10 @@
 """Skills: projecting enabled skills into a turn's instructions, and the agent's mcporter config.
 
-The spec: "Skill knowledge is projected from the Agent's current enabled
-Skills. An MCP-backed Skill selects a domain tool and uses the existing
-computer command tool to call mcporter." So there is no MCP tool in the tool
-set: the instructions tell the model to run ``mcporter call <server>.<tool>
+The agent's enabled skills are projected into the turn's instructions, and an
+MCP-backed skill is reached through the computer command tool, not through a
+tool of its own: there is no MCP tool in the tool set (one tool set for every
+agent, and the command sandbox already confines what mcporter does). The
+instructions tell the model to run ``mcporter call <server>.<tool>
 key=value ...`` with ``run_command``, and ``write_mcporter_config`` puts the
 servers where mcporter finds them.
 

@@ -7,9 +7,8 @@ Its parameters are a RAW JSON Schema wrapping the task's result schema
 ``additionalProperties: false``; a task schema that refers to its own root,
 such as a recursive ``{"$ref": "#"}``, is moved to the wrapper's
 ``$defs.result`` with its refs rewritten, so the wrapper accepts exactly what
-the task schema accepts), sent with ``strict: true`` (spec, "Schema
-collection": "Workflow creates submit_result with a raw schema that wraps the
-task's result schema, and sends it in strict mode"). When the task schema
+the task schema accepts), sent with ``strict: true`` so that the provider
+constrains the model's result to the schema. When the task schema
 cannot be expressed in strict mode (an open map, an untyped value...), the
 tool falls back to ``strict: false``; the reason is recorded on the task at
 start (``strict_note``) and logged here.
@@ -30,7 +29,8 @@ from typing import Any
 
 from worker.records.result_schema import FINISH_TOOL, submit_result_schema
 from worker.records.workflow import WorkflowService
-from worker.tooling.contract import ToolContext, ToolDefinitionError, ToolResult, WorkerTool, define_worker_tool
+from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
+from worker.tooling.errors import ToolDefinitionError
 from worker.turn.context import TurnContext
 
 log = logging.getLogger("agent.workflow")
@@ -57,7 +57,7 @@ def _execute(task_id: str | None) -> Any:
     return execute
 
 
-def create_submit_result_tool(ctx: TurnContext) -> WorkerTool:
+def create_submit_result_tool(ctx: TurnContext) -> WorkerTool[Any]:
     """The task's ``submit_result`` tool.
 
     Raises ``ValueError`` when the turn has no ``metadata.result_schema``

@@ -105,7 +105,7 @@ def render_todos(items: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def create_todo_tool(ctx: TurnContext) -> WorkerTool:
+def create_todo_tool(ctx: TurnContext) -> WorkerTool[Any]:
     """The ``todo_write`` tool for the turn's agent (sequential; neither read-only nor destructive).
 
     Refuses (``is_error``) a list with duplicate ids. Storage as described in

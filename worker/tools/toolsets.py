@@ -27,7 +27,8 @@ def _import(spec: str) -> Toolset:
     module, _, attr = spec.partition(":")
     if not module or not attr:
         raise ValueError(f"toolset spec {spec!r} must look like 'package.module:function'")
-    return getattr(importlib.import_module(module), attr)
+    toolset: Toolset = getattr(importlib.import_module(module), attr)
+    return toolset
 
 
 def extra_toolset_specs(settings: Settings) -> dict[str, str]:

@@ -21,11 +21,12 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
+from worker.records.result_schema import WorkflowError
 from worker.records.workflow import (
     MAX_INSTRUCTIONS_CHARS,
     MAX_TITLE_CHARS,
-    WorkflowError,
     WorkflowService,
+    WorkflowTask,
     start_task_id,
 )
 from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
@@ -87,7 +88,7 @@ def _service(ctx: ToolContext) -> WorkflowService:
     )
 
 
-def _owned(svc: WorkflowService, task_id: str, agent_id: str):
+def _owned(svc: WorkflowService, task_id: str, agent_id: str) -> WorkflowTask:
     task = svc.show(task_id)
     if task.agent_id != agent_id:  # another agent's task is as good as unknown
         raise WorkflowError(f"unknown workflow task {task_id!r}")
@@ -167,14 +168,14 @@ def _cancel(params: TaskIdParams, ctx: ToolContext) -> ToolResult:
     )
 
 
-def create_workflow_tools(ctx: TurnContext) -> list[WorkerTool]:
+def create_workflow_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """The four main-turn workflow tools (``workflow_start`` only with an ``enqueue_turn`` service).
 
     ``[]`` in a workflow task turn (``ctx.workflow_task``) or when the turn has no Redis client.
     """
     if ctx.workflow_task or ctx.redis is None:
         return []
-    tools: list[WorkerTool] = []
+    tools: list[WorkerTool[Any]] = []
     if ctx.services.enqueue_turn is not None:
         tools.append(
             define_worker_tool(

@@ -2,7 +2,7 @@
 and the turn's creation, guarded by its id and idempotency key, in another.
 
 A transition (``worker.turn.store``) may only change a turn that is still at the step and phase
-its caller saw, and not ended (DESIGN-NOTES section 1, fencing). ``WATCH``/``HMGET``/``MULTI``
+its caller saw, and not ended (fencing, docs/architecture.md "Claims and fencing"). ``WATCH``/``HMGET``/``MULTI``
 did that in three round trips; ``GuardScript`` does it in one: the script reads the guard fields,
 and only if they match runs the writes it was given, atomically (a Lua script runs alone on the
 server, and its writes invalidate other clients' ``WATCH`` like any write).

@@ -4,8 +4,8 @@ A *node* is one worker main process (``host:pid``); its pool children and thread
 Each node keeps a heartbeat key in Redis with a short TTL (``Settings.liveness_ttl``) and a
 hash of the turn tasks it holds (received, running, or reserved by prefetch). When a node's
 heartbeat is gone, the watchdog re-drives the turns it held at once, instead of waiting for
-the broker's ``visibility_timeout`` (DESIGN-NOTES section 11: on the Redis broker, messages
-reserved by a dead worker come back only after it).
+the broker's ``visibility_timeout`` (on the Redis broker, messages reserved by a dead worker
+come back only after it; docs/architecture.md "Re-drive").
 
 A claim owner (a tool call's or a model step's) is ``host:node_pid:pid:thread``: the thread that
 runs it, in its process, under its node (under a threads pool a duplicate delivery runs in

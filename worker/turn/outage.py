@@ -6,7 +6,7 @@ with backoff (``until_redis_answers``) until Redis answers, bounded by
 ``Settings.redis_outage_timeout``. The wait happens in the step itself, so it does not depend
 on the broker (the same Redis) being up to queue a retry; and a redelivered step or call in
 this process finds the value in ``Unsaved`` instead of paying the model or running the tool
-again (DESIGN-NOTES section 3).
+again (docs/architecture.md "Redis outages").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The turn's state in Redis between steps.
 
-Size: one concept kept whole on purpose: every write to a turn's keys, so that the
+One concept kept whole on purpose: every write to a turn's keys, so that the
 fencing rules (guards on ``step`` and ``phase``) can be read and checked in one place
 (claims and the barrier are their own part, ``worker.turn.claims``, held as ``store.claims``).
 

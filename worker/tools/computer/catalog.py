@@ -34,7 +34,7 @@ tool body is turned into such a result by ``_guarded``).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from worker.settings import Settings
 from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
@@ -89,7 +89,7 @@ def _at_home(
     return execute
 
 
-def create_computer_tools(ctx: TurnContext) -> list[WorkerTool]:
+def create_computer_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """The computer tools for one turn, confined to ``ctx.home``.
 
     Order: run_command, read_file, write_file, edit_file, list_files,

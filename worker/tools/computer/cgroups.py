@@ -46,7 +46,7 @@ def _own_cgroup_paths() -> dict[str, str]:
 
 def _mounts() -> list[tuple[str, str, str, str]]:
     """``(root, mount point, fstype, super options)`` of cgroup mounts, from ``/proc/self/mountinfo``."""
-    found = []
+    found: list[tuple[str, str, str, str]] = []
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:

@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from pathlib import Path
 
 from pydantic import BaseModel, Field
 
@@ -72,7 +73,7 @@ class _CappedSink:
         return head_text + marker + tail_text, cut
 
 
-def _kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE) -> None:
+def _kill_group(proc: "subprocess.Popen[bytes]", grace: float = KILL_GRACE) -> None:
     """SIGTERM the process group, then SIGKILL it after ``grace`` seconds."""
     try:
         pgid = os.getpgid(proc.pid)
@@ -94,7 +95,7 @@ def _kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE) -> None:
         pass
 
 
-def _stop_runner(proc: subprocess.Popen) -> None:
+def _stop_runner(proc: "subprocess.Popen[bytes]") -> None:
     """Timeout/abort: SIGTERM the runner (which stops the whole tree), then SIGKILL the group if needed."""
     try:
         os.kill(proc.pid, signal.SIGTERM)
@@ -180,13 +181,13 @@ def _run_command(
 
 
 def _supervise(
-    proc: subprocess.Popen,
+    proc: "subprocess.Popen[bytes]",
     params: RunCommandParams,
     ctx: ToolContext,
     sink: _CappedSink,
     started: float,
     timeout: float,
-    cwd,
+    cwd: Path,
     memory: MemoryCgroup | None = None,
 ) -> ToolResult:
     """Pump output, enforce the timeout, the abort and the memory limit, and build the result.

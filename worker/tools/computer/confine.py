@@ -119,8 +119,3 @@ def display_path(home: Path | str, real: Path | str) -> str:
     if _within(real, root):
         return real[len(root.rstrip(os.sep)) + 1 :]
     return real
-
-
-def is_inside_home(home: Path | str, candidate: Path | str) -> bool:
-    """True when ``candidate``'s real path (symlinks resolved) lies inside the home."""
-    return _within(os.path.realpath(os.fspath(candidate)), str(home_root(home)))

@@ -125,6 +125,21 @@ class Opened:
         self.close()
 
 
+def _directory_again(exc: OSError, dir_fd: int, name: str, missing: str) -> bool:
+    """After ``readlink`` failed with ``exc`` on what ``O_NOFOLLOW`` refused: True when ``name`` is a
+    directory again (a swap in progress). Raises ``FileNotFoundError`` (``missing``) when it is gone,
+    and ``exc`` for any error but EINVAL (not a symlink)."""
+    if exc.errno == errno.ENOENT:
+        raise FileNotFoundError(errno.ENOENT, "no such file or directory", missing) from None
+    if exc.errno != errno.EINVAL:
+        raise exc
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(st.st_mode)
+
+
 class HomeDir:
     """The agent home held open by a descriptor; resolves and opens paths inside it.
 
@@ -222,35 +237,32 @@ class HomeDir:
                 try:
                     target = os.readlink(name, dir_fd=cur)
                 except OSError as exc:
-                    if exc.errno == errno.ENOENT:
-                        raise FileNotFoundError(errno.ENOENT, "no such file or directory", rel_of(name, True)) from None
-                    if exc.errno != errno.EINVAL:
-                        raise
-                    try:
-                        st = os.stat(name, dir_fd=cur, follow_symlinks=False)
-                    except FileNotFoundError:
-                        st = None
                     retries += 1
-                    if st is not None and stat.S_ISDIR(st.st_mode) and retries <= MAX_RETRIES:
+                    if _directory_again(exc, cur, name, rel_of(name, True)) and retries <= MAX_RETRIES:
                         pending.append(name)  # swapped back to a directory meanwhile: try again
                         continue
                     raise type(failure)(failure.errno, failure.strerror, rel_of(name)) from None
                 hops += 1
                 if hops > MAX_SYMLINK_HOPS:
                     raise OSError(errno.ELOOP, "too many levels of symbolic links", rel_of(name))
-                if os.path.isabs(target):
-                    try:
-                        _, target_parts = lexical_parts(self.home, target, root=self.root)
-                    except (ValueError, OSError):
-                        raise symlink_escape(raw) from None
-                    while stack:
-                        os.close(stack.pop()[0])
-                    pending.extend(reversed(target_parts))
-                else:
-                    pending.extend(reversed(target.split("/")))
+                self._follow(target, raw, stack, pending)
         finally:
             for fd, _ in stack:
                 os.close(fd)
+
+    def _follow(self, target: str, raw: str, stack: list[tuple[int, str]], pending: list[str]) -> None:
+        """Go on through a symlink's ``target``: an absolute one restarts from the home (confined by
+        ``lexical_parts``, else ``symlink_escape``), a relative one resolves where the link stands."""
+        if os.path.isabs(target):
+            try:
+                _, target_parts = lexical_parts(self.home, target, root=self.root)
+            except (ValueError, OSError):
+                raise symlink_escape(raw) from None
+            while stack:
+                os.close(stack.pop()[0])
+            pending.extend(reversed(target_parts))
+        else:
+            pending.extend(reversed(target.split("/")))
 
     def _open_final(self, dir_fd: int, name: str, flags: int, mode: int, rel: str) -> Opened:
         try:

@@ -16,7 +16,7 @@ import fnmatch
 import os
 import stat
 import time
-from typing import Iterator
+from typing import Iterator, TextIO
 
 import regex
 from pydantic import BaseModel, Field
@@ -133,8 +133,55 @@ def _search_files(params: SearchFilesParams, ctx: ToolContext) -> ToolResult:
         return fail(f"{exc.filename}: no such file or directory")
 
 
+_FILE_DONE, _TRUNCATED, _TIMED_OUT = "file done", "truncated", "timed out"
+
+
+def _scan_file(
+    fh: TextIO,
+    rx: regex.Pattern[str],
+    label: str,
+    deadline: float,
+    params: SearchFilesParams,
+    ctx: ToolContext,
+    results: list[str],
+    shown: str,
+) -> ToolResult | str:
+    """Append ``label:line: text`` to ``results`` for each matching line of ``fh``. Returns
+    ``_FILE_DONE``, ``_TRUNCATED`` (``max_results`` reached), ``_TIMED_OUT`` (the search's
+    ``deadline`` passed), or the failure to return (turn aborted, pattern too slow on a line)."""
+    for n, line in enumerate(fh, start=1):
+        if ctx.abort.aborted:
+            return fail("search cancelled: the turn was aborted")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return _TIMED_OUT
+        per_search = min(left, SEARCH_PATTERN_TIMEOUT)
+        try:
+            found = rx.search(line, timeout=per_search)
+        except TimeoutError:
+            if ctx.abort.aborted:
+                return fail("search cancelled: the turn was aborted")
+            if per_search < SEARCH_PATTERN_TIMEOUT:  # the overall budget ran out
+                return _TIMED_OUT
+            return fail(
+                f"pattern too slow; simplify it: {params.pattern!r} took more than "
+                f"{SEARCH_PATTERN_TIMEOUT:g}s on one line ({label}:{n}); avoid nested "
+                f"repetition like (a+)+ or use literal=true",
+                path=shown,
+                pattern_timeout=True,
+            )
+        if found:
+            text = line.rstrip("\n")
+            if len(text) > SEARCH_MAX_LINE_CHARS:
+                text = text[:SEARCH_MAX_LINE_CHARS] + " […]"
+            results.append(f"{label}:{n}: {text}")
+            if len(results) >= params.max_results:
+                return _TRUNCATED
+    return _FILE_DONE
+
+
 def _run_search(
-    params: SearchFilesParams, ctx: ToolContext, hd: HomeDir, root: Opened | str, shown: str, rx: regex.Pattern
+    params: SearchFilesParams, ctx: ToolContext, hd: HomeDir, root: Opened | str, shown: str, rx: regex.Pattern[str]
 ) -> ToolResult:
     results: list[str] = []
     files_with_matches = 0
@@ -168,41 +215,13 @@ def _run_search(
             continue
         try:
             files_searched += 1
-            matched_here = False
+            before = len(results)
             with opened, os.fdopen(os.dup(opened.fd), "r", encoding="utf-8", errors="replace") as fh:
-                for n, line in enumerate(fh, start=1):
-                    if ctx.abort.aborted:
-                        return fail("search cancelled: the turn was aborted")
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        timed_out = True
-                        break
-                    per_search = min(left, SEARCH_PATTERN_TIMEOUT)
-                    try:
-                        found = rx.search(line, timeout=per_search)
-                    except TimeoutError:
-                        if ctx.abort.aborted:
-                            return fail("search cancelled: the turn was aborted")
-                        if per_search < SEARCH_PATTERN_TIMEOUT:  # the overall budget ran out
-                            timed_out = True
-                            break
-                        return fail(
-                            f"pattern too slow; simplify it: {params.pattern!r} took more than "
-                            f"{SEARCH_PATTERN_TIMEOUT:g}s on one line ({label}:{n}); avoid nested "
-                            f"repetition like (a+)+ or use literal=true",
-                            path=shown,
-                            pattern_timeout=True,
-                        )
-                    if found:
-                        matched_here = True
-                        text = line.rstrip("\n")
-                        if len(text) > SEARCH_MAX_LINE_CHARS:
-                            text = text[:SEARCH_MAX_LINE_CHARS] + " […]"
-                        results.append(f"{label}:{n}: {text}")
-                        if len(results) >= params.max_results:
-                            truncated = True
-                            break
-            files_with_matches += matched_here
+                outcome = _scan_file(fh, rx, label, deadline, params, ctx, results, shown)
+            if isinstance(outcome, ToolResult):
+                return outcome
+            files_with_matches += len(results) > before
+            truncated, timed_out = outcome == _TRUNCATED, outcome == _TIMED_OUT
             if timed_out:
                 break
         except OSError:

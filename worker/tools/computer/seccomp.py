@@ -33,6 +33,7 @@ import errno
 import functools
 import os
 import stat
+from typing import Any
 
 EPERM = errno.EPERM
 # x86-64 / aarch64 share numbers from 424 on; 453 is map_shadow_stack (Linux 6.6).
@@ -71,7 +72,7 @@ class SeccompUnavailable(RuntimeError):
     """The filter cannot be compiled here (no libseccomp); the message says what to install."""
 
 
-def _library():  # type: ignore[no-untyped-def]
+def _library() -> Any:  # the pyseccomp module (untyped)
     try:
         import pyseccomp
     except Exception as exc:  # ImportError, or OSError/TypeError when libseccomp.so.2 is missing

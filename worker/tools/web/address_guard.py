@@ -34,7 +34,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, NoReturn
 
 import httpcore
 import httpx
@@ -206,7 +206,9 @@ class _TrackedStream(httpcore.NetworkStream):
     def close(self) -> None:
         self._inner.close()
 
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None):
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> _TrackedStream:
         inner = self._inner.start_tls(ssl_context, server_hostname=server_hostname, timeout=timeout)
         return self._backend._track(inner)
 
@@ -287,7 +289,7 @@ class GuardedNetworkBackend(httpcore.SyncBackend):
         assert last is not None
         raise last
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None):
+    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> NoReturn:
         """Always refused: fetches never use local sockets."""
         raise BlockedAddressError("unix sockets are not allowed")
 
@@ -346,7 +348,7 @@ class _Stream(httpx.SyncByteStream):
     def __init__(self, resp: httpcore.Response):
         self._resp = resp
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[bytes]:
         try:
             yield from self._resp.stream  # type: ignore[misc]
         except httpcore.TimeoutException as exc:

@@ -1,8 +1,7 @@
 """Web tools: ``web_search`` (SearXNG-compatible JSON) and ``web_fetch`` (guarded page fetch).
 
-``create_web_tools(ctx)`` offers each tool only when its provider profile is
-bound (spec, "Web tools are created from the worker's web_search/web_fetch
-provider availability — if the profiles are unbound, the tools are absent"):
+``create_web_tools(ctx)`` offers each tool only when the worker has its provider
+profile bound; with no profile the tool is absent rather than offered and failing:
 
 - ``web_search`` when ``settings.web_search_url`` is set: ``GET
   {url}?q=<query>&format=json``; the optional ``settings.web_search_key`` is
@@ -23,6 +22,8 @@ provider availability — if the profiles are unbound, the tools are absent"):
 
 from __future__ import annotations
 
+from typing import Any
+
 from worker.tooling.contract import WorkerTool, define_worker_tool
 from worker.tools.web.common import size_label
 from worker.tools.web.fetch import WebFetchParams, _describe_fetch, _describe_fetch_done, _fetch
@@ -32,11 +33,11 @@ from worker.turn.context import TurnContext
 # --------------------------------------------------------------------------- creator
 
 
-def create_web_tools(ctx: TurnContext) -> list[WorkerTool]:
+def create_web_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
     """The web tools the worker's bound provider profiles allow: ``[]``, ``[web_search]``,
     ``[web_fetch]`` or both (in that order). Both are read-only and parallel."""
     settings = ctx.settings
-    tools: list[WorkerTool] = []
+    tools: list[WorkerTool[Any]] = []
     if settings.web_search_url:
         tools.append(
             define_worker_tool(

@@ -99,6 +99,28 @@ class _FetchRun:
         self.stop = False  # set by the watchdog: keep no more body
 
 
+def _read_body(run: _FetchRun, resp: httpx.Response, decoder: BoundedDecoder, cap: int) -> None:
+    """Append the decoded body to ``run.body`` up to ``cap`` bytes (then ``run.truncated``), or
+    until the watchdog sets ``run.stop``. Raw bytes, decoded here with a bound per stage: httpx's
+    own decoding of stacked encodings is unbounded per chunk (decompression bomb, issue 9)."""
+    raw_seen = 0
+    for raw in resp.iter_raw():
+        raw_seen += len(raw)
+        for piece in decoder.feed(raw):
+            with run.lock:
+                if run.stop:
+                    return
+                run.body += piece
+                if len(run.body) >= cap:
+                    del run.body[cap:]
+                    run.truncated = True
+                    return
+        if raw_seen >= cap:  # a body that decodes to (almost) nothing is capped too
+            with run.lock:
+                run.truncated = True
+            return
+
+
 def _fetch_in_thread(run: _FetchRun, transport: GuardedTransport, settings: Settings, deadline: float) -> None:
     """GET ``run.url`` following redirects by hand; every hop's timeouts are what is left of ``deadline``."""
     allow_loopback = bool(settings.web_fetch_allow_loopback)
@@ -162,24 +184,7 @@ def _fetch_in_thread(run: _FetchRun, transport: GuardedTransport, settings: Sett
                         run.charset = resp.charset_encoding
                         run.final_url = final_url
                         run.headers_done = True
-                    # Raw bytes, decoded here with a bound per stage: httpx's own decoding of
-                    # stacked encodings is unbounded per chunk (decompression bomb, issue 9).
-                    raw_seen = 0
-                    for raw in resp.iter_raw():
-                        raw_seen += len(raw)
-                        for piece in decoder.feed(raw):
-                            with run.lock:
-                                if run.stop:
-                                    return
-                                run.body += piece
-                                if len(run.body) >= cap:
-                                    del run.body[cap:]
-                                    run.truncated = True
-                                    return
-                        if raw_seen >= cap:  # a body that decodes to (almost) nothing is capped too
-                            with run.lock:
-                                run.truncated = True
-                            return
+                    _read_body(run, resp, decoder, cap)
                     return
     except BlockedAddressError as exc:
         run.error = fail(str(exc), redirects=list(run.redirects))
