@@ -130,18 +130,16 @@ class Supervisor:
     (``devtools.node_recovery.NodeRecovery`` re-drives a dead worker's turns from there).
     """
 
-<<<<<<< HEAD
-    def __init__(self, logdir: Path | None = None, on_restart=None, on_exit=None):
+    def __init__(
+        self,
+        logdir: Path | None = None,
+        on_restart: Callable[[str, int | None], None] | None = None,
+        on_exit: Callable[[str, int, int | None], None] | None = None,
+    ):
         self.logdir = logdir
         self.on_restart = on_restart or (lambda name, code: log.warning("%s exited (%s); restarting", name, code))
         self.on_exit = on_exit
-        self.procs: dict[str, subprocess.Popen] = {}
-=======
-    def __init__(self, logdir: Path | None = None, on_restart: Callable[[str, int | None], None] | None = None):
-        self.logdir = logdir
-        self.on_restart = on_restart or (lambda name, code: log.warning("%s exited (%s); restarting", name, code))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
->>>>>>> main
         self.commands: dict[str, list[str]] = {}
         self.envs: dict[str, dict[str, str] | None] = {}
         self.restarts: dict[str, int] = {}

@@ -147,10 +147,10 @@ class QoS(kombu_redis.QoS):
 
     def ack(self, delivery_tag: str) -> None:
         try:
-            self._remove_from_indices(delivery_tag).execute()
+            self._remove_from_indices(delivery_tag).execute()  # type: ignore[attr-defined]  # kombu's Redis QoS (not in its stubs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             logger.warning("ack of %s deferred until Redis answers: %s", delivery_tag, exc)
-            with self.channel.conn_or_acquire() as client:
+            with self.channel.conn_or_acquire() as client:  # type: ignore[attr-defined]  # the Redis channel's
                 LATE_ACKS.add(client, self.unacked_key, self.unacked_index_key, delivery_tag)
         virtual.QoS.ack(self, delivery_tag)
 

@@ -77,7 +77,11 @@ class CeleryDispatcher:
     def enqueue_step(self, turn_id: str, step: int, *, queue: str, label: str = "") -> None:
         """Send ``turn_step(turn_id, step)`` to ``queue``; ``label`` is what Flower shows as its args."""
         sig = app.signature(TURN_STEP, (turn_id, step))
-        options = {"queue": queue, "ignore_result": True, "argsrepr": label or f"turn={turn_id} step={step}"}
+        options: dict[str, Any] = {
+            "queue": queue,
+            "ignore_result": True,
+            "argsrepr": label or f"turn={turn_id} step={step}",
+        }
         _publish(lambda: sig.apply_async(**options, **self._options()), f"step {step} of {turn_id}", wait=self._wait)
 
     def dispatch_batch(
@@ -115,25 +119,17 @@ class CeleryDispatcher:
         # A control plane on its own broker (an approval releasing a batch) sends there, not to the app's.
         options = self._options()
         if len(sigs) == 1:
-<<<<<<< HEAD
-            send: Callable[[], Any] = sigs[0].apply_async
+            sig: Any = sigs[0]
         elif batch.mode == "parallel":
-            send = group(sigs).apply_async
+            sig = group(sigs)
         else:
-            send = chain(*sigs).apply_async
-        _publish(send, f"calls of step {step} of {turn_id}", wait=self._wait)
-=======
-            sigs[0].apply_async(**options)
-        elif batch.mode == "parallel":
-            group(sigs).apply_async(**options)
-        else:
-            chain(*sigs).apply_async(**options)
->>>>>>> main
+            sig = chain(*sigs)
+        _publish(lambda: sig.apply_async(**options), f"calls of step {step} of {turn_id}", wait=self._wait)
 
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""
         sig = app.signature(TURN_FINISHED, (turn_id,))
-        options = {"queue": "turns", "ignore_result": True, "argsrepr": f"turn={turn_id}"}
+        options: dict[str, Any] = {"queue": "turns", "ignore_result": True, "argsrepr": f"turn={turn_id}"}
         _publish(lambda: sig.apply_async(**options, **self._options()), f"end of {turn_id}", wait=self._wait)
 
     def services(self, request: TurnRequest) -> ToolServices:
