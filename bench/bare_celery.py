@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
+import threading
 
+import certifi
 import httpx
 import redis
 from celery import Celery
@@ -39,7 +42,19 @@ app.conf.update(
     worker_hijack_root_logger=False,
 )
 
-_http = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=4096, max_keepalive_connections=4096))
+# One keep-alive pool per thread, as the runtime's model client (worker.model.responses): httpcore's
+# pool shared by hundreds of threads closes connections other threads use (encode/httpcore#1110).
+# One TLS context for all of them (httpx builds one per client otherwise: ~10 ms of CPU each).
+_local = threading.local()
+_TLS = ssl.create_default_context(cafile=certifi.where())
+
+
+def _http() -> httpx.Client:
+    if not hasattr(_local, "client"):
+        _local.client = httpx.Client(timeout=float(os.environ.get("BENCH_MODEL_TIMEOUT", "30")), verify=_TLS)
+    return _local.client
+
+
 _redis = redis.Redis(
     connection_pool=redis.BlockingConnectionPool.from_url(app.conf.broker_url, max_connections=4096, timeout=30)
 )
@@ -58,7 +73,11 @@ def _model(turn_id: str) -> dict:
         "model": os.environ.get("BENCH_MODEL", "bench"),
         "input": [{"role": "user", "content": turn_id}, *history],
     }
-    r = _http.post(os.environ["BENCH_MODEL_URL"].rstrip("/") + "/responses", json=body)
+    try:
+        r = _http().post(os.environ["BENCH_MODEL_URL"].rstrip("/") + "/responses", json=body)
+    except httpx.TimeoutException:
+        _redis.incr("bare:timed_out")  # a call that waited for its read timeout (bench/concurrency.py)
+        raise
     r.raise_for_status()
     reply = r.json()
     _redis.rpush(f"bare:{turn_id}", *[json.dumps(item) for item in reply["output"]])

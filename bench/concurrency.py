@@ -1,7 +1,12 @@
 """Turns in flight on one node: the runtime against a hand-written minimal turn on bare Celery.
 
 N turns of (model call, one tool call, model call) against a model endpoint that answers in
-``--latency`` seconds (the scripted gateway), on one node: the steps' queue on the pool under
+``--latency`` seconds, on one node. The endpoint (``--endpoint``) is by default the scripted
+gateway behind ``devtools.hosted_endpoint``: HTTP/1.1 keep-alive and chunked streams, as a
+hosted API answers (``scripted``: the bare gateway, a connection per request); ``--stream``
+makes the runtime stream its model calls (the floor posts JSON). Model calls that waited for
+their read timeout (``--model-timeout``, 30 s) are counted from the turns' ``model_retry`` events.
+The node runs the steps' queue on the pool under
 test, the tool calls on prefork (as deployed). The floor is ``bench/bare_celery.py``: the same
 turn shape as three bare Celery tasks on the same broker, pools and endpoint, posting the same
 request body as the runtime (its tool definitions; ``--floor-body minimal`` posts only the model
@@ -32,6 +37,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import redis
@@ -40,8 +46,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devtools.embedded_redis import EmbeddedRedis  # noqa: E402
+from devtools.hosted_endpoint import HostedEndpoint  # noqa: E402
 from devtools.scripted_gateway import ScriptedGateway  # noqa: E402
 from devtools.workers import worker_argv  # noqa: E402
+
+MODEL_TIMEOUT = 30.0
+STREAM = "0"
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -142,7 +152,7 @@ def _celery(app: str, queues: str, pool: str, concurrency: int) -> list[str]:
     return worker_argv(queues, name=name, pool=pool, concurrency=concurrency, loglevel="WARNING", app=app)
 
 
-def run_ours(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurrency: int, logs: Path) -> dict:
+def run_ours(srv: EmbeddedRedis, gw: Any, n: int, pool: str, concurrency: int, logs: Path) -> dict:
     """``n`` runtime turns on a fresh steps worker (``pool``, ``concurrency``) and a prefork tools worker.
     Returns ``{"wall" s, "peak" calls in flight, "unfinished", "failed", "rss" MB, "enqueue" s, "redis_calls"}``."""
     homes = Path(tempfile.mkdtemp(prefix="bench-homes-"))
@@ -153,9 +163,9 @@ def run_ours(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurr
         "OPENAI_API_KEY": "bench",
         "AGENT_HOMES_ROOT": str(homes),
         "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
-        "AGENT_MODEL_STREAM": "0",  # the floor posts plain JSON: same wire for both
+        "AGENT_MODEL_STREAM": STREAM,  # "0" by default: the floor posts plain JSON, same wire for both
         "AGENT_APPROVAL_MODE": "off",
-        "AGENT_MODEL_TIMEOUT": "120",
+        "AGENT_MODEL_TIMEOUT": str(MODEL_TIMEOUT),
     }
     env.pop("CONTROL_REDIS_URL", None)
     os.environ.update(REDIS_URL=srv.url, AGENT_EXTRA_TOOLSETS=env["AGENT_EXTRA_TOOLSETS"])
@@ -197,7 +207,14 @@ def run_ours(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurr
             statuses = p.execute()
         failed = sum(s not in (b"completed", None) for s in statuses)
         pending = [tid for tid, s in zip(ids, statuses) if s in (None, b"queued", b"running")]
+        timed_out = sum(
+            1
+            for tid in ids
+            for e in control.events(tid)
+            if e.get("kind") == "model_retry" and "timed out" in e["error"]
+        )
         return {"wall": wall, "peak": gw.peak_in_flight, "unfinished": len(pending), "failed": failed,
+                "timed_out": timed_out,
                 "rss": _peak_rss_mb(steps.pid), "enqueue": enqueued, "cpu": cpu,
                 "redis_calls": (_redis_calls(r) - calls_before) / n}  # fmt: skip
     finally:
@@ -206,7 +223,7 @@ def run_ours(srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurr
 
 
 def run_bare(
-    srv: EmbeddedRedis, gw: ScriptedGateway, n: int, pool: str, concurrency: int, logs: Path, minimal: bool = False
+    srv: EmbeddedRedis, gw: Any, n: int, pool: str, concurrency: int, logs: Path, minimal: bool = False
 ) -> dict:
     """``n`` floor turns (``bench/bare_celery.py``) on the same pools; returns the same shape as ``run_ours``."""
     # The floor posts the body the runtime posted (its tools...), with its own model and input;
@@ -214,6 +231,7 @@ def run_bare(
     posted = next(b for b in reversed(gw.requests) if b.get("tools"))
     body = {} if minimal else {k: v for k, v in posted.items() if k not in ("model", "input")}
     env = {**os.environ, "REDIS_URL": srv.url, "BENCH_MODEL_URL": gw.base_url, "BENCH_MODEL": "bench",
+           "BENCH_MODEL_TIMEOUT": str(MODEL_TIMEOUT),
            "BENCH_MODEL_BODY": json.dumps(body)}  # fmt: skip
     bench_dir = ROOT / "bench"
     steps = _spawn(_celery("bare_celery", "bare", pool, concurrency), env, bench_dir, logs / f"bare-{pool}.log")
@@ -228,7 +246,7 @@ def run_bare(
         time.sleep(6)  # no heartbeat in the floor: give both workers time to start
         if steps.poll() is not None or tools.poll() is not None:
             raise SystemExit("the bare Celery workers did not start")
-        r.delete("bare:done")
+        r.delete("bare:done", "bare:timed_out")
         profiler = _profile(steps.pid, "bare")
         tools_profiler = _profile(tools.pid, "bare-tools", children=True)
         gw.peak_in_flight = 0
@@ -247,6 +265,7 @@ def run_bare(
         _stop_profile(profiler)
         _stop_profile(tools_profiler)
         return {"wall": wall, "peak": gw.peak_in_flight, "unfinished": n - r.llen("bare:done"), "failed": 0,
+                "timed_out": int(r.get("bare:timed_out") or 0),
                 "rss": _peak_rss_mb(steps.pid), "enqueue": enqueued, "cpu": cpu,
                 "redis_calls": (_redis_calls(r) - calls_before) / n}  # fmt: skip
     finally:
@@ -254,6 +273,7 @@ def run_bare(
 
 
 def main() -> None:
+    global MODEL_TIMEOUT, STREAM
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=1000)
     parser.add_argument("--latency", type=float, default=1.0, help="seconds the model takes to answer")
@@ -266,18 +286,26 @@ def main() -> None:
         default="same",
         help="the floor's request body: the runtime's (tool definitions included) or only model and input",
     )
+    parser.add_argument("--endpoint", choices=("hosted", "scripted"), default="hosted",
+                        help="keep-alive HTTP/1.1 like a hosted API, or the scripted gateway (a connection per request)")  # fmt: skip
+    parser.add_argument("--stream", action="store_true", help="the runtime streams its model calls")
+    parser.add_argument("--model-timeout", type=float, default=MODEL_TIMEOUT, help="the model call's read timeout")
     args = parser.parse_args()
+    MODEL_TIMEOUT, STREAM = args.model_timeout, "1" if args.stream else "0"
     logs = Path(tempfile.mkdtemp(prefix="bench-concurrency-"))
     srv = EmbeddedRedis()
     srv.start()
-    gw = ScriptedGateway(latency=args.latency, streaming=False)
     step = {"output": [{"type": "function_call", "name": "read_thing", "arguments": '{"label": "x"}'}]}
-    gw.add_script("bench", [step, {"output": [{"type": "message", "text": "done"}]}])
-    gw.start()
+    script = {"bench": [step, {"output": [{"type": "message", "text": "done"}]}]}
+    if args.endpoint == "hosted":
+        gw: Any = HostedEndpoint(ScriptedGateway(script), latency=args.latency).start()
+    else:
+        gw = ScriptedGateway(script, latency=args.latency, streaming=args.stream).start()
+    print(f"model endpoint: {args.endpoint}; the runtime {'streams' if args.stream else 'posts JSON'}")
     ideal = 2 * args.latency
     print(f"{args.turns} turns (model {args.latency:g} s, tool call, model {args.latency:g} s); ideal {ideal:g} s")
     print(f"{'pool':10} {'runtime':8} {'wall s':>7} {'/ideal':>7} {'/floor':>7} {'turns/s':>8} {'in flight':>9} "
-          f"{'unfinished':>10} {'failed':>6} {'RSS MB':>7} {'enqueue s':>9} {'Redis cmds/turn':>15}   CPU ms/turn")  # fmt: skip
+          f"{'unfinished':>10} {'failed':>6} {'timed out':>9} {'RSS MB':>7} {'enqueue s':>9} {'Redis cmds/turn':>15}   CPU ms/turn")  # fmt: skip
     try:
         for pool in args.pools.split(","):
             c = args.concurrency or (args.turns if pool == "threads" else 8)
@@ -293,7 +321,7 @@ def main() -> None:
                 for name, m in (("bare", bare), ("ours", ours)):
                     print(f"{pool + ' -c ' + str(c):10} {name:8} {m['wall']:7.2f} {m['wall'] / ideal:7.2f} "
                           f"{m['wall'] / bare['wall']:7.2f} {args.turns / m['wall']:8.1f} {m['peak']:9d} "
-                          f"{m['unfinished']:10d} {m['failed']:6d} {m['rss']:7.0f} {m['enqueue']:9.2f} "
+                          f"{m['unfinished']:10d} {m['failed']:6d} {m['timed_out']:9d} {m['rss']:7.0f} {m['enqueue']:9.2f} "
                           f"{m['redis_calls']:15.0f}   "
                           + " ".join(f"{k} {v:.1f}" for k, v in m["cpu"].items()), flush=True)  # fmt: skip
             print(f"{pool}: runtime / floor, median of {args.rounds} rounds: {statistics.median(ratios):.2f}x "

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devtools.embedded_redis import EmbeddedRedis, free_port  # noqa: E402
+from devtools.node_recovery import NodeRecovery  # noqa: E402
 from devtools.workers import Supervisor, beat_command, worker_commands  # noqa: E402
 
 SCRIPT = {
@@ -172,6 +173,31 @@ def _recovery_times(control: Any, ids: list[str], events: list[tuple[float, str,
             if what in ("worker-io", "worker-tools") and node in redriven]  # fmt: skip
 
 
+def _redriven_without_a_holder(control: Any, ids: list[str]) -> tuple[set[str], set[str]]:
+    """Turns re-driven by the progress deadline (nobody knew they had stopped), and turns re-driven
+    because no message named them after a Redis restart (``tasks.watchdog.reconcile_after_restart``)."""
+    by_deadline: set[str] = set()
+    after_restart: set[str] = set()
+    for tid in ids:
+        for e in control.events(tid):
+            reason = str(e.get("reason", "")) if e.get("kind") == "turn_redriven" else ""
+            if reason.startswith("no progress"):
+                by_deadline.add(tid)
+            elif "Redis restart" in reason:
+                after_restart.add(tid)
+    return by_deadline, after_restart
+
+
+def _print_histories(control: Any, turns: list[str], events: list[tuple[float, str, str]], t0: float) -> None:
+    """What happened to ``turns`` against the chaos, in seconds since ``t0`` (the start)."""
+    for tid in turns:
+        print(f"  {tid}: " + "; ".join(
+            f"{float(e['at']) - t0:.1f} {e['kind']}" + "".join(f" {k}={e[k]}" for k in ("step", "phase", "call_id", "reason") if k in e)
+            for e in control.events(tid) if e.get("kind") not in ("model_delta",)))  # fmt: skip
+    if turns:
+        print("  chaos: " + ", ".join(f"{w - t0:.1f} {what}" for w, what, _ in events))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=200)
@@ -179,6 +205,8 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.5, help="seconds the model takes to answer")
     parser.add_argument("--redis-restarts", type=int, default=4, help="at least this many Redis crashes")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-node-recovery", action="store_true",
+                        help="the supervisor does not report deaths (heartbeat expiry only, as before)")  # fmt: skip
     args = parser.parse_args()
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="soak-"))
@@ -210,8 +238,10 @@ def main() -> None:
     get_settings.cache_clear()
     worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
     restarted: list[tuple[float, str]] = []
-    sup = Supervisor(logs, on_restart=lambda name, code: restarted.append((time.time(), name)))
-    for name, cmd in worker_commands(io_concurrency=64, tools_concurrency=2, loglevel="WARNING").items():
+    commands = worker_commands(io_concurrency=64, tools_concurrency=2, loglevel="WARNING")
+    node_recovery = None if args.no_node_recovery else NodeRecovery(set(commands))
+    sup = Supervisor(logs, on_restart=lambda name, code: restarted.append((time.time(), name)), on_exit=node_recovery)
+    for name, cmd in commands.items():
         sup.start(name, cmd, env=worker_env)
     sup.start("beat", beat_command("WARNING"), env=worker_env)
     r = redis.Redis.from_url(srv.control_url)
@@ -286,6 +316,7 @@ def main() -> None:
 
     repaid_kill, repaid_other = _paid_twice(answers, events)
     recovery = _recovery_times(control, ids, events)
+    by_deadline, after_restart = _redriven_without_a_holder(control, ids)
 
     alive_at_end = {name: proc.poll() is None for name, proc in sup.procs.items()}
     kinds = Counter(what for _, what, _ in events)
@@ -300,6 +331,9 @@ def main() -> None:
               f"min {min(recovery):.1f} s, median {statistics.median(recovery):.1f} s, max {max(recovery):.1f} s")  # fmt: skip
     else:
         print("recovery: no worker-main kill held a turn")
+    print(f"turns re-driven by the progress deadline: {len(by_deadline)} {sorted(by_deadline)}; "
+          f"re-driven because no message named them after a Redis restart: {len(after_restart)}")  # fmt: skip
+    _print_histories(control, sorted(by_deadline), events, time.time() - (time.monotonic() - started))
     print(f"alive at the end: {alive_at_end}")
     sup.stop()
     gateway.kill()

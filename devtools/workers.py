@@ -126,11 +126,19 @@ class Supervisor:
 
     ``logdir``: each process appends its output to ``<logdir>/<name>.log`` (None: inherit).
     ``on_restart(name, returncode)`` is called before each restart (for a console line).
+    ``on_exit(name, pid, returncode)`` is called as soon as an exit is seen, before the backoff
+    (``devtools.node_recovery.NodeRecovery`` re-drives a dead worker's turns from there).
     """
 
-    def __init__(self, logdir: Path | None = None, on_restart: Callable[[str, int | None], None] | None = None):
+    def __init__(
+        self,
+        logdir: Path | None = None,
+        on_restart: Callable[[str, int | None], None] | None = None,
+        on_exit: Callable[[str, int, int | None], None] | None = None,
+    ):
         self.logdir = logdir
         self.on_restart = on_restart or (lambda name, code: log.warning("%s exited (%s); restarting", name, code))
+        self.on_exit = on_exit
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.commands: dict[str, list[str]] = {}
         self.envs: dict[str, dict[str, str] | None] = {}
@@ -171,7 +179,7 @@ class Supervisor:
 
     def _watch(self) -> None:
         backoff: dict[str, float] = {}
-        while not self._stopping.wait(0.5):
+        while not self._stopping.wait(0.1):  # a poll() per process: an exit is seen within 0.1 s
             with self._lock:
                 items = list(self.procs.items())
             for name, proc in items:
@@ -181,6 +189,8 @@ class Supervisor:
                 if time.monotonic() - self._started_at.get(name, 0.0) >= STABLE_AFTER:
                     backoff[name] = 1.0  # it had been running fine: not a crash loop
                 delay = backoff.get(name, 1.0)
+                if self.on_exit is not None:
+                    self.on_exit(name, proc.pid, code)
                 self.on_restart(name, code)
                 if self._stopping.wait(delay):
                     return
@@ -224,12 +234,15 @@ def main() -> None:
     if not os.environ.get("REDIS_URL"):
         raise SystemExit("set REDIS_URL to the Redis of your stack (make redis starts one)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor: %(message)s")
+    from devtools.node_recovery import NodeRecovery
+
     try:
         envs = {name: pool_env(name) for name in worker_commands(tag="x")}
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    sup = Supervisor()
-    for name, cmd in worker_commands().items():
+    commands = worker_commands()
+    sup = Supervisor(on_exit=NodeRecovery(set(commands)))
+    for name, cmd in commands.items():
         sup.start(name, cmd, env=envs[name])
     if args.beat:
         sup.start("beat", beat_command())

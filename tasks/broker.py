@@ -10,7 +10,12 @@ content) and keeps consuming. A well-formed envelope goes to Celery, which rejec
 bad body itself (``on_decode_error``); when Celery's error path raises too (an
 unknown task name with a pickle body), the message is dropped the same way.
 
-It also survives a Redis restart with tasks in flight (``Channel._connparams``).
+It also survives a Redis restart with tasks in flight (``Channel._connparams``), and an ack
+that fails because Redis is away is retried until Redis answers (``QoS``) instead of leaving the
+message in ``unacked`` until ``visibility_timeout`` (an hour) redelivers it.
+
+``orphaned_deliveries`` and ``restore`` give back, at once, the messages a dead worker had fetched
+but nobody holds (``tasks.watchdog.recover_node``): without them they wait for the visibility timeout.
 
 Selected with ``broker_transport`` in ``tasks.app`` (an explicit transport wins over
 the URL's scheme in kombu, so ``REDIS_URL`` stays a plain ``redis://`` URL).
@@ -22,11 +27,15 @@ import base64
 import binascii
 import json
 import logging
+import threading
+import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import redis
+from kombu import serialization
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +81,84 @@ def _dropped(queue: str, size: int | None, reason: str) -> None:
     logger.warning("dropped a malformed message from queue %r (%s bytes): %s", queue, size, reason)
 
 
+# How often a process retries the acks Redis did not take (seconds), and for how long at most
+# (after the visibility timeout kombu restores the message anyway).
+LATE_ACK_INTERVAL = 1.0
+LATE_ACK_GIVE_UP = 3600.0
+
+
+class _LateAcks:
+    """Acks that failed on a Redis outage: ``(unacked key, index key, delivery tag)`` retried by a
+    daemon thread every ``LATE_ACK_INTERVAL`` s through ``client`` until Redis takes them."""
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[str, str, str], float] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.client: Any = None
+
+    def add(self, client: Any, key: str, index_key: str, tag: str) -> None:
+        with self._lock:
+            self.client = client
+            self._pending[(key, index_key, tag)] = time.monotonic()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="late-acks", daemon=True)
+                self._thread.start()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(LATE_ACK_INTERVAL)
+            with self._lock:
+                items = list(self._pending.items())
+                client = self.client
+            if not items:
+                return
+            try:
+                with client.pipeline() as p:
+                    for (key, index_key, tag), _ in items:
+                        p.zrem(index_key, tag)
+                        p.hdel(key, tag)
+                    p.execute()
+            except (redis.ConnectionError, redis.TimeoutError):
+                now = time.monotonic()
+                with self._lock:
+                    for k, since in items:
+                        if now - since > LATE_ACK_GIVE_UP:
+                            self._pending.pop(k, None)
+                continue
+            with self._lock:
+                for k, _ in items:
+                    self._pending.pop(k, None)
+            logger.warning("acked %d message(s) late, after Redis came back", len(items))
+
+
+LATE_ACKS = _LateAcks()
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's Redis QoS; an ack that Redis does not take (it is restarting) is retried, not lost.
+
+    Stock kombu raises, Celery logs "Couldn't ack ..." and the message stays in ``unacked`` until
+    ``visibility_timeout`` passes, then runs again (dropped by fencing, an hour later)."""
+
+    def ack(self, delivery_tag: str) -> None:
+        try:
+            self._remove_from_indices(delivery_tag).execute()  # type: ignore[attr-defined]  # kombu's Redis QoS (not in its stubs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            logger.warning("ack of %s deferred until Redis answers: %s", delivery_tag, exc)
+            with self.channel.conn_or_acquire() as client:  # type: ignore[attr-defined]  # the Redis channel's
+                LATE_ACKS.add(client, self.unacked_key, self.unacked_index_key, delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
+
+
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel; a queue item that is not JSON is dropped instead of killing the loop."""
+
+    QoS = QoS
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -141,3 +226,68 @@ class Transport(kombu_redis.Transport):
         for channel in self.channels or ():
             if delivery_tag in getattr(channel.qos, "_delivered", {}):
                 channel.qos.ack(delivery_tag)
+
+
+def orphaned_deliveries(
+    client: Any, *, before: float, held: set[str], tasks: Iterable[str], key: str = "unacked"
+) -> list[tuple[str, str]]:
+    """Messages fetched from a queue (in kombu's ``unacked`` hash, delivered before ``before``, a
+    ``time.time()``) whose task is one of ``tasks`` and whose task id is not in ``held`` (the tasks
+    live workers hold). Returns ``[(delivery_tag, task_id)]``. Raises redis errors."""
+    names = set(tasks)
+    found = []
+    for tag, raw in client.hscan_iter(key):
+        try:
+            message = json.loads(raw)[0]
+            headers = message.get("headers") or {}
+            task_id, task = headers.get("id"), headers.get("task")
+        except (ValueError, TypeError, IndexError, AttributeError):
+            continue
+        if task in names and task_id not in held:
+            found.append((tag.decode() if isinstance(tag, bytes) else tag, str(task_id)))
+    if not found:
+        return []
+    with client.pipeline(transaction=False) as p:
+        for tag, _ in found:
+            p.zscore(f"{key}_index", tag)
+        scores = p.execute()
+    return [f for f, at in zip(found, scores, strict=True) if at is not None and at <= before]
+
+
+def restore(channel: Any, tags: Iterable[str]) -> int:
+    """Put these fetched messages back on their queues now (kombu's own restore path, as the
+    visibility timeout would); returns how many. ``channel`` is a channel of this transport."""
+    n = 0
+    for tag in tags:
+        channel.qos.restore_by_tag(tag)
+        n += 1
+    return n
+
+
+def _turn_of(raw: bytes | str, tasks: set[str]) -> str | None:
+    """The turn id (first argument) of a queued or fetched message of one of ``tasks``, or None."""
+    try:
+        message = json.loads(raw)
+        if isinstance(message, list):  # an ``unacked`` entry: [message, exchange, routing key]
+            message = message[0]
+        if (message.get("headers") or {}).get("task") not in tasks:
+            return None
+        body = message.get("body") or ""
+        if (message.get("properties") or {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = serialization.loads(body, message.get("content-type"), message.get("content-encoding") or "utf-8")[0]
+        return str(args[0])
+    except Exception:  # not ours to judge here (tasks.broker.Transport drops malformed messages)
+        return None
+
+
+def turns_named_by_messages(client: Any, queues: Iterable[str], tasks: Iterable[str]) -> set[str]:
+    """Turn ids that a message of ``tasks`` names, queued in ``queues`` or fetched (``unacked``),
+    read in one transaction (a message moving from one to the other is seen once). Raises redis errors."""
+    names = set(tasks)
+    with client.pipeline(transaction=True) as p:
+        for q in queues:
+            p.lrange(q, 0, -1)
+        p.hvals("unacked")
+        replies = p.execute()
+    return {t for raws in replies for t in (_turn_of(raw, names) for raw in raws) if t is not None}

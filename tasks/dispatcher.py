@@ -9,21 +9,44 @@ result backend for every message.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from celery import chain, group
+from kombu.exceptions import OperationalError
 
 from tasks.app import app
 from tasks.services import turn_services
 from worker.placement.records import Placement, node_queue
+from worker.settings import get_settings
 from worker.tooling.contract import ToolServices
 from worker.turn.dispatch import Batch
 from worker.turn.interfaces import ComputerCalls
+from worker.turn.outage import BrokerUnavailable, until_redis_answers
 from worker.turn.request import TurnRequest
 
 TURN_STEP = "tasks.turns.turn_step"
 TOOL_CALL = "tasks.turns.tool_call"
 TURN_FINISHED = "tasks.turns.turn_finished"
+
+
+def _publish(send: Callable[[], Any], what: str, *, wait: bool) -> None:
+    """``send()``, a broker publish; while the broker does not answer (kombu's
+    ``OperationalError`` once Celery's own publish retries are spent, e.g. Redis restarting), try
+    again with backoff up to ``Settings.redis_outage_timeout`` when ``wait``. The state transition
+    that decided this message is already stored, so running the whole step again would find it
+    stale and publish nothing: the wait is here. A message sent twice (a group published in
+    part) runs once: steps are fenced, calls claimed. Raises ``BrokerUnavailable``."""
+
+    def once() -> None:
+        try:
+            send()
+        except OperationalError as exc:
+            raise BrokerUnavailable(f"broker publish failed: {exc}") from exc
+
+    if not wait:
+        once()
+        return
+    until_redis_answers(once, what=what, timeout=get_settings().redis_outage_timeout)
 
 
 class CeleryDispatcher:
@@ -39,6 +62,9 @@ class CeleryDispatcher:
         # A control plane may name its own Redis; workers use the app's broker.
         self._broker_url = broker_url
         self._conn: Any = None
+        # A worker waits a broker outage out (its step's state is already stored); a control
+        # plane (its own broker URL) fails fast and lets its caller decide.
+        self._wait = broker_url is None
         self.placement = placement
 
     def _options(self) -> dict[str, Any]:
@@ -50,9 +76,13 @@ class CeleryDispatcher:
 
     def enqueue_step(self, turn_id: str, step: int, *, queue: str, label: str = "") -> None:
         """Send ``turn_step(turn_id, step)`` to ``queue``; ``label`` is what Flower shows as its args."""
-        app.signature(TURN_STEP, (turn_id, step)).apply_async(
-            queue=queue, ignore_result=True, argsrepr=label or f"turn={turn_id} step={step}", **self._options()
-        )
+        sig = app.signature(TURN_STEP, (turn_id, step))
+        options: dict[str, Any] = {
+            "queue": queue,
+            "ignore_result": True,
+            "argsrepr": label or f"turn={turn_id} step={step}",
+        }
+        _publish(lambda: sig.apply_async(**options, **self._options()), f"step {step} of {turn_id}", wait=self._wait)
 
     def dispatch_batch(
         self,
@@ -89,17 +119,18 @@ class CeleryDispatcher:
         # A control plane on its own broker (an approval releasing a batch) sends there, not to the app's.
         options = self._options()
         if len(sigs) == 1:
-            sigs[0].apply_async(**options)
+            sig: Any = sigs[0]
         elif batch.mode == "parallel":
-            group(sigs).apply_async(**options)
+            sig = group(sigs)
         else:
-            chain(*sigs).apply_async(**options)
+            sig = chain(*sigs)
+        _publish(lambda: sig.apply_async(**options), f"calls of step {step} of {turn_id}", wait=self._wait)
 
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""
-        app.signature(TURN_FINISHED, (turn_id,)).apply_async(
-            queue="turns", ignore_result=True, argsrepr=f"turn={turn_id}", **self._options()
-        )
+        sig = app.signature(TURN_FINISHED, (turn_id,))
+        options: dict[str, Any] = {"queue": "turns", "ignore_result": True, "argsrepr": f"turn={turn_id}"}
+        _publish(lambda: sig.apply_async(**options, **self._options()), f"end of {turn_id}", wait=self._wait)
 
     def services(self, request: TurnRequest) -> ToolServices:
         """The edge's tool services (``tasks.services.turn_services``)."""

@@ -4,7 +4,10 @@
   (``worker.turn.gate.ApprovalGate.expire``), which resumes their turns;
 - re-drives every turn held by a worker node whose heartbeat stopped (``tasks.liveness``): a
   killed worker's turns recover within about ``2 * liveness_ttl``, not after the broker's
-  ``visibility_timeout``;
+  ``visibility_timeout``; a node's supervisor that sees its process exit calls ``recover_node``
+  itself, at once (``devtools.node_recovery``);
+- once after each Redis restart, re-drives the active turns no message names and no node holds
+  (``reconcile_after_restart``: a message lost with the crash);
 - re-drives the turns whose tool calls wait in the queue of a node that died holding homes
   (``tasks.placement.rescue_dead_queues``): their calls are re-sent through placement;
 - re-drives turns whose progress deadline passed (a lost message, a crash between barrier and
@@ -22,11 +25,91 @@ as failures like the ones a step ends (``tasks.turns``).
 
 from __future__ import annotations
 
-from tasks.app import app
+import time
+
+from tasks.app import QUEUES, app
+from tasks.broker import orphaned_deliveries, restore, turns_named_by_messages
+from tasks.liveness import TURN_TASKS
 from tasks.placement import rescue_dead_queues
 from tasks.runtime import get_engine
 from tasks.turns import TurnFailed
-from worker.placement.records import Placement
+from worker.placement.records import QUEUE_PREFIX, Placement
+from worker.turn.engine import TurnEngine
+from worker.turn.request import TurnStatus
+
+
+def recover_node(
+    engine: TurnEngine, node: str, *, known_dead: bool = False, taken: set[str] | None = None
+) -> dict[str, str]:
+    """Re-drive the turns that dead ``node`` (``host:pid``) held; returns ``{turn_id: action}``.
+
+    ``known_dead``: its supervisor saw the process exit (drop the heartbeat now, no grace; the
+    task ids it held are added to ``taken``); otherwise the watchdog found the heartbeat expired.
+    Raises redis errors."""
+    limit = engine.settings.max_redrives
+    if known_dead:
+        held = engine.liveness.bury(node)
+        if taken is not None:
+            taken.update(held)
+        turns = set(held.values())
+    else:
+        turns = engine.liveness.take_held_turns(node)
+    return {t: engine.redrive(t, limit, reason=f"worker {node} stopped").action for t in sorted(turns)}
+
+
+def restore_orphans(engine: TurnEngine, *, before: float, skip: frozenset[str] | set[str] = frozenset()) -> int:
+    """Give back to their queues the turn messages fetched before ``before`` (``time.time()``) that
+    no live node holds, nor ``skip`` (task ids whose turns were just re-driven): a process that died
+    between fetching a message and recording it as held (``tasks.liveness``) left it in the
+    broker's ``unacked`` until ``visibility_timeout``. A message given back twice runs once (steps
+    are fenced, calls claimed). Returns how many. Raises redis errors."""
+    held = set(engine.liveness.held_by_live_nodes()) | set(skip)
+    found = orphaned_deliveries(engine.store.r, before=before, held=held, tasks=TURN_TASKS)
+    if not found:
+        return 0
+    with app.connection_for_write() as conn:
+        return restore(conn.default_channel, [tag for tag, _ in found])
+
+
+# After a Redis restart: wait this long (reconnects, held tasks written again), then compare once.
+SETTLE_AFTER_RESTART = 3.0
+# A turn that progressed this recently may be between two messages: not judged.
+QUIET_FOR = 3.0
+
+
+def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
+    """Once per Redis server run (``run_id``), ``SETTLE_AFTER_RESTART`` s after it started: re-drive
+    every active turn that no message names (queued or fetched) and no live node holds.
+
+    A Redis crash can take a message with it: popped by a consumer (``BRPOP``) whose next command,
+    recording it as fetched, found Redis gone. Nothing else would name that turn before its
+    progress deadline. A turn parked on approvals, that progressed in the last ``QUIET_FOR`` s, or
+    whose deadline already passed (the progress deadline re-drives it in the same sweep), is left
+    alone. Returns ``{turn_id: action}``. Raises redis errors."""
+    r = engine.store.r
+    info = r.info("server")
+    if float(info.get("uptime_in_seconds", 0)) < SETTLE_AFTER_RESTART:
+        return {}
+    if not r.set(f"agent:reconciled:{info.get('run_id')}", time.time(), nx=True, ex=86400):
+        return {}
+    now = time.time()
+    quiet_since = now + engine.settings.progress_timeout - QUIET_FOR
+    # Overdue turns are left to the progress deadline, in this same sweep.
+    watched = {t.decode() for t in r.zrangebyscore("turns:watch", f"({now}", quiet_since)}
+    if not watched:
+        return {}
+    node_queues = [q.decode() for q in r.scan_iter(match=f"{QUEUE_PREFIX}*", _type="list")]
+    named = turns_named_by_messages(r, [*QUEUES, *node_queues], TURN_TASKS)
+    named |= set(engine.liveness.held_by_live_nodes().values())
+    done = {}
+    for turn_id in sorted(watched - named):
+        state = engine.store.load(turn_id)
+        if state is None or state.status.terminal or state.status == TurnStatus.awaiting_approval:
+            continue
+        done[turn_id] = engine.redrive(
+            turn_id, engine.settings.max_redrives, reason="no message after a Redis restart"
+        ).action
+    return done
 
 
 @app.task(name="tasks.watchdog.sweep", acks_late=True, send_events=False)
@@ -38,9 +121,12 @@ def sweep() -> dict[str, str]:
     done: dict[str, str] = {}
     for turn_id, n in engine.approvals.expire().items():  # before the re-drives: an expiry resumes the turn
         done[turn_id] = f"{n} approvals expired"
-    for node in engine.liveness.dead_nodes():
-        for turn_id in sorted(engine.liveness.take_held_turns(node)):
-            done[turn_id] = engine.redrive(turn_id, limit, reason=f"worker {node} stopped").action
+    dead = engine.liveness.dead_nodes()
+    for node in dead:
+        done.update(recover_node(engine, node))
+    if dead:  # a heartbeat gone for a TTL: what the node fetched before then is nobody's now
+        restore_orphans(engine, before=time.time() - engine.settings.liveness_ttl)
+    done.update(reconcile_after_restart(engine))
     for node, turns in rescue_dead_queues(Placement(engine.store.r, engine.settings.liveness_ttl)).items():
         for turn_id in sorted(turns - set(done)):
             done[turn_id] = engine.redrive(turn_id, limit, reason=f"home node {node} stopped").action

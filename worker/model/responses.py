@@ -19,8 +19,11 @@ a stream cut before its terminal event and an ``error`` event are retryable; oth
 
 from __future__ import annotations
 
+import ssl
+import threading
 from typing import Any
 
+import certifi
 import httpx
 import orjson
 from httpx_sse import EventSource, connect_sse
@@ -35,8 +38,16 @@ class ResponsesClient:
     """Synchronous Responses API client (implements ``ModelClient``).
 
     ``base_url`` like ``https://api.openai.com/v1``; ``timeout`` and ``connect_timeout`` in
-    seconds; ``max_connections`` bounds the model calls in flight. The API key is sent as a
-    bearer token and never logged. Reuse one instance per process (it pools connections).
+    seconds; ``max_connections`` bounds the connections of each thread's pool. The API key is
+    sent as a bearer token and never logged. Reuse one instance per process.
+
+    Each thread gets its own ``httpx.Client`` (its own keep-alive pool; one TLS context for
+    all): httpcore's sync pool, shared by hundreds of threads, closes connections that another
+    thread was handed and is about to use or already uses (surplus keep-alive, keep-alive
+    expiry; encode/httpcore#1110), and that thread either fails with ``EBADF`` or waits in a
+    ``poll()`` that nothing wakes until its read timeout. With one pool per thread, a pool's
+    clean-up only ever closes its own thread's idle connections. ``transport``, when given, is
+    shared by every thread's client (tests).
     """
 
     def __init__(
@@ -52,18 +63,43 @@ class ResponsesClient:
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            # One connection per model call in flight: an I/O pool runs hundreds at once.
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
-        )
+        self._base_url = base_url.rstrip("/")
+        self._headers = headers
+        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._transport = transport
+        self._tls: ssl.SSLContext | None = None
+        self._local = threading.local()
+        self._clients: list[httpx.Client] = []
+        self._lock = threading.Lock()
+
+    @property
+    def http(self) -> httpx.Client:
+        """This thread's ``httpx.Client`` (base URL and headers set)."""
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            with self._lock:
+                if self._tls is None:  # loading the CA bundle costs ~10 ms: once per process, not per thread
+                    self._tls = ssl.create_default_context(cafile=certifi.where())
+                client = httpx.Client(
+                    base_url=self._base_url,
+                    headers=self._headers,
+                    timeout=self._timeout,
+                    limits=self._limits,
+                    transport=self._transport,
+                    verify=self._tls,
+                )
+                self._clients.append(client)
+            self._local.client = client
+        return client
 
     def close(self) -> None:
-        """Close the pooled connections."""
-        self._client.close()
+        """Close every thread's pooled connections."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+        self._local = threading.local()
 
     @staticmethod
     def wire_body(request: ModelRequest) -> dict[str, Any]:
@@ -83,7 +119,7 @@ class ResponsesClient:
     def create(self, request: ModelRequest) -> ModelReply:
         """POST the request; return the parsed reply. Raises ``GatewayError``."""
         try:
-            resp = self._client.post("/responses", content=orjson.dumps(self.wire_body(request)))
+            resp = self.http.post("/responses", content=orjson.dumps(self.wire_body(request)))
         except httpx.TimeoutException as exc:
             raise GatewayError(f"model call timed out: {exc.__class__.__name__}", retryable=True) from exc
         except httpx.TransportError as exc:
@@ -99,7 +135,7 @@ class ResponsesClient:
         """
         body = {**self.wire_body(request), "stream": True}
         try:
-            with connect_sse(self._client, "POST", "/responses", content=orjson.dumps(body)) as source:
+            with connect_sse(self.http, "POST", "/responses", content=orjson.dumps(body)) as source:
                 resp = source.response
                 if resp.status_code >= 400:
                     resp.read()
@@ -117,7 +153,8 @@ class ResponsesClient:
 def _read_events(source: EventSource, on_delta: OnDelta) -> ModelReply:
     """Read a Responses event stream up to its terminal event, reporting deltas."""
     calls: dict[int, tuple[str | None, str | None]] = {}  # output_index -> (call_id, name)
-    for sse in source.iter_sse():
+    events = source.iter_sse()
+    for sse in events:
         if not sse.data or sse.data == "[DONE]":
             continue
         try:
@@ -136,7 +173,10 @@ def _read_events(source: EventSource, on_delta: OnDelta) -> ModelReply:
             call_id, name = calls.get(index, (None, None))
             on_delta(Delta("arguments", index, str(event.get("delta") or ""), call_id, name))
         elif kind in ("response.completed", "response.incomplete", "response.failed"):
-            return parse_response(event.get("response"))  # response.failed raises, not retryable
+            reply = parse_response(event.get("response"))  # response.failed raises, not retryable
+            for _ in events:  # read to the stream's end: a keep-alive connection goes back to its pool
+                pass
+            return reply
         elif kind == "error":
             code = event.get("code") or ""
             raise GatewayError(

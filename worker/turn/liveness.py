@@ -60,6 +60,10 @@ def held_key(node_id: str) -> str:
     return f"agent:node:{node_id}:tasks"
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _pid_gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -152,6 +156,32 @@ class Liveness:
             if now - since >= self.ttl:
                 dead.append(node_id)
         return dead
+
+    def bury(self, node_id: str) -> dict[str, str]:
+        """A node known dead (its supervisor saw its process exit): drop its heartbeat and take what
+        it held (``task_id`` -> ``turn_id``), without waiting for the heartbeat to expire."""
+        key = held_key(node_id)
+        with self.r.pipeline() as p:
+            p.hgetall(key)
+            p.delete(key, _alive_key(node_id), f"agent:suspect:{node_id}")
+            p.srem(NODES_KEY, node_id)
+            p.set(f"agent:dead:{node_id}", time.time(), ex=86400)
+            held, *_ = p.execute()
+        return {_text(k): _text(v) for k, v in held.items()}
+
+    def held_by_live_nodes(self) -> dict[str, str]:
+        """``task_id`` -> ``turn_id`` of what nodes with a live heartbeat hold (received, reserved or running)."""
+        nodes = [_text(n) for n in self.r.smembers(NODES_KEY)]
+        with self.r.pipeline(transaction=False) as p:
+            for n in nodes:
+                p.exists(_alive_key(n))
+                p.hgetall(held_key(n))
+            replies = p.execute()
+        held: dict[str, str] = {}
+        for alive, tasks in zip(replies[::2], replies[1::2], strict=True):
+            if alive:
+                held.update({_text(k): _text(v) for k, v in tasks.items()})
+        return held
 
     def take_held_turns(self, node_id: str) -> set[str]:
         """The turns a dead node held; forgets the node. Each turn id once."""

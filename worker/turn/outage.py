@@ -23,8 +23,14 @@ log = logging.getLogger("agent.loop")
 
 T = TypeVar("T")
 
+
+class BrokerUnavailable(ConnectionError):
+    """The message broker did not take a message (the Celery edge converts its transport's
+    connection errors into this: ``worker/`` knows no broker library)."""
+
+
 # What counts as "Redis is not answering" (a reply from Redis, even an error, is not an outage).
-OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError, BrokerUnavailable)
 
 
 class Unsaved:
