@@ -8,7 +8,7 @@ prerequisites are absent contributes nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from worker.tooling.contract import WorkerTool
 from worker.tools.background_jobs import create_background_job_tools
@@ -22,21 +22,29 @@ from worker.tools.workflow import create_workflow_tools
 from worker.turn.context import TurnContext
 
 
+def _todo_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
+    return [create_todo_tool(ctx)]
+
+
+# The main text-turn catalog's categories, in order. A new category is one entry here (and its own
+# module and test): tests/test_assembly.py and docs/layout.md read this tuple.
+TEXT_TURN_CATEGORIES: tuple[Callable[[TurnContext], list[WorkerTool[Any]]], ...] = (
+    _todo_tools,
+    create_computer_tools,
+    create_web_tools,
+    create_schedule_tools,
+    create_background_job_tools,
+    create_workflow_tools,
+)
+
+
 def text_turn_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
-    """The main text-turn tool set, in this order: todo, computer, web, schedule,
-    background job and workflow tools. Each creator returns ``[]`` when its
+    """The main text-turn tool set: each of ``TEXT_TURN_CATEGORIES`` in order (todo, computer, web,
+    schedule, background job and workflow tools). Each creator returns ``[]`` when its
     prerequisites are absent (no web profile bound, the turn may not spawn jobs,
     a workflow task turn never gets workflow tools).
     """
-    tools: list[WorkerTool[Any]] = [
-        create_todo_tool(ctx),
-        *create_computer_tools(ctx),
-        *create_web_tools(ctx),
-        *create_schedule_tools(ctx),
-        *create_background_job_tools(ctx),
-        *create_workflow_tools(ctx),
-    ]
-    return tools
+    return [tool for create in TEXT_TURN_CATEGORIES for tool in create(ctx)]
 
 
 def workflow_task_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
