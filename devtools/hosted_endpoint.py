@@ -5,7 +5,7 @@ closing its connection. A hosted Responses API (api.openai.com and its peers) sp
 and keeps connections alive: a JSON answer carries ``Content-Length``, a stream is sent with
 ``Transfer-Encoding: chunked`` and ends with the last chunk, and the client reuses the
 connection for its next request. A client pool shared by hundreds of threads behaves
-differently against the two (DESIGN-NOTES section 11), so the concurrency bench and the
+differently against the two (bench/README.md, "Keep-alive endpoint and the hung model call"), so the concurrency bench and the
 client's regression tests use this front.
 
 ``HostedEndpoint(gateway, latency=...)`` serves ``POST /v1/responses`` (JSON or, with
