@@ -261,8 +261,8 @@ def test_metrics_endpoint_moves_after_a_turn(ops_worker, gateway, script_name):
 
     def moved():
         after = _scrape(ops_worker["port"])
-        done = _value(after, "agent_turns_ended_total", status="completed") > _value(
-            before, "agent_turns_ended_total", status="completed"
+        done = _value(after, "agent_turns_ended_total", status="completed", reason="none") > _value(
+            before, "agent_turns_ended_total", status="completed", reason="none"
         )
         return after if done else None
 
@@ -275,6 +275,9 @@ def test_metrics_endpoint_moves_after_a_turn(ops_worker, gateway, script_name):
     assert delta("agent_tool_call_seconds_count", tool="read_thing") >= 2
     assert delta("agent_tool_call_seconds_sum", tool="read_thing") > 0
     assert delta("agent_model_call_seconds_count", model=script_name) == 2
+    # outcome and error-class labels: both model calls answered, both read_thing calls ran fine
+    assert delta("agent_model_calls_total", model=script_name, outcome="ok", error_class="none") == 2
+    assert delta("agent_tool_calls_total", tool="read_thing", outcome="ok", error_class="none") >= 2
     assert delta("agent_argument_repairs_total", kind="code_fence") >= 1, sorted(
         k for k in after if k[0] == "agent_argument_repairs_total"
     )

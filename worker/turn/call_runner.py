@@ -172,6 +172,7 @@ class CallRunner:
                 result = _failure(call, exc)
             telemetry.tool_outcome(span, result, record)
         metrics.TOOL_CALL_SECONDS.labels(call.name).observe(time.perf_counter() - started_at)
+        metrics.tool_call_finished(call.name, result.is_error, result.details)
         return result
 
     def _held_elsewhere(self, call: PlannedCall, claim: dict[str, Any]) -> tuple[bool, CallResult | None]:

@@ -45,7 +45,7 @@ class TurnEnd:
             store.event(
                 turn_id, "turn_finished", status=status.value, error=error, final_output=final_output, usage=usage
             )
-        metrics.TURNS_ENDED.labels(status.value).inc()
+        metrics.turn_ended(status.value, error)
         if telemetry.tracing_active():
             self._root_span(turn_id, status, error, usage)
         if store.awaits_hooks(turn_id) if hooks is None else hooks:

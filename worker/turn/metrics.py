@@ -5,14 +5,17 @@ The objects live in the default registry of the process. A worker serves them on
 counts); a process that serves nothing (a control plane) just counts in memory, unread.
 Names and labels (docs/operations.md, "Metrics"):
 
-- ``agent_turns_started_total{queue}``, ``agent_turns_ended_total{status}``;
+- ``agent_turns_started_total{queue}``, ``agent_turns_ended_total{status,reason}``;
 - ``agent_model_call_seconds{model}``, ``agent_tool_call_seconds{tool}`` (histograms);
+- ``agent_model_calls_total{model,outcome,error_class}``, ``agent_tool_calls_total{tool,outcome,error_class}``;
 - ``agent_argument_repairs_total{kind}``, ``agent_invalid_calls_total{tool,kind}``;
 - ``agent_tokens_total{model,kind}`` (kind: input, output, cached, reasoning);
 - ``agent_watchdog_redrives_total``;
 - ``agent_turns_in_flight`` (served by ``tasks.metrics`` from Redis at scrape time).
 
-Label values are bounded: a tool name the turn does not offer is counted as ``(unknown)``.
+Label values are bounded: a tool name the turn does not offer is counted as ``(unknown)``;
+``outcome``, ``error_class`` and ``reason`` take only the values of the tables below (anything
+else is ``other``), so an alert can group by them without a series per error message.
 """
 
 from __future__ import annotations
@@ -26,7 +29,17 @@ _MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
 _TOOL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 TURNS_STARTED = Counter("agent_turns_started", "Turns that started running (first model step).", ["queue"])
-TURNS_ENDED = Counter("agent_turns_ended", "Turns that reached a terminal status.", ["status"])
+TURNS_ENDED = Counter(
+    "agent_turns_ended", "Turns that reached a terminal status, with the class of the reason.", ["status", "reason"]
+)
+MODEL_CALLS = Counter(
+    "agent_model_calls", "Model calls by outcome (ok, error) and error class.", ["model", "outcome", "error_class"]
+)
+TOOL_CALLS = Counter(
+    "agent_tool_calls",
+    "Tool calls that ran, by outcome (ok, error) and error class.",
+    ["tool", "outcome", "error_class"],
+)
 MODEL_CALL_SECONDS = Histogram(
     "agent_model_call_seconds", "Latency of Responses API calls.", ["model"], buckets=_MODEL_BUCKETS
 )
@@ -55,3 +68,79 @@ def tokens_used(model: str, usage: dict[str, int]) -> None:
         n = usage.get(f"{kind}_tokens", 0)
         if n:
             TOKENS.labels(model, kind).inc(n)
+
+
+# A tool result's ``details.error`` kinds (``worker.turn.state.CallResult``) kept as error classes;
+# a tool's own error result without one is ``tool_error``.
+_TOOL_ERROR_CLASSES = frozenset(
+    {"exception", "interrupted", "outcome_unknown", "rejected", "expired", "timeout", "invalid_edit", "moved"}
+)
+
+
+def tool_call_finished(tool: str, is_error: bool, details: dict[str, Any]) -> None:
+    """Count one tool call that ran: ``outcome`` ok or error; ``error_class`` from the result's
+    ``details.error`` (``none`` for ok, ``tool_error`` for a tool's own error result, ``other``
+    for a kind outside ``_TOOL_ERROR_CLASSES``)."""
+    if not is_error:
+        TOOL_CALLS.labels(tool, "ok", "none").inc()
+        return
+    kind = details.get("error")
+    error_class = "tool_error" if not kind else kind if kind in _TOOL_ERROR_CLASSES else "other"
+    TOOL_CALLS.labels(tool, "error", error_class).inc()
+
+
+def gateway_error_class(status_code: int | None) -> str:
+    """The class of a failed model call: ``transport`` (no HTTP answer: connect, read, timeout),
+    ``timeout`` (408), ``rate_limited`` (429), ``conflict`` (409), ``server`` (5xx), ``client``
+    (any other 4xx: the request is wrong), ``other``."""
+    if status_code is None:
+        return "transport"
+    named = {408: "timeout", 409: "conflict", 429: "rate_limited"}
+    if status_code in named:
+        return named[status_code]
+    if 500 <= status_code < 600:
+        return "server"
+    return "client" if 400 <= status_code < 500 else "other"
+
+
+def model_call_finished(model: str, status_code: int | None = None, failed: bool = False) -> None:
+    """Count one model call: ok, or error with ``gateway_error_class(status_code)``."""
+    if failed:
+        MODEL_CALLS.labels(model, "error", gateway_error_class(status_code)).inc()
+    else:
+        MODEL_CALLS.labels(model, "ok", "none").inc()
+
+
+# The reason class of an ended turn, from the first words of its error (the texts the runtime
+# writes: worker/turn and tasks/turns.py); ``none`` for a turn that ended without an error.
+_REASONS = (
+    ("model gateway failed after retries", "model_unavailable"),
+    ("internal error", "internal_error"),
+    ("cancelled", "cancelled"),
+    ("stopped after", "max_model_calls"),
+    ("the model sent invalid arguments", "invalid_arguments"),
+    ("the model replied without calling", "no_submission"),
+    ("the model's answer stopped at the output-token limit", "output_token_limit"),
+)
+
+
+def turn_reason(status: str, error: str | None) -> str:
+    """The bounded reason class of a turn that ended with ``status`` and ``error``."""
+    if not error:
+        return "none"
+    text = error.lower()
+    for prefix, reason in _REASONS:
+        if text.startswith(prefix):
+            return reason
+    if "re-drives" in text:
+        return "watchdog"
+    if status == "budget_exceeded":
+        return "token_budget"
+    if status == "failed" and ("http" in text or "model" in text):
+        return "model_rejected"
+    return "other"
+
+
+def turn_ended(status: str, error: str | None) -> None:
+    """Count a turn that reached a terminal status, with its reason class (``turn_reason``)."""
+    TURNS_ENDED.labels(status, turn_reason(status, error)).inc()

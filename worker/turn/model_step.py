@@ -176,12 +176,14 @@ class ModelStep:
                 reply = self._create(turn_id, step, prepared.model_request)
             except GatewayError as exc:
                 metrics.MODEL_CALL_SECONDS.labels(model).observe(time.perf_counter() - started)
+                metrics.model_call_finished(model, exc.status_code, failed=True)
                 if exc.retryable:
                     raise
                 ended = self.end.at_model_step(turn_id, step, TurnStatus.failed, str(exc))
                 return StepOutcome("ended", "model request rejected", ended=ended)
             elapsed = time.perf_counter() - started
             metrics.MODEL_CALL_SECONDS.labels(model).observe(elapsed)
+            metrics.model_call_finished(model)
             usage = normalize_usage(reply.usage)
             telemetry.model_reply(span, reply.id, reply.status, usage, len(reply.function_calls))
         calls = len(reply.function_calls)
