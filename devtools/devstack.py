@@ -323,8 +323,33 @@ def start_api(stack: Stack) -> dict[str, str]:
     return {"AGENT_API_URL": base, "AGENT_API_TOKEN": token}
 
 
-def serve(stack: Stack) -> None:
-    """Keep the stack up for the CLI and the Python client until Ctrl-C."""
+def _serve_metrics() -> int:
+    """The port the stack's turns pool serves its metrics on (the tools pool: the next one):
+    ``AGENT_METRICS_PORT`` when set, else a free pair of loopback ports (``devtools.workers.pool_env``)."""
+    from devtools.embedded_redis import free_port
+
+    if not os.environ.get("AGENT_METRICS_PORT"):
+        port = free_port()
+        while port >= 65535 or not _port_free(port + 1):
+            port = free_port()
+        os.environ["AGENT_METRICS_PORT"] = str(port)
+    return int(os.environ["AGENT_METRICS_PORT"])
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def serve(stack: Stack, metrics_port: int | None = None) -> None:
+    """Keep the stack up for the CLI and the Python client until Ctrl-C; ``metrics_port``: where the
+    turns pool serves ``/metrics`` (the tools pool: the next port)."""
     home = seed_home("alice")  # the README's example agent, with the files the demo script reads
     from devtools.embedded_redis import write_env_file
 
@@ -343,6 +368,12 @@ def serve(stack: Stack) -> None:
         '       -d \'{"agent_id": "alice", "input": "list my files"}\' $AGENT_API_URL/v1/turns\n'
     )
     console.print(f"  approvals page: {api_env['AGENT_API_URL']}/ui (sign in with $AGENT_API_TOKEN)\n")
+    if metrics_port:
+        print(  # one line, never wrapped: scripts read the two URLs
+            f"  metrics: http://127.0.0.1:{metrics_port}/metrics (turns pool), "
+            f"http://127.0.0.1:{metrics_port + 1}/metrics (tools pool)\n",
+            flush=True,
+        )
     if stack.spans:
         console.print(f"  .venv/bin/agent-runtime trace <turn_id> --spans {stack.spans}   # the turn's span tree\n")
     console.print("Ctrl-C stops everything.")
@@ -375,8 +406,9 @@ def run(
     ok: object = False  # a demo's report: true when the demo passed
     try:
         if keep:
+            metrics = _serve_metrics()
             start_stack(stack, demo)
-            serve(stack)
+            serve(stack, metrics)
             ok = True
             return
         start_stack(stack, {"jobs": "jobs-main", "approval": "demo-approval"}.get(demo, demo))

@@ -49,6 +49,27 @@ def _stack_up(proc: subprocess.Popen, log: Path) -> None:
     wait_for(up, timeout=90, poll=0.3)
 
 
+def _both_pools_serve_metrics(printed: str) -> None:
+    """`make stack` serves metrics: the turns pool on the printed port, the tools pool on the next."""
+    import re
+    import urllib.request
+
+    found = re.search(
+        r"metrics: (http://127\.0\.0\.1:\d+/metrics) \(turns pool\), (http://127\.0\.0\.1:\d+/metrics)", printed
+    )
+    assert found, printed[-2000:]
+
+    def serving(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return b"agent_turns_in_flight" in resp.read()
+        except OSError:
+            return False
+
+    for url in found.groups():
+        wait_for(lambda url=url: serving(url), timeout=30, poll=0.5)
+
+
 def test_sigterm_stops_everything_the_stack_started(tmp_path):
     mark = uuid.uuid4().hex
     log = tmp_path / "stack.log"
@@ -56,6 +77,8 @@ def test_sigterm_stops_everything_the_stack_started(tmp_path):
     try:
         _stack_up(proc, log)
         assert len(_marked(mark)) >= 4  # devstack, gateway, worker (and its pool), beat
+        wait_for(lambda: "(tools pool)" in log.read_text(), timeout=30, poll=0.3)
+        _both_pools_serve_metrics(log.read_text())
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         wait_for(lambda: not _marked(mark), timeout=30)
