@@ -15,8 +15,11 @@ import random
 import threading
 import time
 
+import pytest
+
 from devtools.hosted_endpoint import HostedEndpoint
 from devtools.scripted_gateway import ScriptedGateway
+from worker.model.chat import ChatClient
 from worker.model.interface import GatewayError, ModelRequest
 from worker.model.responses import ResponsesClient
 
@@ -63,6 +66,28 @@ def _hammer(client: ResponsesClient, *, rounds: int, pause: tuple[float, float])
 def _endpoint(**kw: float) -> HostedEndpoint:
     gateway = ScriptedGateway({"ka": [{"output": [{"type": "message", "text": "kept alive " * 30}]}]})
     return HostedEndpoint(gateway, **kw).start()
+
+
+@pytest.mark.parametrize("client_class", [ResponsesClient, ChatClient], ids=["responses", "chat"])
+def test_each_thread_has_its_own_pool_in_both_wire_apis(client_class):
+    """Both model clients take their connections from worker.model.http_pool: one client per thread."""
+    client = client_class("http://127.0.0.1:9/v1", "k")
+    seen: dict[int, list[object]] = {}
+    together = threading.Barrier(8)  # all alive at once: no thread id is reused
+
+    def grab() -> None:
+        pool = client._pool
+        seen[threading.get_ident()] = [pool.get(), pool.get()]
+        together.wait()
+
+    threads = [threading.Thread(target=grab) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    client.close()
+    assert all(a is b for a, b in seen.values())  # one client within a thread
+    assert len({id(a) for a, _ in seen.values()}) == 8  # none shared between threads
 
 
 def test_no_connection_serves_two_threads_and_no_call_waits_for_its_timeout():

@@ -47,6 +47,7 @@ import httpx
 import orjson
 from httpx_sse import EventSource, connect_sse
 
+from worker.model.http_pool import ThreadClients
 from worker.model.interface import Delta, GatewayError, ModelReply, ModelRequest, OnDelta
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -352,17 +353,18 @@ class ChatClient:
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
+        # One keep-alive pool per thread, as the Responses client (worker.model.http_pool says why).
+        self._pool = ThreadClients(
+            base_url.rstrip("/"),
+            headers,
+            httpx.Timeout(timeout, connect=connect_timeout),
+            httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport,
         )
 
     def close(self) -> None:
-        """Close the pooled connections."""
-        self._client.close()
+        """Close every thread's pooled connections."""
+        self._pool.close()
 
     @staticmethod
     def wire_body(request: ModelRequest) -> dict[str, Any]:
@@ -376,7 +378,7 @@ class ChatClient:
         """POST ``/chat/completions``; return the mapped reply. Raises ``GatewayError``."""
         body = self.wire_body(request)
         try:
-            resp = self._client.post("/chat/completions", content=orjson.dumps(body))
+            resp = self._pool.get().post("/chat/completions", content=orjson.dumps(body))
         except httpx.TimeoutException as exc:
             raise GatewayError(f"model call timed out: {exc.__class__.__name__}", retryable=True) from exc
         except httpx.TransportError as exc:
@@ -389,7 +391,7 @@ class ChatClient:
         """POST with ``stream: true``; ``on_delta`` gets each text or arguments piece. Raises ``GatewayError``."""
         body = {**self.wire_body(request), "stream": True, "stream_options": {"include_usage": True}}
         try:
-            with connect_sse(self._client, "POST", "/chat/completions", content=orjson.dumps(body)) as source:
+            with connect_sse(self._pool.get(), "POST", "/chat/completions", content=orjson.dumps(body)) as source:
                 resp = source.response
                 if resp.status_code >= 400:
                     resp.read()

@@ -19,15 +19,13 @@ a stream cut before its terminal event and an ``error`` event are retryable; oth
 
 from __future__ import annotations
 
-import ssl
-import threading
 from typing import Any
 
-import certifi
 import httpx
 import orjson
 from httpx_sse import EventSource, connect_sse
 
+from worker.model.http_pool import ThreadClients
 from worker.model.interface import Delta, GatewayError, ModelReply, ModelRequest, OnDelta
 
 # ``error`` event codes that a retry cannot fix.
@@ -41,13 +39,8 @@ class ResponsesClient:
     seconds; ``max_connections`` bounds the connections of each thread's pool. The API key is
     sent as a bearer token and never logged. Reuse one instance per process.
 
-    Each thread gets its own ``httpx.Client`` (its own keep-alive pool; one TLS context for
-    all): httpcore's sync pool, shared by hundreds of threads, closes connections that another
-    thread was handed and is about to use or already uses (surplus keep-alive, keep-alive
-    expiry; encode/httpcore#1110), and that thread either fails with ``EBADF`` or waits in a
-    ``poll()`` that nothing wakes until its read timeout. With one pool per thread, a pool's
-    clean-up only ever closes its own thread's idle connections. ``transport``, when given, is
-    shared by every thread's client (tests).
+    Each thread gets its own ``httpx.Client`` (its own keep-alive pool: ``worker.model.http_pool``
+    says why). ``transport``, when given, is shared by every thread's client (tests).
     """
 
     def __init__(
@@ -63,43 +56,22 @@ class ResponsesClient:
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._base_url = base_url.rstrip("/")
-        self._headers = headers
-        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._transport = transport
-        self._tls: ssl.SSLContext | None = None
-        self._local = threading.local()
-        self._clients: list[httpx.Client] = []
-        self._lock = threading.Lock()
+        self._pool = ThreadClients(
+            base_url.rstrip("/"),
+            headers,
+            httpx.Timeout(timeout, connect=connect_timeout),
+            httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport,
+        )
 
     @property
     def http(self) -> httpx.Client:
-        """This thread's ``httpx.Client`` (base URL and headers set)."""
-        client: httpx.Client | None = getattr(self._local, "client", None)
-        if client is None:
-            with self._lock:
-                if self._tls is None:  # loading the CA bundle costs ~10 ms: once per process, not per thread
-                    self._tls = ssl.create_default_context(cafile=certifi.where())
-                client = httpx.Client(
-                    base_url=self._base_url,
-                    headers=self._headers,
-                    timeout=self._timeout,
-                    limits=self._limits,
-                    transport=self._transport,
-                    verify=self._tls,
-                )
-                self._clients.append(client)
-            self._local.client = client
-        return client
+        """This thread's ``httpx.Client`` (base URL and headers set; ``worker.model.http_pool``)."""
+        return self._pool.get()
 
     def close(self) -> None:
         """Close every thread's pooled connections."""
-        with self._lock:
-            clients, self._clients = self._clients, []
-        for client in clients:
-            client.close()
-        self._local = threading.local()
+        self._pool.close()
 
     @staticmethod
     def wire_body(request: ModelRequest) -> dict[str, Any]:
