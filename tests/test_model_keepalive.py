@@ -76,7 +76,7 @@ def test_each_thread_has_its_own_pool_in_both_wire_apis(client_class):
     together = threading.Barrier(8)  # all alive at once: no thread id is reused
 
     def grab() -> None:
-        pool = client._pool
+        pool = client._http.pool
         seen[threading.get_ident()] = [pool.get(), pool.get()]
         together.wait()
 

@@ -45,9 +45,9 @@ from typing import Any
 
 import httpx
 import orjson
-from httpx_sse import EventSource, connect_sse
+from httpx_sse import EventSource
 
-from worker.model.http_pool import ThreadClients
+from worker.model.http_pool import ModelHTTP
 from worker.model.interface import Delta, GatewayError, ModelReply, ModelRequest, OnDelta
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -322,12 +322,6 @@ def _read_chunks(source: EventSource, on_delta: OnDelta) -> ModelReply:
     return assembly.reply()
 
 
-def _status_error(resp: httpx.Response) -> GatewayError:
-    retryable = resp.status_code in (408, 409, 429) or resp.status_code >= 500
-    message = f"model gateway answered HTTP {resp.status_code}: {resp.text[:500]}"
-    return GatewayError(message, retryable=retryable, status_code=resp.status_code)
-
-
 def _parse_body(content: bytes) -> ModelReply:
     try:
         data = orjson.loads(content)
@@ -350,21 +344,19 @@ class ChatClient:
         max_connections: int = 100,
         transport: httpx.BaseTransport | None = None,
     ):
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        # One keep-alive pool per thread, as the Responses client (worker.model.http_pool says why).
-        self._pool = ThreadClients(
-            base_url.rstrip("/"),
-            headers,
-            httpx.Timeout(timeout, connect=connect_timeout),
-            httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport,
+        # The HTTP side, shared with the Responses client (worker.model.http_pool says why).
+        self._http = ModelHTTP(
+            base_url,
+            api_key,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            max_connections=max_connections,
+            transport=transport,
         )
 
     def close(self) -> None:
         """Close every thread's pooled connections."""
-        self._pool.close()
+        self._http.close()
 
     @staticmethod
     def wire_body(request: ModelRequest) -> dict[str, Any]:
@@ -376,31 +368,9 @@ class ChatClient:
 
     def create(self, request: ModelRequest) -> ModelReply:
         """POST ``/chat/completions``; return the mapped reply. Raises ``GatewayError``."""
-        body = self.wire_body(request)
-        try:
-            resp = self._pool.get().post("/chat/completions", content=orjson.dumps(body))
-        except httpx.TimeoutException as exc:
-            raise GatewayError(f"model call timed out: {exc.__class__.__name__}", retryable=True) from exc
-        except httpx.TransportError as exc:
-            raise GatewayError(f"model gateway unreachable: {exc.__class__.__name__}: {exc}", retryable=True) from exc
-        if resp.status_code >= 400:
-            raise _status_error(resp)
-        return _parse_body(resp.content)
+        return _parse_body(self._http.post("/chat/completions", self.wire_body(request)))
 
     def stream(self, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
         """POST with ``stream: true``; ``on_delta`` gets each text or arguments piece. Raises ``GatewayError``."""
         body = {**self.wire_body(request), "stream": True, "stream_options": {"include_usage": True}}
-        try:
-            with connect_sse(self._pool.get(), "POST", "/chat/completions", content=orjson.dumps(body)) as source:
-                resp = source.response
-                if resp.status_code >= 400:
-                    resp.read()
-                    raise _status_error(resp)
-                if "text/event-stream" not in resp.headers.get("content-type", ""):
-                    resp.read()  # an endpoint without streaming answered the whole completion
-                    return _parse_body(resp.content)
-                return _read_chunks(source, on_delta)
-        except httpx.TimeoutException as exc:
-            raise GatewayError(f"model stream timed out: {exc.__class__.__name__}", retryable=True) from exc
-        except httpx.TransportError as exc:
-            raise GatewayError(f"model stream broke: {exc.__class__.__name__}: {exc}", retryable=True) from exc
+        return self._http.stream("/chat/completions", body, _parse_body, lambda source: _read_chunks(source, on_delta))

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import ssl
 import threading
+from typing import Any, Callable
 
 import certifi
 import httpx
+import orjson
+from httpx_sse import EventSource, connect_sse
+
+from worker.model.interface import GatewayError, ModelReply
 
 
 class ThreadClients:
@@ -67,3 +72,83 @@ class ThreadClients:
         for client in clients:
             client.close()
         self._local = threading.local()
+
+
+class ModelHTTP:
+    """The HTTP side every model client shares: bearer headers, one keep-alive pool per thread
+    (``ThreadClients``), a JSON POST and a server-sent-events POST, and one mapping of failures to
+    ``GatewayError``. ``base_url`` like ``https://api.openai.com/v1``; ``timeout`` and
+    ``connect_timeout`` in seconds; ``max_connections`` per thread's pool.
+
+    Retryable (``GatewayError.retryable``): transport errors and timeouts, HTTP 408, 409, 429 and
+    5xx; any other 4xx is not (the request itself is wrong). The rule is the providers' own
+    retry guidance (OpenAI's and Anthropic's API error docs), written down in docs/architecture.md.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str = "",
+        *,
+        timeout: float = 120.0,
+        connect_timeout: float = 10.0,
+        max_connections: int = 100,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.pool = ThreadClients(
+            base_url.rstrip("/"),
+            headers,
+            httpx.Timeout(timeout, connect=connect_timeout),
+            httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport,
+        )
+
+    def close(self) -> None:
+        """Close every thread's pooled connections."""
+        self.pool.close()
+
+    def post(self, path: str, body: dict[str, Any]) -> bytes:
+        """POST ``body`` as JSON to ``path``; the answer's body. Raises ``GatewayError``."""
+        try:
+            resp = self.pool.get().post(path, content=orjson.dumps(body))
+        except httpx.TimeoutException as exc:
+            raise GatewayError(f"model call timed out: {exc.__class__.__name__}", retryable=True) from exc
+        except httpx.TransportError as exc:
+            raise GatewayError(f"model gateway unreachable: {exc.__class__.__name__}: {exc}", retryable=True) from exc
+        if resp.status_code >= 400:
+            raise status_error(resp)
+        return resp.content
+
+    def stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        whole: Callable[[bytes], ModelReply],
+        events: Callable[[EventSource], ModelReply],
+    ) -> ModelReply:
+        """POST ``body`` for a streamed answer: ``events(source)`` reads the event stream, or
+        ``whole(body)`` parses the answer of an endpoint that does not stream. Raises ``GatewayError``."""
+        try:
+            with connect_sse(self.pool.get(), "POST", path, content=orjson.dumps(body)) as source:
+                resp = source.response
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise status_error(resp)
+                if "text/event-stream" not in resp.headers.get("content-type", ""):
+                    resp.read()  # an endpoint without streaming answered the whole reply
+                    return whole(resp.content)
+                return events(source)
+        except httpx.TimeoutException as exc:
+            raise GatewayError(f"model stream timed out: {exc.__class__.__name__}", retryable=True) from exc
+        except httpx.TransportError as exc:
+            raise GatewayError(f"model stream broke: {exc.__class__.__name__}: {exc}", retryable=True) from exc
+
+
+def status_error(resp: httpx.Response) -> GatewayError:
+    """The ``GatewayError`` of an HTTP error answer (retryable per ``ModelHTTP``'s rule)."""
+    retryable = resp.status_code in (408, 409, 429) or resp.status_code >= 500
+    message = f"model gateway answered HTTP {resp.status_code}: {resp.text[:500]}"
+    return GatewayError(message, retryable=retryable, status_code=resp.status_code)

@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 import orjson
-from httpx_sse import EventSource, connect_sse
+from httpx_sse import EventSource
 
-from worker.model.http_pool import ThreadClients
+from worker.model.http_pool import ModelHTTP
 from worker.model.interface import Delta, GatewayError, ModelReply, ModelRequest, OnDelta
 
 # ``error`` event codes that a retry cannot fix.
@@ -53,25 +53,23 @@ class ResponsesClient:
         max_connections: int = 100,
         transport: httpx.BaseTransport | None = None,
     ):
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._pool = ThreadClients(
-            base_url.rstrip("/"),
-            headers,
-            httpx.Timeout(timeout, connect=connect_timeout),
-            httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport,
+        self._http = ModelHTTP(
+            base_url,
+            api_key,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            max_connections=max_connections,
+            transport=transport,
         )
 
     @property
     def http(self) -> httpx.Client:
         """This thread's ``httpx.Client`` (base URL and headers set; ``worker.model.http_pool``)."""
-        return self._pool.get()
+        return self._http.pool.get()
 
     def close(self) -> None:
         """Close every thread's pooled connections."""
-        self._pool.close()
+        self._http.close()
 
     @staticmethod
     def wire_body(request: ModelRequest) -> dict[str, Any]:
@@ -90,15 +88,7 @@ class ResponsesClient:
 
     def create(self, request: ModelRequest) -> ModelReply:
         """POST the request; return the parsed reply. Raises ``GatewayError``."""
-        try:
-            resp = self.http.post("/responses", content=orjson.dumps(self.wire_body(request)))
-        except httpx.TimeoutException as exc:
-            raise GatewayError(f"model call timed out: {exc.__class__.__name__}", retryable=True) from exc
-        except httpx.TransportError as exc:
-            raise GatewayError(f"model gateway unreachable: {exc.__class__.__name__}: {exc}", retryable=True) from exc
-        if resp.status_code >= 400:
-            raise _status_error(resp)
-        return _parse_body(resp.content)
+        return _parse_body(self._http.post("/responses", self.wire_body(request)))
 
     def stream(self, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
         """POST the request with ``stream: true``; ``on_delta`` gets each text or arguments piece.
@@ -106,20 +96,7 @@ class ResponsesClient:
         Returns the ``ModelReply`` of the terminal event (or of a plain JSON body). Raises ``GatewayError``.
         """
         body = {**self.wire_body(request), "stream": True}
-        try:
-            with connect_sse(self.http, "POST", "/responses", content=orjson.dumps(body)) as source:
-                resp = source.response
-                if resp.status_code >= 400:
-                    resp.read()
-                    raise _status_error(resp)
-                if "text/event-stream" not in resp.headers.get("content-type", ""):
-                    resp.read()  # an endpoint without streaming answered the whole response
-                    return _parse_body(resp.content)
-                return _read_events(source, on_delta)
-        except httpx.TimeoutException as exc:
-            raise GatewayError(f"model stream timed out: {exc.__class__.__name__}", retryable=True) from exc
-        except httpx.TransportError as exc:
-            raise GatewayError(f"model stream broke: {exc.__class__.__name__}: {exc}", retryable=True) from exc
+        return self._http.stream("/responses", body, _parse_body, lambda source: _read_events(source, on_delta))
 
 
 def _read_events(source: EventSource, on_delta: OnDelta) -> ModelReply:
@@ -155,15 +132,6 @@ def _read_events(source: EventSource, on_delta: OnDelta) -> ModelReply:
                 f"model stream error {code}: {event.get('message', '')}"[:500], retryable=code not in _FATAL_CODES
             )
     raise GatewayError("model stream ended before response.completed", retryable=True)
-
-
-def _status_error(resp: httpx.Response) -> GatewayError:
-    retryable = resp.status_code in (408, 409, 429) or resp.status_code >= 500
-    return GatewayError(
-        f"model gateway answered HTTP {resp.status_code}: {resp.text[:500]}",
-        retryable=retryable,
-        status_code=resp.status_code,
-    )
 
 
 def _parse_body(content: bytes) -> ModelReply:
