@@ -4,15 +4,22 @@
 ``responses.RESPONSES`` or ``chat.CHAT``) on ``httpx.AsyncClient``; ``create`` and ``stream`` are
 the coroutine forms of ``ModelClient``'s, with the same request, reply, deltas and ``GatewayError``
 mapping (``worker.model.http_pool``: the same retry rule). One instance per event loop: its
-connection pool belongs to the loop that first used it. Thousands of calls in flight cost a
+connection pools belong to the loop that first used them. Thousands of calls in flight cost a
 socket and a coroutine each (memory), not a thread (docs/architecture.md, "Model calls off the
 worker's threads").
+
+The connections are split over small pools (``SHARD_CONNECTIONS`` each, requests dealt round
+robin): httpcore's async pool walks all its connections, polling each socket, every time a
+request starts or a response closes, so one pool of a thousand keep-alive connections spent most
+of a node's CPU in that walk (bench/README.md, "Model calls off the worker's threads").
 
 ``async_model_client(settings)`` builds the client of ``OPENAI_API_STYLE`` (``worker.settings``).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import ssl
 
 import certifi
@@ -27,13 +34,15 @@ from worker.model.responses import RESPONSES
 from worker.model.wire_format import WireFormat
 from worker.settings import Settings
 
+SHARD_CONNECTIONS = 16  # connections per pool: the cost of httpcore's per-request pool walk
+
 
 class AsyncModelClient:
     """Coroutine model calls of ``wire`` at ``base_url`` (like ``https://api.openai.com/v1``).
 
-    ``timeout`` and ``connect_timeout`` in seconds; ``max_connections``: the pool's cap (calls
-    beyond it wait for a connection, up to ``timeout``). The API key is sent as a bearer token and
-    never logged. ``transport`` (tests) replaces the network.
+    ``timeout`` and ``connect_timeout`` in seconds; ``max_connections``: the cap over all pools
+    (calls beyond a pool's share wait for one of its connections, up to ``timeout``). The API key
+    is sent as a bearer token and never logged. ``transport`` (tests) replaces the network.
     """
 
     def __init__(
@@ -51,22 +60,28 @@ class AsyncModelClient:
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
+        per_pool = min(SHARD_CONNECTIONS, max_connections)
+        self._size = max(1, math.ceil(max_connections / per_pool))
         self._kwargs = {
             "base_url": base_url.rstrip("/"),
             "headers": headers,
             "timeout": httpx.Timeout(timeout, connect=connect_timeout),
-            "limits": httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            "limits": httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool),
         }
         self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._pools: list[httpx.AsyncClient] = []
+        self._turn = itertools.count()
 
     @property
     def http(self) -> httpx.AsyncClient:
-        """The pooled ``httpx.AsyncClient`` (made on first use, on the calling loop)."""
-        if self._client is None:
+        """The next pooled ``httpx.AsyncClient``, round robin (made on first use, on the calling loop)."""
+        if not self._pools:
             tls = ssl.create_default_context(cafile=certifi.where())
-            self._client = httpx.AsyncClient(**self._kwargs, transport=self._transport, verify=tls)  # type: ignore[arg-type]
-        return self._client
+            self._pools = [
+                httpx.AsyncClient(**self._kwargs, transport=self._transport, verify=tls)  # type: ignore[arg-type]
+                for _ in range(self._size)
+            ]
+        return self._pools[next(self._turn) % self._size]
 
     async def create(self, request: ModelRequest) -> ModelReply:
         """POST the request; the parsed reply. Raises ``GatewayError``."""
@@ -107,9 +122,9 @@ class AsyncModelClient:
 
     async def aclose(self) -> None:
         """Close the pooled connections."""
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        pools, self._pools = self._pools, []
+        for pool in pools:
+            await pool.aclose()
 
 
 def async_model_client(settings: Settings) -> AsyncModelClient:
