@@ -1,5 +1,5 @@
 """The turn work an in-process pool's node holds, in memory: task ids of turn tasks it received,
-and ``step:<turn_id>`` for each asynchronous model call in flight (``tasks.model_calls``).
+and ``step:<turn_id>:<step>`` for each asynchronous model call in flight (``tasks.model_calls``).
 
 ``tasks.liveness`` writes this set to Redis from its heartbeat thread (one round trip for
 hundreds of entries); a node found dead has every turn in it re-driven at once. Prefork children
@@ -29,7 +29,7 @@ def in_process() -> bool:
 
 
 def hold(key: str, turn_id: str) -> None:
-    """Record ``key`` (a task id, or ``step:<turn_id>``) as held for ``turn_id``."""
+    """Record ``key`` (a task id, or ``step:<turn_id>:<step>``) as held for ``turn_id``."""
     with _lock:
         _held[key] = turn_id
     dirty.set()

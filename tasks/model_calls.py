@@ -27,8 +27,9 @@ from worker.settings import Settings
 from worker.turn.async_calls import AsyncSetup
 
 
-def _key(turn_id: str) -> str:
-    return f"step:{turn_id}"
+def _key(turn_id: str, step: int) -> str:
+    # Per step: the next step of the turn may start on this node before this one is finished with.
+    return f"step:{turn_id}:{step}"
 
 
 class CeleryCallEdge:
@@ -36,14 +37,14 @@ class CeleryCallEdge:
 
     def begin(self, turn_id: str, step: int) -> int:
         """Hold the turn for this node; the ``turn_step`` task's retries so far (0 outside a task)."""
-        held.hold(_key(turn_id), turn_id)
+        held.hold(_key(turn_id, step), turn_id)
         task: Any = current_task
         request = getattr(task, "request", None) if task is not None else None
         return int(getattr(request, "retries", 0) or 0)
 
-    def end(self, turn_id: str) -> None:
-        """Drop the turn's held record."""
-        held.release(_key(turn_id))
+    def end(self, turn_id: str, step: int) -> None:
+        """Drop the step's held record."""
+        held.release(_key(turn_id, step))
 
     def retry(self, turn_id: str, step: int, *, queue: str, countdown: float, retries: int) -> None:
         """Publish ``turn_step(turn_id, step)`` on ``queue`` in ``countdown`` s as retry ``retries``."""

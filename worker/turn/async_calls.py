@@ -62,8 +62,8 @@ class CallEdge(Protocol):
         has had (0 for its first attempt)."""
         ...
 
-    def end(self, turn_id: str) -> None:
-        """The call is finished with (handled, retried or given up): forget the held record."""
+    def end(self, turn_id: str, step: int) -> None:
+        """The call of step ``step`` is finished with (handled, retried or given up): forget its held record."""
         ...
 
     def retry(self, turn_id: str, step: int, *, queue: str, countdown: float, retries: int) -> None:
@@ -207,7 +207,7 @@ class AsyncModelCalls:
 
     def _done(self, call: _InFlight) -> None:
         try:
-            self.edge.end(call.prepared.turn_id)
+            self.edge.end(call.prepared.turn_id, call.prepared.step)
         finally:
             with self._lock:
                 self._in_flight.discard(call)
