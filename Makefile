@@ -85,6 +85,9 @@ bench: $(STAMP)
 	$(PY) bench/streaming.py
 	$(PY) bench/tracing_overhead.py
 	$(PY) bench/concurrency.py
+	$(PY) bench/concurrency.py --p2
+	$(PY) bench/step_chain.py
+	$(PY) bench/step_chain.py --stream
 	$(PY) bench/placement.py
 
 # Kill-loop soak: worker processes, pool children, beat, the gateway and Redis killed every 2-5 s

@@ -100,3 +100,24 @@ def bare_tool(turn_id: str, call_id: str) -> None:
     """The tool call: append its output, send the next step."""
     _redis.rpush(f"bare:{turn_id}", json.dumps({"type": "function_call_output", "call_id": call_id, "output": "ok"}))
     bare_step.apply_async((turn_id, 1), queue="bare")
+
+
+# P1's floor (``bench/step_chain.py``): a turn of ``total`` steps, each a model call then the
+# leanest Celery shape of "run the tool, then the next step": ``chain(tool | next step)``.
+@app.task(name="bare.chain_step")
+def bare_chain_step(turn_id: str, n: int, total: int) -> None:
+    """Model call ``n``; then ``chain(tool, step n + 1)`` until ``total`` steps ran."""
+    reply = _model(turn_id)
+    if n + 1 >= total:
+        _redis.rpush("bare:done", turn_id)
+        return
+    call = next(i for i in reply["output"] if i["type"] == "function_call")
+    tool = bare_chain_tool.si(turn_id, call["call_id"]).set(queue="bare_tools")
+    step = bare_chain_step.si(turn_id, n + 1, total).set(queue="bare")
+    (tool | step).apply_async()
+
+
+@app.task(name="bare.chain_tool")
+def bare_chain_tool(turn_id: str, call_id: str) -> None:
+    """The tool call of a chained step: append its output."""
+    _redis.rpush(f"bare:{turn_id}", json.dumps({"type": "function_call_output", "call_id": call_id, "output": "ok"}))

@@ -278,7 +278,13 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=1000)
     parser.add_argument("--latency", type=float, default=1.0, help="seconds the model takes to answer")
     parser.add_argument("--pools", default="threads", help="comma-separated: threads, prefork")
-    parser.add_argument("--concurrency", type=int, default=0, help="default: turns (threads) or 8 (prefork)")
+    parser.add_argument(
+        "--concurrency", type=int, default=0, help="the floor's pool; default: turns (threads) or 8 (prefork)"
+    )
+    parser.add_argument("--ours-concurrency", type=int, default=0,
+                        help="the runtime's steps pool; default: 16 (threads: model calls wait on the event loop) or 8 (prefork)")  # fmt: skip
+    parser.add_argument("--p2", action="store_true",
+                        help="P2 instead: the runtime alone at --latency and at 0 s, alternated; turns/s and CPU per turn")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=4, help="alternated floor/runtime rounds per pool")
     parser.add_argument(
         "--floor-body",
@@ -307,19 +313,24 @@ def main() -> None:
     print(f"{'pool':10} {'runtime':8} {'wall s':>7} {'/ideal':>7} {'/floor':>7} {'turns/s':>8} {'in flight':>9} "
           f"{'unfinished':>10} {'failed':>6} {'timed out':>9} {'RSS MB':>7} {'enqueue s':>9} {'Redis cmds/turn':>15}   CPU ms/turn")  # fmt: skip
     try:
+        if args.p2:
+            for pool in args.pools.split(","):
+                p2(srv, gw, args, pool, args.ours_concurrency or (16 if pool == "threads" else 8), logs)
+            return
         for pool in args.pools.split(","):
             c = args.concurrency or (args.turns if pool == "threads" else 8)
+            oc = args.ours_concurrency or (16 if pool == "threads" else 8)
             ratios = []
             for i in range(args.rounds):  # alternated, and which goes first too: drift hits both alike
                 if i % 2:
                     bare = run_bare(srv, gw, args.turns, pool, c, logs, args.floor_body == "minimal")
-                    ours = run_ours(srv, gw, args.turns, pool, c, logs)
+                    ours = run_ours(srv, gw, args.turns, pool, oc, logs)
                 else:  # the runtime first: the floor posts the request body it posted
-                    ours = run_ours(srv, gw, args.turns, pool, c, logs)
+                    ours = run_ours(srv, gw, args.turns, pool, oc, logs)
                     bare = run_bare(srv, gw, args.turns, pool, c, logs, args.floor_body == "minimal")
                 ratios.append(ours["wall"] / bare["wall"])
-                for name, m in (("bare", bare), ("ours", ours)):
-                    print(f"{pool + ' -c ' + str(c):10} {name:8} {m['wall']:7.2f} {m['wall'] / ideal:7.2f} "
+                for name, m, cc in (("bare", bare, c), ("ours", ours, oc)):
+                    print(f"{pool + ' -c ' + str(cc):10} {name:8} {m['wall']:7.2f} {m['wall'] / ideal:7.2f} "
                           f"{m['wall'] / bare['wall']:7.2f} {args.turns / m['wall']:8.1f} {m['peak']:9d} "
                           f"{m['unfinished']:10d} {m['failed']:6d} {m['timed_out']:9d} {m['rss']:7.0f} {m['enqueue']:9.2f} "
                           f"{m['redis_calls']:15.0f}   "
@@ -329,7 +340,31 @@ def main() -> None:
     finally:
         gw.stop()
         srv.stop()
-    print(f"logs: {logs}")
+        print(f"logs: {logs}")
+
+
+def p2(srv: EmbeddedRedis, gw: Any, args: argparse.Namespace, pool: str, concurrency: int, logs: Path) -> None:
+    """P2: the runtime's turns/s with the model at ``args.latency`` against the same at 0 s, on
+    one node, in alternated rounds (which latency goes first alternates too); the median ratio,
+    and the steps worker's CPU milliseconds per turn at each latency."""
+    ratios, cpu = [], {0.0: [], args.latency: []}
+    for i in range(args.rounds):
+        order = (args.latency, 0.0) if i % 2 else (0.0, args.latency)
+        rate = {}
+        for latency in order:
+            gw.latency = latency
+            m = run_ours(srv, gw, args.turns, pool, concurrency, logs)
+            rate[latency] = args.turns / m["wall"]
+            cpu[latency].append(m["cpu"]["steps"])
+            print(f"{pool} -c {concurrency}  latency {latency:g} s: {m['wall']:7.2f} s, {rate[latency]:7.1f} turns/s, "
+                  f"in flight {m['peak']}, unfinished {m['unfinished']}, failed {m['failed']}, timed out {m['timed_out']}, "
+                  + " ".join(f"{k} {v:.1f}" for k, v in m["cpu"].items()) + " CPU ms/turn", flush=True)  # fmt: skip
+        ratios.append(rate[args.latency] / rate[0.0])
+    gw.latency = args.latency
+    print(f"P2 ({pool}): turns/s at {args.latency:g} s / at 0 s, median of {args.rounds} rounds: "
+          f"{statistics.median(ratios):.2f} (rounds: {', '.join(f'{r:.2f}' for r in ratios)}); steps worker CPU per "
+          f"turn, median: {statistics.median(cpu[args.latency]):.1f} ms at {args.latency:g} s, "
+          f"{statistics.median(cpu[0.0]):.1f} ms at 0 s")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Two pools, because the queues wait on different things (a model call waits on th
 a tool call uses a core and needs a process of its own to be killed on a time limit):
 
 - ``turns``, ``background``, ``workflow``: steps that wait on the model for seconds. They run
-  on an I/O pool (``--pool threads``, 256 threads by default) so one
+  on an I/O pool (``--pool threads``, 32 threads by default: model calls wait on the event loop, not a thread) so one
   node keeps hundreds of model calls in flight instead of one per process.
 - ``tools``: tool calls, CPU and isolation sensitive, with Celery time limits: ``prefork``,
   one process per core by default.
@@ -66,9 +66,9 @@ def worker_commands(
     tag: str | None = None,
 ) -> dict[str, list[str]]:
     """``{name: argv}`` of the node's two workers, named ``io-<tag>@<host>`` and ``tools-<tag>@<host>``.
-    Concurrency defaults: ``AGENT_IO_CONCURRENCY`` (256 threads) and ``AGENT_TOOLS_CONCURRENCY``
+    Concurrency defaults: ``AGENT_IO_CONCURRENCY`` (32 threads) and ``AGENT_TOOLS_CONCURRENCY``
     (the number of cores)."""
-    io_c = io_concurrency or int(os.environ.get("AGENT_IO_CONCURRENCY", "256"))
+    io_c = io_concurrency or int(os.environ.get("AGENT_IO_CONCURRENCY", "32"))
     tools_c = tools_concurrency or int(os.environ.get("AGENT_TOOLS_CONCURRENCY", str(os.cpu_count() or 2)))
     tag = tag or uuid.uuid4().hex[:4]
     return {

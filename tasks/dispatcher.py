@@ -29,7 +29,7 @@ TOOL_CALL = "tasks.turns.tool_call"
 TURN_FINISHED = "tasks.turns.turn_finished"
 
 
-def _publish(send: Callable[[], Any], what: str, *, wait: bool) -> None:
+def publish(send: Callable[[], Any], what: str, *, wait: bool) -> None:
     """``send()``, a broker publish; while the broker does not answer (kombu's
     ``OperationalError`` once Celery's own publish retries are spent, e.g. Redis restarting), try
     again with backoff up to ``Settings.redis_outage_timeout`` when ``wait``. The state transition
@@ -82,7 +82,7 @@ class CeleryDispatcher:
             "ignore_result": True,
             "argsrepr": label or f"turn={turn_id} step={step}",
         }
-        _publish(lambda: sig.apply_async(**options, **self._options()), f"step {step} of {turn_id}", wait=self._wait)
+        publish(lambda: sig.apply_async(**options, **self._options()), f"step {step} of {turn_id}", wait=self._wait)
 
     def dispatch_batch(
         self,
@@ -124,13 +124,13 @@ class CeleryDispatcher:
             sig = group(sigs)
         else:
             sig = chain(*sigs)
-        _publish(lambda: sig.apply_async(**options), f"calls of step {step} of {turn_id}", wait=self._wait)
+        publish(lambda: sig.apply_async(**options), f"calls of step {step} of {turn_id}", wait=self._wait)
 
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""
         sig = app.signature(TURN_FINISHED, (turn_id,))
         options: dict[str, Any] = {"queue": "turns", "ignore_result": True, "argsrepr": f"turn={turn_id}"}
-        _publish(lambda: sig.apply_async(**options, **self._options()), f"end of {turn_id}", wait=self._wait)
+        publish(lambda: sig.apply_async(**options, **self._options()), f"end of {turn_id}", wait=self._wait)
 
     def services(self, request: TurnRequest) -> ToolServices:
         """The edge's tool services (``tasks.services.turn_services``)."""

@@ -23,6 +23,7 @@ from typing import Any
 import redis
 from celery.signals import task_postrun, task_received, worker_init, worker_shutdown
 
+from tasks import held
 from tasks.runtime import redis_client
 from worker.settings import get_settings
 from worker.turn import liveness
@@ -38,10 +39,6 @@ HELD_FLUSH_SECONDS = 0.5
 
 _stop = threading.Event()
 _records: tuple[int, liveness.Liveness] | None = None
-_in_process = False  # the pool runs tasks in the node's own process (threads, solo)
-_held: dict[str, str] = {}  # task id -> turn id (in-process pools only)
-_held_lock = threading.Lock()
-_held_dirty = threading.Event()
 
 
 def _records_for_this_process() -> liveness.Liveness:
@@ -55,28 +52,25 @@ def _records_for_this_process() -> liveness.Liveness:
 def _heartbeat(node: str, records: liveness.Liveness) -> None:
     interval = records.ttl / 3
     next_beat = 0.0
-    while not _stop.wait(HELD_FLUSH_SECONDS if _in_process else interval):
+    while not _stop.wait(HELD_FLUSH_SECONDS if held.in_process() else interval):
         try:
-            if _in_process and _held_dirty.is_set():
-                _held_dirty.clear()
-                with _held_lock:
-                    snapshot = dict(_held)
-                records.replace_held(node, snapshot)
+            if held.in_process() and held.dirty.is_set():
+                held.dirty.clear()
+                records.replace_held(node, held.snapshot())
             if time.monotonic() >= next_beat:
                 records.beat(node)
                 next_beat = time.monotonic() + interval
         except redis.RedisError as exc:  # Redis restarting: beat again next time
-            _held_dirty.set()
+            held.dirty.set()
             log.warning("heartbeat of %s not written: %s", node, exc)
 
 
 @worker_init.connect
 def _start_heartbeat(sender: Any = None, **_: object) -> None:
-    global _in_process
     from celery.concurrency.prefork import TaskPool as PreforkPool
 
     pool_cls = getattr(sender, "pool_cls", None)
-    _in_process = isinstance(pool_cls, type) and not issubclass(pool_cls, PreforkPool)
+    held.set_in_process(isinstance(pool_cls, type) and not issubclass(pool_cls, PreforkPool))
     node = f"{liveness.HOST}:{os.getpid()}"
     liveness.set_node(node)
     records = _records_for_this_process()  # shared with the consumer thread (redis-py is thread-safe)
@@ -100,10 +94,8 @@ def _retire(**_: object) -> None:
 def _hold(request: Any = None, **_: object) -> None:
     if request is None or request.name not in TURN_TASKS or not request.args:
         return
-    if _in_process:
-        with _held_lock:
-            _held[request.id] = str(request.args[0])
-        _held_dirty.set()
+    if held.in_process():
+        held.hold(request.id, str(request.args[0]))
         return
     try:
         _records_for_this_process().hold(liveness.node(), request.id, str(request.args[0]))
@@ -115,10 +107,8 @@ def _hold(request: Any = None, **_: object) -> None:
 def _release(task_id: Any = None, task: Any = None, **_: object) -> None:
     if task is None or task.name not in TURN_TASKS:
         return
-    if _in_process:
-        with _held_lock:
-            _held.pop(task_id, None)
-        _held_dirty.set()
+    if held.in_process():
+        held.release(task_id)
         return
     try:
         _records_for_this_process().release(liveness.node(), task_id)

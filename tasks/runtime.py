@@ -1,17 +1,23 @@
 """Per-process runtime objects for the Celery layer: Redis client, turn store, engine.
 
 Built lazily once per worker process (after fork), so prefork children never
-share sockets with the parent.
+share sockets with the parent. In a node whose pool runs tasks in its own process (threads,
+solo), model calls are made on the process's event loop (``AGENT_MODEL_CALLS=async``, the
+default: ``tasks.model_calls``); a warm shutdown drains them (``worker_shutdown``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
 import redis
+from celery.signals import worker_shutdown
 
+from tasks import held
 from tasks.dispatcher import CeleryDispatcher
+from tasks.model_calls import async_setup
 from tasks.placement import node_homes
 from worker.model.clients import model_client
 from worker.placement.records import Placement
@@ -21,6 +27,7 @@ from worker.tools.toolsets import toolset_resolver
 from worker.turn.engine import TurnEngine
 from worker.turn.store import TurnStore
 
+log = logging.getLogger("agent.tasks")
 _lock = threading.Lock()
 _engine: TurnEngine | None = None
 _pid: int | None = None
@@ -58,6 +65,18 @@ def get_engine() -> TurnEngine:
                 client,
                 project_skills=skills_instructions,
                 computers=node_homes(store.r, settings),
+                async_calls=async_setup(settings) if settings.model_calls == "async" and held.in_process() else None,
             )
             _pid = os.getpid()
         return _engine
+
+
+@worker_shutdown.connect
+def _drain_model_calls(**_: object) -> None:
+    """A warm shutdown: wait for the asynchronous model calls in flight, publish the rest again."""
+    engine = _engine
+    if engine is None or engine.model_calls is None or _pid != os.getpid():
+        return
+    left = engine.model_calls.drain(engine.settings.model_drain_timeout)
+    if left:
+        log.warning("shutdown: %d model calls still in flight; their steps were published again", left)

@@ -16,7 +16,6 @@ A retryable model-gateway error is retried with exponential backoff and jitter
 from __future__ import annotations
 
 import logging
-import random
 from typing import Any, Callable, TypeVar
 
 from celery import Task
@@ -29,24 +28,14 @@ from worker.settings import get_settings
 from worker.turn.outage import OUTAGE_ERRORS, until_redis_answers
 from worker.turn.outcome import StepOutcome
 from worker.turn.request import TurnStatus
+from worker.turn.retries import MAX_MODEL_RETRIES, note_retry, retry_delay
 
 log = logging.getLogger("agent.tasks")
 T = TypeVar("T")
 
-MAX_MODEL_RETRIES = 5
-MAX_RETRY_DELAY = 60.0  # seconds
-
 
 class TurnFailed(Exception):
     """The turn this task worked on ended with a failure status; the message names the status and reason."""
-
-
-def retry_delay(retries: int, rand: Callable[[], float] = random.random) -> float:
-    """Seconds before model-call retry ``retries + 1``: half of ``min(60, 2**retries)`` plus a random
-    part of the other half ("equal jitter"), so that turns failing together (a gateway outage) do
-    not all retry in the same second, and every retry still waits at least half its backoff."""
-    cap = min(MAX_RETRY_DELAY, float(2**retries))
-    return round(cap / 2 + rand() * cap / 2, 3)
 
 
 def _report(turn_id: str, outcome: StepOutcome) -> dict[str, Any]:
@@ -87,12 +76,10 @@ def turn_step(self: Any, turn_id: str, step: int) -> dict[str, Any]:
         if self.request.retries < MAX_MODEL_RETRIES:
             delay = retry_delay(self.request.retries)
 
-            def note_retry() -> None:
-                engine.store.event(turn_id, "model_retry", step=step, error=error[:300], in_s=delay)
-                # Still working: keep the watchdog from starting a second retry chain.
-                engine.store.push_deadline(turn_id, delay + engine.settings.model_timeout + 60)
-
-            _through_outages(note_retry, f"turn {turn_id} step {step}")
+            _through_outages(
+                lambda: note_retry(engine.store, engine.settings, turn_id, step, error, delay),
+                f"turn {turn_id} step {step}",
+            )
             raise self.retry(exc=exc, countdown=delay) from exc
         return _fail_turn(turn_id, f"model gateway failed after retries: {error}")
     except OUTAGE_ERRORS as exc:

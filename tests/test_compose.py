@@ -325,12 +325,14 @@ def test_workers_send_traces_to_the_trace_ui():
 
 
 def test_model_queues_on_an_io_pool_tools_on_prefork_and_every_service_restarts():
-    """Issue 11: a step waiting on the model must not hold a process; tools keep prefork; whatever
-    exits (a Redis restart it did not survive) is restarted."""
+    """Issues 11 and 20: a step waiting on the model must not hold a process (an in-process pool,
+    whose steps hand their model calls to the event loop: nothing sets AGENT_MODEL_CALLS=inline);
+    tools keep prefork; whatever exits (a Redis restart it did not survive) is restarted."""
     services = _compose()["services"]
     for queue in ("turns", "background", "workflow"):
         cmd = services[f"worker-{queue}"]["command"]
-        assert _opt(cmd, "--pool") == "threads" and int(_opt(cmd, "-c")) >= 100, cmd
+        assert _opt(cmd, "--pool") == "threads" and int(_opt(cmd, "-c")) >= 16, cmd
+        assert services[f"worker-{queue}"].get("environment", {}).get("AGENT_MODEL_CALLS", "async") == "async"
         assert "--without-gossip" in cmd and "--without-mingle" in cmd
     tools = services["worker-tools"]["command"]
     assert _opt(tools, "--pool") == "prefork" and "--without-gossip" in tools

@@ -39,6 +39,15 @@ class Settings(BaseSettings):
     openai_api_style: Literal["responses", "chat"] = Field("responses", validation_alias="OPENAI_API_STYLE")
     model_timeout: float = 120.0
     model_connect_timeout: float = 10.0
+    # How a worker of an in-process pool (threads, solo) makes model calls (worker.turn.async_calls):
+    # "async" on the process's event loop, holding no worker thread while the model answers;
+    # "inline" on the worker thread that runs the step. Prefork children always call inline.
+    model_calls: Literal["async", "inline"] = "async"
+    # Threads that store and handle the replies of asynchronous calls, per process.
+    model_finishers: int = Field(4, ge=1, le=64)
+    # A warm shutdown waits this long (s) for the asynchronous calls in flight, then publishes
+    # the steps of the rest again for another node.
+    model_drain_timeout: float = Field(8.0, ge=0)
     max_output_tokens: int | None = None
     # The provider the model requests reach (worker.tooling.wire_profiles): the wire copy of every
     # tool keeps its rules; "any" (several, or one behind an OpenAI-compatible proxy) keeps all of them.

@@ -45,10 +45,10 @@ from typing import Any
 
 import httpx
 import orjson
-from httpx_sse import EventSource
 
 from worker.model.http_pool import ModelHTTP
 from worker.model.interface import Delta, GatewayError, ModelReply, ModelRequest, OnDelta
+from worker.model.wire_format import WireFormat
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 _FATAL_TYPES = {"invalid_request_error", "authentication_error", "BadRequestError", "NotFoundError"}
@@ -298,15 +298,21 @@ class _StreamAssembly:
         return _finish(self.reply_id, output, self.finish_reason, self.usage)
 
 
-def _read_chunks(source: EventSource, on_delta: OnDelta) -> ModelReply:
-    assembly = _StreamAssembly(on_delta)
-    for sse in source.iter_sse():
-        if not sse.data:
-            continue
-        if sse.data.strip() == "[DONE]":
-            break
+class ChatStream:
+    """A ``StreamReader`` (``worker.model.wire_format``) of a Chat Completions chunk stream: the
+    reply at ``data: [DONE]``, or at the stream's end when a ``finish_reason`` came."""
+
+    def __init__(self, on_delta: OnDelta):
+        self.assembly = _StreamAssembly(on_delta)
+
+    def feed(self, event: str, data: str) -> ModelReply | None:
+        """One chunk; the reply at ``[DONE]``. Raises ``GatewayError``."""
+        if not data:
+            return None
+        if data.strip() == "[DONE]":
+            return self.end()
         try:
-            chunk = orjson.loads(sse.data)
+            chunk = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise GatewayError("model stream sent a non-JSON chunk", retryable=True) from exc
         if isinstance(chunk, dict) and chunk.get("error"):
@@ -316,10 +322,14 @@ def _read_chunks(source: EventSource, on_delta: OnDelta) -> ModelReply:
                 f"model stream error {kind}: {err.get('message', '')}"[:500], retryable=kind not in _FATAL_TYPES
             )
         if isinstance(chunk, dict):
-            assembly.add(chunk)
-    if assembly.finish_reason is None:
-        raise GatewayError("model stream ended before a finish_reason", retryable=True)
-    return assembly.reply()
+            self.assembly.add(chunk)
+        return None
+
+    def end(self) -> ModelReply:
+        """The reply, when a ``finish_reason`` came; else raises ``GatewayError`` (retryable)."""
+        if self.assembly.finish_reason is None:
+            raise GatewayError("model stream ended before a finish_reason", retryable=True)
+        return self.assembly.reply()
 
 
 def _parse_body(content: bytes) -> ModelReply:
@@ -368,9 +378,16 @@ class ChatClient:
 
     def create(self, request: ModelRequest) -> ModelReply:
         """POST ``/chat/completions``; return the mapped reply. Raises ``GatewayError``."""
-        return _parse_body(self._http.post("/chat/completions", self.wire_body(request)))
+        return self._http.create(CHAT, request)
 
     def stream(self, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
         """POST with ``stream: true``; ``on_delta`` gets each text or arguments piece. Raises ``GatewayError``."""
-        body = {**self.wire_body(request), "stream": True, "stream_options": {"include_usage": True}}
-        return self._http.stream("/chat/completions", body, _parse_body, lambda source: _read_chunks(source, on_delta))
+        return self._http.stream(CHAT, request, on_delta)
+
+
+def _stream_body(request: ModelRequest) -> dict[str, Any]:
+    return {**ChatClient.wire_body(request), "stream": True, "stream_options": {"include_usage": True}}
+
+
+CHAT = WireFormat("/chat/completions", ChatClient.wire_body, _stream_body, _parse_body, ChatStream)
+"""Chat Completions as a ``WireFormat`` (both transports drive it)."""

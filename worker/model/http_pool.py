@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import ssl
 import threading
-from typing import Any, Callable
 
 import certifi
 import httpx
 import orjson
-from httpx_sse import EventSource, connect_sse
+from httpx_sse import connect_sse
 
-from worker.model.interface import GatewayError, ModelReply
+from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
+from worker.model.wire_format import WireFormat, read_events
 
 
 class ThreadClients:
@@ -110,41 +110,43 @@ class ModelHTTP:
         """Close every thread's pooled connections."""
         self.pool.close()
 
-    def post(self, path: str, body: dict[str, Any]) -> bytes:
-        """POST ``body`` as JSON to ``path``; the answer's body. Raises ``GatewayError``."""
+    def create(self, wire: WireFormat, request: ModelRequest) -> ModelReply:
+        """POST ``wire.body(request)`` as JSON; the parsed answer. Raises ``GatewayError``."""
         try:
-            resp = self.pool.get().post(path, content=orjson.dumps(body))
-        except httpx.TimeoutException as exc:
-            raise GatewayError(f"model call timed out: {exc.__class__.__name__}", retryable=True) from exc
-        except httpx.TransportError as exc:
-            raise GatewayError(f"model gateway unreachable: {exc.__class__.__name__}: {exc}", retryable=True) from exc
+            resp = self.pool.get().post(wire.path, content=orjson.dumps(wire.body(request)))
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, streamed=False) from exc
         if resp.status_code >= 400:
             raise status_error(resp)
-        return resp.content
+        return wire.parse(resp.content)
 
-    def stream(
-        self,
-        path: str,
-        body: dict[str, Any],
-        whole: Callable[[bytes], ModelReply],
-        events: Callable[[EventSource], ModelReply],
-    ) -> ModelReply:
-        """POST ``body`` for a streamed answer: ``events(source)`` reads the event stream, or
-        ``whole(body)`` parses the answer of an endpoint that does not stream. Raises ``GatewayError``."""
+    def stream(self, wire: WireFormat, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
+        """POST ``wire.stream_body(request)`` and read the server-sent events with ``wire.reader``
+        (``on_delta`` gets each piece); an endpoint that does not stream answers whole and is read
+        with ``wire.parse``. Raises ``GatewayError``."""
         try:
-            with connect_sse(self.pool.get(), "POST", path, content=orjson.dumps(body)) as source:
+            body = orjson.dumps(wire.stream_body(request))
+            with connect_sse(self.pool.get(), "POST", wire.path, content=body) as source:
                 resp = source.response
                 if resp.status_code >= 400:
                     resp.read()
                     raise status_error(resp)
                 if "text/event-stream" not in resp.headers.get("content-type", ""):
                     resp.read()  # an endpoint without streaming answered the whole reply
-                    return whole(resp.content)
-                return events(source)
-        except httpx.TimeoutException as exc:
-            raise GatewayError(f"model stream timed out: {exc.__class__.__name__}", retryable=True) from exc
-        except httpx.TransportError as exc:
-            raise GatewayError(f"model stream broke: {exc.__class__.__name__}: {exc}", retryable=True) from exc
+                    return wire.parse(resp.content)
+                return read_events(source.iter_sse(), wire.reader(on_delta))
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, streamed=True) from exc
+
+
+def transport_error(exc: httpx.HTTPError, *, streamed: bool) -> GatewayError:
+    """The ``GatewayError`` (retryable) of a failed exchange: a timeout, a broken connection or stream."""
+    what = "model stream" if streamed else "model call"
+    if isinstance(exc, httpx.TimeoutException):
+        return GatewayError(f"{what} timed out: {exc.__class__.__name__}", retryable=True)
+    if streamed:
+        return GatewayError(f"model stream broke: {exc.__class__.__name__}: {exc}", retryable=True)
+    return GatewayError(f"model gateway unreachable: {exc.__class__.__name__}: {exc}", retryable=True)
 
 
 def status_error(resp: httpx.Response) -> GatewayError:

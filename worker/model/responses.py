@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx
 import orjson
-from httpx_sse import EventSource
 
 from worker.model.http_pool import ModelHTTP
 from worker.model.interface import Delta, GatewayError, ModelReply, ModelRequest, OnDelta
+from worker.model.wire_format import WireFormat
 
 # ``error`` event codes that a retry cannot fix.
 _FATAL_CODES = {"invalid_request_error", "invalid_prompt", "context_length_exceeded", "invalid_api_key"}
@@ -88,50 +88,58 @@ class ResponsesClient:
 
     def create(self, request: ModelRequest) -> ModelReply:
         """POST the request; return the parsed reply. Raises ``GatewayError``."""
-        return _parse_body(self._http.post("/responses", self.wire_body(request)))
+        return self._http.create(RESPONSES, request)
 
     def stream(self, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
         """POST the request with ``stream: true``; ``on_delta`` gets each text or arguments piece.
 
         Returns the ``ModelReply`` of the terminal event (or of a plain JSON body). Raises ``GatewayError``.
         """
-        body = {**self.wire_body(request), "stream": True}
-        return self._http.stream("/responses", body, _parse_body, lambda source: _read_events(source, on_delta))
+        return self._http.stream(RESPONSES, request, on_delta)
 
 
-def _read_events(source: EventSource, on_delta: OnDelta) -> ModelReply:
-    """Read a Responses event stream up to its terminal event, reporting deltas."""
-    calls: dict[int, tuple[str | None, str | None]] = {}  # output_index -> (call_id, name)
-    events = source.iter_sse()
-    for sse in events:
-        if not sse.data or sse.data == "[DONE]":
-            continue
+class ResponsesStream:
+    """A ``StreamReader`` (``worker.model.wire_format``) of a Responses event stream: reports text
+    and arguments deltas to ``on_delta``; the terminal event (``response.completed``,
+    ``response.incomplete``, ``response.failed``) gives the reply."""
+
+    def __init__(self, on_delta: OnDelta):
+        self.on_delta = on_delta
+        self.calls: dict[int, tuple[str | None, str | None]] = {}  # output_index -> (call_id, name)
+
+    def feed(self, event: str, data: str) -> ModelReply | None:
+        """One event; the reply at the terminal event. Raises ``GatewayError``."""
+        if not data or data == "[DONE]":
+            return None
         try:
-            event = orjson.loads(sse.data)
+            parsed = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise GatewayError("model stream sent a non-JSON event", retryable=True) from exc
-        kind = event.get("type") or sse.event
-        index = event.get("output_index", 0)
+        if not isinstance(parsed, dict):
+            raise GatewayError("model stream sent an event that is not an object", retryable=True)
+        kind = parsed.get("type") or event
+        index = parsed.get("output_index", 0)
         if kind == "response.output_item.added":
-            item = event.get("item") or {}
+            item = parsed.get("item") or {}
             if item.get("type") == "function_call":
-                calls[index] = (item.get("call_id"), item.get("name"))
+                self.calls[index] = (item.get("call_id"), item.get("name"))
         elif kind == "response.output_text.delta":
-            on_delta(Delta("text", index, str(event.get("delta") or "")))
+            self.on_delta(Delta("text", index, str(parsed.get("delta") or "")))
         elif kind == "response.function_call_arguments.delta":
-            call_id, name = calls.get(index, (None, None))
-            on_delta(Delta("arguments", index, str(event.get("delta") or ""), call_id, name))
+            call_id, name = self.calls.get(index, (None, None))
+            self.on_delta(Delta("arguments", index, str(parsed.get("delta") or ""), call_id, name))
         elif kind in ("response.completed", "response.incomplete", "response.failed"):
-            reply = parse_response(event.get("response"))  # response.failed raises, not retryable
-            for _ in events:  # read to the stream's end: a keep-alive connection goes back to its pool
-                pass
-            return reply
+            return parse_response(parsed.get("response"))  # response.failed raises, not retryable
         elif kind == "error":
-            code = event.get("code") or ""
+            code = parsed.get("code") or ""
             raise GatewayError(
-                f"model stream error {code}: {event.get('message', '')}"[:500], retryable=code not in _FATAL_CODES
+                f"model stream error {code}: {parsed.get('message', '')}"[:500], retryable=code not in _FATAL_CODES
             )
-    raise GatewayError("model stream ended before response.completed", retryable=True)
+        return None
+
+    def end(self) -> ModelReply:
+        """A Responses stream always ends with a terminal event: raises ``GatewayError`` (retryable)."""
+        raise GatewayError("model stream ended before response.completed", retryable=True)
 
 
 def _parse_body(content: bytes) -> ModelReply:
@@ -182,3 +190,11 @@ def parse_response(data: Any) -> ModelReply:
                     retryable=True,
                 )
     return ModelReply.from_json(data)
+
+
+def _stream_body(request: ModelRequest) -> dict[str, Any]:
+    return {**ResponsesClient.wire_body(request), "stream": True}
+
+
+RESPONSES = WireFormat("/responses", ResponsesClient.wire_body, _stream_body, _parse_body, ResponsesStream)
+"""The Responses API as a ``WireFormat`` (both transports drive it)."""

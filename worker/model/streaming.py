@@ -16,13 +16,23 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
-from worker.model.interface import Delta, GatewayError, ModelClient, ModelReply, ModelRequest
+from worker.model.interface import Delta, GatewayError, ModelClient, ModelReply, ModelRequest, OnDelta
 
 log = logging.getLogger("agent.model")
 
 Publish = Callable[[list[tuple[str, dict[str, Any]]]], None]
+# ``schedule(delay_s, fn)`` runs ``fn()`` after ``delay_s`` seconds; it returns the cancel.
+Schedule = Callable[[float, Callable[[], None]], Callable[[], Any]]
+
+
+def thread_timer(delay: float, fn: Callable[[], None]) -> Callable[[], Any]:
+    """``Schedule`` on a ``threading.Timer`` (a synchronous call; its deltas arrive on a worker thread)."""
+    timer = threading.Timer(delay, fn)
+    timer.daemon = True
+    timer.start()
+    return timer.cancel
 
 
 class DeltaBatcher:
@@ -38,8 +48,9 @@ class DeltaBatcher:
     ``output_index``, ``delta``, and for arguments ``call_id`` and ``name``.
     """
 
-    def __init__(self, publish: Publish, *, step: int, interval: float = 0.04):
+    def __init__(self, publish: Publish, *, step: int, interval: float = 0.04, schedule: Schedule = thread_timer):
         self.publish = publish
+        self.schedule = schedule
         self.step = step
         self.interval = interval
         self.attempt = uuid.uuid4().hex[:8]
@@ -47,7 +58,7 @@ class DeltaBatcher:
         self.published = 0  # events published
         self._pending: list[dict[str, Any]] = []
         self._last = 0.0
-        self._timer: threading.Timer | None = None
+        self._cancel: Callable[[], Any] | None = None
         self._lock = threading.Lock()
 
     def add(self, delta: Delta) -> None:
@@ -66,10 +77,8 @@ class DeltaBatcher:
             due = time.monotonic() - self._last >= self.interval
             if due:
                 self._flush_locked()
-            elif self._timer is None:
-                self._timer = threading.Timer(self.interval, self.flush)
-                self._timer.daemon = True
-                self._timer.start()
+            elif self._cancel is None:
+                self._cancel = self.schedule(self.interval, self.flush)
 
     def flush(self) -> None:
         """Publish what is pending now."""
@@ -77,9 +86,9 @@ class DeltaBatcher:
             self._flush_locked()
 
     def _flush_locked(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._cancel is not None:
+            self._cancel()
+            self._cancel = None
         if not self._pending:
             return
         events: list[tuple[str, dict[str, Any]]] = []
@@ -111,12 +120,39 @@ def stream_reply(
     try:
         return client.stream(request, batcher.add)
     except GatewayError as exc:
-        batcher.close()
-        if batcher.published:
-            try:
-                publish([("model_stream_broken", {"step": step, "attempt": batcher.attempt, "error": str(exc)[:300]})])
-            except Exception:
-                log.warning("could not publish model_stream_broken", exc_info=True)
+        _broken(batcher, exc)
         raise
     finally:
         batcher.close()
+
+
+async def stream_reply_async(
+    stream: Callable[[ModelRequest, OnDelta], Awaitable[ModelReply]],
+    request: ModelRequest,
+    publish: Publish,
+    *,
+    step: int,
+    interval: float,
+    schedule: Schedule,
+) -> ModelReply:
+    """``stream_reply`` for a coroutine call (``AsyncModelClient.stream``): the batcher's timer is
+    ``schedule`` (the event loop's), and ``publish`` must not block the loop (hand it on)."""
+    batcher = DeltaBatcher(publish, step=step, interval=interval, schedule=schedule)
+    try:
+        return await stream(request, batcher.add)
+    except GatewayError as exc:
+        _broken(batcher, exc)
+        raise
+    finally:
+        batcher.close()
+
+
+def _broken(batcher: DeltaBatcher, exc: GatewayError) -> None:
+    batcher.close()
+    if batcher.published:
+        try:
+            batcher.publish(
+                [("model_stream_broken", {"step": batcher.step, "attempt": batcher.attempt, "error": str(exc)[:300]})]
+            )
+        except Exception:
+            log.warning("could not publish model_stream_broken", exc_info=True)

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from worker.model.interface import ModelClient
 from worker.settings import Settings
 from worker.tooling.contract import AbortSignal, WorkerTool
+from worker.turn.async_calls import AsyncModelCalls, AsyncSetup
 from worker.turn.call_runner import CallRunner
 from worker.turn.completion import BatchCompletion
 from worker.turn.context import TurnContext
@@ -47,7 +48,8 @@ class TurnEngine:
     ``resolve_toolset(name)`` returns the category assembly for a turn's ``toolset``; ``client`` is
     the model client (one per process); ``project_skills`` projects enabled skills into the
     instructions. A control plane passes neither toolsets nor a client: it only starts, cancels
-    and decides on turns.
+    and decides on turns. ``async_calls``: make model calls on the process's event loop
+    (``worker.turn.async_calls``) instead of the calling thread.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class TurnEngine:
         client: ModelClient | None = None,
         project_skills: Callable[[tuple[Skill, ...]], str] | None = None,
         computers: Computers | None = None,
+        async_calls: AsyncSetup | None = None,
     ):
         self.runtime = runtime = TurnRuntime.build(store, dispatcher, settings)
         self.store, self.settings, self.dispatcher, self.client = store, settings, dispatcher, client
@@ -75,7 +78,8 @@ class TurnEngine:
         )
         self.completion = BatchCompletion(runtime, self.approvals, self.end)
         replies = ReplyHandler(runtime, self.approvals, self.completion, self.end)
-        self.model_step = ModelStep(runtime, self.toolbox, client, replies, self.end)
+        self.model_calls = AsyncModelCalls(runtime, self.end, async_calls) if async_calls is not None else None
+        self.model_step = ModelStep(runtime, self.toolbox, client, replies, self.end, self.model_calls)
         # ``computers``: the node side of placement (``worker.placement.homes``); None runs computer calls anywhere.
         self.calls = CallRunner(runtime, self.toolbox, self.approvals, self.completion, computers)
         self.redriver = Redrive(runtime, self.approvals, self.completion, self.end)

@@ -10,21 +10,28 @@ reply to ``worker.turn.replies``.
   ``AGENT_MODEL_STREAM=0``), and stores the reply with its ``model_reply`` event and usage record
   (first write wins: a redelivered step never pays twice).
 
-The split is the seam for a step that does not hold a thread while the model answers
-(docs/architecture.md, "Model clients"): ``prepare`` gives a ``PreparedStep`` whose ``model_request``
-another component can send; once the reply is stored, running the step again finds the memo and
-goes straight to ``ReplyHandler.handle``.
+With ``calls`` (``worker.turn.async_calls.AsyncModelCalls``), a step does not hold its thread
+while the model answers (docs/architecture.md, "Model calls off the worker's threads"): ``run``
+hands the prepared step to the process's event loop and returns ``waiting``; when the call ends,
+``complete`` stores the reply and hands it to ``ReplyHandler.handle``, on a thread of ``calls``.
+Each such call claims the step under its own owner id (``call_owner``), so a redelivery that
+lands on the thread that started the call does not take it for its own.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
+
+from opentelemetry import trace
 
 from worker.model.interface import GatewayError, ModelClient, ModelReply, ModelRequest
 from worker.model.streaming import stream_reply
 from worker.tooling.schemas import collect_tool_definitions
 from worker.turn import metrics, telemetry
+from worker.turn.async_calls import AsyncModelCalls
 from worker.turn.ending import CANCELLED, TurnEnd
 from worker.turn.events import ModelReplied
 from worker.turn.liveness import held_key, node, owner
@@ -42,19 +49,36 @@ log = logging.getLogger("agent.loop")
 
 # Model replies this process paid for but could not store yet (a Redis outage).
 _UNSAVED_REPLIES = Unsaved()
+# Owner ids of asynchronous calls: ``host:node_pid:pid:N``, N counting from far above any thread
+# id's range so that no thread of this process ever passes for a call's owner.
+_CALLS = itertools.count(1 << 62)
+
+
+def call_owner() -> str:
+    """A fresh claim owner for one asynchronous model call (the shape ``owner()`` has, so
+    ``Liveness.owner_is_dead`` judges it by its process and node)."""
+    return f"{node()}:{os.getpid()}:{next(_CALLS)}"
 
 
 class ModelStep:
-    """Runs model steps (see the module docstring); ``client`` None: an engine that only enqueues."""
+    """Runs model steps (see the module docstring); ``client`` None: an engine that only enqueues;
+    ``calls``: make model calls on the process's event loop instead of the caller's thread."""
 
     def __init__(
-        self, runtime: TurnRuntime, toolbox: Toolbox, client: ModelClient | None, replies: ReplyHandler, end: TurnEnd
+        self,
+        runtime: TurnRuntime,
+        toolbox: Toolbox,
+        client: ModelClient | None,
+        replies: ReplyHandler,
+        end: TurnEnd,
+        calls: AsyncModelCalls | None = None,
     ):
         self.rt = runtime
         self.toolbox = toolbox
         self.client = client
         self.replies = replies
         self.end = end
+        self.calls = calls
 
     def run(self, turn_id: str, step: int) -> StepOutcome:
         """Run model step ``step`` of the turn. Stale or duplicate deliveries are dropped.
@@ -64,6 +88,8 @@ class ModelStep:
         prepared = self.prepare(turn_id, step)
         if isinstance(prepared, StepOutcome):
             return prepared
+        if prepared.memo is None and self.calls is not None:
+            return self.calls.start(prepared, self.complete)
         stored = StoredReply(prepared.memo) if prepared.memo is not None else self.call(prepared)
         if isinstance(stored, StepOutcome):
             return stored
@@ -74,7 +100,8 @@ class ModelStep:
         """Read the step and check it; the ``PreparedStep``, or the outcome of a step that ends here."""
         # The claim covers the model call (up to model_timeout), as does the progress deadline.
         lease = self.rt.settings.model_timeout + 60
-        view = self.rt.store.claims.begin_step(turn_id, step, owner(), lease, held_key(node()))
+        claimant = owner() if self.calls is None else call_owner()
+        view = self.rt.store.claims.begin_step(turn_id, step, claimant, lease, held_key(node()))
         state = view.state
         if state is None:
             return StepOutcome("dropped", "unknown turn")
@@ -92,7 +119,7 @@ class ModelStep:
         if log.isEnabledFor(logging.INFO):  # the join is not free, and workers usually log at WARNING
             log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
         model = request.model or self.rt.settings.model
-        prepared = PreparedStep(turn_id, step, state, request, ctx, tools, view.items, lease, model)
+        prepared = PreparedStep(turn_id, step, state, request, ctx, tools, view.items, lease, model, claimant)
         return self._memo(prepared, view) or self._claimed(prepared, view.claim)
 
     def _caps(self, turn_id: str, step: int, state: TurnState, request: TurnRequest) -> StepOutcome | None:
@@ -120,7 +147,7 @@ class ModelStep:
 
     def _claimed(self, prepared: PreparedStep, claim: StepClaim) -> PreparedStep | StepOutcome:
         """``prepared`` with its model request when this process may make the call, else dropped."""
-        if self.client is None:
+        if self.client is None and self.calls is None:
             raise RuntimeError("this engine has no model client: it cannot run model steps")
         if not self._may_call(prepared, claim):
             return StepOutcome("dropped", f"step {prepared.step} is running elsewhere")
@@ -142,12 +169,12 @@ class ModelStep:
             return False
         if claim.started:
             metrics.TURNS_STARTED.labels(prepared.request.queue).inc()
-        if claim.holder is None or claim.holder == owner():
+        if claim.holder is None or claim.holder == prepared.owner:
             return True
         if not self.rt.liveness.owner_is_dead(claim.holder):
             return False
         store, turn_id, step = self.rt.store, prepared.turn_id, prepared.step
-        store.claims.take_over_step(turn_id, step, owner(), prepared.lease)
+        store.claims.take_over_step(turn_id, step, prepared.owner, prepared.lease)
         try:  # the dead holder may have died before its turn was marked running
             store.mark_running(turn_id, step, event={"agent_id": prepared.request.agent_id})
         except StaleStep:
@@ -164,31 +191,66 @@ class ModelStep:
         except BaseException:
             # Free the step for the retry (it may run in another process); after a stored
             # reply nobody claims again (the memo answers), so the claim just expires.
-            self.rt.store.claims.release_step(prepared.turn_id, prepared.step, owner())
+            self.rt.store.claims.release_step(prepared.turn_id, prepared.step, prepared.owner)
             raise
 
     def _call(self, prepared: PreparedStep) -> StoredReply | StepOutcome:
         assert prepared.model_request is not None
-        turn_id, step, model = prepared.turn_id, prepared.step, prepared.model
         started = time.perf_counter()
-        with telemetry.model_call_span(model, turn_id, prepared.request.agent_id, step) as span:
+        with telemetry.model_call_span(
+            prepared.model, prepared.turn_id, prepared.request.agent_id, prepared.step
+        ) as span:
             try:
-                reply = self._create(turn_id, step, prepared.model_request)
+                reply = self._create(prepared.turn_id, prepared.step, prepared.model_request)
             except GatewayError as exc:
-                metrics.MODEL_CALL_SECONDS.labels(model).observe(time.perf_counter() - started)
-                metrics.model_call_finished(model, exc.status_code, failed=True)
-                if exc.retryable:
-                    raise
-                ended = self.end.at_model_step(turn_id, step, TurnStatus.failed, str(exc))
-                return StepOutcome("ended", "model request rejected", ended=ended)
-            elapsed = time.perf_counter() - started
-            metrics.MODEL_CALL_SECONDS.labels(model).observe(elapsed)
-            metrics.model_call_finished(model)
-            usage = normalize_usage(reply.usage)
-            telemetry.model_reply(span, reply.id, reply.status, usage, len(reply.function_calls))
+                return self._refused(prepared, exc, time.perf_counter() - started)
+            return self._paid(prepared, reply, time.perf_counter() - started, span)
+
+    def complete(
+        self, prepared: PreparedStep, result: ModelReply | BaseException, elapsed: float, span: trace.Span
+    ) -> StepOutcome:
+        """Finish a step whose model call was made elsewhere (``AsyncModelCalls``): ``result`` is the
+        reply, or the exception the call raised, after ``elapsed`` seconds; ``span`` its started span
+        (ended here). Stores the reply and handles it (a Redis outage is waited out). Raises the
+        call's ``GatewayError`` (retryable) or any other exception after freeing the step's claim."""
+        try:
+            if isinstance(result, BaseException):
+                telemetry.end_model_call_span(span, result)
+                if isinstance(result, GatewayError):
+                    return self._refused(prepared, result, elapsed)
+                metrics.model_call_finished(prepared.model, None, failed=True)
+                raise result
+            try:
+                stored = self._paid(prepared, result, elapsed, span)
+            finally:
+                telemetry.end_model_call_span(span)
+        except BaseException:
+            self.rt.store.claims.release_step(prepared.turn_id, prepared.step, prepared.owner)
+            raise
+        return until_redis_answers(
+            lambda: self.replies.handle(prepared, stored),
+            what=f"turn {prepared.turn_id} step {prepared.step}",
+            timeout=self.rt.settings.redis_outage_timeout,
+        )
+
+    def _refused(self, prepared: PreparedStep, exc: GatewayError, elapsed: float) -> StepOutcome:
+        """A failed call: raises ``exc`` when it is retryable, else ends the turn ``failed``."""
+        metrics.MODEL_CALL_SECONDS.labels(prepared.model).observe(elapsed)
+        metrics.model_call_finished(prepared.model, exc.status_code, failed=True)
+        if exc.retryable:
+            raise exc
+        ended = self.end.at_model_step(prepared.turn_id, prepared.step, TurnStatus.failed, str(exc))
+        return StepOutcome("ended", "model request rejected", ended=ended)
+
+    def _paid(self, prepared: PreparedStep, reply: ModelReply, elapsed: float, span: trace.Span) -> StoredReply:
+        """Record a reply's metrics and span attributes, and store it."""
+        metrics.MODEL_CALL_SECONDS.labels(prepared.model).observe(elapsed)
+        metrics.model_call_finished(prepared.model)
+        usage = normalize_usage(reply.usage)
+        telemetry.model_reply(span, reply.id, reply.status, usage, len(reply.function_calls))
         calls = len(reply.function_calls)
-        event = ModelReplied(step, reply.status, reply.text[:1000], calls, round(elapsed * 1000, 1), usage)
-        return self._store(turn_id, step, model, reply, event)
+        event = ModelReplied(prepared.step, reply.status, reply.text[:1000], calls, round(elapsed * 1000, 1), usage)
+        return self._store(prepared.turn_id, prepared.step, prepared.model, reply, event)
 
     def _create(self, turn_id: str, step: int, request: ModelRequest) -> ModelReply:
         """The model call: streamed (deltas batched into the event stream) unless ``AGENT_MODEL_STREAM=0``."""

@@ -17,8 +17,8 @@ from worker.turn.state import TurnState
 class PreparedStep:
     """A model step that passed its checks: what ``ModelStep.prepare`` read and built.
 
-    ``memo`` is the step's stored reply (JSON) when it already has one; otherwise this process
-    holds the step's model-call claim for ``lease`` seconds and ``model_request`` is the call to make.
+    ``memo`` is the step's stored reply (JSON) when it already has one; otherwise ``owner`` holds
+    the step's model-call claim for ``lease`` seconds and ``model_request`` is the call to make.
     """
 
     turn_id: str
@@ -30,6 +30,7 @@ class PreparedStep:
     history: list[dict[str, Any]]
     lease: float
     model: str
+    owner: str = ""
     memo: dict[str, Any] | None = None
     model_request: ModelRequest | None = None
 

@@ -134,6 +134,32 @@ def model_call_span(model: str, turn_id: str, agent_id: str, step: int) -> Itera
         yield span
 
 
+def start_model_call_span(model: str, turn_id: str, agent_id: str, step: int) -> trace.Span:
+    """``model_call_span`` for a call that ends on another thread (an asynchronous model call): the
+    span is started here, in the caller's context, and ended by ``end_model_call_span``."""
+    if not tracing_active():
+        return trace.INVALID_SPAN
+    span = TRACER.start_span(f"chat {model}", kind=SpanKind.CLIENT)
+    if span.is_recording():
+        span.set_attributes(
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": PROVIDER,
+                "gen_ai.request.model": model,
+                **_turn_attrs(turn_id, agent_id, step),
+            }
+        )
+    return span
+
+
+def end_model_call_span(span: trace.Span, error: BaseException | None = None) -> None:
+    """End a span of ``start_model_call_span``; ``error`` is recorded on it and marks it as an error."""
+    if error is not None and span.is_recording():
+        span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, f"{error.__class__.__name__}: {error}"[:200]))
+    span.end()
+
+
 def model_reply(span: trace.Span, reply_id: str, status: str, usage: dict[str, int], calls: int) -> None:
     """Set the reply's attributes on a model call span: response id, finish reason, token usage, calls."""
     if not span.is_recording():

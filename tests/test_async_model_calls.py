@@ -1,0 +1,130 @@
+"""Model calls off the worker's threads (``worker.turn.async_calls``), through real workers on a
+private stack: calls in flight far beyond the pool's threads, the inline mode for contrast, a
+duplicate delivery that lands on the thread that started the call, and a warm shutdown that
+hands its calls in flight to another node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.support.private_stack import PrivateStack
+from tests.support.scripts import fc, msg
+
+SLOW_DEADLINE = {"AGENT_PROGRESS_SLACK": "900"}
+
+
+@pytest.fixture
+def stack():
+    s = PrivateStack(**SLOW_DEADLINE)
+    yield s
+    s.close()
+
+
+class Concurrency:
+    """A gateway script step that answers after ``seconds`` and counts the calls in flight."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.now = 0
+        self.peak = 0
+        self.calls = 0
+
+    def __call__(self, body: dict) -> dict:
+        with self.lock:
+            self.now += 1
+            self.calls += 1
+            self.peak = max(self.peak, self.now)
+        try:
+            time.sleep(self.seconds)
+        finally:
+            with self.lock:
+                self.now -= 1
+        first = not any(isinstance(i, dict) and i.get("type") == "function_call" for i in body.get("input", []))
+        if first:
+            return {"output": [fc("read_thing", {"label": "x"})]}
+        return {"output": [msg("ok")]}
+
+
+def _run_turns(stack, script_name: str, n: int, prefix: str) -> None:
+    ids = [
+        stack.control.enqueue({"agent_id": f"{prefix}-{i}", "input": "go", "model": script_name, "toolset": "testing"})
+        for i in range(n)
+    ]
+    for tid in ids:
+        assert stack.control.wait(tid, timeout=120).status.value == "completed"
+
+
+def test_model_calls_hold_no_worker_thread(stack, gateway, script_name):
+    """60 turns on a threads pool of 2: the model sees dozens of calls at once (an inline call
+    holds a thread, so it would see at most 2)."""
+    step = Concurrency(1.0)
+    gateway.add_script(script_name, [step, step])
+    stack.start_worker(concurrency=2)
+    _run_turns(stack, script_name, 60, "async")
+    assert step.calls == 120
+    assert step.peak >= 30, step.peak
+
+
+def test_inline_model_calls_hold_a_thread_each(stack, gateway, script_name):
+    """``AGENT_MODEL_CALLS=inline``: a call holds its worker thread, so a pool of 2 makes at most
+    2 calls at once (the contrast that makes the test above mean something)."""
+    step = Concurrency(0.3)
+    gateway.add_script(script_name, [step, step])
+    stack.start_worker(concurrency=2, env={"AGENT_MODEL_CALLS": "inline"})
+    _run_turns(stack, script_name, 6, "inline")
+    assert step.calls == 12
+    assert step.peak <= 2, step.peak
+
+
+def test_duplicate_delivery_during_a_call_does_not_pay_twice(stack, gateway, script_name):
+    """A second delivery of a step whose call is in flight runs on the very thread that started
+    the call (one solo worker): it must see the call as someone else's and drop, not call again."""
+    started = threading.Event()
+
+    def slow(body: dict) -> dict:
+        started.set()
+        time.sleep(3)
+        return {"output": [msg("once")]}
+
+    gateway.add_script(script_name, [slow])
+    stack.start_worker(pool="solo", concurrency=1)
+    tid = stack.control.enqueue({"agent_id": "dup-a", "input": "go", "model": script_name})
+    assert started.wait(30)
+    stack.control._engine.dispatcher.enqueue_step(tid, 0, queue="turns")  # the duplicate
+    view = stack.control.wait(tid, timeout=60)
+    assert view.status.value == "completed" and view.final_output == "once"
+    assert len([r for r in gateway.requests if r.get("model") == script_name]) == 1
+    replies = [e for e in stack.control.events(tid) if e.get("kind") == "model_reply"]
+    assert len(replies) == 1, replies
+
+
+def test_warm_shutdown_hands_calls_in_flight_to_another_node(stack, gateway, script_name):
+    """SIGTERM during a long call: the worker waits ``AGENT_MODEL_DRAIN_TIMEOUT``, frees the step
+    and publishes it again, and exits; another worker makes the call and finishes the turn."""
+    first = threading.Event()
+
+    def slow_first(body: dict) -> dict:
+        if not first.is_set():
+            first.set()
+            time.sleep(20)  # this answer reaches nobody: its worker has shut down
+            return {"output": [msg("too late")]}
+        return {"output": [msg("from the second node")]}
+
+    gateway.add_script(script_name, [slow_first])
+    worker = stack.start_worker(env={"AGENT_MODEL_DRAIN_TIMEOUT": "0.5"})
+    tid = stack.control.enqueue({"agent_id": "drain-a", "input": "go", "model": script_name})
+    assert first.wait(30)
+    os.killpg(worker.pid, signal.SIGTERM)
+    worker.wait(15)  # raises if the shutdown waited for the call
+    stack.start_worker()
+    view = stack.control.wait(tid, timeout=60)
+    assert view.status.value == "completed" and view.final_output == "from the second node"
+    replies = [e for e in stack.control.events(tid) if e.get("kind") == "model_reply"]
+    assert len(replies) == 1, replies

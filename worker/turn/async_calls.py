@@ -1,0 +1,239 @@
+"""Model calls that hold no worker thread: the step hands its call to the process's event loop and
+returns; the reply, once stored, is handled on a finisher thread (docs/architecture.md, "Model
+calls off the worker's threads").
+
+``AsyncModelCalls.start(prepared, complete)`` (from ``ModelStep.run``, on a worker thread):
+
+1. ``CallEdge.begin`` records the turn as held by this node, so a node that dies mid-call has its
+   turn re-driven (``worker.turn.liveness``), and says how many retries the step already had;
+2. the call is submitted to the ``CallLoop`` (``AsyncModelClient.create`` or, streamed, ``stream``
+   with its deltas batched on the loop and appended to the turn's events by one publisher thread,
+   in order);
+3. ``start`` returns ``StepOutcome("waiting")``: the worker thread is free.
+
+When the call ends, a finisher thread runs ``complete`` (``ModelStep.complete``: the reply stored
+once with its usage, then ``ReplyHandler.handle``). A retryable ``GatewayError`` frees the step's
+claim and publishes the step again after the backoff (``CallEdge.retry``, ``worker.turn.retries``);
+after ``MAX_MODEL_RETRIES``, or for an unexpected error, the turn ends ``failed`` with the reason.
+A Redis outage longer than ``redis_outage_timeout`` leaves the turn to the watchdog.
+
+Crash semantics are an inline call's: the step's claim and the node's held record stay until the
+reply is handled; a re-driven step of a dead node takes the claim over, and a stored reply is never
+paid again (the memo answers). ``drain(timeout)`` (a worker's warm shutdown) waits for the calls in
+flight, then frees the claims of the rest and publishes their steps again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from opentelemetry import trace
+
+from worker.model.async_client import AsyncModelClient
+from worker.model.call_loop import CallLoop
+from worker.model.interface import GatewayError, ModelReply
+from worker.model.streaming import Publish, stream_reply_async
+from worker.turn import telemetry
+from worker.turn.ending import TurnEnd
+from worker.turn.interfaces import step_label
+from worker.turn.outage import OUTAGE_ERRORS, until_redis_answers
+from worker.turn.outcome import StepOutcome
+from worker.turn.prepared import PreparedStep
+from worker.turn.request import TurnStatus
+from worker.turn.retries import MAX_MODEL_RETRIES, note_retry, retry_delay
+from worker.turn.runtime import TurnRuntime
+
+log = logging.getLogger("agent.model")
+
+Complete = Callable[[PreparedStep, "ModelReply | BaseException", float, trace.Span], StepOutcome]
+
+
+class CallEdge(Protocol):
+    """What the queue layer does around an asynchronous model call (``tasks.model_calls``)."""
+
+    def begin(self, turn_id: str, step: int) -> int:
+        """Record the turn as held by this node while its call is in flight; the retries the step
+        has had (0 for its first attempt)."""
+        ...
+
+    def end(self, turn_id: str, step: int) -> None:
+        """The call of step ``step`` is finished with (handled, retried or given up): forget its held record."""
+        ...
+
+    def retry(self, turn_id: str, step: int, *, queue: str, countdown: float, retries: int) -> None:
+        """Publish model step ``step`` again on ``queue`` in ``countdown`` seconds as retry ``retries``."""
+        ...
+
+
+@dataclass(frozen=True)
+class AsyncSetup:
+    """The parts of asynchronous model calls, one per process: the ``client`` (pooled, on the
+    ``loop``), the queue layer's ``edge``, and ``finishers`` threads that store and handle replies."""
+
+    client: AsyncModelClient
+    loop: CallLoop
+    edge: CallEdge
+    finishers: int = 4
+
+
+@dataclass(eq=False)
+class _InFlight:
+    prepared: PreparedStep
+    complete: Complete
+    span: trace.Span
+    retries: int
+    started: float = field(default_factory=time.perf_counter)
+    future: concurrent.futures.Future[ModelReply] | None = None
+    published: concurrent.futures.Future[None] | None = None  # the last delta batch handed on
+
+
+class AsyncModelCalls:
+    """Starts and finishes model calls on the process's event loop (see the module docstring)."""
+
+    def __init__(self, runtime: TurnRuntime, end: TurnEnd, setup: AsyncSetup):
+        self.rt = runtime
+        self.end = end
+        self.client, self.loop, self.edge = setup.client, setup.loop, setup.edge
+        self._finishers = ThreadPoolExecutor(setup.finishers, thread_name_prefix="agent-model-finish")
+        # One thread: a turn's delta batches reach its event stream in the order they were cut.
+        self._publisher = ThreadPoolExecutor(1, thread_name_prefix="agent-model-deltas")
+        self._in_flight: set[_InFlight] = set()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+
+    @property
+    def in_flight(self) -> int:
+        """Calls started and not finished with yet (their reply not handled)."""
+        with self._lock:
+            return len(self._in_flight)
+
+    def start(self, prepared: PreparedStep, complete: Complete) -> StepOutcome:
+        """Hand the step's call to the loop; ``complete`` finishes it. Returns ``waiting`` at once."""
+        assert prepared.model_request is not None
+        retries = self.edge.begin(prepared.turn_id, prepared.step)
+        span = telemetry.start_model_call_span(
+            prepared.model, prepared.turn_id, prepared.request.agent_id, prepared.step
+        )
+        call = _InFlight(prepared, complete, span, retries)
+        with self._lock:
+            self._in_flight.add(call)
+        call.future = self.loop.submit(self._request(call))
+        call.future.add_done_callback(lambda _: self._finishers.submit(self._finish, call))
+        return StepOutcome("waiting", "model call in flight")
+
+    async def _request(self, call: _InFlight) -> ModelReply:
+        prepared = call.prepared
+        assert prepared.model_request is not None
+        settings = self.rt.settings
+        if not settings.model_stream:
+            return await self.client.create(prepared.model_request)
+        loop = self.loop.loop
+        return await stream_reply_async(
+            self.client.stream,
+            prepared.model_request,
+            self._publish_to(call),
+            step=prepared.step,
+            interval=settings.stream_flush_ms / 1000,
+            schedule=lambda delay, fn: loop.call_later(delay, fn).cancel,
+        )
+
+    def _publish_to(self, call: _InFlight) -> Publish:
+        turn_id = call.prepared.turn_id
+
+        def publish(events: list[tuple[str, dict[str, Any]]]) -> None:
+            call.published = self._publisher.submit(self._append, turn_id, events)
+
+        return publish
+
+    def _append(self, turn_id: str, events: list[tuple[str, dict[str, Any]]]) -> None:
+        try:
+            self.rt.store.add_events(turn_id, events)
+        except Exception:  # deltas are a view; the memoized reply is the record
+            log.warning("could not publish %d model deltas of turn %s", len(events), turn_id, exc_info=True)
+
+    def _finish(self, call: _InFlight) -> None:
+        """On a finisher thread: store and handle the reply, or retry or end the turn."""
+        future = call.future
+        assert future is not None
+        if future.cancelled():  # drained: ``drain`` published the step again
+            return
+        prepared = call.prepared
+        turn_id, step = prepared.turn_id, prepared.step
+        if call.published is not None:  # the deltas reach the events before the reply does
+            concurrent.futures.wait([call.published])
+        error = future.exception()
+        result: ModelReply | BaseException = error if error is not None else future.result()
+        try:
+            call.complete(prepared, result, time.perf_counter() - call.started, call.span)
+        except GatewayError as exc:  # retryable; the claim is free
+            self._retry(call, exc)
+        except OUTAGE_ERRORS as exc:
+            log.error("turn %s step %s: Redis did not come back (%s); the watchdog re-drives it", turn_id, step, exc)
+        except Exception as exc:  # never leave a turn hanging on a bug: end it with the reason
+            log.exception("turn %s step %s crashed after its model call", turn_id, step)
+            self._give_up(turn_id, f"internal error in step {step}: {exc.__class__.__name__}: {exc}")
+        finally:
+            self._done(call)
+
+    def _retry(self, call: _InFlight, exc: GatewayError) -> None:
+        prepared = call.prepared
+        turn_id, step, error = prepared.turn_id, prepared.step, str(exc)
+        if call.retries >= MAX_MODEL_RETRIES:
+            self._give_up(turn_id, f"model gateway failed after retries: {error}")
+            return
+        delay = retry_delay(call.retries)
+        self._waiting_out(lambda: note_retry(self.rt.store, self.rt.settings, turn_id, step, error, delay), turn_id)
+        self._waiting_out(
+            lambda: self.edge.retry(
+                turn_id, step, queue=prepared.request.queue, countdown=delay, retries=call.retries + 1
+            ),
+            turn_id,
+        )
+
+    def _give_up(self, turn_id: str, error: str) -> None:
+        self._waiting_out(lambda: self.end.fail(turn_id, TurnStatus.failed, error), turn_id)
+
+    def _waiting_out(self, run: Callable[[], object], turn_id: str) -> None:
+        try:
+            until_redis_answers(run, what=f"turn {turn_id}", timeout=self.rt.settings.redis_outage_timeout)
+        except OUTAGE_ERRORS as exc:
+            log.error("turn %s: Redis did not come back (%s); the watchdog re-drives it", turn_id, exc)
+
+    def _done(self, call: _InFlight) -> None:
+        try:
+            self.edge.end(call.prepared.turn_id, call.prepared.step)
+        finally:
+            with self._lock:
+                self._in_flight.discard(call)
+                if not self._in_flight:
+                    self._idle.notify_all()
+
+    def drain(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the calls in flight; free the claims of those still
+        running and publish their steps again (another node makes the call). Their number."""
+        with self._lock:
+            self._idle.wait_for(lambda: not self._in_flight, timeout=max(0.0, timeout))
+            left = [c for c in self._in_flight if c.future is not None and c.future.cancel()]
+        for call in left:
+            prepared = call.prepared
+            turn_id, step = prepared.turn_id, prepared.step
+            telemetry.end_model_call_span(call.span, RuntimeError("worker shut down during the call"))
+            self.rt.store.claims.release_step(turn_id, step, prepared.owner)
+            label = step_label(prepared.request.agent_id, turn_id, step)
+            self._waiting_out(
+                lambda: self.rt.dispatcher.enqueue_step(turn_id, step, queue=prepared.request.queue, label=label),  # noqa: B023
+                turn_id,
+            )
+            self._done(call)
+        return len(left)
+
+    def close(self) -> None:
+        """Stop the finisher and publisher threads once their work is done."""
+        self._finishers.shutdown(wait=True)
+        self._publisher.shutdown(wait=True)
