@@ -257,19 +257,24 @@ def submit_result_schema(result_schema: dict[str, Any]) -> dict[str, Any]:
     return root
 
 
-def strict_plan(result_schema: dict[str, Any]) -> tuple[bool, str | None]:
-    """Whether ``submit_result`` can be sent in strict mode: ``(True, None)`` or ``(False, reason)``.
+def strict_plan(result_schema: dict[str, Any], provider: str | None = None) -> tuple[bool, str | None]:
+    """Whether ``submit_result`` can be sent in strict mode under ``provider`` (default: the
+    profile in use, ``AGENT_MODEL_PROVIDER``): ``(True, None)`` or ``(False, reason)``.
 
     The reason is ``worker.tooling.strict``'s error (it names the field and the
-    strict-mode rule, e.g. an open map ``dict[str, X]``).
+    strict-mode rule, e.g. an open map ``dict[str, X]``), or the profile's
+    (``worker.tooling.wire_profiles.strict_refusal``: ``gemini`` and ``any`` carry no strict mode).
     """
+    from worker.tooling.schemas import current_provider
     from worker.tooling.strict import to_strict_schema
+    from worker.tooling.wire_profiles import strict_refusal
 
     try:
         to_strict_schema(submit_result_schema(result_schema), tool_name=FINISH_TOOL)
     except ToolDefinitionError as exc:
         return False, str(exc)
-    return True, None
+    refusal = strict_refusal(FINISH_TOOL, provider or current_provider())
+    return (False, refusal) if refusal else (True, None)
 
 
 def _loc(parts: Any) -> str:
