@@ -267,6 +267,16 @@ def test_start_refuses_bad_schemas(client, agent):
     assert client.list(agent) == []
 
 
+def test_start_refuses_a_schema_the_profile_cannot_send(client, agent):
+    """A recursive result schema under the default profile (any): no strict mode (G4), and Gemini has
+    no $ref (G3), so the task is refused at start, naming the rule, not at its first step."""
+    from worker.records.workflow import WorkflowError
+
+    with pytest.raises(WorkflowError, match="cannot be sent to the model.*G3.*AGENT_MODEL_PROVIDER"):
+        client.start_workflow_task(agent_id=agent, title="x", instructions="y", result_schema=TREE)
+    assert client.list(agent) == []
+
+
 def test_recursive_result_schema_commits(openai_stack, gateway, strict_client, script_name, agent):
     """A root self-reference ({"$ref": "#"}) survives the wrapper: strict submit_result, accepted, committed
     (under openai: Gemini, so the default profile, has no recursive schema, rule G3)."""
