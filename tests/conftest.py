@@ -57,6 +57,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    session_api_style()  # a wrong OPENAI_API_STYLE stops the run before anything starts
     if config.getoption("--fast"):
         _configure_fast_tier()
         return
@@ -295,13 +296,25 @@ def homes_root() -> Path:
 API_STYLES = ("responses", "chat")
 
 
+def session_api_style() -> str:
+    """The wire API the session's worker speaks: ``OPENAI_API_STYLE`` as the suite was started with
+    (``responses`` when unset), so ``OPENAI_API_STYLE=chat make test`` runs the end-to-end tests
+    through ``/chat/completions``. ``worker.settings`` refuses any other value; so does this."""
+    style = os.environ.get("OPENAI_API_STYLE") or "responses"
+    if style not in API_STYLES:
+        raise pytest.UsageError(f"OPENAI_API_STYLE={style!r}: use one of {', '.join(API_STYLES)}")
+    return style
+
+
 @pytest.fixture(scope="session")
-def chat_stack():
-    """A worker with ``OPENAI_API_STYLE=chat`` (``--pool solo -c 1``) on a Redis of its own, so
-    no step of its turns is taken by the session's Responses worker; the same scripted gateway."""
+def other_style_stack():
+    """A worker (``--pool solo -c 1``) speaking the wire API the session's worker does not, on a
+    Redis of its own, so no step of its turns is taken by the session's worker; the same scripted
+    gateway."""
     from tests.support.private_stack import PrivateStack
 
-    stack = PrivateStack(OPENAI_API_STYLE="chat")
+    other = next(style for style in API_STYLES if style != session_api_style())
+    stack = PrivateStack(OPENAI_API_STYLE=other)
     try:
         stack.start_worker(pool="solo", concurrency=1)
         yield stack
@@ -318,10 +331,10 @@ def api_style(request) -> str:
 @pytest.fixture
 def styled_control(request, api_style):
     """A control plane whose turns run on a worker speaking ``api_style``: the session's worker
-    (Responses) or ``chat_stack``'s. A module runs its end-to-end tests in both styles with
-    ``control = styled_control`` (a fixture of that name)."""
-    if api_style == "chat":
-        return request.getfixturevalue("chat_stack").control
+    when it speaks that style (``session_api_style``), else ``other_style_stack``'s. A module runs
+    its end-to-end tests in both styles with ``control = styled_control`` (a fixture of that name)."""
+    if api_style != session_api_style():
+        return request.getfixturevalue("other_style_stack").control
     request.getfixturevalue("solo_worker")
     from control.client import ControlPlane
 

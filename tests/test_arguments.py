@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from pydantic import BaseModel, Field
 
 from tests.support.profiles import openai_profile  # noqa: F401 (a fixture)
@@ -117,6 +118,7 @@ CATALOGUE = [
 ]
 
 
+@pytest.mark.usefixtures("openai_profile")  # strict mode: OpenAI's profile (any refuses it, G4)
 def test_with_tool_search_only_when_deferred():
     plain = [_tool(name="a", json_schema={"type": "object"})]
     assert with_tool_search(plain) == plain
@@ -138,6 +140,7 @@ def test_ranking_by_name_and_description_words():
     assert rank_tools("weather", CATALOGUE) == []
 
 
+@pytest.mark.usefixtures("openai_profile")  # strict mode: OpenAI's profile (any refuses it, G4)
 def test_search_returns_definitions_and_loaded_names():
     search = make_tool_search_tool(CATALOGUE)
     out = validate_tool_arguments(search, '{"query": "github issue", "limit": null}')
@@ -163,8 +166,6 @@ def test_search_limit_enforced():
 # ---- regressions: hostile inputs never raise; storage-safe values; one duplicate-key rule ------
 
 from typing import Any, Literal  # noqa: E402
-
-import pytest  # noqa: E402
 
 from worker.tooling.contract import WorkerTool  # noqa: E402
 from worker.tooling.repair import MAX_NESTING_DEPTH  # noqa: E402
@@ -340,6 +341,7 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.usefixtures("openai_profile")  # strict mode: OpenAI's profile (any refuses it, G4)
 @pytest.mark.parametrize("raw", HOSTILE, ids=range(len(HOSTILE)))
 @pytest.mark.parametrize("kind", ["raw", "pydantic", "strict"])
 def test_validate_tool_arguments_never_raises(raw, kind):
@@ -397,6 +399,7 @@ class Nested(BaseModel):
     keep: str | None = "k"
 
 
+@pytest.mark.usefixtures("openai_profile")  # strict mode: OpenAI's profile (any refuses it, G4)
 def test_strict_nulls_are_dropped_through_unions_lists_and_refs():
     tool = _tool(input_model=Nested, strict=True)
     raw = json.dumps(
@@ -423,6 +426,7 @@ def test_strict_nulls_are_dropped_through_unions_lists_and_refs():
     assert out.ok and out.params.pet == Cat(kind="cat") and out.params.sub is None
 
 
+@pytest.mark.usefixtures("openai_profile")  # strict mode: OpenAI's profile (any refuses it, G4)
 def test_strict_nulls_raw_schema_refs_and_maps_and_required_nulls_still_fail():
     schema = {
         "type": "object",

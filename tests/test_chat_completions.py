@@ -102,6 +102,27 @@ def test_request_bodies_are_valid_chat_params():
         TypeAdapter(CompletionCreateParamsNonStreaming).validate_python({"model": "m", "input": HISTORY})
 
 
+def test_a_tool_without_arguments_under_gemini_is_a_function_without_parameters():
+    """G10: under AGENT_MODEL_PROVIDER=gemini a tool that takes no arguments is declared without
+    ``parameters``; Chat sends it so (OpenAI's params allow it) instead of inventing a schema."""
+    from worker.tooling.contract import ToolResult, define_worker_tool
+    from worker.tooling.schemas import function_definition
+
+    tool = define_worker_tool(
+        name="list_jobs", description="List jobs.", execute=lambda p, c: ToolResult("ok"),
+        json_schema={"type": "object", "properties": {}},
+    )  # fmt: skip
+    definition = function_definition(tool, "gemini")
+    assert "parameters" not in definition
+    [sent] = chat_tools([definition])
+    assert sent["function"] == {"name": "list_jobs", "description": "List jobs.", "strict": False}
+    TypeAdapter(CompletionCreateParamsNonStreaming).validate_python(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [sent]}
+    )
+    [default] = chat_tools([function_definition(tool, "any")])
+    assert default["function"]["parameters"] == {"type": "object", "required": []}
+
+
 def test_an_image_becomes_an_image_url_part():
     item = {"type": "message", "role": "user", "content": [
         {"type": "input_text", "text": "what is this"}, {"type": "input_image", "image_url": "data:image/png;base64,AA"}]}  # fmt: skip
@@ -277,3 +298,17 @@ def test_the_setting_picks_the_client(monkeypatch):
     monkeypatch.setenv("OPENAI_API_STYLE", "completions")
     with pytest.raises(ValidationError, match="OPENAI_API_STYLE"):
         Settings()
+
+
+def test_the_suites_worker_speaks_the_style_the_environment_names(monkeypatch):
+    """``OPENAI_API_STYLE=chat make test`` runs the session's worker in the chat style; a value the
+    settings refuse stops the run before anything starts (tests/conftest.py)."""
+    from tests.conftest import session_api_style
+
+    monkeypatch.delenv("OPENAI_API_STYLE", raising=False)
+    assert session_api_style() == "responses"
+    monkeypatch.setenv("OPENAI_API_STYLE", "chat")
+    assert session_api_style() == "chat"
+    monkeypatch.setenv("OPENAI_API_STYLE", "completions")
+    with pytest.raises(pytest.UsageError, match="OPENAI_API_STYLE='completions'"):
+        session_api_style()

@@ -10,9 +10,13 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from tests.support.profiles import openai_profile  # noqa: F401 (a fixture)
 from worker.tooling.contract import ToolDefinitionError, ToolResult, define_worker_tool
 from worker.tooling.schemas import function_definition
 from worker.tooling.strict import strict_violations, to_strict_schema
+
+# Strict mode is OpenAI's: the default profile (any) refuses strict tools (rule G4), so these run under openai.
+pytestmark = pytest.mark.usefixtures("openai_profile")
 
 RULES = json.loads((Path(__file__).parent / "fixtures" / "cases" / "strict-mode-rules.json").read_text())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from tests.conftest import session_api_style
 from tests.support.scripts import fc, msg
 from worker.turn.request import TurnStatus
 
@@ -147,7 +148,7 @@ def test_oversized_output_is_capped_with_marker(control, gateway, script_name):
     assert "output truncated" in out and "of 100000 characters cut" in out
 
 
-@pytest.mark.parametrize("api_style", ["responses"])  # sends to the session's broker, whose worker speaks Responses
+@pytest.mark.parametrize("api_style", [session_api_style()])  # sends to the session's broker and worker
 def test_stale_step_message_is_dropped(control, gateway, script_name):
     from tasks.turns import turn_step
 

@@ -8,6 +8,7 @@ the rule. Arguments are still validated against the tool's own schema, never the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from worker.settings import Settings
 from worker.tooling.arguments import validate_tool_arguments
 from worker.tooling.contract import ToolResult, ToolServices, WorkerTool, define_worker_tool
 from worker.tooling.errors import ToolDefinitionError
-from worker.tooling.schemas import function_definition, parameters_schema
+from worker.tooling.schemas import function_definition, parameters_schema, source_schema
+from worker.tooling.tool_search import make_tool_search_tool
 from worker.tooling.wire_profiles import PROVIDERS
 from worker.tools.assembly import text_turn_tools, workflow_task_tools
 from worker.turn.context import TurnContext
@@ -60,16 +62,38 @@ def _catalogs(tmp_path: Path) -> list[WorkerTool]:
         )
 
     tools = text_turn_tools(ctx(False)) + workflow_task_tools(ctx(True)) + toolsets.testing_tools(ctx(False))
+    tools.append(make_tool_search_tool([dataclasses.replace(t, defer_loading=True) for t in tools[:3]]))
     assert len({t.name for t in tools}) >= 30
     return tools
 
 
+def _nodes(node: Any):
+    if isinstance(node, dict):
+        yield node
+        node = list(node.values())
+    if isinstance(node, list):
+        for value in node:
+            yield from _nodes(value)
+
+
+def test_the_catalogs_hold_the_shapes_the_gemini_rules_rewrite(tmp_path):
+    """The catalog test below covers G10 and G11 for real: tools without arguments, and pydantic's
+    optional fields (an anyOf beside a title, a description and a default)."""
+    tools = _catalogs(tmp_path)
+    assert any(not source_schema(t).get("properties") for t in tools)  # G10
+    assert any("anyOf" in n and {"title", "default"} <= set(n) for t in tools for n in _nodes(source_schema(t)))
+
+
 def _check(tool: WorkerTool, provider: str) -> dict[str, Any] | None:
-    if tool.strict and provider == "gemini":  # strict mode is OpenAI's: refused, naming the setting
-        with pytest.raises(ToolDefinitionError, match="AGENT_MODEL_PROVIDER=gemini"):
+    if tool.strict and provider in ("gemini", "any"):  # strict mode is OpenAI's: refused, naming the setting
+        with pytest.raises(ToolDefinitionError, match=f"AGENT_MODEL_PROVIDER={provider}.*G4"):
             function_definition(tool, provider)
         return None
-    params = function_definition(tool, provider)["parameters"]
+    definition = function_definition(tool, provider)
+    if "parameters" not in definition:  # G10: a tool without arguments, declared without parameters
+        assert provider == "gemini" and not source_schema(tool).get("properties"), (tool.name, provider)
+        return None
+    params = definition["parameters"]
     problems = violations(params, provider, tool.strict)
     assert not problems, (tool.name, provider, problems)
     return params
@@ -155,7 +179,7 @@ def test_our_profile_case(case, provider):
 
 
 def test_every_rule_has_a_case():
-    assert {c["rule"] for c in OURS} >= {"G2", "G3", "G4", "G5", "G6", "G7", "G8", "G9", "A1"}
+    assert {c["rule"] for c in OURS} >= {"G2", "G3", "G4", "G5", "G6", "G7", "G8", "G9", "G10", "G11", "A1"}
 
 
 def test_the_default_profile_refuses_at_definition_naming_path_and_rule():
@@ -178,14 +202,45 @@ def test_submit_result_falls_back_to_not_strict_under_gemini(tmp_path, monkeypat
         get_settings.cache_clear()
 
 
-def test_a_strict_tool_under_gemini_is_refused_and_kept_under_any():
+def test_a_strict_tool_is_refused_under_gemini_and_any_and_kept_under_openai_and_anthropic():
+    """Strict mode closes every object (additionalProperties: false), which Gemini refuses (G4); the
+    default profile keeps Gemini's rules too, so it refuses strict tools, naming the path and the rule."""
     schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
     tool = define_worker_tool(
-        name="s", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema, strict=True
+        name="s", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema, strict=False
     )
-    with pytest.raises(ToolDefinitionError, match="gemini"):
-        parameters_schema(tool, "gemini")
-    assert parameters_schema(tool, "any")["additionalProperties"] is False
+    strict = dataclasses.replace(tool, strict=True)
+    for provider in ("gemini", "any"):
+        with pytest.raises(ToolDefinitionError) as err:
+            parameters_schema(strict, provider)
+        assert "/additionalProperties" in str(err.value) and "G4" in str(err.value)
+        assert f"AGENT_MODEL_PROVIDER={provider}" in str(err.value)
+    for provider in ("openai", "anthropic"):
+        assert parameters_schema(strict, provider)["additionalProperties"] is False
+    with pytest.raises(ToolDefinitionError, match="AGENT_MODEL_PROVIDER=any"):  # the default profile
+        define_worker_tool(name="s2", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema,
+                           strict=True)  # fmt: skip
+
+
+def test_tool_search_and_submit_result_fall_back_to_not_strict_under_the_default_profile(tmp_path):
+    from worker.records.result_schema import strict_plan
+    from worker.tooling.tool_search import make_tool_search_tool
+
+    deferred = [dataclasses.replace(t, defer_loading=True) for t in _catalogs(tmp_path)[:2]]
+    assert make_tool_search_tool(deferred).strict is False
+    assert next(t for t in _catalogs(tmp_path) if t.name == "submit_result").strict is False
+    strict, note = strict_plan(RESULT_SCHEMA)
+    assert strict is False and "AGENT_MODEL_PROVIDER=any" in note and "G4" in note
+    assert strict_plan(RESULT_SCHEMA, "openai") == (True, None)
+
+
+@pytest.mark.usefixtures("openai_profile")
+def test_tool_search_and_submit_result_are_strict_under_openai(tmp_path):
+    from worker.tooling.tool_search import make_tool_search_tool
+
+    deferred = [dataclasses.replace(t, defer_loading=True) for t in _catalogs(tmp_path)[:2]]
+    assert make_tool_search_tool(deferred).strict is True
+    assert next(t for t in _catalogs(tmp_path) if t.name == "submit_result").strict is True
 
 
 def test_an_acceptable_schema_is_sent_as_the_same_object_under_every_profile():

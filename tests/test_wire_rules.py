@@ -13,12 +13,17 @@ from typing import Any
 
 import pytest
 
+from tests.support.profiles import openai_profile  # noqa: F401 (a fixture)
 from worker.tooling.arguments import validate_tool_arguments
 from worker.tooling.contract import ToolResult, define_worker_tool
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.schemas import function_definition
 from worker.tooling.strict import strict_violations
 from worker.tooling.wire import has_lookaround
+
+# P1-P4 are the rules of OpenAI and OpenAI-compatible relays, strict copies included (the default profile,
+# any, refuses strict tools: rule G4): under openai.
+pytestmark = pytest.mark.usefixtures("openai_profile")
 
 CASES_DIR = Path(__file__).parent / "fixtures" / "cases"
 PROVIDER = json.loads((CASES_DIR / "provider-schema-rejections.json").read_text())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from pathlib import Path
@@ -38,6 +39,30 @@ def client(control):
     return WorkflowClient(control)
 
 
+@pytest.fixture(scope="module")
+def openai_stack():
+    """A worker with ``AGENT_MODEL_PROVIDER=openai`` (``--pool solo -c 1``) on a Redis of its own: strict
+    mode end to end. The default profile (any) sends no strict tool (rule G4, worker.tooling.wire_profiles)."""
+    from tests.support.private_stack import PrivateStack
+
+    stack = PrivateStack(AGENT_MODEL_PROVIDER="openai")
+    try:
+        stack.start_worker(pool="solo", concurrency=1)
+        yield stack
+    finally:
+        stack.close()
+
+
+@pytest.fixture
+def strict_client(openai_stack, request):
+    """A workflow client whose tasks run on ``openai_stack``; this process plans them under openai too."""
+    from control.workflow import WorkflowClient
+
+    request.getfixturevalue("openai_profile")
+
+    return WorkflowClient(openai_stack.control)
+
+
 @pytest.fixture
 def agent():
     return f"wf-{uuid.uuid4().hex[:8]}"
@@ -60,7 +85,8 @@ def requests_for(gateway, model):
     return [r for r in gateway.requests if r["model"] == model]
 
 
-def test_accepted_submission_commits_the_result(control, gateway, client, script_name, agent):
+def test_accepted_submission_commits_the_result(openai_stack, gateway, strict_client, script_name, agent):
+    control, client = openai_stack.control, strict_client
     task = start(client, gateway, script_name, [submit(GOOD), {"output": [msg("never asked")]}], agent)
     assert task.status == "queued" and len(task.attempts) == 1
     done = client.wait(task.task_id)
@@ -82,6 +108,20 @@ def test_accepted_submission_commits_the_result(control, gateway, client, script
     # strict copy: the optional 'note' became required + nullable
     assert sub["parameters"]["properties"]["result"]["required"] == ["city", "population", "note"]
     assert outputs(control, att["turn_id"]) == ["Result accepted. The task is complete; no further action is needed."]
+
+
+def test_the_default_profile_sends_submit_result_not_strict_and_says_why(control, gateway, client, script_name, agent):
+    """Under the default profile (any) strict mode cannot be sent (Gemini refuses its closed objects,
+    rule G4): the task records why, the model gets the copy every provider takes, and the submission
+    is still validated against the task's schema."""
+    task = start(client, gateway, script_name, [submit({"city": "Lyon"}), submit(GOOD)], agent)
+    assert task.strict is False and "AGENT_MODEL_PROVIDER=any" in task.strict_note and "G4" in task.strict_note
+    done = client.wait(task.task_id)
+    assert done.status == "succeeded" and done.result == GOOD
+    assert "result.population" in outputs(control, done.attempts[0]["turn_id"])[0]
+    sub = requests_for(gateway, script_name)[0]["tools"][-1]
+    assert sub["name"] == "submit_result" and sub["strict"] is False
+    assert "additionalProperties" not in json.dumps(sub["parameters"])
 
 
 def test_schema_rejection_names_fields_then_corrected_submission(control, gateway, client, script_name, agent):
@@ -227,8 +267,20 @@ def test_start_refuses_bad_schemas(client, agent):
     assert client.list(agent) == []
 
 
-def test_recursive_result_schema_commits(control, gateway, client, script_name, agent):
-    """A root self-reference ({"$ref": "#"}) survives the wrapper: strict submit_result, accepted, committed."""
+def test_start_refuses_a_schema_the_profile_cannot_send(client, agent):
+    """A recursive result schema under the default profile (any): no strict mode (G4), and Gemini has
+    no $ref (G3), so the task is refused at start, naming the rule, not at its first step."""
+    from worker.records.workflow import WorkflowError
+
+    with pytest.raises(WorkflowError, match="cannot be sent to the model.*G3.*AGENT_MODEL_PROVIDER"):
+        client.start_workflow_task(agent_id=agent, title="x", instructions="y", result_schema=TREE)
+    assert client.list(agent) == []
+
+
+def test_recursive_result_schema_commits(openai_stack, gateway, strict_client, script_name, agent):
+    """A root self-reference ({"$ref": "#"}) survives the wrapper: strict submit_result, accepted, committed
+    (under openai: Gemini, so the default profile, has no recursive schema, rule G3)."""
+    control, client = openai_stack.control, strict_client
     steps = [submit({"name": "root", "children": [{"name": 7, "children": []}]}), submit(TREE_VALUE)]
     task = start(client, gateway, script_name, steps, agent, result_schema=TREE)
     assert task.strict is True and task.strict_note is None
@@ -266,7 +318,7 @@ def test_defs_are_hoisted_so_refs_keep_resolving(control, gateway, client, scrip
     }
     steps = [submit({"items": [{"n": "x"}]}), submit({"items": [{"n": 1}]})]
     done = client.wait(start(client, gateway, script_name, steps, agent, result_schema=schema).task_id)
-    assert done.status == "succeeded" and done.strict is True
+    assert done.status == "succeeded" and done.strict is False  # the default profile (any): rule G4
     assert "result.items[0].n" in outputs(control, done.attempts[0]["turn_id"])[0]
 
 
@@ -515,6 +567,7 @@ def _enqueue_only():
         (True, True, ["web_search", "recall", "get_page", "submit_result"]),
     ],
 )
+@pytest.mark.usefixtures("openai_profile")  # submit_result strict: a profile that carries strict mode
 def test_workflow_task_catalog(web, brain, expected):
     from worker.settings import Settings
     from worker.tools.assembly import workflow_task_tools

@@ -75,8 +75,16 @@ def gemini_violations(schema: dict[str, Any]) -> list[str]:
             out.append(f"{path}: enum of non-strings")
         if "format" in node and node["format"] not in GEMINI_FORMATS.get(str(t), set()):
             out.append(f"{path}: format {node['format']!r}")
-        if t == "array" and not isinstance(node.get("items"), dict):
-            out.append(f"{path}: array without items")
+        if t == "array":
+            items = node.get("items")
+            if not isinstance(items, dict) or not (isinstance(items.get("type"), str) or items.get("anyOf")):
+                out.append(f"{path}: array without typed items")
+        if "anyOf" in node and set(node) - {"anyOf"}:
+            out.append(f"{path}: anyOf beside {sorted(set(node) - {'anyOf'})} (Vertex: anyOf must be alone)")
+        if path != "/" and "properties" in node and not node["properties"]:
+            out.append(f"{path}: empty properties")
+    if "properties" in schema and not schema["properties"]:
+        out.append("/: empty properties (a tool without arguments is sent without parameters or properties)")
     return out
 
 

@@ -13,7 +13,8 @@ Request (``chat_body``):
   message with ``tool_calls`` (``id`` = ``call_id``, ``arguments`` verbatim);
 - ``function_call_output`` -> a ``tool`` message (``tool_call_id`` = ``call_id``);
 - ``reasoning`` items are dropped (Chat has no place for them);
-- function tools -> ``{"type": "function", "function": {name, description, parameters, strict}}``;
+- function tools -> ``{"type": "function", "function": {name, description, parameters, strict}}``
+  (``parameters`` left out when the tool has none: Chat reads that as a function without arguments);
   a namespace's tools are flattened into top-level functions (tool names are unique per turn);
   any other tool type raises ``ChatMappingError``;
 - ``max_output_tokens`` -> ``max_tokens`` (the name llama.cpp, vLLM, Ollama and OpenAI all
@@ -142,7 +143,9 @@ def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise ChatMappingError(
                 f"a {tool.get('type')!r} tool has no Chat Completions form; use OPENAI_API_STYLE=responses"
             )
-        function: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
+        function: dict[str, Any] = {"name": tool["name"]}
+        if tool.get("parameters") is not None:  # absent: a function without arguments (G10 under gemini)
+            function["parameters"] = tool["parameters"]
         if tool.get("description"):
             function["description"] = tool["description"]
         if tool.get("strict") is not None:

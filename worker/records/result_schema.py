@@ -257,19 +257,47 @@ def submit_result_schema(result_schema: dict[str, Any]) -> dict[str, Any]:
     return root
 
 
-def strict_plan(result_schema: dict[str, Any]) -> tuple[bool, str | None]:
-    """Whether ``submit_result`` can be sent in strict mode: ``(True, None)`` or ``(False, reason)``.
+def strict_plan(result_schema: dict[str, Any], provider: str | None = None) -> tuple[bool, str | None]:
+    """Whether ``submit_result`` can be sent in strict mode under ``provider`` (default: the
+    profile in use, ``AGENT_MODEL_PROVIDER``): ``(True, None)`` or ``(False, reason)``.
 
     The reason is ``worker.tooling.strict``'s error (it names the field and the
-    strict-mode rule, e.g. an open map ``dict[str, X]``).
+    strict-mode rule, e.g. an open map ``dict[str, X]``), or the profile's
+    (``worker.tooling.wire_profiles.strict_refusal``: ``gemini`` and ``any`` carry no strict mode).
+    Raises ``WorkflowError`` when the tool cannot be sent without strict mode either: the profile
+    in use refuses the schema (e.g. a recursive one under ``any`` or ``gemini``, rule G3), so the
+    task is refused at start rather than failing at its first step.
     """
+    from worker.tooling.schemas import current_provider
     from worker.tooling.strict import to_strict_schema
+    from worker.tooling.wire_profiles import strict_refusal
 
     try:
         to_strict_schema(submit_result_schema(result_schema), tool_name=FINISH_TOOL)
     except ToolDefinitionError as exc:
+        _check_sendable(result_schema)
         return False, str(exc)
+    refusal = strict_refusal(FINISH_TOOL, provider or current_provider())
+    if refusal:
+        _check_sendable(result_schema)
+        return False, refusal
     return True, None
+
+
+def _check_sendable(result_schema: dict[str, Any]) -> None:
+    """``submit_result`` defined not strict under the profile in use, else ``WorkflowError``."""
+    from worker.tooling.contract import ToolResult, define_worker_tool
+
+    try:
+        define_worker_tool(
+            name=FINISH_TOOL,
+            description="Submit the result.",
+            execute=lambda params, ctx: ToolResult("ok"),
+            json_schema=submit_result_schema(result_schema),
+            strict=False,
+        )
+    except ToolDefinitionError as exc:
+        raise WorkflowError(f"result_schema cannot be sent to the model: {exc}") from None
 
 
 def _loc(parts: Any) -> str:

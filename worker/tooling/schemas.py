@@ -33,7 +33,7 @@ from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.strict import field_name, to_strict_schema
 from worker.tooling.validators import compile_validator
 from worker.tooling.wire import check_root, pointer, wire_copy
-from worker.tooling.wire_profiles import profile_copy, strict_profile_copy
+from worker.tooling.wire_profiles import profile_copy, sends_parameters, strict_profile_copy
 
 
 class ToolSpec(Protocol):
@@ -272,8 +272,9 @@ def function_definition(tool: ToolSpec, provider: str | None = None) -> dict[str
     (default: the profile in use).
 
     Shape: ``{"type": "function", "name", "description", "parameters",
-    "strict"}`` plus ``"defer_loading": true`` for deferred tools. The dict is
-    cached and shared: callers must not mutate it.
+    "strict"}`` plus ``"defer_loading": true`` for deferred tools; without ``parameters`` for a tool
+    that takes no arguments under ``gemini`` (rule G10, ``worker.tooling.wire_profiles``). The dict
+    is cached and shared: callers must not mutate it.
     """
     provider = provider or current_provider()
     by_provider = _DEF_BY_TOOL.get(tool)
@@ -285,13 +286,11 @@ def function_definition(tool: ToolSpec, provider: str | None = None) -> dict[str
     if cached is not None:
         _DEF_BY_TOOL.setdefault(tool, {})[provider] = cached
         return cached
-    definition: dict[str, Any] = {
-        "type": "function",
-        "name": tool.name,
-        "description": tool.description,
-        "parameters": parameters_schema(tool, provider),
-        "strict": tool.strict,
-    }
+    parameters = parameters_schema(tool, provider)
+    definition: dict[str, Any] = {"type": "function", "name": tool.name, "description": tool.description}
+    if sends_parameters(parameters, provider):
+        definition["parameters"] = parameters
+    definition["strict"] = tool.strict
     if tool.defer_loading:
         definition["defer_loading"] = True
     if len(_DEF_CACHE) > _CACHE_LIMIT:

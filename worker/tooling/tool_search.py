@@ -27,7 +27,8 @@ from typing import Any, Iterable, Sequence
 from pydantic import BaseModel, Field
 
 from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
-from worker.tooling.schemas import function_definition
+from worker.tooling.schemas import current_provider, function_definition
+from worker.tooling.wire_profiles import strict_refusal
 
 TOOL_SEARCH_NAME = "tool_search"
 _CATALOG_NAMES_IN_DESCRIPTION = 60
@@ -120,7 +121,9 @@ def make_tool_search_tool(deferred_tools: Iterable[WorkerTool[Any]]) -> WorkerTo
         loaded = []
         for _, tool in ranked:
             definition = function_definition(tool)
-            entry = {"name": tool.name, "description": tool.description, "parameters": definition["parameters"]}
+            entry = {"name": tool.name, "description": tool.description}
+            if "parameters" in definition:  # absent for a tool without arguments under gemini (G10)
+                entry["parameters"] = definition["parameters"]
             if tool.namespace:
                 entry["namespace"] = tool.namespace
             loaded.append(entry)
@@ -132,17 +135,19 @@ def make_tool_search_tool(deferred_tools: Iterable[WorkerTool[Any]]) -> WorkerTo
             content={"loaded": loaded, "message": message}, details={"loaded": [e["name"] for e in loaded]}
         )
 
-    return define_worker_tool(
+    common: dict[str, Any] = dict(
         name=TOOL_SEARCH_NAME,
         description=description,
         execute=execute,
         input_model=ToolSearchInput,
-        strict=True,
         execution_mode="parallel",
         is_read_only=True,
         describe_activity=lambda p: f"Searching tools for {p.query!r}",
         describe_completed_activity=lambda p, r: f"Loaded {len(r.details.get('loaded', []))} tool(s) for {p.query!r}",
     )
+    if strict_refusal(TOOL_SEARCH_NAME, current_provider()):  # strict mode only where the profile carries it
+        return define_worker_tool(**common, strict=False)
+    return define_worker_tool(**common, strict=True)
 
 
 def with_tool_search(tools: Iterable[WorkerTool[Any]]) -> list[WorkerTool[Any]]:

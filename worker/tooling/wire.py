@@ -80,7 +80,7 @@ def has_lookaround(pattern: Any) -> bool:
     return False
 
 
-def _merge_types(a: Any, b: Any) -> Any:
+def merge_types(a: Any, b: Any) -> Any:
     sa = {a} if isinstance(a, str) else set(a)
     sb = {b} if isinstance(b, str) else set(b)
     both = sa & sb
@@ -125,7 +125,7 @@ def merge_all_of(
             elif key in _ANNOTATIONS:
                 continue
             elif key == "type":
-                t = _merge_types(merged["type"], value)
+                t = merge_types(merged["type"], value)
                 if t is None:
                     return None, f"allOf entry {i} has type {value!r}, the others {merged['type']!r}"
                 merged["type"] = t

@@ -19,16 +19,19 @@ the copy, so a constraint the copy moves into a description still holds.
 | G2 | gemini, any | no ``const`` | a one-value ``enum`` | 'Unknown name "const"' (earendil-works/pi issue 4932, C13; zed-extensions/mcp-server-brave-search issue 12) |
 | G3 | gemini, any | no ``$ref``/``$defs``/``definitions`` | every ``$ref`` inlined; a recursive one is refused | Gemini's Schema has no reference (the Schema object of the Gemini API; typia's IGeminiSchema notes) |
 | G4 | gemini, any | no ``additionalProperties`` | ``false``/``true``/``{}`` dropped (validation still closes the object); a typed map's value schema moves into the description | 'Unknown name "additionalProperties"' (nanbingxyz/5ire issue 42) |
-| G5 | gemini, any | every array has ``items`` | ``items: {}`` where any item is allowed | "parameters.properties[tags].items: missing field" (cline/cline issue 7339, jackmusick/bifrost PR 225) |
+| G5 | gemini, any | every array has ``items`` that name a type (or are an ``anyOf``) | a type the items' keywords imply (``enum`` of strings, ``properties``) is written out; items left open (missing, ``{}``: "any item") are refused, since Gemini's Schema requires ``type`` and no Gemini schema means "anything" | "parameters.properties[tags].items: missing field" (cline/cline issue 7339, jackmusick/bifrost PR 225); Schema.type "Required", TYPE_UNSPECIFIED "should not be used" (the Gemini API's Schema and Type reference) |
 | G6 | gemini, any | ``format`` only ``enum``/``date-time`` (string), ``float``/``double`` (number), ``int32``/``int64`` (integer) | another ``format`` moves into the description | "format: only 'enum' and 'date-time' are supported for STRING type" (google-gemini/gemini-cli issue 3178) |
 | G7 | gemini, any | ``type`` is one name | a list becomes ``anyOf`` of one-type schemas (gemini: ``[X, "null"]`` becomes ``X`` with ``nullable: true``) | "Proto field is not repeating, cannot start list" (aoci-spec/aoci-code issue 61, laravel/ai PR 386) |
 | G8 | gemini, any | ``enum`` only of strings | another ``enum`` moves into the description | "function declaration enum only allowed for STRING type" (decolua/9router PR 380) |
+| G10 | gemini, any | no object with an empty ``properties`` | a root ``properties: {}`` is dropped (the same object); under ``gemini`` a tool without arguments is declared without ``parameters`` (the form Gemini documents for a function that takes none), a map root (no named properties) is refused | "parameters.properties: should be non-empty for OBJECT type" (BerriAI/litellm issue 9289, vercel/ai issue 3371, SWE-agent/SWE-agent PR 1431); google-genai's FunctionDeclaration: parameters may be left unset for a function without parameters (quoted in pydantic/pydantic-ai issue 1990) |
+| G11 | gemini, any | ``anyOf`` is the only field of its schema | the node's constraints move into each branch (a branch of another type is dropped; an ``enum`` keeps the values of the branch's type), its description and title go to each branch but a ``null`` one, ``default``/``example`` into the description; a constraint a branch gives differently is refused | Vertex AI: "schema specified other fields alongside any_of. When using any_of, it must be the only field set" (BerriAI/litellm issue 11164, anomalyco/opencode issue 15795) |
 | G9 | gemini, any | only the Gemini Schema's fields (type, format, title, description, nullable, enum, items, min/maxItems, properties, required, min/maxProperties, min/maxLength, pattern, example, anyOf, propertyOrdering, default, minimum, maximum) | ``oneOf`` becomes ``anyOf``; other constraints (``exclusiveMinimum``, ``multipleOf``, ``uniqueItems``, ``not``...) move into the description; other annotations are dropped; a tuple (``prefixItems``) is refused | "Invalid JSON payload received. Unknown name ..." (the errors above) |
 
 Strict tools: OpenAI's strict mode needs ``additionalProperties: false`` on every object, which
-Gemini refuses, so a strict copy keeps the OpenAI strict rules (D1-D10) and, under ``any``, the
-rules that do not contradict them (A1, G1, G2); a strict tool under ``gemini`` is refused at
-definition (``strict=False`` there).
+Gemini refuses (G4), so no copy is both strict and Gemini's. A strict tool is refused at
+definition under ``gemini`` and under ``any`` (whose copy keeps Gemini's rules), naming the path
+and G4 (``strict_refusal``); ``submit_result`` and ``tool_search`` then fall back to
+``strict=False``. Under ``openai`` the copy keeps D1-D10, under ``anthropic`` also A1.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import json
 from typing import Any, Literal
 
 from worker.tooling.errors import ToolDefinitionError
-from worker.tooling.wire import field_name, merge_all_of, pointer, with_note
+from worker.tooling.wire import field_name, merge_all_of, merge_types, pointer, with_note
 
 Provider = Literal["any", "openai", "anthropic", "gemini"]
 PROVIDERS: tuple[str, ...] = ("any", "openai", "anthropic", "gemini")
@@ -200,19 +203,38 @@ class _Copy:
                 out[key] = {k: self.walk(v, path + (key, k), refs) for k, v in out[key].items()}
 
     def gemini_shape(self, out: dict[str, Any], path: tuple[Any, ...]) -> None:
-        """G4, G5, G7 on one node after its children."""
+        """G4, G5, G7 and G11 on one node after its children."""
         out.pop("\0ref", None)
         extra = out.pop("additionalProperties", None)
         if isinstance(extra, dict) and extra:  # a typed map: the value schema moves into the description
             note = "each value: " + _show(json.dumps(extra, separators=(",", ":")))
             out["description"] = with_note(out.get("description"), note)
         t = out.get("type")
-        if isinstance(t, list):
-            out.update(self.one_type(out, t))
-        if out.get("type") == "array" and not isinstance(out.get("items"), dict):
-            out["items"] = {}  # G5: any item, as the tool's schema allows
+        if isinstance(t, list) and "anyOf" not in out:  # beside an anyOf, G11 moves the list into its branches
+            out.update(self.one_type(out, t, path))
+        if out.get("type") == "array":
+            self.typed_items(out, path)
+        if isinstance(out.get("anyOf"), list) and set(out) - {"anyOf"}:
+            self.any_of_alone(out, path)
 
-    def one_type(self, out: dict[str, Any], types: list[Any]) -> dict[str, Any]:
+    def typed_items(self, array: dict[str, Any], path: tuple[Any, ...]) -> None:
+        """G5: an array's ``items`` names its type (or is an ``anyOf``; a type its keywords imply,
+        ``enum`` of strings or ``properties``, is written out). "Any item" has no Gemini form."""
+        items = array.get("items")
+        if isinstance(items, dict) and not isinstance(items.get("type"), str) and not items.get("anyOf"):
+            if isinstance(items.get("enum"), list) and all(isinstance(v, str) for v in items["enum"]):
+                array["items"] = items = {"type": "string", **items}
+            elif isinstance(items.get("properties"), dict) and items["properties"]:
+                array["items"] = items = {"type": "object", **items}
+        if isinstance(items, dict) and (isinstance(items.get("type"), str) or items.get("anyOf")):
+            return
+        raise self.fail(
+            path + ("items",) if isinstance(items, dict) else path,
+            "is an array whose items name no type (any item)",
+            "G5: Gemini needs every array's items, with a type (its Schema's type is required)",
+        )
+
+    def one_type(self, out: dict[str, Any], types: list[Any], path: tuple[Any, ...]) -> dict[str, Any]:
         """G7: a ``type`` list as one ``type`` (+ ``nullable`` for gemini) or an ``anyOf``."""
         del out["type"]
         names = [t for t in types if t != "null"]
@@ -220,24 +242,123 @@ class _Copy:
             return {"type": names[0], **({"nullable": True} if "null" in types else {})}
         if len(types) == 1:
             return {"type": types[0]}
-        per_type = ("items", "properties", "required", "minItems", "maxItems", "minLength", "maxLength", "pattern")
-        shared = {k: out.pop(k) for k in per_type if k in out}
+        shared = {k: out.pop(k) for k in _PER_TYPE if k in out}
         branches = []
         for t in types:
             branch: dict[str, Any] = {"type": t}
             branch.update({k: v for k, v in shared.items() if _fits(k, t)})
-            if t == "array" and "items" not in branch:
-                branch["items"] = {}
+            if t == "array":
+                self.typed_items(branch, path)
             branches.append(branch)
-        return {"anyOf": list(out.pop("anyOf", [])) + branches}
+        return {"anyOf": branches}
+
+    def any_of_alone(self, out: dict[str, Any], path: tuple[Any, ...]) -> None:
+        """G11: ``anyOf`` as the only field of its node. The node's constraints move into each branch
+        (``S and (A or B)`` is ``(S and A) or (S and B)``; a branch whose type cannot meet them is
+        dropped); its description and title go to each branch but a ``null`` one, ``default``/``example``
+        into the description. Refused when a constraint conflicts with a branch's own."""
+        branches = out.pop("anyOf")
+        desc, title = out.pop("description", None), out.pop("title", None)
+        notes = [f"{k}: {_show(json.dumps(out.pop(k)))}" for k in ("default", "example") if k in out]
+        constraints = dict(out)
+        out.clear()
+        kept = []
+        for i, branch in enumerate(branches):
+            merged = self.conjoin(dict(branch) if isinstance(branch, dict) else {}, constraints, path + ("anyOf", i))
+            if merged is None:
+                continue
+            if merged.get("type") == "null" and any(isinstance(b, dict) and b.get("type") != "null" for b in branches):
+                kept.append(merged)  # the words are for the value the model writes: not repeated on null
+                continue
+            parts = [d for d in (desc, merged.get("description")) if isinstance(d, str) and d]
+            text = " ".join(parts) or None
+            if notes:
+                text = with_note(text, ", ".join(notes))
+            if text:
+                merged["description"] = text
+            if title and "title" not in merged:
+                merged["title"] = title
+            kept.append(merged)
+        if not kept:
+            raise self.fail(path, "has an anyOf none of whose branches fits its own type", "G11: anyOf alone")
+        if len(kept) == 1:
+            out.update(kept[0])
+        else:
+            out["anyOf"] = kept
+
+    def conjoin(
+        self, branch: dict[str, Any], constraints: dict[str, Any], path: tuple[Any, ...]
+    ) -> dict[str, Any] | None:
+        """``branch`` with ``constraints`` added (G11); None when their types do not meet."""
+        mine = branch.get("type")
+        theirs = constraints.get("type")
+        if theirs is not None:
+            both = merge_types(mine, theirs) if mine is not None else theirs
+            if both is None:
+                return None  # "S and A" admits nothing: the branch goes
+            branch["type"] = both
+        names = branch.get("type")
+        for key, value in constraints.items():
+            if key == "type" or (key in _PER_TYPE and isinstance(names, str) and not _fits(key, names)):
+                continue
+            if key not in branch or branch[key] == value:
+                branch[key] = value
+            elif key == "required":
+                branch[key] = list(dict.fromkeys(list(branch[key]) + list(value)))
+            elif key == "properties" and not set(branch[key]) & set(value):
+                branch[key] = {**branch[key], **value}
+            elif key == "nullable":
+                branch[key] = bool(branch[key]) and bool(value)
+            else:
+                raise self.fail(
+                    path,
+                    f"gives {key!r} beside its anyOf and in a branch, differently",
+                    "G11: Vertex AI takes anyOf only as the only field of its schema",
+                )
+        if isinstance(branch.get("type"), list):
+            branch.update(self.one_type(branch, branch["type"], path))
+            if isinstance(branch.get("anyOf"), list) and set(branch) - {"anyOf"}:
+                self.any_of_alone(branch, path)
+        elif isinstance(branch.get("type"), str) and isinstance(branch.get("enum"), list):
+            values = [v for v in branch["enum"] if _is_type(v, branch["type"])]
+            if not values:
+                return None  # no value of the enum has the branch's type
+            branch["enum"] = values
+        return branch
+
+
+# Keywords that constrain one type only (JSON Schema ignores them for a value of another type).
+_PER_TYPE = ("items", "minItems", "maxItems", "properties", "required", "minProperties", "maxProperties") + (
+    "propertyOrdering",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minimum",
+    "maximum",
+    "format",
+)
 
 
 def _fits(keyword: str, type_name: str) -> bool:
     if keyword in ("items", "minItems", "maxItems"):
         return type_name == "array"
-    if keyword in ("properties", "required"):
+    if keyword in ("properties", "required", "minProperties", "maxProperties", "propertyOrdering"):
         return type_name == "object"
+    if keyword in ("minimum", "maximum"):
+        return type_name in ("integer", "number")
+    if keyword == "format":
+        return type_name in ("string", "integer", "number")
     return type_name == "string"
+
+
+def _is_type(value: Any, type_name: str) -> bool:
+    """Whether ``value`` is an instance of the JSON Schema type ``type_name``."""
+    if type_name == "integer":
+        return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+    if type_name == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    kinds = {"string": str, "boolean": bool, "object": dict, "array": list}
+    return value is None if type_name == "null" else isinstance(value, kinds.get(type_name, object))
 
 
 def _show(value: Any) -> str:
@@ -251,18 +372,33 @@ def profile_copy(schema: dict[str, Any], tool_name: str, provider: str) -> dict[
     its schema path and the rule where keeping the rule would change the tool's meaning."""
     if provider == "openai" or not _needs_profile(schema, provider):
         return schema
+    if provider == "gemini" and not schema.get("properties") and _is_map(schema):
+        raise _fail(
+            tool_name, (), "is a map (no named properties)", "G10: Gemini has no object without properties", provider
+        )
     root = copy.deepcopy(schema)
-    return _Copy(root, tool_name, provider).walk(root, ())  # type: ignore[no-any-return]
+    out: dict[str, Any] = _Copy(root, tool_name, provider).walk(root, ())
+    if "properties" in out and not out["properties"]:
+        del out["properties"]  # G10: the same object; Gemini refuses an empty properties
+    return out
+
+
+def sends_parameters(parameters: dict[str, Any], provider: str) -> bool:
+    """False for a tool without arguments under ``gemini`` (G10): its function is declared without
+    ``parameters``, the form Gemini documents for a function that takes none."""
+    return not (provider == "gemini" and not parameters.get("properties") and parameters.get("type") == "object")
+
+
+def _is_map(schema: dict[str, Any]) -> bool:
+    extra = schema.get("additionalProperties")
+    return bool(schema.get("patternProperties")) or (isinstance(extra, dict) and bool(extra))
 
 
 def strict_profile_copy(schema: dict[str, Any], tool_name: str, provider: str) -> dict[str, Any]:
     """The strict copy for ``provider`` (see "Strict tools" in the module docstring)."""
-    if provider == "gemini":
-        raise ToolDefinitionError(
-            f"tool {tool_name!r} cannot be strict with AGENT_MODEL_PROVIDER=gemini: strict mode is OpenAI's, and its "
-            "copy needs additionalProperties: false on every object, which Gemini refuses (rule G4); define the "
-            "tool with strict=False"
-        )
+    refusal = strict_refusal(tool_name, provider)
+    if refusal:
+        raise ToolDefinitionError(refusal)
     if provider == "openai" or not _needs_profile(schema, "anthropic", strict=True):
         return schema
     root = copy.deepcopy(schema)
@@ -271,9 +407,27 @@ def strict_profile_copy(schema: dict[str, Any], tool_name: str, provider: str) -
     return conv.walk(root, ())  # type: ignore[no-any-return]
 
 
+def strict_refusal(tool_name: str, provider: str) -> str | None:
+    """Why a strict tool cannot be sent under ``provider`` (None when it can): strict mode is
+    OpenAI's and its copy closes every object with ``additionalProperties: false``, which Gemini
+    refuses (G4). Under ``gemini`` and ``any`` (whose copy keeps Gemini's rules too) the definition
+    is refused; callers that can do without strict mode fall back to ``strict=False``."""
+    if provider not in ("gemini", "any"):
+        return None
+    scope = "" if provider == "gemini" else ", and the default profile 'any' keeps Gemini's rules"
+    return (
+        f"tool {tool_name!r}: field '<root>' (schema path /additionalProperties) cannot be strict with "
+        f"AGENT_MODEL_PROVIDER={provider}: strict mode is OpenAI's and its copy needs additionalProperties: false "
+        f"on every object, which Gemini refuses (rule G4){scope}. Define the tool with strict=False, or set "
+        "AGENT_MODEL_PROVIDER=openai (or anthropic) when that is the one provider in use"
+    )
+
+
 def _needs_profile(schema: dict[str, Any], provider: str, strict: bool = False) -> bool:
     """A cheap scan: whether any node has something a rule of ``provider`` rewrites."""
     gemini = provider in ("gemini", "any") and not strict
+    if gemini and "properties" in schema and not schema["properties"]:
+        return True  # G10
     stack: list[Any] = [schema]
     while stack:
         node = stack.pop()
@@ -292,8 +446,12 @@ def _needs_profile(schema: dict[str, Any], provider: str, strict: bool = False) 
             return True
         if gemini and (set(node) - GEMINI_FIELDS - {"properties"} or isinstance(node.get("type"), list)):
             return True
-        if gemini and node.get("type") == "array" and not isinstance(node.get("items"), dict):
-            return True
+        if gemini and node.get("type") == "array":
+            items = node.get("items")
+            if not isinstance(items, dict) or not (isinstance(items.get("type"), str) or items.get("anyOf")):
+                return True  # G5 refuses it
+        if gemini and isinstance(node.get("anyOf"), list) and set(node) - {"anyOf"}:
+            return True  # G11
         if gemini and "format" in node and node["format"] not in GEMINI_FORMATS.get(str(node.get("type")), set()):
             return True
         if gemini and isinstance(node.get("enum"), list) and not all(isinstance(v, str) for v in node["enum"]):
