@@ -30,17 +30,22 @@ def llama_server():
 def real_stack(request, llama_server):
     """A private stack (its own Redis, one ``--pool solo -c 1`` worker) speaking
     ``OPENAI_API_STYLE=request.param`` to ``llama_server``; ``real_stack.style`` names the style."""
-    stack = PrivateStack(
-        OPENAI_API_STYLE=request.param,
-        OPENAI_BASE_URL=llama_server.base_url,
-        OPENAI_MODEL=MODEL_NAME,
-        AGENT_EXTRA_TOOLSETS="weather=tests.real_model.toolset:weather_tools",
-        AGENT_MAX_MODEL_CALLS="4",
-        AGENT_MODEL_TIMEOUT="300",  # a loaded 2-core machine generates slowly
-    )
-    stack.style = request.param
-    try:
-        stack.start_worker(pool="solo", concurrency=1)
-        yield stack
-    finally:
-        stack.close()
+    with pytest.MonkeyPatch.context() as env:
+        # The control plane (made in this process) checks a turn's toolset against the same list.
+        env.setenv(
+            "AGENT_EXTRA_TOOLSETS",
+            "weather=tests.real_model.toolset:weather_tools,plain=tests.real_model.toolset:no_tools",
+        )
+        stack = PrivateStack(
+            OPENAI_API_STYLE=request.param,
+            OPENAI_BASE_URL=llama_server.base_url,
+            OPENAI_MODEL=MODEL_NAME,
+            AGENT_MAX_MODEL_CALLS="4",
+            AGENT_MODEL_TIMEOUT="300",  # a loaded 2-core machine generates slowly
+        )
+        stack.style = request.param
+        try:
+            stack.start_worker(pool="solo", concurrency=1)
+            yield stack
+        finally:
+            stack.close()

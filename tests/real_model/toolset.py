@@ -1,5 +1,6 @@
-"""The real-model tier's toolset (``AGENT_EXTRA_TOOLSETS=weather=tests.real_model.toolset:weather_tools``):
-one read-only tool a small model calls when asked, whose answer it cannot know without calling it."""
+"""The real-model tier's toolsets (``AGENT_EXTRA_TOOLSETS``, tests/real_model/conftest.py):
+``weather``, one read-only tool a small model calls when asked, whose answer it cannot know
+without calling it; ``plain``, no tool at all (a turn of text only)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,7 @@ def weather_tools(ctx: TurnContext):
             is_read_only=True,
         )
     ]
+
+
+def no_tools(ctx: TurnContext):
+    return []
