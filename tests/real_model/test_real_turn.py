@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import orjson
 import pytest
 
+from devtools.real_model import CACHE, TEMPLATE_FILE
 from tests.real_model.toolset import FORECAST
 from worker.turn.request import TurnStatus
 
@@ -83,3 +85,13 @@ def test_a_real_turn_without_tools_streams_its_answer(real_stack):
     texts = [e["delta"] for e in control.events(turn_id) if e["kind"] == "model_delta" and e["type"] == "text"]
     assert texts and "".join(texts) == view.final_output
     assert control.usage(turn_id)["total"]["output_tokens"] > 0
+
+
+def test_the_server_runs_the_derived_tool_template(llama_server):
+    """The template the server runs is ours (docs/real-model.md): calls as bare JSON, and the server
+    still reads it as a template with tools and tool calls."""
+    props = httpx.get(f"{llama_server.root_url}/props", timeout=30).json()
+    assert props["chat_template"] == (CACHE / TEMPLATE_FILE).read_text()
+    assert "<tool_call>" not in props["chat_template"] and "<tool_response>" in props["chat_template"]
+    caps = props["chat_template_caps"]
+    assert caps["supports_tools"] and caps["supports_tool_calls"]
