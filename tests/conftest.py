@@ -38,6 +38,7 @@ FAST_MODULES = frozenset(
         "test_arguments_round2.py",
         "test_citations.py",
         "test_layout.py",
+        "test_real_model_setup.py",
         "test_repair_cases.py",
         "test_schemas.py",
         "test_strict.py",
