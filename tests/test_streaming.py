@@ -200,3 +200,35 @@ def test_transcript_prints_the_streamed_text_once_as_written(control, gateway, s
     text = out.getvalue()
     assert text.count(intro) == 1, "streamed text is not printed again with the model call's summary"
     assert f"model: {intro}" in text and f"model: {TEXT}" in text
+
+
+@pytest.mark.parametrize("style", ["responses", "chat"])
+@pytest.mark.parametrize(
+    ("error", "retryable"),
+    [
+        (
+            {
+                "code": 500,
+                "message": "The model produced output that does not match the format",
+                "type": "server_error",
+            },
+            True,
+        ),
+        (
+            {"code": 400, "message": "the request exceeds the available context size", "type": "invalid_request_error"},
+            False,
+        ),
+    ],
+)
+def test_a_bare_error_object_mid_stream_is_the_servers_error(gateway, script_name, style, error, retryable):
+    """llama.cpp's server ends a stream that failed mid-way with ``data: {"error": {...}}`` in either
+    style: the client raises with the server's message, retryable unless the request is wrong."""
+    gateway.add_script(script_name, [{"output": [msg(TEXT)], "stream_error": error, "stream_error_after": 2}])
+    request = ModelRequest(model=script_name, input=[{"type": "message", "role": "user", "content": "go"}])
+    published: list = []
+    with pytest.raises(GatewayError) as info:
+        stream_reply(client_for(style, gateway.base_url), request, published.extend, step=0)
+    assert error["message"] in str(info.value) and error["type"] in str(info.value)
+    assert info.value.retryable is retryable
+    kinds = [kind for kind, _ in published]
+    assert kinds.count("model_delta") >= 1 and kinds[-1] == "model_stream_broken"

@@ -10,7 +10,9 @@ Streaming event names and shapes: OpenAI Responses API, "Streaming events" (``re
 ``response.function_call_arguments.delta``, ``response.completed``, ``response.incomplete``,
 ``response.failed``, ``error``); every event carries ``type`` and ``sequence_number``, and there is
 no ``[DONE]`` sentinel. An endpoint that answers a streamed request with a plain JSON body (no
-streaming support) is read as such.
+streaming support) is read as such. llama.cpp's server reports a failure mid-stream as a bare
+``{"error": {"code", "message", "type"}}`` object (no ``type`` of the event's own): read as an
+``error`` event whose code is the error's ``type``.
 
 Failures (``GatewayError``): transport errors, timeouts, HTTP 408/409/429/5xx, a malformed body,
 a stream cut before its terminal event and an ``error`` event are retryable; other 4xx,
@@ -117,6 +119,9 @@ class ResponsesStream:
             raise GatewayError("model stream sent a non-JSON event", retryable=True) from exc
         if not isinstance(parsed, dict):
             raise GatewayError("model stream sent an event that is not an object", retryable=True)
+        if "type" not in parsed and isinstance(parsed.get("error"), dict):
+            error = parsed["error"]  # llama.cpp's shape (module docstring)
+            parsed = {"type": "error", "code": error.get("type") or error.get("code"), "message": error.get("message")}
         kind = parsed.get("type") or event
         index = parsed.get("output_index", 0)
         if kind == "response.output_item.added":
