@@ -1,48 +1,48 @@
 """The asynchronous model client: a model call as a coroutine, so a waiting call holds no thread.
 
 ``AsyncModelClient(wire, base_url, ...)`` makes calls of one wire API (``worker.model.wire_format``:
-``responses.RESPONSES`` or ``chat.CHAT``) on ``httpx.AsyncClient``; ``create`` and ``stream`` are
-the coroutine forms of ``ModelClient``'s, with the same request, reply, deltas and ``GatewayError``
+``responses.RESPONSES`` or ``chat.CHAT``) on ``aiohttp``; ``create`` and ``stream`` are the
+coroutine forms of ``ModelClient``'s, with the same request, reply, deltas and ``GatewayError``
 mapping (``worker.model.http_pool``: the same retry rule). One instance per event loop: its
-connection pools belong to the loop that first used them. Thousands of calls in flight cost a
-socket and a coroutine each (memory), not a thread (docs/architecture.md, "Model calls off the
-worker's threads").
+session belongs to the loop that first used it. Thousands of calls in flight cost a socket and
+a coroutine each (memory), not a thread (docs/architecture.md, "Model calls off the worker's
+threads").
 
-The connections are split over small pools (``SHARD_CONNECTIONS`` each, requests dealt round
-robin): httpcore's async pool walks all its connections, polling each socket, every time a
-request starts or a response closes, so one pool of a thousand keep-alive connections spent most
-of a node's CPU in that walk (bench/README.md, "Model calls off the worker's threads").
+Why aiohttp and not ``httpx.AsyncClient`` (bench/README.md, "Model calls off the worker's
+threads"): measured against the same keep-alive endpoint, a call cost 0.9 ms of the loop's CPU
+with httpx and 0.3 ms with aiohttp; and httpcore's async pool walks all its connections, polling
+each socket, every time a request starts or a response closes, which at a thousand connections
+took most of a node's CPU. Server-sent events are decoded line by line with httpx-sse's decoder,
+the one the synchronous client uses.
 
 ``async_model_client(settings)`` builds the client of ``OPENAI_API_STYLE`` (``worker.settings``).
 """
 
 from __future__ import annotations
 
-import itertools
-import math
+import asyncio
 import ssl
 
+import aiohttp
 import certifi
-import httpx
 import orjson
-from httpx_sse import aconnect_sse
+from httpx_sse._decoders import SSEDecoder
 
 from worker.model.chat import CHAT
-from worker.model.http_pool import status_error, transport_error
-from worker.model.interface import ModelReply, ModelRequest, OnDelta
+from worker.model.http_pool import status_error_of
+from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.responses import RESPONSES
-from worker.model.wire_format import WireFormat
+from worker.model.wire_format import StreamReader, WireFormat
 from worker.settings import Settings
-
-SHARD_CONNECTIONS = 16  # connections per pool: the cost of httpcore's per-request pool walk
 
 
 class AsyncModelClient:
     """Coroutine model calls of ``wire`` at ``base_url`` (like ``https://api.openai.com/v1``).
 
-    ``timeout`` and ``connect_timeout`` in seconds; ``max_connections``: the cap over all pools
-    (calls beyond a pool's share wait for one of its connections, up to ``timeout``). The API key
-    is sent as a bearer token and never logged. ``transport`` (tests) replaces the network.
+    ``timeout`` (seconds): the longest wait for the next bytes of an answer (a read timeout, as
+    the synchronous client's); ``connect_timeout`` (seconds): connecting, or waiting for a free
+    connection of the pool; ``max_connections``: the pool's cap. The API key is sent as a bearer
+    token and never logged.
     """
 
     def __init__(
@@ -54,77 +54,89 @@ class AsyncModelClient:
         timeout: float = 120.0,
         connect_timeout: float = 10.0,
         max_connections: int = 2048,
-        transport: httpx.AsyncBaseTransport | None = None,
     ):
         self.wire = wire
-        headers = {"Content-Type": "application/json"}
+        self.url = base_url.rstrip("/") + wire.path
+        self._headers = {"Content-Type": "application/json"}
         if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        per_pool = min(SHARD_CONNECTIONS, max_connections)
-        self._size = max(1, math.ceil(max_connections / per_pool))
-        self._kwargs = {
-            "base_url": base_url.rstrip("/"),
-            "headers": headers,
-            "timeout": httpx.Timeout(timeout, connect=connect_timeout),
-            "limits": httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool),
-        }
-        self._transport = transport
-        self._pools: list[httpx.AsyncClient] = []
-        self._turn = itertools.count()
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=timeout)
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
 
     @property
-    def http(self) -> httpx.AsyncClient:
-        """The next pooled ``httpx.AsyncClient``, round robin (made on first use, on the calling loop)."""
-        if not self._pools:
+    def session(self) -> aiohttp.ClientSession:
+        """The pooled ``aiohttp.ClientSession`` (made on first use, on the calling loop)."""
+        if self._session is None:
             tls = ssl.create_default_context(cafile=certifi.where())
-            self._pools = [
-                httpx.AsyncClient(**self._kwargs, transport=self._transport, verify=tls)  # type: ignore[arg-type]
-                for _ in range(self._size)
-            ]
-        return self._pools[next(self._turn) % self._size]
+            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, ssl=tls)
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers, timeout=self._timeout)
+        return self._session
 
     async def create(self, request: ModelRequest) -> ModelReply:
         """POST the request; the parsed reply. Raises ``GatewayError``."""
         wire = self.wire
         try:
-            resp = await self.http.post(wire.path, content=orjson.dumps(wire.body(request)))
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, streamed=False) from exc
-        if resp.status_code >= 400:
-            raise status_error(resp)
-        return wire.parse(resp.content)
+            async with self.session.post(self.url, data=orjson.dumps(wire.body(request))) as resp:
+                content = await resp.read()
+                if resp.status >= 400:
+                    raise status_error_of(resp.status, content.decode("utf-8", "replace"))
+                return wire.parse(content)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise _transport_error(exc, streamed=False) from exc
 
     async def stream(self, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
         """POST the request streamed; ``on_delta`` (called on the loop) gets each piece in order.
         An endpoint that cannot stream answers whole. Raises ``GatewayError``."""
         wire = self.wire
         try:
-            body = orjson.dumps(wire.stream_body(request))
-            async with aconnect_sse(self.http, "POST", wire.path, content=body) as source:
-                resp = source.response
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    raise status_error(resp)
-                if "text/event-stream" not in resp.headers.get("content-type", ""):
-                    await resp.aread()
-                    return wire.parse(resp.content)
-                reader = wire.reader(on_delta)
-                events = source.aiter_sse()
-                async for sse in events:
-                    reply = reader.feed(sse.event, sse.data)
-                    if reply is not None:
-                        async for _ in events:  # to the end: the connection goes back to the pool clean
-                            pass
-                        return reply
-                return reader.end()
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, streamed=True) from exc
+            async with self.session.post(self.url, data=orjson.dumps(wire.stream_body(request))) as resp:
+                if resp.status >= 400:
+                    raise status_error_of(resp.status, (await resp.read()).decode("utf-8", "replace"))
+                if "text/event-stream" not in resp.headers.get("Content-Type", ""):
+                    return wire.parse(await resp.read())
+                return await _read_events(resp, wire.reader(on_delta))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise _transport_error(exc, streamed=True) from exc
 
     async def aclose(self) -> None:
         """Close the pooled connections."""
-        pools, self._pools = self._pools, []
-        for pool in pools:
-            await pool.aclose()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+async def _read_events(resp: aiohttp.ClientResponse, reader: StreamReader) -> ModelReply:
+    """Feed the response's server-sent events to ``reader`` up to the terminal event, then read the
+    body to its end (the connection goes back to the pool clean). Lines are cut from the chunks as
+    they come: one event can be megabytes (``response.completed`` carries the whole reply), more
+    than aiohttp's line reader takes."""
+    decoder, pending = SSEDecoder(), b""
+    async for chunk in resp.content.iter_any():
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            sse = decoder.decode(line.decode("utf-8", "replace").rstrip("\r"))
+            if sse is None:
+                continue
+            reply = reader.feed(sse.event, sse.data)
+            if reply is not None:
+                await resp.read()
+                return reply
+    for text in (pending.decode("utf-8", "replace").rstrip("\r"), ""):  # an unterminated last event
+        sse = decoder.decode(text)
+        if sse is not None and (reply := reader.feed(sse.event, sse.data)) is not None:
+            return reply
+    return reader.end()
+
+
+def _transport_error(exc: BaseException, *, streamed: bool) -> GatewayError:
+    """The ``GatewayError`` (retryable) of a failed exchange: a timeout, a broken connection or stream."""
+    what = "model stream" if streamed else "model call"
+    if isinstance(exc, asyncio.TimeoutError):
+        return GatewayError(f"{what} timed out: {exc.__class__.__name__}", retryable=True)
+    if streamed:
+        return GatewayError(f"model stream broke: {exc.__class__.__name__}: {exc}", retryable=True)
+    return GatewayError(f"model gateway unreachable: {exc.__class__.__name__}: {exc}", retryable=True)
 
 
 def async_model_client(settings: Settings) -> AsyncModelClient:

@@ -151,6 +151,11 @@ def transport_error(exc: httpx.HTTPError, *, streamed: bool) -> GatewayError:
 
 def status_error(resp: httpx.Response) -> GatewayError:
     """The ``GatewayError`` of an HTTP error answer (retryable per ``ModelHTTP``'s rule)."""
-    retryable = resp.status_code in (408, 409, 429) or resp.status_code >= 500
-    message = f"model gateway answered HTTP {resp.status_code}: {resp.text[:500]}"
-    return GatewayError(message, retryable=retryable, status_code=resp.status_code)
+    return status_error_of(resp.status_code, resp.text)
+
+
+def status_error_of(status: int, text: str) -> GatewayError:
+    """The ``GatewayError`` of HTTP ``status`` with body ``text``: retryable for 408, 409, 429
+    and 5xx (the providers' retry guidance, docs/architecture.md), not for any other 4xx."""
+    retryable = status in (408, 409, 429) or status >= 500
+    return GatewayError(f"model gateway answered HTTP {status}: {text[:500]}", retryable=retryable, status_code=status)
