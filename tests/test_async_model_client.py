@@ -19,7 +19,9 @@ from worker.model.interface import Delta, GatewayError, ModelRequest
 from worker.model.responses import RESPONSES, ResponsesClient
 
 BIG = "x" * 200_000  # one streamed event (response.completed) far above aiohttp's 64 KiB line limit
-STEP = {"output": [{"type": "message", "text": "hello"}, {"type": "function_call", "name": "f", "arguments": '{"a": 1}'}]}
+STEP = {
+    "output": [{"type": "message", "text": "hello"}, {"type": "function_call", "name": "f", "arguments": '{"a": 1}'}]
+}
 STYLES = {"responses": (RESPONSES, ResponsesClient), "chat": (CHAT, ChatClient)}
 
 
