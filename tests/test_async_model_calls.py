@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.support.private_stack import PrivateStack
-from tests.support.scripts import fc, msg
+from tests.support.scripts import fc, msg, wait_for
 
 SLOW_DEADLINE = {"AGENT_PROGRESS_SLACK": "900"}
 
@@ -128,3 +128,49 @@ def test_warm_shutdown_hands_calls_in_flight_to_another_node(stack, gateway, scr
     assert view.status.value == "completed" and view.final_output == "from the second node"
     replies = [e for e in stack.control.events(tid) if e.get("kind") == "model_reply"]
     assert len(replies) == 1, replies
+
+
+def test_a_turn_stays_one_trace_when_its_calls_are_asynchronous(stack, gateway, script_name, tmp_path):
+    """The reply is handled on a finisher thread, after the step's task ended: its ``model_reply``
+    span hangs off the task's span, carries the plan's events, and the tool calls it sends are in
+    the turn's trace under it (they were lost from the trace when the finisher had no context)."""
+    import json
+
+    from worker.turn.telemetry import parse_traceparent
+
+    spans_file = tmp_path / "spans.jsonl"
+    gateway.add_script(
+        script_name,
+        [{"output": [fc("read_thing", {"label": "a"}), fc("read_thing", {"label": "b"})]}, {"output": [msg("done")]}],
+    )
+    stack.start_worker(env={"AGENT_OTEL_FILE": str(spans_file), "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    tid = stack.control.enqueue({"agent_id": "tracer", "input": "go", "model": script_name, "toolset": "testing"})
+    assert stack.control.wait(tid, timeout=60).status.value == "completed"
+    root_ctx = parse_traceparent(stack.control.store.load(tid).traceparent)
+    trace_id, root_id = f"0x{root_ctx.trace_id:032x}", f"0x{root_ctx.span_id:016x}"
+
+    def whole():
+        if not spans_file.exists():
+            return None
+        spans = [json.loads(line) for line in spans_file.read_text().splitlines() if line.strip()]
+        mine = [s for s in spans if s["context"]["trace_id"] == trace_id]
+        names = [s["name"] for s in mine]
+        return mine if names.count("tool_call") == 2 and "invoke_agent tracer" in names else None
+
+    spans = wait_for(whole, timeout=30)
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    for s in spans:  # every span hangs off the turn's root
+        node = s
+        while node["parent_id"] is not None:
+            assert node["parent_id"] in by_id, f"{s['name']} has a parent outside the trace"
+            node = by_id[node["parent_id"]]
+        assert node["context"]["span_id"] == root_id
+    (step0,) = [s for s in spans if s["name"] == "turn_step" and s["attributes"]["agent.turn.step"] == 0]
+    replies = [s for s in spans if s["name"] == "model_reply" and s["parent_id"] == step0["context"]["span_id"]]
+    assert len(replies) == 1
+    planned = [e for e in replies[0]["events"] if e["name"] == "agent.call_planned"]
+    assert len(planned) == 2
+    calls = [s for s in spans if s["name"] == "tool_call"]
+    assert all(c["parent_id"] == replies[0]["context"]["span_id"] for c in calls)
+    chats = [s for s in spans if s["name"] == f"chat {script_name}"]
+    assert len(chats) == 2 and step0["context"]["span_id"] in {c["parent_id"] for c in chats}

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from worker.model.async_client import AsyncModelClient
@@ -88,6 +89,7 @@ class _InFlight:
     complete: Complete
     span: trace.Span
     retries: int
+    context: otel_context.Context = field(default_factory=telemetry.current_context)  # the step task's span
     started: float = field(default_factory=time.perf_counter)
     future: concurrent.futures.Future[ModelReply] | None = None
     published: concurrent.futures.Future[None] | None = None  # the last delta batch handed on
@@ -158,11 +160,20 @@ class AsyncModelCalls:
             log.warning("could not publish %d model deltas of turn %s", len(events), turn_id, exc_info=True)
 
     def _finish(self, call: _InFlight) -> None:
-        """On a finisher thread: store and handle the reply, or retry or end the turn."""
+        """On a finisher thread: store and handle the reply, or retry or end the turn; inside the
+        step's trace (``telemetry.reply_span``)."""
         future = call.future
         assert future is not None
         if future.cancelled():  # drained: ``drain`` published the step again
             return
+        prepared = call.prepared
+        try:
+            with telemetry.reply_span(call.context, prepared.turn_id, prepared.request.agent_id, prepared.step):
+                self._settle(call, future)
+        finally:
+            self._done(call)
+
+    def _settle(self, call: _InFlight, future: concurrent.futures.Future[ModelReply]) -> None:
         prepared = call.prepared
         turn_id, step = prepared.turn_id, prepared.step
         if call.published is not None:  # the deltas reach the events before the reply does
@@ -178,8 +189,6 @@ class AsyncModelCalls:
         except Exception as exc:  # never leave a turn hanging on a bug: end it with the reason
             log.exception("turn %s step %s crashed after its model call", turn_id, step)
             self._give_up(turn_id, f"internal error in step {step}: {exc.__class__.__name__}: {exc}")
-        finally:
-            self._done(call)
 
     def _retry(self, call: _InFlight, exc: GatewayError) -> None:
         prepared = call.prepared
@@ -226,10 +235,11 @@ class AsyncModelCalls:
             telemetry.end_model_call_span(call.span, RuntimeError("worker shut down during the call"))
             self.rt.store.claims.release_step(turn_id, step, prepared.owner)
             label = step_label(prepared.request.agent_id, turn_id, step)
-            self._waiting_out(
-                lambda: self.rt.dispatcher.enqueue_step(turn_id, step, queue=prepared.request.queue, label=label),  # noqa: B023
-                turn_id,
-            )
+            with telemetry.under_turn(prepared.state.traceparent):
+                self._waiting_out(
+                    lambda: self.rt.dispatcher.enqueue_step(turn_id, step, queue=prepared.request.queue, label=label),  # noqa: B023
+                    turn_id,
+                )
             self._done(call)
         return len(left)
 

@@ -160,6 +160,30 @@ def end_model_call_span(span: trace.Span, error: BaseException | None = None) ->
     span.end()
 
 
+def current_context() -> otel_context.Context:
+    """The current trace context (to carry a step's task span to the thread that finishes it)."""
+    return otel_context.get_current()
+
+
+@contextmanager
+def reply_span(context: otel_context.Context, turn_id: str, agent_id: str, step: int) -> Iterator[None]:
+    """The span of a reply handled on another thread than its step's task (an asynchronous model
+    call, ``worker.turn.async_calls``): ``model_reply``, a child of the task's span (``context``),
+    current inside, so the plan's events are noted on it and the tool calls it publishes belong
+    to the turn's trace under it."""
+    if not tracing_active():
+        yield
+        return
+    token = otel_context.attach(context)
+    try:
+        with TRACER.start_as_current_span("model_reply", kind=SpanKind.INTERNAL) as span:
+            if span.is_recording():
+                span.set_attributes(_turn_attrs(turn_id, agent_id, step))
+            yield
+    finally:
+        otel_context.detach(token)
+
+
 def model_reply(span: trace.Span, reply_id: str, status: str, usage: dict[str, int], calls: int) -> None:
     """Set the reply's attributes on a model call span: response id, finish reason, token usage, calls."""
     if not span.is_recording():
