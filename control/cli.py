@@ -1,8 +1,8 @@
-"""``agent-runtime``: the control-plane CLI (enqueue, wait, status, items, transcript, cancel, schema,
-approvals, approve, reject, token, nodes, drain).
+"""``agent-runtime``: the control-plane CLI (enqueue, wait, status, usage, trace, items, transcript,
+cancel, schema, approvals, approve, reject, token, nodes, drain).
 
-Reads ``REDIS_URL`` like the workers. Exit codes: 0 success, 1 turn ended
-without completing, 2 bad input or unreachable Redis.
+Reads ``CONTROL_REDIS_URL`` (the control plane's ACL user), else ``REDIS_URL``. Exit codes: 0
+success, 1 turn ended without completing, 2 bad input or unreachable Redis.
 """
 
 from __future__ import annotations
