@@ -205,6 +205,26 @@ async def non_json_200(body: dict[str, Any], writer: Writer, n: int) -> None:
     await writer.drain()
 
 
+async def cr_line_ends(body: dict[str, Any], writer: Writer, n: int) -> None:
+    """Line ends of a bare CR, as the SSE spec allows (CRLF, LF or CR)."""
+    writer.write(SSE_HEAD + chunk(b": hello\r\r") + chunk(b"data: " + orjson.dumps(COMPLETED) + b"\r\r") + b"0\r\n\r\n")
+    await writer.drain()
+
+
+async def crlf_across_chunks(body: dict[str, Any], writer: Writer, n: int) -> None:
+    """One event of two ``data:`` lines (the SSE decoder joins them with a newline), its CRLF line
+    ends cut between two chunks: the CR ends one chunk, the LF starts the next."""
+    first, rest = orjson.dumps(COMPLETED).split(b",", 1)
+    writer.write(SSE_HEAD + chunk(b"data: " + first + b",\r"))
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.write(chunk(b"\ndata: " + rest + b"\r"))
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.write(chunk(b"\n\r\n") + b"0\r\n\r\n")
+    await writer.drain()
+
+
 # ----- the client alone ---------------------------------------------------------------------------
 @pytest.fixture
 def hostile():
@@ -218,6 +238,8 @@ def hostile():
             "huge": huge_event,
             "utf8": invalid_utf8,
             "nonjson": non_json_200,
+            "cr": cr_line_ends,
+            "crlf-cut": crlf_across_chunks,
         }
     )
     yield server
@@ -247,6 +269,14 @@ def test_the_reply_survives_what_follows_its_terminal_event(hostile, model):
     """The reply arrived (paid for): a body that then stays open, keeps pinging or breaks must not
     turn it into a retryable error (a retry pays again)."""
     reply = _stream(hostile.base_url, model, timeout=3.0, deadline=60.0)
+    assert reply.text == "hi"
+
+
+@pytest.mark.parametrize("model", ["cr", "crlf-cut"])
+def test_every_line_end_the_sse_spec_allows(hostile, model):
+    """CRLF, LF and a bare CR all end a line (the synchronous client's decoder, httpx's, agrees);
+    a CRLF cut between chunks is one line end, not two (an empty line would end the event early)."""
+    reply = _stream(hostile.base_url, model, timeout=5.0)
     assert reply.text == "hi"
 
 
@@ -437,3 +467,26 @@ def test_hundreds_of_turns_on_two_threads(stack, served):
         assert view.status.value == "completed", (tid, view)
     assert served.calls["m"] == 600
     assert not any(_kinds(stack, tid, "model_retry") for tid in tids)
+
+
+def test_warm_shutdown_finishes_the_calls_that_answer_within_the_drain(stack, served):
+    """SIGTERM with calls that answer in 2 s and the default drain (8 s): the shutdown waits for
+    them, stores their replies and sends their tool calls on; another node finishes the turns,
+    and no step is paid twice."""
+    gate: set[str] = set()
+    served.behaviours["m"] = per_turn_slow(2.0, gate)
+    worker = stack.start_worker(concurrency=2)
+    tids = [_turn(stack, "m", f"drain-{i}") for i in range(4)]
+    deadline = time.monotonic() + 60
+    while served.calls["m"] < 4:
+        assert time.monotonic() < deadline, served.calls
+        time.sleep(0.05)
+    os.killpg(worker.pid, signal.SIGTERM)
+    worker.wait(30)
+    for tid in tids:  # each first reply was stored before the worker exited
+        assert len(_kinds(stack, tid, "model_reply")) == 1, tid
+    stack.start_worker(concurrency=2)
+    for tid in tids:
+        view = stack.control.wait(tid, timeout=90)
+        assert view.status.value == "completed" and view.final_output == "done", (tid, view)
+    assert served.calls["m"] == 8

@@ -22,6 +22,7 @@ its whole call bounded by ``Settings.model_call_lease``.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 
 import aiohttp
@@ -112,32 +113,44 @@ class AsyncModelClient:
 
 async def _read_events(resp: aiohttp.ClientResponse, reader: StreamReader) -> ModelReply:
     """Feed the response's server-sent events to ``reader`` up to the terminal event, then read what
-    follows (``_finish_body``); the reply. Lines are cut from the chunks as they come: one event
-    can be megabytes (``response.completed`` carries the whole reply), more than aiohttp's line
-    reader takes. Each chunk is searched for a line end once (only its own bytes), so an event of
-    N bytes costs O(N), not O(N**2): a 50 MB event once held the loop's CPU for 7 s."""
+    follows (``_finish_body``); the reply. Lines are cut from the chunks as they come
+    (``_cut_lines``): one event can be megabytes (``response.completed`` carries the whole reply),
+    more than aiohttp's line reader takes."""
     decoder, buf = SSEDecoder(), bytearray()
     async for chunk in resp.content.iter_any():
-        start = len(buf)
+        start = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
         buf += chunk
-        cut = buf.rfind(b"\n", start)
-        if cut < 0:
-            continue
-        lines = bytes(buf[:cut]).split(b"\n")
-        del buf[: cut + 1]
-        for line in lines:
-            sse = decoder.decode(line.decode("utf-8", "replace").rstrip("\r"))
+        for line in _cut_lines(buf, start):
+            sse = decoder.decode(line.decode("utf-8", "replace"))
             if sse is None:
                 continue
             reply = reader.feed(sse.event, sse.data)
             if reply is not None:
                 await _finish_body(resp)
                 return reply
-    for text in (buf.decode("utf-8", "replace").rstrip("\r"), ""):  # an unterminated last event
-        sse = decoder.decode(text)
+    for line in (*_LINE_END.split(bytes(buf)), b""):  # an unterminated last event
+        sse = decoder.decode(line.decode("utf-8", "replace"))
         if sse is not None and (reply := reader.feed(sse.event, sse.data)) is not None:
             return reply
     return reader.end()
+
+
+# The line ends of server-sent events (the SSE spec: CRLF, LF or a bare CR).
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def _cut_lines(buf: bytearray, start: int) -> list[bytes]:
+    """The complete lines at the head of ``buf``, removed from it, searching for line ends from
+    ``start`` only (the bytes before it hold none), so an event of N bytes costs O(N), not O(N**2)
+    (a 50 MB event once held the loop's CPU for 7 s). A CR that ends ``buf`` stays: it may be the
+    first half of a CRLF, one line end, not two (an empty line would end the event early)."""
+    end = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
+    cut = max(buf.rfind(b"\n", start, end), buf.rfind(b"\r", start, end))
+    if cut < 0:
+        return []
+    lines = _LINE_END.split(bytes(buf[: cut + 1]))
+    del buf[: cut + 1]
+    return lines[:-1]
 
 
 # Seconds to wait, after the terminal event, for the rest of the body (a blank line, ``[DONE]``).
