@@ -31,7 +31,7 @@ from tests.support.private_stack import PrivateStack
 from tests.support.scripts import fc, msg
 from worker.model.async_client import AsyncModelClient
 from worker.model.interface import GatewayError, ModelRequest
-from worker.model.responses import RESPONSES
+from worker.model.responses import RESPONSES, ResponsesClient
 
 Writer = asyncio.StreamWriter
 # (request body, its writer, how many requests this model had before it) -> the exchange written
@@ -272,6 +272,29 @@ def test_the_reply_survives_what_follows_its_terminal_event(hostile, model):
     assert reply.text == "hi"
 
 
+@pytest.mark.parametrize("model", ["silent", "pings", "reset-after"])
+def test_the_synchronous_client_keeps_its_reply_too(hostile, model):
+    """The same through ``ResponsesClient`` (``wire_format.read_events``): before, a read timeout or
+    a reset after the reply raised a retryable error, and keep-alive comments held the thread forever."""
+    got: list[Any] = []
+
+    def call() -> None:
+        try:
+            got.append(
+                ResponsesClient(hostile.base_url, timeout=1.0).stream(
+                    ModelRequest(model=model, input=[]), lambda d: None
+                )
+            )
+        except GatewayError as exc:
+            got.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert got and not isinstance(got[0], GatewayError), got
+    assert got[0].text == "hi"
+
+
 @pytest.mark.parametrize("model", ["cr", "crlf-cut"])
 def test_every_line_end_the_sse_spec_allows(hostile, model):
     """CRLF, LF and a bare CR all end a line (the synchronous client's decoder, httpx's, agrees);
@@ -490,3 +513,37 @@ def test_warm_shutdown_finishes_the_calls_that_answer_within_the_drain(stack, se
         view = stack.control.wait(tid, timeout=90)
         assert view.status.value == "completed" and view.final_output == "done", (tid, view)
     assert served.calls["m"] == 8
+
+
+def test_duplicates_during_a_call_on_a_threads_pool_do_not_pay_twice(stack, served):
+    """Three more deliveries of a step whose call is in flight, on other threads of the pool: each
+    sees the call as another's and drops it."""
+    served.behaviours["m"] = slow(3.0, first_only=True)
+    stack.start_worker(concurrency=4)
+    tid = _turn(stack, "m")
+    deadline = time.monotonic() + 30
+    while served.calls["m"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    for _ in range(3):
+        stack.control._engine.dispatcher.enqueue_step(tid, 0, queue="turns")
+    view = stack.control.wait(tid, timeout=60)
+    assert view.status.value == "completed" and view.final_output == "done", view
+    assert served.calls["m"] == 2
+    assert len(_kinds(stack, tid, "model_reply")) == 2
+
+
+def test_cancel_during_a_retry_backoff(stack, served):
+    """HTTP 503 forever, cancelled after the first ``model_retry``: the retried step ends the turn
+    cancelled, without the four retries left."""
+    served.behaviours["m"] = failing_first(503, 10**9)
+    stack.start_worker(concurrency=2)
+    tid = _turn(stack, "m")
+    deadline = time.monotonic() + 30
+    while not _kinds(stack, tid, "model_retry"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert stack.control.cancel(tid)
+    view = stack.control.wait(tid, timeout=30)
+    assert view.status.value == "cancelled", view
+    assert served.calls["m"] <= 2  # not the 6 of a retry chain run out

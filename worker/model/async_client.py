@@ -34,7 +34,7 @@ from worker.model.chat import CHAT
 from worker.model.http_pool import status_error_of
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.responses import RESPONSES
-from worker.model.wire_format import StreamReader, WireFormat
+from worker.model.wire_format import TAIL_WAIT, StreamReader, WireFormat
 from worker.settings import Settings
 
 
@@ -151,10 +151,6 @@ def _cut_lines(buf: bytearray, start: int) -> list[bytes]:
     lines = _LINE_END.split(bytes(buf[: cut + 1]))
     del buf[: cut + 1]
     return lines[:-1]
-
-
-# Seconds to wait, after the terminal event, for the rest of the body (a blank line, ``[DONE]``).
-TAIL_WAIT = 1.0
 
 
 async def _finish_body(resp: aiohttp.ClientResponse) -> None:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import ssl
 import threading
+from typing import Iterator
 
 import certifi
 import httpx
 import orjson
-from httpx_sse import connect_sse
+from httpx_sse import ServerSentEvent, connect_sse
+from httpx_sse._decoders import SSEDecoder
 
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.wire_format import WireFormat, read_events
@@ -134,9 +136,18 @@ class ModelHTTP:
                 if "text/event-stream" not in resp.headers.get("content-type", ""):
                     resp.read()  # an endpoint without streaming answered the whole reply
                     return wire.parse(resp.content)
-                return read_events(source.iter_sse(), wire.reader(on_delta))
+                return read_events(_events(resp), wire.reader(on_delta))
         except httpx.HTTPError as exc:
             raise transport_error(exc, streamed=True) from exc
+
+
+def _events(resp: httpx.Response) -> Iterator[ServerSentEvent | None]:
+    """The response's server-sent events (httpx-sse's decoder, as ``EventSource.iter_sse``), with
+    a None for each line that completes none: a reader can then look at the clock while a stream
+    sends only comments (``wire_format.read_events``)."""
+    decoder = SSEDecoder()
+    for line in resp.iter_lines():
+        yield decoder.decode(line.rstrip("\n"))
 
 
 def transport_error(exc: httpx.HTTPError, *, streamed: bool) -> GatewayError:
