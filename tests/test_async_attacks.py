@@ -3,11 +3,14 @@
 against the client alone, then behind real workers on a private stack.
 
 - the client: a stream that trickles forever (the call's deadline cuts it), a stream that stays
-  open or breaks after its terminal event (the reply in hand is kept: retrying would pay twice),
-  an event of 50 MB (read in linear time), invalid UTF-8, a non-JSON 200, a reset mid-stream;
+  open, pings or breaks after its terminal event (the reply in hand is kept: retrying would pay
+  twice; the synchronous client too), bare-CR line ends and a CRLF cut between chunks, Unicode
+  line separators inside an event (both clients), an event of 50 MB, invalid UTF-8, a non-JSON
+  200, a reset mid-stream;
 - the workers: HTTP 500 then success (retried, paid once), HTTP 429 forever (the turn fails
   with the reason after the retries), a reply followed by a stream left open, a turn cancelled
-  during its call, a worker killed mid-call, a warm shutdown with several calls in flight, and
+  during its call or its retry backoff, duplicate deliveries during a call, a worker killed
+  mid-call, a warm shutdown with calls in flight (handed on, or finished within the drain), and
   hundreds of turns on a threads pool of 2.
 """
 
@@ -225,6 +228,21 @@ async def crlf_across_chunks(body: dict[str, Any], writer: Writer, n: int) -> No
     await writer.drain()
 
 
+SEPARATORS = "x\u2028y\u0085z\u2029w\x0cv"  # line separators to str.splitlines, not to SSE
+
+
+async def raw_separators(body: dict[str, Any], writer: Writer, n: int) -> None:
+    """A reply whose text holds Unicode line separators, sent raw (orjson, like llama.cpp's and
+    vLLM's servers, does not escape them)."""
+    reply = {**COMPLETED, "response": {**COMPLETED["response"]}}
+    reply["response"]["output"] = [
+        {"type": "message", "id": "m", "role": "assistant", "content": [{"type": "output_text", "text": SEPARATORS}]}
+    ]
+    delta = {"type": "response.output_text.delta", "output_index": 0, "delta": SEPARATORS}
+    writer.write(SSE_HEAD + event(delta) + event(reply) + b"0\r\n\r\n")
+    await writer.drain()
+
+
 # ----- the client alone ---------------------------------------------------------------------------
 @pytest.fixture
 def hostile():
@@ -240,17 +258,18 @@ def hostile():
             "nonjson": non_json_200,
             "cr": cr_line_ends,
             "crlf-cut": crlf_across_chunks,
+            "separators": raw_separators,
         }
     )
     yield server
     server.stop()
 
 
-def _stream(base_url: str, model: str, **kw: Any) -> Any:
+def _stream(base_url: str, model: str, on_delta: Callable[[Any], None] = lambda d: None, **kw: Any) -> Any:
     async def go() -> Any:
         client = AsyncModelClient(RESPONSES, base_url, **kw)
         try:
-            return await client.stream(ModelRequest(model=model, input=[]), lambda d: None)
+            return await client.stream(ModelRequest(model=model, input=[]), on_delta)
         finally:
             await client.aclose()
 
@@ -301,6 +320,19 @@ def test_every_line_end_the_sse_spec_allows(hostile, model):
     a CRLF cut between chunks is one line end, not two (an empty line would end the event early)."""
     reply = _stream(hostile.base_url, model, timeout=5.0)
     assert reply.text == "hi"
+
+
+@pytest.mark.parametrize("synchronous", [False, True])
+def test_unicode_line_separators_inside_an_event(hostile, synchronous):
+    """U+2028, U+0085, U+2029 and a form feed inside an event's JSON end no line (httpx's
+    ``iter_lines`` split there: the synchronous client read a non-JSON event and retried)."""
+    seen: list[str] = []
+    request = ModelRequest(model="separators", input=[])
+    if synchronous:
+        reply = ResponsesClient(hostile.base_url, timeout=5.0).stream(request, lambda d: seen.append(d.text))
+    else:
+        reply = _stream(hostile.base_url, "separators", lambda d: seen.append(d.text), timeout=5.0)
+    assert reply.text == SEPARATORS and seen == [SEPARATORS]
 
 
 def test_a_50_mb_event_arrives_whole(hostile):

@@ -12,8 +12,8 @@ Why aiohttp and not ``httpx.AsyncClient`` (bench/README.md, "Model calls off the
 threads"): measured against the same keep-alive endpoint, a call cost 0.9 ms of the loop's CPU
 with httpx and 0.3 ms with aiohttp; and httpcore's async pool walks all its connections, polling
 each socket, every time a request starts or a response closes, which at a thousand connections
-took most of a node's CPU. Server-sent events are decoded line by line with httpx-sse's decoder,
-the one the synchronous client uses.
+took most of a node's CPU. Server-sent events are cut into lines by ``SSELines`` and decoded with
+httpx-sse's decoder, as in the synchronous client.
 
 ``async_model_client(settings)`` builds the client of ``OPENAI_API_STYLE`` (``worker.settings``),
 its whole call bounded by ``Settings.model_call_lease``.
@@ -22,7 +22,6 @@ its whole call bounded by ``Settings.model_call_lease``.
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 
 import aiohttp
@@ -34,6 +33,7 @@ from worker.model.chat import CHAT
 from worker.model.http_pool import status_error_of
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.responses import RESPONSES
+from worker.model.sse_lines import SSELines
 from worker.model.wire_format import TAIL_WAIT, StreamReader, WireFormat
 from worker.settings import Settings
 
@@ -114,43 +114,22 @@ class AsyncModelClient:
 async def _read_events(resp: aiohttp.ClientResponse, reader: StreamReader) -> ModelReply:
     """Feed the response's server-sent events to ``reader`` up to the terminal event, then read what
     follows (``_finish_body``); the reply. Lines are cut from the chunks as they come
-    (``_cut_lines``): one event can be megabytes (``response.completed`` carries the whole reply),
-    more than aiohttp's line reader takes."""
-    decoder, buf = SSEDecoder(), bytearray()
+    (``SSELines``: any size, the spec's line ends only)."""
+    decoder, lines = SSEDecoder(), SSELines()
     async for chunk in resp.content.iter_any():
-        start = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
-        buf += chunk
-        for line in _cut_lines(buf, start):
-            sse = decoder.decode(line.decode("utf-8", "replace"))
+        for line in lines.feed(chunk):
+            sse = decoder.decode(line)
             if sse is None:
                 continue
             reply = reader.feed(sse.event, sse.data)
             if reply is not None:
                 await _finish_body(resp)
                 return reply
-    for line in (*_LINE_END.split(bytes(buf)), b""):  # an unterminated last event
-        sse = decoder.decode(line.decode("utf-8", "replace"))
+    for line in (*lines.close(), ""):  # an unterminated last event
+        sse = decoder.decode(line)
         if sse is not None and (reply := reader.feed(sse.event, sse.data)) is not None:
             return reply
     return reader.end()
-
-
-# The line ends of server-sent events (the SSE spec: CRLF, LF or a bare CR).
-_LINE_END = re.compile(rb"\r\n|\r|\n")
-
-
-def _cut_lines(buf: bytearray, start: int) -> list[bytes]:
-    """The complete lines at the head of ``buf``, removed from it, searching for line ends from
-    ``start`` only (the bytes before it hold none), so an event of N bytes costs O(N), not O(N**2)
-    (a 50 MB event once held the loop's CPU for 7 s). A CR that ends ``buf`` stays: it may be the
-    first half of a CRLF, one line end, not two (an empty line would end the event early)."""
-    end = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
-    cut = max(buf.rfind(b"\n", start, end), buf.rfind(b"\r", start, end))
-    if cut < 0:
-        return []
-    lines = _LINE_END.split(bytes(buf[: cut + 1]))
-    del buf[: cut + 1]
-    return lines[:-1]
 
 
 async def _finish_body(resp: aiohttp.ClientResponse) -> None:

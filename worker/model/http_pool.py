@@ -22,6 +22,7 @@ from httpx_sse import ServerSentEvent, connect_sse
 from httpx_sse._decoders import SSEDecoder
 
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
+from worker.model.sse_lines import SSELines
 from worker.model.wire_format import WireFormat, read_events
 
 
@@ -142,12 +143,16 @@ class ModelHTTP:
 
 
 def _events(resp: httpx.Response) -> Iterator[ServerSentEvent | None]:
-    """The response's server-sent events (httpx-sse's decoder, as ``EventSource.iter_sse``), with
-    a None for each line that completes none: a reader can then look at the clock while a stream
-    sends only comments (``wire_format.read_events``)."""
-    decoder = SSEDecoder()
-    for line in resp.iter_lines():
-        yield decoder.decode(line.rstrip("\n"))
+    """The response's server-sent events: lines cut by ``SSELines`` (not httpx's ``iter_lines``,
+    which also splits at U+2028 inside an event), decoded by httpx-sse's decoder; and a None for
+    each line that completes none, so a reader can look at the clock while a stream sends only
+    comments (``wire_format.read_events``)."""
+    decoder, lines = SSEDecoder(), SSELines()
+    for chunk in resp.iter_bytes():
+        for line in lines.feed(chunk):
+            yield decoder.decode(line)
+    for line in (*lines.close(), ""):
+        yield decoder.decode(line)
 
 
 def transport_error(exc: httpx.HTTPError, *, streamed: bool) -> GatewayError:
