@@ -209,7 +209,7 @@ async def non_json_200(body: dict[str, Any], writer: Writer, n: int) -> None:
 
 
 async def cr_line_ends(body: dict[str, Any], writer: Writer, n: int) -> None:
-    """Line ends of a bare CR, as the SSE spec allows (CRLF, LF or CR)."""
+    """Line ends of a bare CR, as the SSE standard allows (CRLF, LF or CR)."""
     writer.write(SSE_HEAD + chunk(b": hello\r\r") + chunk(b"data: " + orjson.dumps(COMPLETED) + b"\r\r") + b"0\r\n\r\n")
     await writer.drain()
 
@@ -315,7 +315,7 @@ def test_the_synchronous_client_keeps_its_reply_too(hostile, model):
 
 
 @pytest.mark.parametrize("model", ["cr", "crlf-cut"])
-def test_every_line_end_the_sse_spec_allows(hostile, model):
+def test_every_line_end_the_sse_standard_allows(hostile, model):
     """CRLF, LF and a bare CR all end a line (the synchronous client's decoder, httpx's, agrees);
     a CRLF cut between chunks is one line end, not two (an empty line would end the event early)."""
     reply = _stream(hostile.base_url, model, timeout=5.0)

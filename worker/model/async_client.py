@@ -114,7 +114,7 @@ class AsyncModelClient:
 async def _read_events(resp: aiohttp.ClientResponse, reader: StreamReader) -> ModelReply:
     """Feed the response's server-sent events to ``reader`` up to the terminal event, then read what
     follows (``_finish_body``); the reply. Lines are cut from the chunks as they come
-    (``SSELines``: any size, the spec's line ends only)."""
+    (``SSELines``: any size, the SSE standard's line ends only)."""
     decoder, lines = SSEDecoder(), SSELines()
     async for chunk in resp.content.iter_any():
         for line in lines.feed(chunk):

@@ -1,6 +1,6 @@
 """The lines of a server-sent event stream, cut from its bytes as they arrive: ``SSELines``.
 
-The SSE spec (HTML Living Standard, "Server-sent events", parsing an event stream) ends a line at
+The SSE standard (HTML Living Standard, "Server-sent events", parsing an event stream) ends a line at
 CRLF, LF or a bare CR, and nowhere else. Both model clients cut lines here, then hand each line to
 httpx-sse's ``SSEDecoder``:
 
