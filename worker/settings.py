@@ -184,6 +184,12 @@ class Settings(BaseSettings):
     metrics_addr: str = "127.0.0.1"
 
     @property
+    def model_call_lease(self) -> float:
+        """Seconds a model call holds its step's claim (``model_timeout`` plus a minute): after
+        that the step may be claimed, and the call made, again; an asynchronous call is cut there."""
+        return self.model_timeout + 60
+
+    @property
     def progress_timeout(self) -> float:
         """Seconds a turn may go without progress before the watchdog re-drives it: the longest
         single wait (a tool call or a model call) plus ``progress_slack``. Turns held by a node

@@ -12,10 +12,11 @@ Why aiohttp and not ``httpx.AsyncClient`` (bench/README.md, "Model calls off the
 threads"): measured against the same keep-alive endpoint, a call cost 0.9 ms of the loop's CPU
 with httpx and 0.3 ms with aiohttp; and httpcore's async pool walks all its connections, polling
 each socket, every time a request starts or a response closes, which at a thousand connections
-took most of a node's CPU. Server-sent events are decoded line by line with httpx-sse's decoder,
-the one the synchronous client uses.
+took most of a node's CPU. Server-sent events are cut into lines by ``SSELines`` and decoded with
+httpx-sse's decoder, as in the synchronous client.
 
-``async_model_client(settings)`` builds the client of ``OPENAI_API_STYLE`` (``worker.settings``).
+``async_model_client(settings)`` builds the client of ``OPENAI_API_STYLE`` (``worker.settings``),
+its whole call bounded by ``Settings.model_call_lease``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from worker.model.chat import CHAT
 from worker.model.http_pool import status_error_of
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.responses import RESPONSES
-from worker.model.wire_format import StreamReader, WireFormat
+from worker.model.sse_lines import SSELines
+from worker.model.wire_format import TAIL_WAIT, StreamReader, WireFormat
 from worker.settings import Settings
 
 
@@ -41,8 +43,10 @@ class AsyncModelClient:
 
     ``timeout`` (seconds): the longest wait for the next bytes of an answer (a read timeout, as
     the synchronous client's); ``connect_timeout`` (seconds): connecting, or waiting for a free
-    connection of the pool; ``max_connections``: the pool's cap. The API key is sent as a bearer
-    token and never logged.
+    connection of the pool; ``deadline`` (seconds, None: none): the longest a whole call may take,
+    headers to last byte, since a stream that trickles a byte now and then never trips the read
+    timeout; ``max_connections``: the pool's cap. The API key is sent as a bearer token and never
+    logged.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class AsyncModelClient:
         *,
         timeout: float = 120.0,
         connect_timeout: float = 10.0,
+        deadline: float | None = None,
         max_connections: int = 2048,
     ):
         self.wire = wire
@@ -60,7 +65,7 @@ class AsyncModelClient:
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=timeout)
+        self._timeout = aiohttp.ClientTimeout(total=deadline, connect=connect_timeout, sock_read=timeout)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
@@ -107,26 +112,35 @@ class AsyncModelClient:
 
 
 async def _read_events(resp: aiohttp.ClientResponse, reader: StreamReader) -> ModelReply:
-    """Feed the response's server-sent events to ``reader`` up to the terminal event, then read the
-    body to its end (the connection goes back to the pool clean). Lines are cut from the chunks as
-    they come: one event can be megabytes (``response.completed`` carries the whole reply), more
-    than aiohttp's line reader takes."""
-    decoder, pending = SSEDecoder(), b""
+    """Feed the response's server-sent events to ``reader`` up to the terminal event, then read what
+    follows (``_finish_body``); the reply. Lines are cut from the chunks as they come
+    (``SSELines``: any size, the SSE standard's line ends only)."""
+    decoder, lines = SSEDecoder(), SSELines()
     async for chunk in resp.content.iter_any():
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            sse = decoder.decode(line.decode("utf-8", "replace").rstrip("\r"))
+        for line in lines.feed(chunk):
+            sse = decoder.decode(line)
             if sse is None:
                 continue
             reply = reader.feed(sse.event, sse.data)
             if reply is not None:
-                await resp.read()
+                await _finish_body(resp)
                 return reply
-    for text in (pending.decode("utf-8", "replace").rstrip("\r"), ""):  # an unterminated last event
-        sse = decoder.decode(text)
+    for line in (*lines.close(), ""):  # an unterminated last event
+        sse = decoder.decode(line)
         if sse is not None and (reply := reader.feed(sse.event, sse.data)) is not None:
             return reply
     return reader.end()
+
+
+async def _finish_body(resp: aiohttp.ClientResponse) -> None:
+    """Read the body to its end, so the connection goes back to the pool clean. The reply is
+    already in hand (paid for): a body that does not end within ``TAIL_WAIT`` s (a proxy that
+    keeps the stream open, keep-alive comments) or that breaks costs the connection (closed),
+    never the reply: raising here would retry, and pay for, a call that succeeded."""
+    try:
+        await asyncio.wait_for(resp.read(), TAIL_WAIT)
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        resp.close()
 
 
 def _transport_error(exc: BaseException, *, streamed: bool) -> GatewayError:
@@ -147,5 +161,8 @@ def async_model_client(settings: Settings) -> AsyncModelClient:
         settings.openai_api_key.get_secret_value(),
         timeout=settings.model_timeout,
         connect_timeout=settings.model_connect_timeout,
+        # A call that outlives its step's claim may be made again elsewhere (paid twice), and its
+        # turn is re-driven at that point anyway: the claim's lease bounds the call.
+        deadline=settings.model_call_lease,
         max_connections=settings.model_max_connections,
     )

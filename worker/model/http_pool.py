@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import ssl
 import threading
+from typing import Iterator
 
 import certifi
 import httpx
 import orjson
-from httpx_sse import connect_sse
+from httpx_sse import ServerSentEvent, connect_sse
+from httpx_sse._decoders import SSEDecoder
 
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
+from worker.model.sse_lines import SSELines
 from worker.model.wire_format import WireFormat, read_events
 
 
@@ -134,9 +137,22 @@ class ModelHTTP:
                 if "text/event-stream" not in resp.headers.get("content-type", ""):
                     resp.read()  # an endpoint without streaming answered the whole reply
                     return wire.parse(resp.content)
-                return read_events(source.iter_sse(), wire.reader(on_delta))
+                return read_events(_events(resp), wire.reader(on_delta))
         except httpx.HTTPError as exc:
             raise transport_error(exc, streamed=True) from exc
+
+
+def _events(resp: httpx.Response) -> Iterator[ServerSentEvent | None]:
+    """The response's server-sent events: lines cut by ``SSELines`` (not httpx's ``iter_lines``,
+    which also splits at U+2028 inside an event), decoded by httpx-sse's decoder; and a None for
+    each line that completes none, so a reader can look at the clock while a stream sends only
+    comments (``wire_format.read_events``)."""
+    decoder, lines = SSEDecoder(), SSELines()
+    for chunk in resp.iter_bytes():
+        for line in lines.feed(chunk):
+            yield decoder.decode(line)
+    for line in (*lines.close(), ""):
+        yield decoder.decode(line)
 
 
 def transport_error(exc: httpx.HTTPError, *, streamed: bool) -> GatewayError:

@@ -10,8 +10,9 @@ whichever way the call is made.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from httpx_sse import ServerSentEvent
 
@@ -46,14 +47,35 @@ class WireFormat:
     reader: Callable[[OnDelta], StreamReader]
 
 
-def read_events(events: Iterable[ServerSentEvent], reader: StreamReader) -> ModelReply:
-    """Feed ``events`` to ``reader`` up to the terminal event, then read the stream to its end (so
-    a keep-alive connection goes back to its pool clean); the reply. Raises ``GatewayError``."""
+# Seconds to wait, after the terminal event, for the rest of the body (a blank line, ``[DONE]``).
+TAIL_WAIT = 1.0
+
+
+def read_events(events: Iterable[ServerSentEvent | None], reader: StreamReader) -> ModelReply:
+    """Feed ``events`` to ``reader`` up to the terminal event, then read what follows
+    (``_read_tail``); the reply. A None in ``events`` is a line that completed no event (skipped
+    here; it lets the tail's reader look at the clock). Raises ``GatewayError``."""
     it = iter(events)
     for sse in it:
+        if sse is None:
+            continue
         reply = reader.feed(sse.event, sse.data)
         if reply is not None:
-            for _ in it:
-                pass
+            _read_tail(it)
             return reply
     return reader.end()
+
+
+def _read_tail(it: Iterator[ServerSentEvent | None]) -> None:
+    """Read the stream to its end, so a keep-alive connection goes back to its pool clean, for
+    ``TAIL_WAIT`` s at most. The reply is already in hand (paid for): a stream that keeps sending
+    (keep-alive comments: each line is a None) is left unread, and one that breaks or times out now costs its
+    connection (closed with its response), never the reply: raising would retry, and pay for, a
+    call that succeeded. A stream that sends nothing at all is waited for up to its read timeout."""
+    until = time.monotonic() + TAIL_WAIT
+    try:
+        for _ in it:
+            if time.monotonic() > until:
+                return
+    except Exception:  # the transport's own error (httpx's), whatever it is: the reply stands
+        return

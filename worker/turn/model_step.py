@@ -99,7 +99,7 @@ class ModelStep:
     def prepare(self, turn_id: str, step: int) -> PreparedStep | StepOutcome:
         """Read the step and check it; the ``PreparedStep``, or the outcome of a step that ends here."""
         # The claim covers the model call (up to model_timeout), as does the progress deadline.
-        lease = self.rt.settings.model_timeout + 60
+        lease = self.rt.settings.model_call_lease
         claimant = owner() if self.calls is None else call_owner()
         view = self.rt.store.claims.begin_step(turn_id, step, claimant, lease, held_key(node()))
         state = view.state

@@ -29,4 +29,4 @@ def note_retry(store: TurnStore, settings: Settings, turn_id: str, step: int, er
     """Record a ``model_retry`` event (``step``, ``error``, ``in_s``) and push the progress deadline
     past the retry and its call, so the watchdog does not start a second retry chain."""
     store.event(turn_id, "model_retry", step=step, error=error[:300], in_s=delay)
-    store.push_deadline(turn_id, delay + settings.model_timeout + 60)
+    store.push_deadline(turn_id, delay + settings.model_call_lease)
