@@ -30,7 +30,7 @@ import orjson
 from httpx_sse._decoders import SSEDecoder
 
 from worker.model.chat import CHAT
-from worker.model.http_pool import status_error_of
+from worker.model.http_pool import status_error_of, transport_failure
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.responses import RESPONSES
 from worker.model.sse_lines import SSELines
@@ -144,13 +144,8 @@ async def _finish_body(resp: aiohttp.ClientResponse) -> None:
 
 
 def _transport_error(exc: BaseException, *, streamed: bool) -> GatewayError:
-    """The ``GatewayError`` (retryable) of a failed exchange: a timeout, a broken connection or stream."""
-    what = "model stream" if streamed else "model call"
-    if isinstance(exc, asyncio.TimeoutError):
-        return GatewayError(f"{what} timed out: {exc.__class__.__name__}", retryable=True)
-    if streamed:
-        return GatewayError(f"model stream broke: {exc.__class__.__name__}: {exc}", retryable=True)
-    return GatewayError(f"model gateway unreachable: {exc.__class__.__name__}: {exc}", retryable=True)
+    """``http_pool.transport_failure`` for aiohttp's errors."""
+    return transport_failure(exc, streamed=streamed, timed_out=isinstance(exc, asyncio.TimeoutError))
 
 
 def async_model_client(settings: Settings) -> AsyncModelClient:

@@ -156,9 +156,15 @@ def _events(resp: httpx.Response) -> Iterator[ServerSentEvent | None]:
 
 
 def transport_error(exc: httpx.HTTPError, *, streamed: bool) -> GatewayError:
-    """The ``GatewayError`` (retryable) of a failed exchange: a timeout, a broken connection or stream."""
+    """The ``GatewayError`` (retryable) of a failed httpx exchange (``transport_failure``)."""
+    return transport_failure(exc, streamed=streamed, timed_out=isinstance(exc, httpx.TimeoutException))
+
+
+def transport_failure(exc: BaseException, *, streamed: bool, timed_out: bool) -> GatewayError:
+    """The ``GatewayError`` (retryable) of a failed exchange, whatever the HTTP library: a timeout,
+    a broken stream, or a gateway that could not be reached."""
     what = "model stream" if streamed else "model call"
-    if isinstance(exc, httpx.TimeoutException):
+    if timed_out:
         return GatewayError(f"{what} timed out: {exc.__class__.__name__}", retryable=True)
     if streamed:
         return GatewayError(f"model stream broke: {exc.__class__.__name__}: {exc}", retryable=True)

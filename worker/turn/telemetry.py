@@ -121,16 +121,8 @@ def model_call_span(model: str, turn_id: str, agent_id: str, step: int) -> Itera
     if not tracing_active():
         yield trace.INVALID_SPAN
         return
-    with TRACER.start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT) as span:
-        if span.is_recording():
-            span.set_attributes(
-                {
-                    "gen_ai.operation.name": "chat",
-                    "gen_ai.provider.name": PROVIDER,
-                    "gen_ai.request.model": model,
-                    **_turn_attrs(turn_id, agent_id, step),
-                }
-            )
+    span = start_model_call_span(model, turn_id, agent_id, step)
+    with trace.use_span(span, end_on_exit=True):
         yield span
 
 
