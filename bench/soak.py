@@ -162,15 +162,21 @@ def _paid_twice(answers: Path, events: list[tuple[float, str, str]]) -> tuple[in
 
 
 def _recovery_times(control: Any, ids: list[str], events: list[tuple[float, str, str]]) -> list[float]:
-    """Seconds from each SIGKILL of a worker main process to the first re-drive of its turns."""
-    redriven: dict[str, float] = {}
+    """Seconds from each SIGKILL of a worker main process to the first re-drive of its turns
+    that came after it (a node id can come back: a restarted worker may be given a pid a killed
+    one had, and a re-drive before the kill is not its recovery)."""
+    redriven: dict[str, list[float]] = {}
     for tid in ids:
         for e in control.events(tid):
             if e.get("kind") == "turn_redriven" and "stopped" in str(e.get("reason", "")):
                 node = str(e["reason"]).split("worker ", 1)[-1].split(" stopped")[0]
-                redriven[node] = min(redriven.get(node, float("inf")), float(e["at"]))
-    return [redriven[node] - when for when, what, node in events
-            if what in ("worker-io", "worker-tools") and node in redriven]  # fmt: skip
+                redriven.setdefault(node, []).append(float(e["at"]))
+    times = []
+    for when, what, node in events:
+        after = [at for at in redriven.get(node, []) if at >= when]
+        if what in ("worker-io", "worker-tools") and after:
+            times.append(min(after) - when)
+    return times
 
 
 def _redriven_without_a_holder(control: Any, ids: list[str]) -> tuple[set[str], set[str]]:
