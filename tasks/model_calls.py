@@ -21,8 +21,8 @@ from celery import current_task
 from tasks import held
 from tasks.app import app
 from tasks.dispatcher import TURN_STEP, publish
-from worker.model.async_client import async_model_client
 from worker.model.call_loop import CallLoop
+from worker.model.clients import async_model_client
 from worker.settings import Settings
 from worker.turn.async_calls import AsyncSetup
 

@@ -350,3 +350,15 @@ def styled_control(request, api_style):
     from control.client import ControlPlane
 
     return ControlPlane()
+
+
+@pytest.fixture
+def stack():
+    """A private stack (``tests.support.private_stack``) whose progress deadline cannot be what
+    recovers a turn (``SLOW_DEADLINE``); stopped after the test. Modules that need another stack
+    define their own ``stack``."""
+    from tests.support.private_stack import SLOW_DEADLINE, PrivateStack
+
+    s = PrivateStack(**SLOW_DEADLINE)
+    yield s
+    s.close()

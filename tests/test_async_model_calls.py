@@ -11,19 +11,7 @@ import signal
 import threading
 import time
 
-import pytest
-
-from tests.support.private_stack import PrivateStack
 from tests.support.scripts import fc, msg, wait_for
-
-SLOW_DEADLINE = {"AGENT_PROGRESS_SLACK": "900"}
-
-
-@pytest.fixture
-def stack():
-    s = PrivateStack(**SLOW_DEADLINE)
-    yield s
-    s.close()
 
 
 class Concurrency:

@@ -13,19 +13,7 @@ import threading
 import time
 import uuid
 
-import pytest
-
-from tests.support.private_stack import PrivateStack
 from tests.support.scripts import fc, msg, output_texts, wait_for
-
-SLOW_DEADLINE = {"AGENT_PROGRESS_SLACK": "900"}
-
-
-@pytest.fixture
-def stack():
-    s = PrivateStack(**SLOW_DEADLINE)
-    yield s
-    s.close()
 
 
 def _model_requests(gateway, model: str) -> list[dict]:

@@ -123,3 +123,8 @@ class PrivateStack:
             except subprocess.TimeoutExpired:
                 self.kill(proc)
         self.redis.stop()
+
+
+# The progress deadline set far out (seconds of slack): a turn a test sees recovered was recovered
+# by liveness (a node's death reported or its heartbeat gone), not by its deadline.
+SLOW_DEADLINE = {"AGENT_PROGRESS_SLACK": "900"}

@@ -12,11 +12,9 @@ Why aiohttp and not ``httpx.AsyncClient`` (bench/README.md, "Model calls off the
 threads"): measured against the same keep-alive endpoint, a call cost 0.9 ms of the loop's CPU
 with httpx and 0.3 ms with aiohttp; and httpcore's async pool walks all its connections, polling
 each socket, every time a request starts or a response closes, which at a thousand connections
-took most of a node's CPU. Server-sent events are cut into lines by ``SSELines`` and decoded with
-httpx-sse's decoder, as in the synchronous client.
+took most of a node's CPU. Server-sent events are read with ``SSEEvents``, as in the synchronous client.
 
-``async_model_client(settings)`` builds the client of ``OPENAI_API_STYLE`` (``worker.settings``),
-its whole call bounded by ``Settings.model_call_lease``.
+``worker.model.clients.async_model_client(settings)`` builds the client of ``OPENAI_API_STYLE``.
 """
 
 from __future__ import annotations
@@ -27,15 +25,11 @@ import ssl
 import aiohttp
 import certifi
 import orjson
-from httpx_sse._decoders import SSEDecoder
 
-from worker.model.chat import CHAT
 from worker.model.http_pool import status_error_of, transport_failure
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
-from worker.model.responses import RESPONSES
-from worker.model.sse_lines import SSELines
+from worker.model.sse_lines import SSEEvents
 from worker.model.wire_format import TAIL_WAIT, StreamReader, WireFormat
-from worker.settings import Settings
 
 
 class AsyncModelClient:
@@ -112,21 +106,16 @@ class AsyncModelClient:
 
 
 async def _read_events(resp: aiohttp.ClientResponse, reader: StreamReader) -> ModelReply:
-    """Feed the response's server-sent events to ``reader`` up to the terminal event, then read what
-    follows (``_finish_body``); the reply. Lines are cut from the chunks as they come
-    (``SSELines``: any size, the SSE standard's line ends only)."""
-    decoder, lines = SSEDecoder(), SSELines()
+    """Feed the response's server-sent events (``SSEEvents``: any size, the SSE standard's line
+    ends only) to ``reader`` up to the terminal event, then read what follows (``_finish_body``);
+    the reply. Raises ``GatewayError``."""
+    events = SSEEvents()
     async for chunk in resp.content.iter_any():
-        for line in lines.feed(chunk):
-            sse = decoder.decode(line)
-            if sse is None:
-                continue
-            reply = reader.feed(sse.event, sse.data)
-            if reply is not None:
+        for sse in events.feed(chunk):
+            if sse is not None and (reply := reader.feed(sse.event, sse.data)) is not None:
                 await _finish_body(resp)
                 return reply
-    for line in (*lines.close(), ""):  # an unterminated last event
-        sse = decoder.decode(line)
+    for sse in events.close():  # an unterminated last event
         if sse is not None and (reply := reader.feed(sse.event, sse.data)) is not None:
             return reply
     return reader.end()
@@ -146,18 +135,3 @@ async def _finish_body(resp: aiohttp.ClientResponse) -> None:
 def _transport_error(exc: BaseException, *, streamed: bool) -> GatewayError:
     """``http_pool.transport_failure`` for aiohttp's errors."""
     return transport_failure(exc, streamed=streamed, timed_out=isinstance(exc, asyncio.TimeoutError))
-
-
-def async_model_client(settings: Settings) -> AsyncModelClient:
-    """An ``AsyncModelClient`` for ``settings.openai_base_url`` in ``settings.openai_api_style``."""
-    return AsyncModelClient(
-        CHAT if settings.openai_api_style == "chat" else RESPONSES,
-        settings.openai_base_url,
-        settings.openai_api_key.get_secret_value(),
-        timeout=settings.model_timeout,
-        connect_timeout=settings.model_connect_timeout,
-        # A call that outlives its step's claim may be made again elsewhere (paid twice), and its
-        # turn is re-driven at that point anyway: the claim's lease bounds the call.
-        deadline=settings.model_call_lease,
-        max_connections=settings.model_max_connections,
-    )

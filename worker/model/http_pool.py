@@ -19,10 +19,9 @@ import certifi
 import httpx
 import orjson
 from httpx_sse import ServerSentEvent, connect_sse
-from httpx_sse._decoders import SSEDecoder
 
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
-from worker.model.sse_lines import SSELines
+from worker.model.sse_lines import SSEEvents
 from worker.model.wire_format import WireFormat, read_events
 
 
@@ -143,16 +142,12 @@ class ModelHTTP:
 
 
 def _events(resp: httpx.Response) -> Iterator[ServerSentEvent | None]:
-    """The response's server-sent events: lines cut by ``SSELines`` (not httpx's ``iter_lines``,
-    which also splits at U+2028 inside an event), decoded by httpx-sse's decoder; and a None for
-    each line that completes none, so a reader can look at the clock while a stream sends only
-    comments (``wire_format.read_events``)."""
-    decoder, lines = SSEDecoder(), SSELines()
+    """The response's server-sent events (``SSEEvents``: not httpx's ``iter_lines``, which also
+    splits at U+2028 inside an event), a None for each line that completes none."""
+    events = SSEEvents()
     for chunk in resp.iter_bytes():
-        for line in lines.feed(chunk):
-            yield decoder.decode(line)
-    for line in (*lines.close(), ""):
-        yield decoder.decode(line)
+        yield from events.feed(chunk)
+    yield from events.close()
 
 
 def transport_error(exc: httpx.HTTPError, *, streamed: bool) -> GatewayError:

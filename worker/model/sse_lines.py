@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import re
 
+from httpx_sse import ServerSentEvent
+from httpx_sse._decoders import SSEDecoder
+
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
@@ -50,3 +53,24 @@ class SSELines:
         """The lines left at the end of the stream (none, or one without its line end)."""
         rest, self._buf = bytes(self._buf), bytearray()
         return [line.decode("utf-8", "replace") for line in _LINE_END.split(rest) if line]
+
+
+class SSEEvents:
+    """The server-sent events of a byte stream: ``SSELines`` decoded by httpx-sse's ``SSEDecoder``.
+
+    ``feed(chunk)`` and ``close()`` give one entry per completed line: the event that line
+    completed, or None (a field or a comment line), so a reader can look at the clock while a
+    stream sends only comments (``wire_format.read_events``). Both model clients read streams
+    through it."""
+
+    def __init__(self) -> None:
+        self._lines = SSELines()
+        self._decoder = SSEDecoder()
+
+    def feed(self, chunk: bytes) -> list[ServerSentEvent | None]:
+        """The entries of the lines ``chunk`` completes."""
+        return [self._decoder.decode(line) for line in self._lines.feed(chunk)]
+
+    def close(self) -> list[ServerSentEvent | None]:
+        """The entries of the stream's last lines, and of the blank line that ends its last event."""
+        return [self._decoder.decode(line) for line in (*self._lines.close(), "")]
