@@ -7,7 +7,9 @@ turn task the node now holds, prefetched or running; ``task_postrun`` (the proce
 forgets it. Under an in-process pool (threads, solo) the held tasks are kept in memory and
 written by the heartbeat thread every ``HELD_FLUSH_SECONDS`` (one round trip for hundreds of
 tasks, instead of two per task on the consumer's thread); a prefork child, which cannot reach
-its parent's memory, forgets its task in Redis itself. A Redis outage only pauses the heartbeat:
+its parent's memory, forgets its tasks in Redis itself, batched by a thread of its own every
+``HELD_FLUSH_SECONDS`` (a record left a moment longer only re-drives a turn that has moved on,
+which fencing drops; a record written late could lose a turn). A Redis outage only pauses the heartbeat:
 the watchdog waits a full ``liveness_ttl`` after first missing a heartbeat before it declares a
 node dead.
 """
@@ -21,7 +23,7 @@ import time
 from typing import Any
 
 import redis
-from celery.signals import task_postrun, task_received, worker_init, worker_shutdown
+from celery.signals import task_postrun, task_received, worker_init, worker_process_shutdown, worker_shutdown
 
 from tasks import held
 from tasks.runtime import redis_client
@@ -110,7 +112,44 @@ def _release(task_id: Any = None, task: Any = None, **_: object) -> None:
     if held.in_process():
         held.release(task_id)
         return
-    try:
-        _records_for_this_process().release(liveness.node(), task_id)
-    except redis.RedisError as exc:
-        log.warning("could not forget held task %s: %s", task_id, exc)
+    _ended.add(task_id)
+
+
+class _EndedTasks:
+    """The tasks a prefork child ran since its last flush, forgotten in Redis in one round trip
+    every ``HELD_FLUSH_SECONDS`` by a thread of the child's own (started with its first task)."""
+
+    def __init__(self) -> None:
+        self._ids: list[str] = []
+        self._lock = threading.Lock()
+        self._pid = 0
+
+    def add(self, task_id: str) -> None:
+        with self._lock:
+            self._ids.append(task_id)
+            if self._pid != os.getpid():  # the first task of this process (a fork copies no thread)
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="agent-held-release", daemon=True).start()
+
+    def _run(self) -> None:
+        while not _stop.wait(HELD_FLUSH_SECONDS):
+            self.flush()
+
+    def flush(self) -> None:
+        """Forget the tasks ended so far; kept for the next flush while Redis does not answer."""
+        with self._lock:
+            ids, self._ids = self._ids, []
+        try:
+            _records_for_this_process().release(liveness.node(), *ids)
+        except redis.RedisError as exc:
+            log.warning("could not forget %d held tasks: %s", len(ids), exc)
+            with self._lock:
+                self._ids[:0] = ids
+
+
+_ended = _EndedTasks()
+
+
+@worker_process_shutdown.connect
+def _flush_ended(**_: object) -> None:
+    _ended.flush()

@@ -173,6 +173,33 @@ def test_batcher_joins_deltas_and_flushes_at_close():
     assert all(kind == "model_delta" and e["step"] == 3 for kind, e in published)
 
 
+def test_the_last_deltas_can_be_handed_to_the_caller_instead_of_published():
+    """``stream_reply_async(rest=...)``: what is pending when the reply is complete goes to the
+    caller (which appends it with the reply in one round trip), numbered after what was published."""
+    import asyncio
+
+    from worker.model.interface import ModelReply
+    from worker.model.streaming import stream_reply_async
+
+    published: list = []
+    rest: list = []
+
+    async def stream(request, on_delta):
+        for piece in ("a", "b", "c"):
+            on_delta(Delta("text", 0, piece))
+        return ModelReply(id="r", status="completed", output=[], usage={})
+
+    def never(delay, fn):
+        return lambda: None  # the timer never fires: only the first delta goes at once
+
+    reply = asyncio.run(
+        stream_reply_async(stream, None, published.extend, step=2, interval=60.0, schedule=never, rest=rest)
+    )
+    assert reply.id == "r"
+    assert [(e["delta"], e["seq"]) for _, e in published] == [("a", 0)]
+    assert [(kind, e["delta"], e["seq"], e["step"]) for kind, e in rest] == [("model_delta", "bc", 1, 2)]
+
+
 def test_gateway_failures_map_to_gateway_errors(gateway):
     client = ResponsesClient(gateway.base_url)
     request = ModelRequest(model="no-such-script", input=[{"type": "message", "role": "user", "content": "go"}])

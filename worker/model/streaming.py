@@ -85,17 +85,29 @@ class DeltaBatcher:
         with self._lock:
             self._flush_locked()
 
-    def _flush_locked(self) -> None:
+    def take(self) -> list[tuple[str, dict[str, Any]]]:
+        """Stop the timer and return the pending deltas as events, unpublished: the caller
+        appends them (they count as published)."""
+        with self._lock:
+            events = self._cut()
+        self.published += len(events)
+        return events
+
+    def _cut(self) -> list[tuple[str, dict[str, Any]]]:
         if self._cancel is not None:
             self._cancel()
             self._cancel = None
-        if not self._pending:
-            return
         events: list[tuple[str, dict[str, Any]]] = []
         for d in self._pending:
             events.append(("model_delta", {"step": self.step, "attempt": self.attempt, "seq": self.seq, **d}))
             self.seq += 1
         self._pending = []
+        return events
+
+    def _flush_locked(self) -> None:
+        events = self._cut()
+        if not events:
+            return
         self._last = time.monotonic()
         try:
             self.publish(events)
@@ -134,17 +146,26 @@ async def stream_reply_async(
     step: int,
     interval: float,
     schedule: Schedule,
+    rest: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> ModelReply:
     """``stream_reply`` for a coroutine call (``AsyncModelClient.stream``): the batcher's timer is
-    ``schedule`` (the event loop's), and ``publish`` must not block the loop (hand it on)."""
+    ``schedule`` (the event loop's), and ``publish`` must not block the loop (hand it on).
+    ``rest``: when the reply is complete, the deltas not yet published are put there instead, for
+    the caller to append with the reply in the same round trip (after those published)."""
     batcher = DeltaBatcher(publish, step=step, interval=interval, schedule=schedule)
     try:
-        return await stream(request, batcher.add)
+        reply = await stream(request, batcher.add)
     except GatewayError as exc:
         _broken(batcher, exc)
         raise
-    finally:
+    except BaseException:
         batcher.close()
+        raise
+    if rest is None:
+        batcher.close()
+    else:
+        rest.extend(batcher.take())
+    return reply
 
 
 def _broken(batcher: DeltaBatcher, exc: GatewayError) -> None:

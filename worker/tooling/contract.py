@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generic, Literal, Protocol, TypeVar
@@ -52,14 +53,15 @@ class AbortSignal:
     ``aborted`` turns true when ``abort()`` is called locally or when the
     optional ``probe`` callable (for instance a Redis cancel-flag check)
     returns true. Probing is rate-limited to once per ``probe_interval``
-    seconds so that tight loops stay cheap.
+    seconds so that tight loops stay cheap; ``probed=True`` says the caller has just read the
+    flag unset, so the first probe waits one interval (a short tool makes no probe at all).
     """
 
-    def __init__(self, probe: Callable[[], bool] | None = None, probe_interval: float = 0.25):
+    def __init__(self, probe: Callable[[], bool] | None = None, probe_interval: float = 0.25, *, probed: bool = False):
         self._event = threading.Event()
         self._probe = probe
         self._probe_interval = probe_interval
-        self._last_probe = 0.0
+        self._last_probe = time.monotonic() if probed else 0.0
         self.reason: str | None = None
 
     def abort(self, reason: str = "cancelled") -> None:
@@ -73,8 +75,6 @@ class AbortSignal:
         if self._event.is_set():
             return True
         if self._probe is not None:
-            import time
-
             now = time.monotonic()
             if now - self._last_probe >= self._probe_interval:
                 self._last_probe = now
@@ -85,8 +85,6 @@ class AbortSignal:
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; return True early if aborted."""
-        import time
-
         end = time.monotonic() + timeout
         while True:
             if self.aborted:

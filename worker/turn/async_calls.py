@@ -52,7 +52,10 @@ from worker.turn.runtime import TurnRuntime
 
 log = logging.getLogger("agent.model")
 
-Complete = Callable[[PreparedStep, "ModelReply | BaseException", float, trace.Span], StepOutcome]
+# ``complete(prepared, reply or exception, elapsed s, span, deltas to append before the reply)``
+Complete = Callable[
+    [PreparedStep, "ModelReply | BaseException", float, trace.Span, list[tuple[str, dict[str, Any]]]], StepOutcome
+]
 
 
 class CallEdge(Protocol):
@@ -93,6 +96,7 @@ class _InFlight:
     started: float = field(default_factory=time.perf_counter)
     future: concurrent.futures.Future[ModelReply] | None = None
     published: concurrent.futures.Future[None] | None = None  # the last delta batch handed on
+    rest: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # deltas stored with the reply
 
 
 class AsyncModelCalls:
@@ -143,6 +147,7 @@ class AsyncModelCalls:
             step=prepared.step,
             interval=settings.stream_flush_ms / 1000,
             schedule=lambda delay, fn: loop.call_later(delay, fn).cancel,
+            rest=call.rest,
         )
 
     def _publish_to(self, call: _InFlight) -> Publish:
@@ -181,7 +186,7 @@ class AsyncModelCalls:
         error = future.exception()
         result: ModelReply | BaseException = error if error is not None else future.result()
         try:
-            call.complete(prepared, result, time.perf_counter() - call.started, call.span)
+            call.complete(prepared, result, time.perf_counter() - call.started, call.span, call.rest)
         except GatewayError as exc:  # retryable; the claim is free
             self._retry(call, exc)
         except OUTAGE_ERRORS as exc:

@@ -1,11 +1,14 @@
 """The call runner: one tool call of a turn, from its message to its stored result.
 
-``CallRunner.run`` reads the call (state, plan, whether it has a result, cancel flag: one round
-trip), drops a stale or duplicate message, admits a call that needs approval only once decided
-(``worker.turn.gate``), claims the call with its ``call_started`` event (one round trip), runs
-its tool with the validated params, and stores the result with ``call_completed`` and the batch's
-barrier (one round trip). The caller that completes the batch closes it
-(``worker.turn.completion``).
+``CallRunner.run`` reads the call (state, plan, whether it has a result, cancel flag) and, when it
+can run at once (no approval, no computer), claims it with its ``call_started`` event in the same
+round trip (``Claims.begin_call``); drops a stale or duplicate message; admits a call that needs
+approval only once decided (``worker.turn.gate``) and a call that needs the agent's computer only
+on the node holding it, claiming those then (one round trip); runs its tool with the validated
+params; and stores the result with ``call_completed`` and the batch's barrier (one round trip).
+The caller that completes the batch closes it (``worker.turn.completion``): a step of one call is
+closed by that same round trip (``BatchCompletion.closing_writes``), so such a step costs the
+tools worker two round trips and the next step's message.
 
 At most once for destructive tools: a call whose claim is held by a dead worker is run again only
 when its tool is not destructive; a destructive one gets an "outcome unknown" result instead
@@ -30,6 +33,7 @@ from worker.model.items import cap_output, output_text, storable
 from worker.tooling.arguments import validate_params
 from worker.tooling.contract import ToolContext, ToolResult, TurnAborted, WorkerTool
 from worker.turn import metrics, telemetry
+from worker.turn.claims import Closed
 from worker.turn.completion import BatchCompletion
 from worker.turn.dispatch import Plan, PlannedCall
 from worker.turn.events import CallCompleted, CallStarted
@@ -68,7 +72,7 @@ class CallRunner:
 
     def run(self, turn_id: str, step: int, call_id: str) -> StepOutcome:
         """Run one planned call, store its result, and close the batch if it is the batch's last."""
-        view = self.rt.store.call_view(turn_id, step, call_id)
+        view = self.rt.store.call_view(turn_id, step, call_id, owner(), self._lease())
         state, plan = view.state, view.plan
         if state is None or state.status.terminal or state.step != step or state.phase != "tools":
             return StepOutcome("dropped", "stale call")
@@ -83,15 +87,18 @@ class CallRunner:
             return closing
         if closing is None:
             return StepOutcome("ran")
+        if isinstance(closing, Closed):  # the result's round trip closed the step
+            self.completion.next_step(state, step, request)
+            return StepOutcome("advanced", f"batch {batch_index} done")
         ended = self.completion.close(turn_id, step, request, batch_index, view=closing)
         return StepOutcome("advanced", f"batch {batch_index} done", ended=ended)
 
     def _closing(
         self, view: CallView, plan: Plan, call: PlannedCall, batch_index: int, request: TurnRequest
-    ) -> AdvanceView | StepOutcome | None:
+    ) -> AdvanceView | Closed | StepOutcome | None:
         """Record the call's result (running it if it must run) and pass the barrier: what closing
-        the batch reads when this call completed it, None when it did not, or the outcome of a call
-        that must not run here."""
+        the batch reads when this call completed it (``Closed`` when its round trip also closed a
+        one-call step), None when it did not, or the outcome of a call that must not run here."""
         assert view.state is not None
         state, claims = view.state, self.rt.store.claims
         turn_id, step = state.turn_id, state.step
@@ -117,7 +124,7 @@ class CallRunner:
                 if admission.error is not None:
                     result: CallResult | None = CallResult.error(admission.error, "no_computer")
                 else:
-                    result = self._execute_once(call, state, request, batch_index, view.cancelled)
+                    result = self._execute_once(call, state, request, batch_index, view)
             finally:
                 admission.release()
             if result is None:
@@ -129,8 +136,11 @@ class CallRunner:
             kept = (result, CallCompleted.of(step, call, result).fields())
             _UNSAVED_RESULTS.put(key, kept)
         result, event = kept
+        writes = self.completion.closing_writes(state, plan, result, view.cancelled)
         _, closing = until_redis_answers(
-            lambda: claims.record_and_check(turn_id, step, call.call_id, result, batch_index, batch_ids, event),
+            lambda: claims.record_and_check(
+                turn_id, step, call.call_id, result, batch_index, batch_ids, event, closing=writes
+            ),
             what=f"saving the result of call {call.call_id} of turn {turn_id}",
             timeout=self.rt.settings.redis_outage_timeout,
         )
@@ -144,15 +154,22 @@ class CallRunner:
             return HomeAdmission()
         return self.computers.admit(agent_id, call.destructive)
 
+    def _lease(self) -> float:
+        return self.rt.settings.tool_time_limit + 30
+
     def _execute_once(
-        self, call: PlannedCall, state: TurnState, request: TurnRequest, batch_index: int, cancelled: bool
+        self, call: PlannedCall, state: TurnState, request: TurnRequest, batch_index: int, view: CallView
     ) -> CallResult | None:
-        """Claim and run the call; its result, or None when another live worker holds it."""
-        turn_id, step = state.turn_id, state.step
-        lease = self.rt.settings.tool_time_limit + 30
-        started = CallStarted(step, call.call_id, call.name, call.activity).fields()
+        """Claim the call (unless its view did) and run it; its result, or None when another live
+        worker holds it."""
+        turn_id, step, cancelled = state.turn_id, state.step, view.cancelled
+        lease = self._lease()
         claims = self.rt.store.claims
-        won, claim = claims.claim(turn_id, step, call.call_id, owner(), lease, started_event=started)
+        if view.claim.tried:
+            won, claim = view.claim.won, view.claim.existing
+        else:
+            started = CallStarted(step, call.call_id, call.name, call.activity).fields()
+            won, claim = claims.claim(turn_id, step, call.call_id, owner(), lease, started_event=started)
         if not won:
             run_here, held = self._held_elsewhere(call, claim or {})
             if not run_here:
@@ -197,7 +214,7 @@ class CallRunner:
         """Run the tool's ``execute`` with the call's validated params; a tool's failure (an
         exception, an abort) is a result the model reads, never a crashed turn."""
         turn_id = state.turn_id
-        abort = self.toolbox.abort_signal(turn_id)
+        abort = self.toolbox.abort_signal(turn_id, probed=True)  # the call's view read the flag unset
         ctx = self.toolbox.context(state, request, abort)
         tool = next((t for t in self.toolbox.tools(ctx, request) if t.name == call.name), None)
         started = time.perf_counter()

@@ -15,11 +15,12 @@ from typing import Any
 import orjson
 import redis
 
-from worker.turn.guard import LUA_TERMINAL
+from worker.turn.guard import LUA_APPLY_WRITES, LUA_TERMINAL, Writes, encode_writes
 from worker.turn.state import (
     EVENTS_MAXLEN,
     RETENTION_SECONDS,
     AdvanceView,
+    CallClaim,
     CallResult,
     StepClaim,
     StepView,
@@ -39,13 +40,61 @@ end
 return {0, redis.call('HGET', KEYS[1], ARGV[1])}
 """
 
-# Store a call's result (first write wins), announce it, and pass the batch barrier, in one round trip.
-# The barrier sets the "advanced" key once, only when every call of the batch has a result; its
-# winner gets what closing the batch reads (the turn hash, the cancel flag, the step's results).
-# KEYS: results, turn hash, events, adv, cancel; ARGV: call_id, result ('' = only check the
-# barrier), ttl, terminate, event, maxlen, call_ids...
-# Returns {stored, 0} or {stored, 1, turn hash (flat), cancelled, results (flat)}.
-_RECORD_LUA = """
+# Read a tool call's view (the turn hash, the step's plan, whether the call has a result, the
+# cancel flag) and, when the call can be claimed at once, claim it with its ``call_started``
+# event: one round trip. A call can be claimed at once when the step's plan marked it so
+# (``turn:{id}:start:{n}`` holds its event's end: runnable, no approval, no computer; the
+# ``begin_tools`` transition writes it), it has no result, and the turn is at the step's tools
+# phase, not ended.
+# KEYS: turn hash, plan, results, cancel, claims, events, start; ARGV: step, call_id, claim JSON,
+# ttl, the call_started event up to its call_id (the script ends it), events maxlen.
+# Returns {hash (flat), plan or '', has result, cancelled, claim, holder's claim or ''}: claim 0 =
+# not tried, 1 = won, 2 = held.
+_BEGIN_CALL_LUA = (
+    LUA_TERMINAL
+    + """
+local h = redis.call('HGETALL', KEYS[1])
+local plan = redis.call('GET', KEYS[2]) or ''
+local has = redis.call('HEXISTS', KEYS[3], ARGV[2])
+local cancelled = redis.call('EXISTS', KEYS[4])
+if #h == 0 or plan == '' or has == 1 then return {h, plan, has, cancelled, 0, ''} end
+local f = {}
+for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+if terminal[f['status']] or f['step'] ~= ARGV[1] or f['phase'] ~= 'tools' then return {h, plan, has, cancelled, 0, ''} end
+local rest = redis.call('HGET', KEYS[7], ARGV[2])
+if not rest then return {h, plan, has, cancelled, 0, ''} end
+if redis.call('HSETNX', KEYS[5], ARGV[2], ARGV[3]) == 1 then
+  redis.call('EXPIRE', KEYS[5], ARGV[4])
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5] .. rest)
+  return {h, plan, has, cancelled, 1, ''}
+end
+return {h, plan, has, cancelled, 2, redis.call('HGET', KEYS[5], ARGV[2]) or ''}
+"""
+)
+
+
+def started_rest(name: str, activity: str) -> bytes:
+    """The end of a call's ``call_started`` event after its ``call_id`` (``,"name":...,
+    "activity":...}``), as ``begin_tools`` stores it for ``Claims.begin_call``."""
+    return b"," + orjson.dumps({"name": name, "activity": activity})[1:]
+
+
+# Store a call's result (first write wins), announce it, push the progress deadline and pass the
+# batch barrier, in one round trip. The barrier sets the "advanced" key once, only when every call
+# of the batch has a result; its winner gets what closing the batch reads (the turn hash, the
+# cancel flag, the step's results), or, given the step's closing writes (a one-call step,
+# ``BatchCompletion.closing_writes``), has them applied here when the turn is still at the
+# step's tools phase, not ended and not cancelled: the step is closed in the same round trip.
+# KEYS: results, turn hash, events, adv, cancel, watch zset, the closing writes' keys...;
+# ARGV: call_id, result ('' = only check the barrier), ttl, terminate, event, maxlen, deadline
+# ('' = none), turn id, step, number of call ids, call_ids..., then the closing writes
+# (``LUA_APPLY_WRITES``), if any.
+# Returns {stored, 0}, {stored, 1, turn hash (flat), cancelled, results (flat)} or {stored, 2}
+# (closed).
+_RECORD_LUA = (
+    LUA_TERMINAL
+    + LUA_APPLY_WRITES
+    + """
 local stored = 0
 if ARGV[2] ~= '' then stored = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
 if stored == 1 then
@@ -53,14 +102,23 @@ if stored == 1 then
   if ARGV[4] == '1' then redis.call('HSET', KEYS[2], 'terminate', '1') end
   if ARGV[5] ~= '' then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5]) end
 end
-for i = 7, #ARGV do
+if ARGV[7] ~= '' then redis.call('ZADD', KEYS[6], 'XX', ARGV[7], ARGV[8]) end
+local n = tonumber(ARGV[10])
+for i = 11, 10 + n do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then return {stored, 0} end
 end
-if redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then
-  return {stored, 1, redis.call('HGETALL', KEYS[2]), redis.call('EXISTS', KEYS[5]), redis.call('HGETALL', KEYS[1])}
+if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then return {stored, 0} end
+local cancelled = redis.call('EXISTS', KEYS[5])
+if ARGV[11 + n] and cancelled == 0 then
+  local h = redis.call('HMGET', KEYS[2], 'status', 'step', 'phase')
+  if h[1] and not terminal[h[1]] and h[2] == ARGV[9] and h[3] == 'tools' then
+    apply_writes(11 + n, 7)
+    return {stored, 2}
+  end
 end
-return {stored, 0}
+return {stored, 1, redis.call('HGETALL', KEYS[2]), cancelled, redis.call('HGETALL', KEYS[1])}
 """
+)
 
 # Begin a model step in one round trip: read what the step needs (the turn hash, the history, the
 # step's memoized reply, the cancel flag) and, when the step is the turn's current one, runnable
@@ -122,6 +180,7 @@ class Claims:
         self._record = client.register_script(_RECORD_LUA)
         self._release = client.register_script(_RELEASE_LUA)
         self._begin_step = client.register_script(_BEGIN_STEP_LUA)
+        self._begin_call = client.register_script(_BEGIN_CALL_LUA)
 
     def claim(
         self,
@@ -150,6 +209,37 @@ class Claims:
         if won:
             return True, None
         return False, orjson.loads(raw) if raw else None
+
+    def begin_call(
+        self, turn_id: str, step: int, call_id: str, owner: str, lease: float
+    ) -> tuple[dict[bytes, bytes], bytes, bool, bool, CallClaim]:
+        """Read call ``call_id``'s view and, when it can be claimed at once (see the script), claim
+        it for ``owner`` (``lease`` seconds) with its ``call_started`` event: one round trip.
+        Returns ``(turn hash, raw plan or b"", has result, cancelled, claim)``."""
+        claim = {"owner": owner, "lease_until": time.time() + lease}
+        h, plan, has, cancelled, tried, existing = self._begin_call(
+            keys=[
+                _k(turn_id),
+                _k(turn_id, "plan", step),
+                _k(turn_id, "results", step),
+                _k(turn_id, "cancel"),
+                _k(turn_id, "claims", step),
+                _k(turn_id, "events"),
+                _k(turn_id, "start", step),
+            ],
+            args=[
+                step,
+                call_id,
+                orjson.dumps(claim),
+                RETENTION_SECONDS,
+                event_json("call_started", {"step": step, "call_id": call_id})[:-1],
+                EVENTS_MAXLEN,
+            ],
+        )
+        outcome = CallClaim(
+            tried=tried != 0, won=tried == 1, existing=orjson.loads(existing) if tried == 2 and existing else None
+        )
+        return _pairs(h), plan, bool(has), bool(cancelled), outcome
 
     def begin_step(self, turn_id: str, step: int, owner: str, lease: float, held_key: str) -> StepView:
         """Read model step ``step``'s view and, if it is runnable and not memoized, take its model
@@ -220,16 +310,22 @@ class Claims:
         batch_index: int,
         batch_call_ids: list[str],
         completed_event: dict[str, Any] | None = None,
-    ) -> tuple[bool, AdvanceView | None]:
-        """Store a result (first write wins), append ``call_completed``, and pass the barrier.
+        closing: Writes | None = None,
+    ) -> tuple[bool, AdvanceView | None | Closed]:
+        """Store a result (first write wins), append ``call_completed``, push the progress
+        deadline, and pass the barrier: one round trip.
 
-        Returns ``(stored, view)``: ``view`` (what closing the batch reads, as ``advance_view``
-        returns it) exactly once per batch, to the caller that completed it; else None.
+        ``closing``: the step's closing writes, applied with the barrier when this result
+        completes the step and the turn is still at its tools phase, not ended nor cancelled.
+
+        Returns ``(stored, view)``: ``view`` is ``CLOSED`` when ``closing`` was applied; else what
+        closing the batch reads (as ``advance_view`` returns it), exactly once per batch, to the
+        caller that completed it; else None.
         """
         event = event_json("call_completed", completed_event) if completed_event else b""
-        p = self.r.pipeline(transaction=False)
-        self._record(
-            keys=self._record_keys(turn_id, step, batch_index),
+        write_keys, write_args = encode_writes(closing) if closing is not None else ([], [])
+        reply = self._record(
+            keys=[*self._record_keys(turn_id, step, batch_index), *write_keys],
             args=[
                 call_id,
                 orjson.dumps(result.to_json()),
@@ -237,20 +333,22 @@ class Claims:
                 "1" if result.terminate else "0",
                 event,
                 EVENTS_MAXLEN,
+                time.time() + self.progress_timeout,
+                turn_id,
+                step,
+                len(batch_call_ids),
                 *batch_call_ids,
+                *write_args,
             ],
-            client=p,
         )
-        p.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout}, xx=True)
-        reply, _ = p.execute()
-        return bool(reply[0]), _advance_view(turn_id, reply)
+        return bool(reply[0]), CLOSED if reply[1] == 2 else _advance_view(turn_id, reply)
 
     def batch_done(self, turn_id: str, step: int, batch_index: int, call_ids: list[str]) -> AdvanceView | None:
         """The barrier alone: the batch's ``AdvanceView`` exactly once, for the caller that sees the
         batch's last result; else None."""
         reply = self._record(
             keys=self._record_keys(turn_id, step, batch_index),
-            args=["", "", RETENTION_SECONDS, "0", "", EVENTS_MAXLEN, *call_ids],
+            args=["", "", RETENTION_SECONDS, "0", "", EVENTS_MAXLEN, "", turn_id, step, len(call_ids), *call_ids],
         )
         return _advance_view(turn_id, reply)
 
@@ -262,7 +360,18 @@ class Claims:
             _k(turn_id, "events"),
             _k(turn_id, "adv", step, batch_index),
             _k(turn_id, "cancel"),
+            "turns:watch",
         ]
+
+
+class Closed:
+    """``Claims.record_and_check``'s answer when the step's closing writes were applied."""
+
+    def __repr__(self) -> str:
+        return "CLOSED"
+
+
+CLOSED = Closed()
 
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from worker.model.items import function_call_output
 from worker.turn import telemetry
+from worker.turn.dispatch import Plan
 from worker.turn.ending import CANCELLED, TurnEnd
 from worker.turn.gate import ApprovalGate
+from worker.turn.guard import Writes
 from worker.turn.interfaces import step_label
 from worker.turn.outcome import Ended
 from worker.turn.request import TurnRequest, TurnStatus
@@ -68,11 +70,32 @@ class BatchCompletion:
             return None
         if terminal is not None:
             return self.end.finished(turn_id, terminal, error=error)
+        self.next_step(state, step, request)
+        return None
+
+    def closing_writes(self, state: TurnState, plan: Plan, result: CallResult, cancelled: bool) -> Writes | None:
+        """The closing writes of a step whose plan is one call, given that call's ``result``
+        before it is stored: ``Claims.record_and_check`` applies them with the result when the
+        turn is still at the step's tools phase and not cancelled, so the step is closed in the
+        same round trip (then ``next_step``). None when closing needs more than the writes (the
+        step has other calls, or it ends the turn: a terminating result, a cancel flag, a retry
+        budget spent)."""
+        if len(plan.calls) != 1 or cancelled or result.terminate or state.terminate or self._over_budget(state):
+            return None
+        call = plan.calls[0]
+        item, _ = function_call_output(call.call_id, result.output, max_chars=self.rt.settings.max_output_chars)
+        loaded = _loaded_tools(state, {call.call_id: result})
+        return self.rt.store.next_step_writes(
+            state.turn_id, state.step, [item], loaded_tools=loaded if loaded != state.loaded_tools else None
+        )
+
+    def next_step(self, state: TurnState, step: int, request: TurnRequest) -> None:
+        """Enqueue step ``step + 1`` of the turn, once step ``step`` is closed."""
+        turn_id = state.turn_id
         with telemetry.under_turn(state.traceparent):
             self.rt.dispatcher.enqueue_step(
                 turn_id, step + 1, queue=request.queue, label=step_label(request.agent_id, turn_id, step + 1)
             )
-        return None
 
     def _over_budget(self, state: TurnState) -> list[str]:
         """Tools whose retry budget for invalid calls is spent (``max_invalid_calls_per_tool``)."""

@@ -55,6 +55,20 @@ _CHUNKED = frozenset({"RPUSH", "LPUSH", "SADD", "SREM", "HDEL", "ZREM", "HSET"})
 # A Lua table of the terminal statuses (``TurnStatus.terminal``), for the scripts that fence on them.
 LUA_TERMINAL = "local terminal = {" + ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal) + "}\n"
 
+# A Lua function applying recorded writes (``encode_writes``): from ARGV[i] on, per write, its
+# argument count after the key, the command name, its arguments; its key is KEYS[k], KEYS[k + 1]...
+LUA_APPLY_WRITES = """
+local function apply_writes(i, k)
+  while i <= #ARGV do
+    local n = tonumber(ARGV[i])
+    local cmd = {ARGV[i + 1], KEYS[k]}
+    for j = 1, n do cmd[j + 2] = ARGV[i + 1 + j] end
+    redis.call(unpack(cmd))
+    i, k = i + 2 + n, k + 1
+  end
+end
+"""
+
 # KEYS[1] turn hash, KEYS[2] the ended turns awaiting hooks (``turns:finishing``), KEYS[3..] the
 # writes' keys in order. ARGV: step, phase, only if status ('' = any; another status skips the
 # writes without an error), hooks deadline ('' = the turn does not end here), turn id, then per
@@ -62,6 +76,7 @@ LUA_TERMINAL = "local terminal = {" + ", ".join(f"['{s.value}'] = true" for s in
 # Returns {1, hooks} (hooks: 1 when the ended turn has end hooks), or {0, reason} when fenced out.
 _GUARD_LUA = (
     LUA_TERMINAL
+    + LUA_APPLY_WRITES
     + """
 local h = redis.call('HMGET', KEYS[1], 'status', 'step', 'phase', 'end_hooks')
 if not h[1] then return {0, 'turn does not exist'} end
@@ -70,14 +85,7 @@ if h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then
   return {0, 'turn is at step ' .. tostring(h[2]) .. '/' .. tostring(h[3]) .. ', not ' .. ARGV[1] .. '/' .. ARGV[2]}
 end
 if ARGV[3] ~= '' and h[1] ~= ARGV[3] then return {1, 0} end
-local i, k = 6, 3
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  local cmd = {ARGV[i + 1], KEYS[k]}
-  for j = 1, n do cmd[j + 2] = ARGV[i + 1 + j] end
-  redis.call(unpack(cmd))
-  i, k = i + 2 + n, k + 1
-end
+apply_writes(6, 3)
 local hooks = 0
 if ARGV[4] ~= '' and h[4] == '1' then
   redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
@@ -122,6 +130,19 @@ class Writes(CoreCommands):
         return self
 
 
+def encode_writes(writes: Writes) -> tuple[list[Any], list[Any]]:
+    """``writes`` as ``(keys, args)`` for ``LUA_APPLY_WRITES``: one key per write, and per write
+    its argument count after the key, its command name and its arguments."""
+    keys: list[Any] = []
+    args: list[Any] = []
+    for name, write_key, *rest in writes.recorded:
+        keys.append(write_key)
+        args.append(len(rest))
+        args.append(name)
+        args.extend(rest)
+    return keys, args
+
+
 class GuardScript:
     """The guard script registered on ``client`` (a ``redis.Redis``)."""
 
@@ -147,14 +168,10 @@ class GuardScript:
         Returns True when the ended turn has end hooks to run. Raises ``StaleStep`` (nothing
         written) when fenced out.
         """
-        keys = [key(turn_id), self._finishing_key]
+        write_keys, write_args = encode_writes(writes)
+        keys = [key(turn_id), self._finishing_key, *write_keys]
         args: list[Any] = [step, phase, only_if_status or "", "" if hooks_deadline is None else hooks_deadline, turn_id]
-        for name, write_key, *rest in writes.recorded:
-            keys.append(write_key)
-            args.append(len(rest))
-            args.append(name)
-            args.extend(rest)
-        ok, detail = self._script(keys=keys, args=args)
+        ok, detail = self._script(keys=keys, args=[*args, *write_args])
         if not ok:
             raise StaleStep(detail.decode() if isinstance(detail, bytes) else str(detail))
         return bool(detail)

@@ -109,9 +109,10 @@ class Liveness:
                 p.hset(key, mapping=held)
             p.execute()
 
-    def release(self, node_id: str, task_id: str) -> None:
-        """The task ended (ran or was dropped): the node no longer holds it."""
-        self.r.hdel(held_key(node_id), task_id)
+    def release(self, node_id: str, *task_ids: str) -> None:
+        """The tasks ended (ran or were dropped): the node no longer holds them. One round trip."""
+        if task_ids:
+            self.r.hdel(held_key(node_id), *task_ids)
 
     def is_alive(self, node_id: str) -> bool:
         """True while ``node_id``'s heartbeat key exists."""

@@ -24,6 +24,7 @@ import itertools
 import logging
 import os
 import time
+from typing import Any, Sequence
 
 from opentelemetry import trace
 
@@ -207,12 +208,19 @@ class ModelStep:
             return self._paid(prepared, reply, time.perf_counter() - started, span)
 
     def complete(
-        self, prepared: PreparedStep, result: ModelReply | BaseException, elapsed: float, span: trace.Span
+        self,
+        prepared: PreparedStep,
+        result: ModelReply | BaseException,
+        elapsed: float,
+        span: trace.Span,
+        deltas: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> StepOutcome:
         """Finish a step whose model call was made elsewhere (``AsyncModelCalls``): ``result`` is the
         reply, or the exception the call raised, after ``elapsed`` seconds; ``span`` its started span
-        (ended here). Stores the reply and handles it (a Redis outage is waited out). Raises the
-        call's ``GatewayError`` (retryable) or any other exception after freeing the step's claim."""
+        (ended here); ``deltas``: the stream's last ``model_delta`` events, appended just before
+        ``model_reply`` in the same round trip. Stores the reply and handles it (a Redis outage is
+        waited out). Raises the call's ``GatewayError`` (retryable) or any other exception after
+        freeing the step's claim."""
         try:
             if isinstance(result, BaseException):
                 telemetry.end_model_call_span(span, result)
@@ -221,7 +229,7 @@ class ModelStep:
                 metrics.model_call_finished(prepared.model, None, failed=True)
                 raise result
             try:
-                stored = self._paid(prepared, result, elapsed, span)
+                stored = self._paid(prepared, result, elapsed, span, deltas)
             finally:
                 telemetry.end_model_call_span(span)
         except BaseException:
@@ -242,7 +250,14 @@ class ModelStep:
         ended = self.end.at_model_step(prepared.turn_id, prepared.step, TurnStatus.failed, str(exc))
         return StepOutcome("ended", "model request rejected", ended=ended)
 
-    def _paid(self, prepared: PreparedStep, reply: ModelReply, elapsed: float, span: trace.Span) -> StoredReply:
+    def _paid(
+        self,
+        prepared: PreparedStep,
+        reply: ModelReply,
+        elapsed: float,
+        span: trace.Span,
+        deltas: Sequence[tuple[str, dict[str, Any]]] = (),
+    ) -> StoredReply:
         """Record a reply's metrics and span attributes, and store it."""
         metrics.MODEL_CALL_SECONDS.labels(prepared.model).observe(elapsed)
         metrics.model_call_finished(prepared.model)
@@ -250,7 +265,7 @@ class ModelStep:
         telemetry.model_reply(span, reply.id, reply.status, usage, len(reply.function_calls))
         calls = len(reply.function_calls)
         event = ModelReplied(prepared.step, reply.status, reply.text[:1000], calls, round(elapsed * 1000, 1), usage)
-        return self._store(prepared.turn_id, prepared.step, prepared.model, reply, event)
+        return self._store(prepared.turn_id, prepared.step, prepared.model, reply, event, deltas)
 
     def _create(self, turn_id: str, step: int, request: ModelRequest) -> ModelReply:
         """The model call: streamed (deltas batched into the event stream) unless ``AGENT_MODEL_STREAM=0``."""
@@ -266,7 +281,15 @@ class ModelStep:
             interval=settings.stream_flush_ms / 1000,
         )
 
-    def _store(self, turn_id: str, step: int, model: str, reply: ModelReply, event: ModelReplied) -> StoredReply:
+    def _store(
+        self,
+        turn_id: str,
+        step: int,
+        model: str,
+        reply: ModelReply,
+        event: ModelReplied,
+        deltas: Sequence[tuple[str, dict[str, Any]]] = (),
+    ) -> StoredReply:
         """Store the paid-for reply (memo, event, usage record, cancel flag read: one round trip),
         keeping it in this process until Redis has it, so neither an outage nor a redelivery pays again."""
         data = reply.to_json()
@@ -279,6 +302,7 @@ class ModelStep:
                 data,
                 event.fields(),
                 also=lambda pipe: UsageLedger.queue_record(pipe, turn_id, step, usage, model),
+                deltas=deltas,
             ),
             what=f"saving the model reply of turn {turn_id} step {step}",
             timeout=self.rt.settings.redis_outage_timeout,

@@ -72,13 +72,27 @@ def parse_results(raw: dict[bytes, bytes]) -> dict[str, CallResult]:
 
 
 @dataclass
+class CallClaim:
+    """What reading a call's view did about its claim (``Claims.begin_call``): ``tried`` is False
+    when the call could not be claimed at once (it awaits an approval or needs the agent's
+    computer, it has a result, the turn moved on); else ``won``, or the claim that holds it
+    (``existing``: ``{"owner", "lease_until"}``)."""
+
+    tried: bool = False
+    won: bool = False
+    existing: dict[str, Any] | None = None
+
+
+@dataclass
 class CallView:
-    """What a tool-call task reads before running, fetched in one round trip."""
+    """What a tool-call task reads before running, fetched in one round trip with the call's
+    claim when it can be taken at once (``claim``)."""
 
     state: TurnState | None
     plan: Plan | None
     has_result: bool
     cancelled: bool
+    claim: CallClaim = field(default_factory=CallClaim)
 
 
 @dataclass

@@ -47,8 +47,8 @@ import orjson
 import redis
 
 from worker.model.items import unanswered_call_ids
-from worker.turn.claims import Claims
-from worker.turn.dispatch import Plan
+from worker.turn.claims import Claims, started_rest
+from worker.turn.dispatch import Plan, PlannedCall
 from worker.turn.guard import CreateScript, GuardScript, Writes
 from worker.turn.request import END_HOOK_METADATA, TurnRefused, TurnStatus
 from worker.turn.state import (
@@ -65,6 +65,12 @@ from worker.turn.state import key as _k
 
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
 FINISHING_KEY = "turns:finishing"
+
+
+def _claimable_at_once(call: PlannedCall) -> bool:
+    # A call that awaits a person's decision, or the node holding the agent's home, is claimed
+    # only once admitted (worker.turn.call_runner).
+    return call.runnable and not call.needs_approval and not call.computer
 
 
 def _interrupted(status: TurnStatus, started: bool) -> str:
@@ -135,17 +141,14 @@ class TurnStore:
         state = TurnState.from_hash(turn_id, h) if h else None
         return AdvanceView(state, bool(cancelled), parse_results(results))
 
-    def call_view(self, turn_id: str, step: int, call_id: str) -> CallView:
-        """State, plan, whether the call has a result, and the cancel flag, in one round trip."""
-        p = self.r.pipeline(transaction=False)
-        p.hgetall(_k(turn_id))
-        p.get(_k(turn_id, "plan", step))
-        p.hexists(_k(turn_id, "results", step), call_id)
-        p.exists(_k(turn_id, "cancel"))
-        h, raw_plan, has_result, cancelled = p.execute()
+    def call_view(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> CallView:
+        """State, plan, whether the call has a result, and the cancel flag, in one round trip,
+        with the call's claim for ``owner`` (``lease`` seconds) when it can be taken at once
+        (``Claims.begin_call``)."""
+        h, raw_plan, has_result, cancelled, claim = self.claims.begin_call(turn_id, step, call_id, owner, lease)
         state = TurnState.from_hash(turn_id, h) if h else None
         plan = self._plans.get((turn_id, step)) or self._parse_plan(turn_id, step, raw_plan)
-        return CallView(state, plan, bool(has_result), bool(cancelled))
+        return CallView(state, plan, has_result, cancelled, claim)
 
     def results(self, turn_id: str, step: int) -> dict[str, CallResult]:
         """Results of ``step`` by ``call_id``."""
@@ -293,17 +296,21 @@ class TurnStore:
         reply: dict[str, Any],
         event: dict[str, Any],
         also: Callable[[Any], None] | None = None,
+        deltas: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> tuple[dict[str, Any], bool, list[Any]]:
         """Memoize the model reply of ``step`` (first one wins), append the ``model_reply`` event
-        and read the cancel flag, in one round trip; ``also(pipe)`` queues more commands in it
-        (the step's usage record). Returns ``(stored reply, cancelled, replies of also's commands)``."""
+        (after the events ``deltas``: the stream's last deltas) and read the cancel flag, in one
+        round trip; ``also(pipe)`` queues more commands in it (the step's usage record). Returns
+        ``(stored reply, cancelled, replies of also's commands)``."""
         with self.r.pipeline(transaction=False) as p:
+            for kind, data in deltas:
+                self._xadd(p, turn_id, kind, data)
             p.set(_k(turn_id, "reply", step), orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS)
             self._xadd(p, turn_id, "model_reply", event)
             p.exists(_k(turn_id, "cancel"))
             if also is not None:
                 also(p)
-            won, _, cancelled, *extra = p.execute()
+            won, _, cancelled, *extra = p.execute()[len(deltas) :]
         if won:
             return reply, bool(cancelled), extra
         raw = self.r.get(_k(turn_id, "reply", step))
@@ -340,6 +347,10 @@ class TurnStore:
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
             pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
+            at_once = {c.call_id: started_rest(c.name, c.activity) for c in plan.calls if _claimable_at_once(c)}
+            if at_once:  # the calls a tool-call task claims with its first read (Claims.begin_call)
+                pipe.hset(_k(turn_id, "start", step), mapping=at_once)
+                pipe.expire(_k(turn_id, "start", step), RETENTION_SECONDS)
             if pre_results:
                 pipe.hset(
                     _k(turn_id, "results", step), mapping={k: orjson.dumps(v.to_json()) for k, v in pre_results.items()}
@@ -372,20 +383,32 @@ class TurnStore:
         """Append the outputs (emitted order) and move to the next step, or end the turn with ``terminal``."""
 
         def w(pipe: Any) -> None:
-            if output_items:
-                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in output_items])
-            fields: dict[str, Any] = {"step": step + 1, "phase": "model"}
-            if loaded_tools is not None:
-                fields["loaded_tools"] = orjson.dumps(loaded_tools)
+            self._finish_tools(pipe, turn_id, step, output_items, loaded_tools)
             if terminal is not None:
-                fields["status"] = terminal.value
-                if error:
-                    fields["error"] = error
-            self._touch(pipe, turn_id, fields)
-            if terminal is not None:
+                pipe.hset(_k(turn_id), mapping={"status": terminal.value, **({"error": error} if error else {})})
                 self._retire(pipe, turn_id)
 
         self._guarded(turn_id, step, "tools", w, ends=terminal is not None)
+
+    def next_step_writes(
+        self, turn_id: str, step: int, output_items: list[dict[str, Any]], loaded_tools: list[str] | None = None
+    ) -> Writes:
+        """``finish_tools``'s writes for a step that goes on to ``step + 1``, unguarded: for
+        ``Claims.record_and_check``, which applies them with the step's last result when the turn
+        is still at ``step``'s tools phase (``BatchCompletion.closing_writes``)."""
+        writes = Writes()
+        self._finish_tools(writes, turn_id, step, output_items, loaded_tools)
+        return writes
+
+    def _finish_tools(
+        self, pipe: Any, turn_id: str, step: int, output_items: list[dict[str, Any]], loaded_tools: list[str] | None
+    ) -> None:
+        if output_items:
+            pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in output_items])
+        fields: dict[str, Any] = {"step": step + 1, "phase": "model"}
+        if loaded_tools is not None:
+            fields["loaded_tools"] = orjson.dumps(loaded_tools)
+        self._touch(pipe, turn_id, fields)
 
     def continue_after_reply(
         self, turn_id: str, step: int, items: list[dict[str, Any]], fields: dict[str, Any] | None = None

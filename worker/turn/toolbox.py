@@ -66,9 +66,10 @@ class Toolbox:
             cancel_turn=self._cancel_turn,
         )
 
-    def abort_signal(self, turn_id: str) -> AbortSignal:
-        """The turn's ``AbortSignal``: it probes the turn's cancel flag."""
-        return AbortSignal(probe=lambda: self._cancel_requested(turn_id))
+    def abort_signal(self, turn_id: str, *, probed: bool = False) -> AbortSignal:
+        """The turn's ``AbortSignal``: it probes the turn's cancel flag (``probed``: the caller has
+        just read it unset)."""
+        return AbortSignal(probe=lambda: self._cancel_requested(turn_id), probed=probed)
 
     def _cancel_requested(self, turn_id: str) -> bool:
         # While Redis does not answer, a running tool goes on (the flag is read again at its next check).

@@ -1,0 +1,127 @@
+"""The tool path's round trips (``Claims.begin_call``, ``Claims.record_and_check`` with a step's
+closing writes), against the embedded Redis: a call that can run at once is claimed by its first
+read, with its ``call_started`` event; one that awaits an approval or the agent's computer is
+not; a one-call step is closed by its result's round trip unless the turn was cancelled or moved
+on in between, when the winner gets the batch's view and closes it the long way."""
+
+from __future__ import annotations
+
+import uuid
+
+import orjson
+import pytest
+import redis
+
+from worker.turn.claims import CLOSED
+from worker.turn.dispatch import Batch, Plan, PlannedCall
+from worker.turn.request import TurnStatus
+from worker.turn.state import AdvanceView, CallResult, key
+from worker.turn.store import TurnStore
+
+
+@pytest.fixture
+def store(redis_url):
+    return TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60)
+
+
+def _turn_at_tools(store: TurnStore, calls: list[PlannedCall]) -> str:
+    """A turn at step 0's tools phase with ``calls`` planned in one parallel batch."""
+    tid = uuid.uuid4().hex
+    store.create(tid, {"agent_id": "trips-a", "input": "x"}, [])
+    plan = Plan(calls, [Batch("parallel", [c.call_id for c in calls if c.runnable])])
+    store.begin_tools(tid, 0, [{"type": "function_call", "call_id": c.call_id} for c in calls], plan, {}, {})
+    return tid
+
+
+def _events(store: TurnStore, tid: str, kind: str) -> list[dict]:
+    out = []
+    for _, fields in store.r.xrange(key(tid, "events")):
+        event = orjson.loads(fields[b"e"])
+        if event["kind"] == kind:
+            out.append(event)
+    return out
+
+
+def test_a_plain_call_is_claimed_by_its_first_read(store):
+    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={}, activity="Reading")])
+    view = store.call_view(tid, 0, "c1", "owner-a", 60)
+    assert view.state is not None and view.plan is not None and not view.has_result
+    assert view.claim.tried and view.claim.won
+    assert orjson.loads(store.r.hget(key(tid, "claims", 0), "c1"))["owner"] == "owner-a"
+    [started] = _events(store, tid, "call_started")
+    assert started == {**started, "step": 0, "call_id": "c1", "name": "read_thing", "activity": "Reading"}
+    again = store.call_view(tid, 0, "c1", "owner-b", 60)  # a redelivery: held, not claimed twice
+    assert again.claim.tried and not again.claim.won and again.claim.existing["owner"] == "owner-a"
+    assert len(_events(store, tid, "call_started")) == 1
+
+
+@pytest.mark.parametrize("flag", ["needs_approval", "computer"])
+def test_a_gated_or_computer_call_is_not_claimed_by_its_read(store, flag):
+    tid = _turn_at_tools(store, [PlannedCall("c1", "write_thing", 0, data={}, **{flag: True})])
+    view = store.call_view(tid, 0, "c1", "owner-a", 60)
+    assert view.plan is not None and not view.claim.tried
+    assert not store.r.hexists(key(tid, "claims", 0), "c1")
+    assert _events(store, tid, "call_started") == []
+
+
+def test_no_claim_for_an_unknown_call_a_stale_step_or_a_call_with_a_result(store):
+    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
+    assert not store.call_view(tid, 0, "nope", "o", 60).claim.tried
+    assert not store.call_view(tid, 1, "c1", "o", 60).claim.tried  # another step
+    store.claims.record_and_check(tid, 0, "c1", CallResult("done"), 0, ["c1"])
+    view = store.call_view(tid, 0, "c1", "o", 60)
+    assert view.has_result and not view.claim.tried
+    assert not store.r.hexists(key(tid, "claims", 0), "c1")
+
+
+def _closing(store: TurnStore, tid: str, output: str = "out"):
+    item = {"type": "function_call_output", "call_id": "c1", "output": output}
+    return store.next_step_writes(tid, 0, [item])
+
+
+def test_a_one_call_step_is_closed_by_its_result(store):
+    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
+    stored, view = store.claims.record_and_check(
+        tid, 0, "c1", CallResult("out"), 0, ["c1"], {"call_id": "c1"}, closing=_closing(store, tid)
+    )
+    assert stored and view is CLOSED
+    state = store.load(tid)
+    assert (state.step, state.phase, state.status) == (1, "model", TurnStatus.queued)
+    assert orjson.loads(store.r.lrange(key(tid, "items"), -1, -1)[0])["output"] == "out"
+    # A redelivery of the same call only finds the barrier passed: nothing is written twice.
+    items = store.r.llen(key(tid, "items"))
+    again = store.claims.record_and_check(tid, 0, "c1", CallResult("x"), 0, ["c1"], closing=_closing(store, tid, "x"))
+    assert again == (False, None) and store.r.llen(key(tid, "items")) == items
+
+
+def test_a_cancel_flag_set_before_the_result_leaves_the_closing_to_the_winner(store):
+    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
+    store.request_cancel(tid)
+    stored, view = store.claims.record_and_check(
+        tid, 0, "c1", CallResult("out"), 0, ["c1"], closing=_closing(store, tid)
+    )
+    assert stored and isinstance(view, AdvanceView) and view.cancelled
+    assert view.results["c1"].output == "out"
+    state = store.load(tid)
+    assert (state.step, state.phase) == (0, "tools")  # not moved on: the long way ends it cancelled
+
+
+def test_a_turn_that_moved_on_gets_no_closing_writes(store):
+    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
+    store.r.hset(key(tid), "status", TurnStatus.failed.value)  # ended meanwhile (e.g. by the watchdog)
+    items = store.r.llen(key(tid, "items"))
+    stored, view = store.claims.record_and_check(
+        tid, 0, "c1", CallResult("out"), 0, ["c1"], closing=_closing(store, tid)
+    )
+    assert stored and isinstance(view, AdvanceView)
+    assert store.r.llen(key(tid, "items")) == items and store.load(tid).step == 0
+
+
+def test_the_barrier_of_a_parallel_batch_still_waits_for_every_call(store):
+    calls = [PlannedCall(c, "read_thing", i, data={}) for i, c in enumerate(("c1", "c2"))]
+    tid = _turn_at_tools(store, calls)
+    first = store.claims.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1", "c2"])
+    assert first == (True, None)
+    stored, view = store.claims.record_and_check(tid, 0, "c2", CallResult("b"), 0, ["c1", "c2"])
+    assert stored and isinstance(view, AdvanceView) and set(view.results) == {"c1", "c2"}
+    assert store.r.zscore("turns:watch", tid) is not None  # the result pushed the progress deadline
