@@ -200,6 +200,25 @@ def test_the_last_deltas_can_be_handed_to_the_caller_instead_of_published():
     assert [(kind, e["delta"], e["seq"], e["step"]) for kind, e in rest] == [("model_delta", "bc", 1, 2)]
 
 
+def test_events_the_reply_does_not_need_are_not_parsed():
+    """``response.created`` / ``response.in_progress`` echo the request (tools, instructions): the
+    Responses reader skips their JSON by the event's name; events it needs are still checked."""
+    from worker.model.responses import ResponsesStream
+
+    seen: list = []
+    stream = ResponsesStream(seen.append)
+    assert stream.feed("response.created", "{not json, and never read") is None
+    assert stream.feed("response.in_progress", "[]") is None
+    stream.feed(
+        "response.output_text.delta", '{"type": "response.output_text.delta", "output_index": 0, "delta": "hi"}'
+    )
+    assert [d.text for d in seen] == ["hi"]
+    with pytest.raises(GatewayError, match="non-JSON event"):
+        stream.feed("response.output_text.delta", "{not json")
+    with pytest.raises(GatewayError, match="non-JSON event"):
+        stream.feed("", "{not json")  # no event name (llama.cpp): always read
+
+
 def test_gateway_failures_map_to_gateway_errors(gateway):
     client = ResponsesClient(gateway.base_url)
     request = ModelRequest(model="no-such-script", input=[{"type": "message", "role": "user", "content": "go"}])

@@ -100,6 +100,22 @@ class ResponsesClient:
         return self._http.stream(RESPONSES, request, on_delta)
 
 
+# Events named so by their ``event:`` line carry nothing the reply needs (the terminal event holds
+# the whole response): their JSON is not parsed. ``response.created`` and ``response.in_progress``
+# echo the request's tools and instructions, the largest events of a stream.
+_UNREAD_EVENTS = frozenset(
+    {
+        "response.created",
+        "response.in_progress",
+        "response.output_item.done",
+        "response.content_part.added",
+        "response.content_part.done",
+        "response.output_text.done",
+        "response.function_call_arguments.done",
+    }
+)
+
+
 class ResponsesStream:
     """A ``StreamReader`` (``worker.model.wire_format``) of a Responses event stream: reports text
     and arguments deltas to ``on_delta``; the terminal event (``response.completed``,
@@ -111,7 +127,7 @@ class ResponsesStream:
 
     def feed(self, event: str, data: str) -> ModelReply | None:
         """One event; the reply at the terminal event. Raises ``GatewayError``."""
-        if not data or data == "[DONE]":
+        if not data or data == "[DONE]" or event in _UNREAD_EVENTS:
             return None
         try:
             parsed = orjson.loads(data)
