@@ -1,8 +1,12 @@
-"""The tool path's round trips (``Claims.begin_call``, ``Claims.record_and_check`` with a step's
-closing writes), against the embedded Redis: a call that can run at once is claimed by its first
-read, with its ``call_started`` event; one that awaits an approval or the agent's computer is
-not; a one-call step is closed by its result's round trip unless the turn was cancelled or moved
-on in between, when the winner gets the batch's view and closes it the long way."""
+"""A step's round trips, against the embedded Redis.
+
+The model step's reply is stored with the step's move to its tools phase
+(``TurnStore.save_reply_and_check``), unless another delivery stored a reply first or the turn
+was cancelled or moved on. On the tool path (``Claims.begin_call``, ``Claims.record_and_check``
+with a step's closing writes): a call that can run at once is claimed by its first read, with its
+``call_started`` event; one that awaits an approval or the agent's computer is not; a one-call
+step is closed by its result's round trip unless the turn was cancelled or moved on in between,
+when the winner gets the batch's view and closes it the long way."""
 
 from __future__ import annotations
 
@@ -125,3 +129,54 @@ def test_the_barrier_of_a_parallel_batch_still_waits_for_every_call(store):
     stored, view = store.claims.record_and_check(tid, 0, "c2", CallResult("b"), 0, ["c1", "c2"])
     assert stored and isinstance(view, AdvanceView) and set(view.results) == {"c1", "c2"}
     assert store.r.zscore("turns:watch", tid) is not None  # the result pushed the progress deadline
+
+
+# ----- the model step's reply and its move to the tools phase: one round trip ---------------------
+def _turn_at_model(store: TurnStore) -> str:
+    tid = uuid.uuid4().hex
+    store.create(tid, {"agent_id": "trips-a", "input": "x"}, [])
+    return tid
+
+
+def _move(store: TurnStore, tid: str):
+    plan = Plan([PlannedCall("c1", "read_thing", 0, data={})], [Batch("parallel", ["c1"])])
+    items = [{"type": "function_call", "call_id": "c1"}]
+    return store.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": "c1"})])
+
+
+def _save(store: TurnStore, tid: str, reply: dict, then=None, deltas=()):
+    usage = ("0", orjson.dumps({"step": 0, "model": "m", "input_tokens": 3}))
+    return store.save_reply_and_check(tid, 0, reply, {"step": 0}, usage, deltas, then=then)
+
+
+def test_a_reply_with_calls_moves_the_step_to_its_tools_with_it(store):
+    tid = _turn_at_model(store)
+    deltas = [("model_delta", {"step": 0, "seq": 0, "delta": "x"})]
+    saved = _save(store, tid, {"id": "r1"}, then=_move(store, tid), deltas=deltas)
+    assert saved.began and saved.reply == {"id": "r1"} and not saved.cancelled
+    assert saved.usage[0] and len(saved.usage[1]) == 1
+    state = store.load(tid)
+    assert (state.step, state.phase) == (0, "tools") and store.plan(tid, 0).call("c1") is not None
+    assert orjson.loads(store.r.get(key(tid, "reply", 0))) == {"id": "r1"}
+    kinds = [orjson.loads(f[b"e"])["kind"] for _, f in store.r.xrange(key(tid, "events"))]
+    assert kinds.index("model_delta") < kinds.index("model_reply") < kinds.index("call_planned")
+
+
+def test_a_reply_stored_first_by_another_delivery_wins_and_nothing_moves(store):
+    tid = _turn_at_model(store)
+    assert not _save(store, tid, {"id": "first"}).began  # no move given: only the memo
+    saved = _save(store, tid, {"id": "second"}, then=_move(store, tid))
+    assert not saved.began and saved.reply == {"id": "first"}
+    assert not saved.usage[0]  # the step's usage was recorded once
+    assert store.load(tid).phase == "model"
+
+
+def test_a_cancelled_or_moved_on_turn_does_not_move_to_its_tools(store):
+    cancelled = _turn_at_model(store)
+    store.request_cancel(cancelled)
+    saved = _save(store, cancelled, {"id": "r"}, then=_move(store, cancelled))
+    assert saved.cancelled and not saved.began and store.load(cancelled).phase == "model"
+    ended = _turn_at_model(store)
+    store.r.hset(key(ended), "status", TurnStatus.failed.value)
+    saved = _save(store, ended, {"id": "r"}, then=_move(store, ended))
+    assert not saved.began and store.plan(ended, 0) is None

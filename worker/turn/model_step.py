@@ -265,7 +265,7 @@ class ModelStep:
         telemetry.model_reply(span, reply.id, reply.status, usage, len(reply.function_calls))
         calls = len(reply.function_calls)
         event = ModelReplied(prepared.step, reply.status, reply.text[:1000], calls, round(elapsed * 1000, 1), usage)
-        return self._store(prepared.turn_id, prepared.step, prepared.model, reply, event, deltas)
+        return self._store(prepared, reply, event, deltas)
 
     def _create(self, turn_id: str, step: int, request: ModelRequest) -> ModelReply:
         """The model call: streamed (deltas batched into the event stream) unless ``AGENT_MODEL_STREAM=0``."""
@@ -283,32 +283,34 @@ class ModelStep:
 
     def _store(
         self,
-        turn_id: str,
-        step: int,
-        model: str,
+        prepared: PreparedStep,
         reply: ModelReply,
         event: ModelReplied,
         deltas: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> StoredReply:
-        """Store the paid-for reply (memo, event, usage record, cancel flag read: one round trip),
-        keeping it in this process until Redis has it, so neither an outage nor a redelivery pays again."""
+        """Store the paid-for reply (memo, events, usage record, cancel flag read and, for a reply
+        with function calls, the step's move to its tools phase: one round trip), keeping it in this
+        process until Redis has it, so neither an outage nor a redelivery pays again."""
+        turn_id, step = prepared.turn_id, prepared.step
         data = reply.to_json()
         _UNSAVED_REPLIES.put((turn_id, step), data)
-        usage = event.usage
-        stored, cancelled, extra = until_redis_answers(
+        try:
+            planned = self.replies.plan_tools(prepared, reply)
+        except Exception:  # the reply is stored first whatever planning does; handling plans it again
+            log.exception("turn %s step %s: planning the reply's calls failed before storing it", turn_id, step)
+            planned = None
+        usage = UsageLedger.row(step, event.usage, prepared.model)
+        saved = until_redis_answers(
             lambda: self.rt.store.save_reply_and_check(
-                turn_id,
-                step,
-                data,
-                event.fields(),
-                also=lambda pipe: UsageLedger.queue_record(pipe, turn_id, step, usage, model),
-                deltas=deltas,
+                turn_id, step, data, event.fields(), usage, deltas, then=planned.writes if planned else None
             ),
             what=f"saving the model reply of turn {turn_id} step {step}",
             timeout=self.rt.settings.redis_outage_timeout,
         )
         _UNSAVED_REPLIES.drop((turn_id, step))
-        return StoredReply(stored, cancelled, UsageLedger.recorded(extra))
+        return StoredReply(
+            saved.reply, saved.cancelled, UsageLedger.totals_of(*saved.usage), began=planned if saved.began else None
+        )
 
 
 def _stale(state: TurnState, step: int) -> StepOutcome | None:

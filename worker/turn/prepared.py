@@ -9,6 +9,8 @@ from typing import Any
 from worker.model.interface import ModelRequest
 from worker.tooling.contract import WorkerTool
 from worker.turn.context import TurnContext
+from worker.turn.dispatch import Plan
+from worker.turn.guard import Writes
 from worker.turn.request import TurnRequest
 from worker.turn.state import TurnState
 
@@ -36,11 +38,30 @@ class PreparedStep:
 
 
 @dataclass(frozen=True)
+class ToolsPlan:
+    """A reply's function calls, validated and planned (``ReplyHandler.plan_tools``): the
+    ``plan``, the invalid-call counts after it, and ``writes``, the guarded move of the step to
+    its tools phase (``TurnStore.begin_tools_writes``: the reply's items, the plan, the approval
+    requests, a ``call_planned`` event per call)."""
+
+    plan: Plan
+    invalid_counts: dict[str, int]
+    writes: Writes
+
+    @property
+    def batch_of(self) -> dict[str, int]:
+        """The batch index of each call that runs."""
+        return {cid: i for i, b in enumerate(self.plan.batches) for cid in b.call_ids}
+
+
+@dataclass(frozen=True)
 class StoredReply:
     """A step's reply as stored (``ModelReply.to_json``); ``cancelled``: the cancel flag, read with
     the store write; ``recorded``: ``(usage stored, the turn's usage totals)`` when the usage record
-    was written with the reply (None for a memoized reply: the handler records it)."""
+    was written with the reply (None for a memoized reply: the handler records it); ``began``: the
+    plan whose move to the tools phase was written with the reply (``ReplyHandler.plan_tools``)."""
 
     reply: dict[str, Any]
     cancelled: bool = False
     recorded: tuple[bool, dict[str, int]] | None = None
+    began: ToolsPlan | None = None

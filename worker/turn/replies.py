@@ -30,7 +30,7 @@ from worker.turn.gate import ApprovalGate
 from worker.turn.interfaces import step_label
 from worker.turn.outcome import StepOutcome
 from worker.turn.planning import plan_calls
-from worker.turn.prepared import PreparedStep, StoredReply
+from worker.turn.prepared import PreparedStep, StoredReply, ToolsPlan
 from worker.turn.request import TurnStatus
 from worker.turn.runtime import TurnRuntime
 from worker.turn.state import StaleStep
@@ -54,8 +54,9 @@ class ReplyHandler:
         totals = self._usage(prepared, reply, stored.recorded)
         if stored.cancelled:  # cancelled while the model was answering
             return StepOutcome("cancelled", ended=self.end.fail(prepared.turn_id, TurnStatus.cancelled, CANCELLED))
-        history_ids = {str(i.get("call_id")) for i in prepared.history if i.get("type") == "function_call"}
-        items, calls = normalize_reply_calls([_clean_item(i) for i in reply.output], history_ids, prepared.step)
+        if stored.began is not None:  # its plan was recorded with the reply
+            return self._dispatch(prepared, stored.began)
+        items, calls = self._calls(prepared, reply)
         if calls:
             return self._plan(prepared, reply, items, calls)
         if prepared.request.finish_tool:
@@ -136,8 +137,30 @@ class ReplyHandler:
                 turn_id, nxt, queue=prepared.request.queue, label=step_label(agent_id, turn_id, nxt)
             )
 
+    def plan_tools(self, prepared: PreparedStep, reply: ModelReply) -> ToolsPlan | None:
+        """The plan of ``reply``'s function calls (None without calls), before the reply is stored:
+        ``TurnStore.save_reply_and_check`` then writes the step's move to its tools phase with
+        the reply, in one round trip, and ``handle`` only sends the first batch."""
+        items, calls = self._calls(prepared, reply)
+        return self._tools_plan(prepared, reply, items, calls) if calls else None
+
+    @staticmethod
+    def _calls(prepared: PreparedStep, reply: ModelReply) -> tuple[Items, Items]:
+        """The reply's items to record and its function calls (``normalize_reply_calls``)."""
+        history_ids = {str(i.get("call_id")) for i in prepared.history if i.get("type") == "function_call"}
+        return normalize_reply_calls([_clean_item(i) for i in reply.output], history_ids, prepared.step)
+
     def _plan(self, prepared: PreparedStep, reply: ModelReply, items: Items, calls: Items) -> StepOutcome:
         """Validate and record the reply's calls, then send the first batch."""
+        planned = self._tools_plan(prepared, reply, items, calls)
+        try:
+            self.rt.store.apply_begin_tools(prepared.turn_id, prepared.step, planned.writes)
+        except StaleStep:
+            return StepOutcome("dropped", "plan already recorded")
+        return self._dispatch(prepared, planned)
+
+    def _tools_plan(self, prepared: PreparedStep, reply: ModelReply, items: Items, calls: Items) -> ToolsPlan:
+        """Validate the reply's calls and plan them (``plan_calls``, the approval gate's batches)."""
         turn_id, step, request, settings = prepared.turn_id, prepared.step, prepared.request, self.rt.settings
         planned, pre_results, invalid_counts = plan_calls(
             turn_id,
@@ -156,16 +179,21 @@ class ReplyHandler:
         )
         batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
         events = [CallPlanned.of(step, call, batch_of.get(call.call_id)).event() for call in planned]
-        try:
-            store = self.rt.store
-            store.begin_tools(turn_id, step, items, plan, pre_results, invalid_counts, also=asks, events=events)
-        except StaleStep:
-            return StepOutcome("dropped", "plan already recorded")
-        metrics.calls_planned(planned, {t.name for t in prepared.tools})
-        telemetry.planned_calls(planned, batch_of)
-        detail = f"{len(planned)} calls in {len(batches)} batches"
-        over = [n for n, c in invalid_counts.items() if c > settings.max_invalid_calls_per_tool]
-        if over or not batches:  # nothing to run (all calls failed validation): close the step now
+        writes = self.rt.store.begin_tools_writes(
+            turn_id, step, items, plan, pre_results, invalid_counts, also=asks, events=events
+        )
+        return ToolsPlan(plan, invalid_counts, writes)
+
+    def _dispatch(self, prepared: PreparedStep, planned: ToolsPlan) -> StepOutcome:
+        """After the move to the tools phase: send the first batch, or close the step at once when
+        no call runs."""
+        turn_id, step, request, settings = prepared.turn_id, prepared.step, prepared.request, self.rt.settings
+        plan = planned.plan
+        metrics.calls_planned(plan.calls, {t.name for t in prepared.tools})
+        telemetry.planned_calls(plan.calls, planned.batch_of)
+        detail = f"{len(plan.calls)} calls in {len(plan.batches)} batches"
+        over = [n for n, c in planned.invalid_counts.items() if c > settings.max_invalid_calls_per_tool]
+        if over or not plan.batches:  # nothing to run (all calls failed validation): close the step now
             return StepOutcome("dispatched", detail, ended=self.completion.close(turn_id, step, request, -1))
         if not self.gate.dispatch(turn_id, step, 0, plan, agent_id=request.agent_id):
             return StepOutcome("parked", "calls await approval")

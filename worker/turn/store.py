@@ -41,6 +41,7 @@ Cluster slot):
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import orjson
@@ -49,7 +50,7 @@ import redis
 from worker.model.items import unanswered_call_ids
 from worker.turn.claims import Claims, started_rest
 from worker.turn.dispatch import Plan, PlannedCall
-from worker.turn.guard import CreateScript, GuardScript, Writes
+from worker.turn.guard import LUA_APPLY_WRITES, LUA_TERMINAL, CreateScript, GuardScript, Writes, encode_writes
 from worker.turn.request import END_HOOK_METADATA, TurnRefused, TurnStatus
 from worker.turn.state import (
     EVENTS_MAXLEN,
@@ -65,6 +66,51 @@ from worker.turn.state import key as _k
 
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
 FINISHING_KEY = "turns:finishing"
+
+
+# Store a model step's reply (first write wins) with its events, read the cancel flag, record the
+# step's usage (first write wins) and read the turn's usage rows; when the reply was this caller's
+# to store, the turn is not cancelled and is still at the step's model phase, not ended, apply
+# the step's move to its tools phase. One round trip (``TurnStore.save_reply_and_check``).
+# KEYS: reply, cancel, usage, events, turn hash, the move's write keys...; ARGV: reply JSON, ttl,
+# events maxlen, usage field, usage row, usage ttl, step, number of events, events..., then the
+# move's writes (``LUA_APPLY_WRITES``), if any.
+# Returns {won, stored reply when not won, cancelled, usage stored, usage rows, began}.
+_SAVE_REPLY_LUA = (
+    LUA_TERMINAL
+    + LUA_APPLY_WRITES
+    + """
+local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
+local n = tonumber(ARGV[8])
+for i = 9, 8 + n do redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[i]) end
+local cancelled = redis.call('EXISTS', KEYS[2])
+local usage_stored = redis.call('HSETNX', KEYS[3], ARGV[4], ARGV[5])
+redis.call('EXPIRE', KEYS[3], ARGV[6])
+local rows = redis.call('HVALS', KEYS[3])
+if not won then return {0, redis.call('GET', KEYS[1]) or '', cancelled, usage_stored, rows, 0} end
+local began = 0
+if cancelled == 0 and ARGV[9 + n] then
+  local h = redis.call('HMGET', KEYS[5], 'status', 'step', 'phase')
+  if h[1] and not terminal[h[1]] and h[2] == ARGV[7] and h[3] == 'model' then
+    apply_writes(9 + n, 6)
+    began = 1
+  end
+end
+return {1, '', cancelled, usage_stored, rows, began}
+"""
+)
+
+
+@dataclass(frozen=True)
+class SavedReply:
+    """What ``TurnStore.save_reply_and_check`` did: the stored ``reply`` (another delivery's when
+    it stored first), the cancel flag, ``usage`` as ``(stored, the turn's usage rows)``, and
+    whether the move to the tools phase it was given was applied (``began``)."""
+
+    reply: dict[str, Any]
+    cancelled: bool
+    usage: tuple[bool, list[bytes]]
+    began: bool
 
 
 def _claimable_at_once(call: PlannedCall) -> bool:
@@ -92,6 +138,7 @@ class TurnStore:
         self.claims = Claims(client, progress_timeout=progress_timeout)
         self._guard = GuardScript(self.r, FINISHING_KEY)
         self._create = CreateScript(self.r)
+        self._save_reply = client.register_script(_SAVE_REPLY_LUA)
         self._plans: dict[tuple[str, int], Plan] = {}
 
     # ----- reading ---------------------------------------------------------
@@ -295,26 +342,44 @@ class TurnStore:
         step: int,
         reply: dict[str, Any],
         event: dict[str, Any],
-        also: Callable[[Any], None] | None = None,
+        usage: tuple[str, bytes],
         deltas: Sequence[tuple[str, dict[str, Any]]] = (),
-    ) -> tuple[dict[str, Any], bool, list[Any]]:
+        then: Writes | None = None,
+    ) -> SavedReply:
         """Memoize the model reply of ``step`` (first one wins), append the ``model_reply`` event
-        (after the events ``deltas``: the stream's last deltas) and read the cancel flag, in one
-        round trip; ``also(pipe)`` queues more commands in it (the step's usage record). Returns
-        ``(stored reply, cancelled, replies of also's commands)``."""
-        with self.r.pipeline(transaction=False) as p:
-            for kind, data in deltas:
-                self._xadd(p, turn_id, kind, data)
-            p.set(_k(turn_id, "reply", step), orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS)
-            self._xadd(p, turn_id, "model_reply", event)
-            p.exists(_k(turn_id, "cancel"))
-            if also is not None:
-                also(p)
-            won, _, cancelled, *extra = p.execute()[len(deltas) :]
-        if won:
-            return reply, bool(cancelled), extra
-        raw = self.r.get(_k(turn_id, "reply", step))
-        return (orjson.loads(raw) if raw else reply), bool(cancelled), extra
+        (after the events ``deltas``: the stream's last deltas), read the cancel flag and record the
+        step's usage (``usage``: its field and row, ``UsageLedger.row``; first write wins) with the
+        turn's usage rows read back: one round trip (``_SAVE_REPLY_LUA``). ``then``: the writes of
+        the step's move to its tools phase (``begin_tools_writes``), applied in the same round trip
+        when the reply was this caller's to store, the turn is not cancelled and still at ``step``'s
+        model phase, not ended."""
+        field, row = usage
+        events = [event_json(kind, data) for kind, data in deltas] + [event_json("model_reply", event)]
+        write_keys, write_args = encode_writes(then) if then is not None else ([], [])
+        won, raw, cancelled, usage_stored, rows, began = self._save_reply(
+            keys=[
+                _k(turn_id, "reply", step),
+                _k(turn_id, "cancel"),
+                _k(turn_id, "usage"),
+                _k(turn_id, "events"),
+                _k(turn_id),
+                *write_keys,
+            ],
+            args=[
+                orjson.dumps(reply),
+                RETENTION_SECONDS,
+                EVENTS_MAXLEN,
+                field,
+                row,
+                RETENTION_SECONDS,
+                step,
+                len(events),
+                *events,
+                *write_args,
+            ],
+        )
+        stored = reply if won else (orjson.loads(raw) if raw else reply)
+        return SavedReply(stored, bool(cancelled), (bool(usage_stored), list(rows)), bool(began))
 
     def save_reply(self, turn_id: str, step: int, reply: dict[str, Any]) -> dict[str, Any]:
         """Memoize the model reply of ``step`` (first one wins); returns the stored reply."""
@@ -342,6 +407,31 @@ class TurnStore:
         adds writes (the approval requests of ``worker.turn.approvals``), both in the same MULTI.
         Raises ``StaleStep`` if another delivery already did it.
         """
+        writes = self.begin_tools_writes(
+            turn_id, step, reply_items, plan, pre_results, invalid_counts, loaded_tools, also, events
+        )
+        self.apply_begin_tools(turn_id, step, writes)
+
+    def apply_begin_tools(self, turn_id: str, step: int, writes: Writes) -> None:
+        """Apply ``begin_tools_writes``'s writes, guarded on ``step``'s model phase. Raises
+        ``StaleStep`` if another delivery already moved the turn on."""
+        self._guarded(turn_id, step, "model", lambda w: w.recorded.extend(writes.recorded))
+
+    def begin_tools_writes(
+        self,
+        turn_id: str,
+        step: int,
+        reply_items: list[dict[str, Any]],
+        plan: Plan,
+        pre_results: dict[str, CallResult],
+        invalid_counts: dict[str, int],
+        loaded_tools: list[str] | None = None,
+        also: Callable[[Any], None] | None = None,
+        events: Sequence[tuple[str, dict[str, Any]]] = (),
+    ) -> Writes:
+        """``begin_tools``'s writes, unguarded (``apply_begin_tools``, or ``save_reply_and_check``'s
+        ``then``)."""
+        writes = Writes()
 
         def w(pipe: Any) -> None:
             if reply_items:
@@ -366,7 +456,8 @@ class TurnStore:
             if also is not None:
                 also(pipe)
 
-        self._guarded(turn_id, step, "model", w)
+        w(writes)
+        return writes
 
     def _xadd(self, pipe: Any, turn_id: str, kind: str, data: dict[str, Any]) -> None:
         pipe.xadd(_k(turn_id, "events"), {"e": event_json(kind, data)}, maxlen=EVENTS_MAXLEN, approximate=True)

@@ -89,15 +89,26 @@ class UsageLedger:
         """Queue in ``pipe`` the record of step ``step`` (first write wins) and a read of all the
         turn's records: three commands, whose replies ``recorded`` reads."""
         key = _k(turn_id, "usage")
-        pipe.hsetnx(key, str(step), orjson.dumps({"step": step, "model": model, **usage}))
+        pipe.hsetnx(key, *UsageLedger.row(step, usage, model))
         pipe.expire(key, RETENTION_SECONDS)
         pipe.hvals(key)
+
+    @staticmethod
+    def row(step: int, usage: dict[str, int], model: str = "") -> tuple[str, bytes]:
+        """Step ``step``'s record as its field and value in the turn's usage hash (what
+        ``queue_record`` writes), for ``TurnStore.save_reply_and_check``."""
+        return str(step), orjson.dumps({"step": step, "model": model, **usage})
+
+    @staticmethod
+    def totals_of(stored: bool, rows: list[bytes]) -> tuple[bool, dict[str, int]]:
+        """``(stored, totals)`` from a record's outcome and the turn's usage rows read after it."""
+        return stored, _sum([orjson.loads(v) for v in rows])
 
     @staticmethod
     def recorded(replies: list[Any]) -> tuple[bool, dict[str, int]]:
         """``(stored, totals)`` from the three replies of ``queue_record``."""
         stored, _, rows = replies
-        return bool(stored), _sum([orjson.loads(v) for v in rows])
+        return UsageLedger.totals_of(bool(stored), rows)
 
     def steps(self, turn_id: str) -> list[dict[str, Any]]:
         """``[{"step", "model", input_tokens, output_tokens, total_tokens, cached_tokens, reasoning_tokens}]``
