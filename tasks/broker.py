@@ -139,11 +139,42 @@ class _LateAcks:
 LATE_ACKS = _LateAcks()
 
 
+# Set in a prefork node (``record_fetched_turns``): the node's held hash and the turn tasks.
+_held_hash: tuple[str, frozenset[str]] | None = None
+
+
+def record_fetched_turns(held_key: str | None, tasks: frozenset[str] = frozenset()) -> None:
+    """Have ``QoS.append`` record each fetched message of ``tasks`` in the hash ``held_key``
+    (``task_id`` -> turn id, ``worker.turn.liveness``) in the same round trip as kombu's own
+    record of the fetch (``unacked``); None stops it."""
+    global _held_hash
+    _held_hash = (held_key, tasks) if held_key else None
+
+
 class QoS(kombu_redis.QoS):
     """kombu's Redis QoS; an ack that Redis does not take (it is restarting) is retried, not lost.
 
     Stock kombu raises, Celery logs "Couldn't ack ..." and the message stays in ``unacked`` until
-    ``visibility_timeout`` passes, then runs again (dropped by fencing, an hour later)."""
+    ``visibility_timeout`` passes, then runs again (dropped by fencing, an hour later).
+
+    In a prefork node (``record_fetched_turns``) a fetched turn task is also recorded as held by
+    the node, in the pipeline that records the fetch: no round trip of its own on the consumer."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        held = _held_hash
+        turn = _turn_of_payload(message._raw, held[1]) if held is not None else None
+        task_id = (message.headers or {}).get("id")
+        if held is None or turn is None or not task_id:
+            super().append(message, delivery_tag)
+            return
+        delivery = message.delivery_info
+        raw = json.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
+            pipe.hset(self.unacked_key, delivery_tag, raw)
+            pipe.hset(held[0], task_id, turn)
+            pipe.execute()
+        virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
         try:
@@ -264,12 +295,20 @@ def restore(channel: Any, tags: Iterable[str]) -> int:
     return n
 
 
-def _turn_of(raw: bytes | str, tasks: set[str]) -> str | None:
+def _turn_of(raw: bytes | str, tasks: set[str] | frozenset[str]) -> str | None:
     """The turn id (first argument) of a queued or fetched message of one of ``tasks``, or None."""
     try:
         message = json.loads(raw)
         if isinstance(message, list):  # an ``unacked`` entry: [message, exchange, routing key]
             message = message[0]
+        return _turn_of_payload(message, tasks)
+    except Exception:  # not ours to judge here (tasks.broker.Transport drops malformed messages)
+        return None
+
+
+def _turn_of_payload(message: Any, tasks: set[str] | frozenset[str]) -> str | None:
+    """``_turn_of`` for a message already decoded (kombu's payload dict)."""
+    try:
         if (message.get("headers") or {}).get("task") not in tasks:
             return None
         body = message.get("body") or ""

@@ -2,14 +2,16 @@
 tasks it holds, so the watchdog can re-drive a dead node's turns within seconds.
 
 Wired through Celery signals: ``worker_init`` names the node (before the pool forks, so prefork
-children inherit it) and starts the heartbeat thread; ``task_received`` (main process) records a
-turn task the node now holds, prefetched or running; ``task_postrun`` (the process that ran it)
-forgets it. Under an in-process pool (threads, solo) the held tasks are kept in memory and
-written by the heartbeat thread every ``HELD_FLUSH_SECONDS`` (one round trip for hundreds of
-tasks, instead of two per task on the consumer's thread); a prefork child, which cannot reach
-its parent's memory, forgets its tasks in Redis itself, batched by a thread of its own every
-``HELD_FLUSH_SECONDS`` (a record left a moment longer only re-drives a turn that has moved on,
-which fencing drops; a record written late could lose a turn). A Redis outage only pauses the heartbeat:
+children inherit it) and starts the heartbeat thread; a turn task the node now holds, prefetched
+or running, is recorded when it is fetched, and forgotten by the process that ran it
+(``task_postrun``). Under an in-process pool (threads, solo) the held tasks are kept in memory
+(``task_received``) and written by the heartbeat thread every ``HELD_FLUSH_SECONDS`` (one round
+trip for hundreds of tasks, instead of two per task on the consumer's thread). A prefork node
+records a fetched task in the pipeline that records the fetch itself (``tasks.broker.QoS``: no
+round trip of its own), and its children, which cannot reach their parent's memory, forget their
+tasks in Redis in batches, from a thread of their own, every ``HELD_FLUSH_SECONDS`` (a record
+left a moment longer only re-drives a turn that has moved on, which fencing drops; a record
+written late could lose a turn). A Redis outage only pauses the heartbeat:
 the watchdog waits a full ``liveness_ttl`` after first missing a heartbeat before it declares a
 node dead.
 """
@@ -25,7 +27,7 @@ from typing import Any
 import redis
 from celery.signals import task_postrun, task_received, worker_init, worker_process_shutdown, worker_shutdown
 
-from tasks import held
+from tasks import broker, held
 from tasks.runtime import redis_client
 from worker.settings import get_settings
 from worker.turn import liveness
@@ -75,6 +77,8 @@ def _start_heartbeat(sender: Any = None, **_: object) -> None:
     held.set_in_process(isinstance(pool_cls, type) and not issubclass(pool_cls, PreforkPool))
     node = f"{liveness.HOST}:{os.getpid()}"
     liveness.set_node(node)
+    # A prefork node records a fetched turn task with kombu's record of the fetch (tasks.broker).
+    broker.record_fetched_turns(None if held.in_process() else liveness.held_key(node), TURN_TASKS)
     records = _records_for_this_process()  # shared with the consumer thread (redis-py is thread-safe)
     try:
         records.beat(node)
@@ -98,11 +102,7 @@ def _hold(request: Any = None, **_: object) -> None:
         return
     if held.in_process():
         held.hold(request.id, str(request.args[0]))
-        return
-    try:
-        _records_for_this_process().hold(liveness.node(), request.id, str(request.args[0]))
-    except redis.RedisError as exc:  # the progress deadline still covers this turn
-        log.warning("could not record task %s as held: %s", request.id, exc)
+    # else: recorded with the fetch (tasks.broker.QoS.append)
 
 
 @task_postrun.connect

@@ -102,20 +102,23 @@ if stored == 1 then
   if ARGV[4] == '1' then redis.call('HSET', KEYS[2], 'terminate', '1') end
   if ARGV[5] ~= '' then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5]) end
 end
-if ARGV[7] ~= '' then redis.call('ZADD', KEYS[6], 'XX', ARGV[7], ARGV[8]) end
+local function push_deadline()
+  if ARGV[7] ~= '' then redis.call('ZADD', KEYS[6], 'XX', ARGV[7], ARGV[8]) end
+end
 local n = tonumber(ARGV[10])
 for i = 11, 10 + n do
-  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then return {stored, 0} end
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then push_deadline(); return {stored, 0} end
 end
-if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then return {stored, 0} end
+if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then push_deadline(); return {stored, 0} end
 local cancelled = redis.call('EXISTS', KEYS[5])
 if ARGV[11 + n] and cancelled == 0 then
   local h = redis.call('HMGET', KEYS[2], 'status', 'step', 'phase')
   if h[1] and not terminal[h[1]] and h[2] == ARGV[9] and h[3] == 'tools' then
-    apply_writes(11 + n, 7)
+    apply_writes(11 + n, 7)  -- the closing writes set the next step's deadline
     return {stored, 2}
   end
 end
+push_deadline()
 return {stored, 1, redis.call('HGETALL', KEYS[2]), cancelled, redis.call('HGETALL', KEYS[1])}
 """
 )

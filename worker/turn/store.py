@@ -25,6 +25,8 @@ Cluster slot):
 - ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
 - ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
 - ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).
+- ``turn:{id}:start:{n}`` hash ``call_id`` -> the end of its ``call_started`` event, for each call
+  a tool-call task claims with its first read (``Claims.begin_call``: no approval, no computer).
 - ``turn:{id}:stepclaim:{n}``: the owner making step n's model call (one model call per step).
 - ``turn:{id}:adv:{n}:{b}``: set once by whoever completes batch b (the barrier).
 - ``turn:{id}:events`` stream: activity events for the control plane.
@@ -75,7 +77,8 @@ FINISHING_KEY = "turns:finishing"
 # KEYS: reply, cancel, usage, events, turn hash, the move's write keys...; ARGV: reply JSON, ttl,
 # events maxlen, usage field, usage row, usage ttl, step, number of events, events..., then the
 # move's writes (``LUA_APPLY_WRITES``), if any.
-# Returns {won, stored reply when not won, cancelled, usage stored, usage rows, began}.
+# Returns {won, stored reply when not won, cancelled, usage stored, usage rows, began}; no usage
+# rows when the move was applied (the turn goes on to its tools: nothing reads its totals now).
 _SAVE_REPLY_LUA = (
     LUA_TERMINAL
     + LUA_APPLY_WRITES
@@ -86,17 +89,17 @@ for i = 9, 8 + n do redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'e'
 local cancelled = redis.call('EXISTS', KEYS[2])
 local usage_stored = redis.call('HSETNX', KEYS[3], ARGV[4], ARGV[5])
 redis.call('EXPIRE', KEYS[3], ARGV[6])
-local rows = redis.call('HVALS', KEYS[3])
-if not won then return {0, redis.call('GET', KEYS[1]) or '', cancelled, usage_stored, rows, 0} end
-local began = 0
+if not won then
+  return {0, redis.call('GET', KEYS[1]) or '', cancelled, usage_stored, redis.call('HVALS', KEYS[3]), 0}
+end
 if cancelled == 0 and ARGV[9 + n] then
   local h = redis.call('HMGET', KEYS[5], 'status', 'step', 'phase')
   if h[1] and not terminal[h[1]] and h[2] == ARGV[7] and h[3] == 'model' then
     apply_writes(9 + n, 6)
-    began = 1
+    return {1, '', 0, usage_stored, {}, 1}  -- the turn goes on: its totals are not needed now
   end
 end
-return {1, '', cancelled, usage_stored, rows, began}
+return {1, '', cancelled, usage_stored, redis.call('HVALS', KEYS[3]), 0}
 """
 )
 
@@ -104,8 +107,9 @@ return {1, '', cancelled, usage_stored, rows, began}
 @dataclass(frozen=True)
 class SavedReply:
     """What ``TurnStore.save_reply_and_check`` did: the stored ``reply`` (another delivery's when
-    it stored first), the cancel flag, ``usage`` as ``(stored, the turn's usage rows)``, and
-    whether the move to the tools phase it was given was applied (``began``)."""
+    it stored first), the cancel flag, ``usage`` as ``(stored, the turn's usage rows)`` (no rows
+    when ``began``), and whether the move to the tools phase it was given was applied
+    (``began``)."""
 
     reply: dict[str, Any]
     cancelled: bool
