@@ -26,7 +26,7 @@ from redis import Redis
 
 from worker.settings import Settings
 from worker.tooling.errors import ToolDefinitionError
-from worker.tooling.schemas import function_definition
+from worker.tooling.schemas import current_provider, function_definition
 
 ExecutionMode = Literal["parallel", "sequential"]
 
@@ -303,30 +303,18 @@ def define_worker_tool(
     node that holds that home, through the node's own queue (``docs/placement.md``); a tool that
     keeps its state in Redis or calls the network leaves it False and runs on any tools worker.
     """
-    if not TOOL_NAME_PATTERN.match(name or ""):
-        raise ToolDefinitionError(
-            f"tool name {name!r} is invalid: OpenAI function names must match ^[A-Za-z0-9_-]{{1,64}}$"
-        )
-    if not description or not description.strip():
-        raise ToolDefinitionError(f"tool {name!r}: description must not be empty")
-    if len(description) > MAX_DESCRIPTION_CHARS:
-        raise ToolDefinitionError(
-            f"tool {name!r}: description is {len(description)} characters, the limit is {MAX_DESCRIPTION_CHARS} "
-            "(the API refuses the request: \"Invalid 'tools[n].function.description': string too long. "
-            f'Expected a string with maximum length {MAX_DESCRIPTION_CHARS}", rule D10); shorten it'
-        )
-    if input_model is not None and json_schema is not None:
-        raise ToolDefinitionError(f"tool {name!r}: give either input_model or json_schema, not both")
-    if input_model is not None and not (isinstance(input_model, type) and issubclass(input_model, BaseModel)):
-        raise ToolDefinitionError(f"tool {name!r}: input_model must be a pydantic BaseModel subclass")
+    # A category creator defines the same tools on every step and every call: a definition whose
+    # schema comes from a pydantic model is checked once per process (the key holds all the
+    # checks read); a raw schema is a mutable dict, checked every time.
+    checked = (current_provider(), name, description, input_model, bool(strict), namespace, bool(defer_loading))
+    if json_schema is not None or checked not in _CHECKED:
+        _check_definition(name, description, input_model, json_schema, namespace)
     if execution_mode not in ("parallel", "sequential"):
         raise ToolDefinitionError(
             f"tool {name!r}: execution_mode must be 'parallel' or 'sequential', got {execution_mode!r}"
         )
     if is_read_only and is_destructive:
         raise ToolDefinitionError(f"tool {name!r}: a tool cannot be both read-only and destructive")
-    if namespace is not None and not TOOL_NAME_PATTERN.match(namespace):
-        raise ToolDefinitionError(f"tool {name!r}: namespace {namespace!r} must match ^[A-Za-z0-9_-]{{1,64}}$")
     if not callable(execute):
         raise ToolDefinitionError(f"tool {name!r}: execute must be callable")
     if not (isinstance(needs_approval, bool) or callable(needs_approval)):
@@ -349,10 +337,47 @@ def define_worker_tool(
         needs_approval=needs_approval,
         needs_computer=bool(needs_computer),
     )
-    try:
-        function_definition(tool)  # generates, checks and caches the parameters schema
-    except ToolDefinitionError:
-        raise
-    except Exception as exc:  # pydantic schema generation errors, bad raw schemas
-        raise ToolDefinitionError(f"tool {name!r}: cannot build its parameters schema: {exc}") from exc
+    if json_schema is not None or checked not in _CHECKED:
+        try:
+            function_definition(tool)  # generates, checks and caches the parameters schema
+        except ToolDefinitionError:
+            raise
+        except Exception as exc:  # pydantic schema generation errors, bad raw schemas
+            raise ToolDefinitionError(f"tool {name!r}: cannot build its parameters schema: {exc}") from exc
+        if json_schema is None:
+            if len(_CHECKED) > 4096:
+                _CHECKED.clear()
+            _CHECKED.add(checked)
     return tool
+
+
+# Definitions (provider, name, description, input model, strict, namespace, deferred) checked so far.
+_CHECKED: set[tuple[Any, ...]] = set()
+
+
+def _check_definition(
+    name: str,
+    description: str,
+    input_model: type[BaseModel] | None,
+    json_schema: dict[str, Any] | None,
+    namespace: str | None,
+) -> None:
+    """``define_worker_tool``'s checks of a name, description, schema source and namespace."""
+    if not TOOL_NAME_PATTERN.match(name or ""):
+        raise ToolDefinitionError(
+            f"tool name {name!r} is invalid: OpenAI function names must match ^[A-Za-z0-9_-]{{1,64}}$"
+        )
+    if not description or not description.strip():
+        raise ToolDefinitionError(f"tool {name!r}: description must not be empty")
+    if len(description) > MAX_DESCRIPTION_CHARS:
+        raise ToolDefinitionError(
+            f"tool {name!r}: description is {len(description)} characters, the limit is {MAX_DESCRIPTION_CHARS} "
+            "(the API refuses the request: \"Invalid 'tools[n].function.description': string too long. "
+            f'Expected a string with maximum length {MAX_DESCRIPTION_CHARS}", rule D10); shorten it'
+        )
+    if input_model is not None and json_schema is not None:
+        raise ToolDefinitionError(f"tool {name!r}: give either input_model or json_schema, not both")
+    if input_model is not None and not (isinstance(input_model, type) and issubclass(input_model, BaseModel)):
+        raise ToolDefinitionError(f"tool {name!r}: input_model must be a pydantic BaseModel subclass")
+    if namespace is not None and not TOOL_NAME_PATTERN.match(namespace):
+        raise ToolDefinitionError(f"tool {name!r}: namespace {namespace!r} must match ^[A-Za-z0-9_-]{{1,64}}$")
