@@ -441,7 +441,14 @@ class TurnStore:
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
             pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
-            at_once = {c.call_id: started_rest(c.name, c.activity) for c in plan.calls if _claimable_at_once(c)}
+            # A call_id that any planned call not claimable at once shares is not either: the
+            # runner reads the first planned call of an id (Plan.call), which may be gated.
+            gated = {c.call_id for c in plan.calls if not _claimable_at_once(c)}
+            at_once = {
+                c.call_id: started_rest(c.name, c.activity)
+                for c in plan.calls
+                if _claimable_at_once(c) and c.call_id not in gated
+            }
             if at_once:  # the calls a tool-call task claims with its first read (Claims.begin_call)
                 pipe.hset(_k(turn_id, "start", step), mapping=at_once)
                 pipe.expire(_k(turn_id, "start", step), RETENTION_SECONDS)
