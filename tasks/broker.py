@@ -36,6 +36,7 @@ import redis
 from kombu import serialization
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.utils.json import dumps as kombu_dumps
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +169,9 @@ class QoS(kombu_redis.QoS):
             super().append(message, delivery_tag)
             return
         delivery = message.delivery_info
-        raw = json.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        # kombu's JSON, as its own append: the envelope kombu decoded may hold typed values
+        # (datetime, UUID, bytes...) that the standard library's json cannot encode.
+        raw = kombu_dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
         with self.pipe_or_acquire() as pipe:
             pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
             pipe.hset(self.unacked_key, delivery_tag, raw)
@@ -239,7 +242,7 @@ class Transport(kombu_redis.Transport):
     def _deliver(self, message: Any, queue: str | None) -> None:
         reason = malformed_reason(message)
         if reason is not None:
-            _dropped(queue or "?", len(json.dumps(message)), reason)
+            _dropped(queue or "?", len(kombu_dumps(message)), reason)
             return
         try:
             super()._deliver(message, queue)
@@ -249,7 +252,8 @@ class Transport(kombu_redis.Transport):
             # A well-formed envelope whose payload Celery's own error path cannot handle: e.g.
             # an unknown task name with a pickle or non-JSON body (on_unknown_task decodes the
             # body and raises ContentDisallowed / DecodeError out of the consumer loop).
-            _dropped(queue or "?", len(json.dumps(message)), f"the consumer failed on it ({type(exc).__name__})")
+            size = len(kombu_dumps(message))  # kombu's JSON: the decoded envelope may hold typed values
+            _dropped(queue or "?", size, f"the consumer failed on it ({type(exc).__name__})")
             self._forget(message["properties"]["delivery_tag"])
 
     def _forget(self, delivery_tag: str) -> None:

@@ -369,6 +369,11 @@ def _empty_args(p):
     p["body"] = base64.b64encode(json.dumps([[], {}, {}]).encode()).decode()
 
 
+def _typed_and_malformed(p):
+    p["headers"]["x-sent-at"] = {"__type__": "datetime", "__value__": "2026-12-03T05:00:00"}
+    p["properties"]["body_encoding"] = "rot13"  # dropped by the shape check, which logs its size
+
+
 def _list_headers(p):
     p["headers"] = ["tasks.turns.tool_call"]
 
@@ -379,7 +384,17 @@ def _string_headers(p):
 
 @pytest.mark.parametrize(
     "tamper",
-    [_no_id, _null_headers, _not_base64, _not_json, _args_not_a_list, _empty_args, _list_headers, _string_headers],
+    [
+        _no_id,
+        _null_headers,
+        _not_base64,
+        _not_json,
+        _args_not_a_list,
+        _empty_args,
+        _list_headers,
+        _string_headers,
+        _typed_and_malformed,
+    ],
 )
 def test_a_malformed_turn_message_is_fetched_without_a_held_record(redis_url, held, tamper):
     """Through the consumer's own path (``drain_events``: ``Transport._deliver``, then
@@ -407,6 +422,32 @@ def test_a_malformed_turn_message_is_fetched_without_a_held_record(redis_url, he
             assert len(got) == bad + 1
             assert r.hget(held, got[-1].headers["id"]) == b"turn-ok"
             got[-1].ack()
+
+
+def _typed_header(p):
+    # kombu's JSON decodes such a marker to a datetime in the envelope (kombu.utils.json), which
+    # kombu's own QoS.append re-encodes: a valid message, delivered by stock kombu.
+    p["headers"]["x-sent-at"] = {"__type__": "datetime", "__value__": "2026-12-03T05:00:00"}
+
+
+def test_a_turn_message_with_a_kombu_typed_header_is_delivered_and_held(redis_url, held):
+    import socket
+
+    from kombu import Consumer, Queue
+
+    app, queue = _tampered_fetch(redis_url, _typed_header)
+    r = redis.Redis.from_url(redis_url)
+    got: list = []
+    with app.connection_for_read() as conn:
+        with Consumer(conn, [Queue(queue)], callbacks=[lambda body, m: got.append(m)], accept=None):
+            try:
+                conn.drain_events(timeout=2)  # must not raise out of the consumer loop
+            except socket.timeout:
+                pass
+            assert len(got) == 1, "a valid turn message was dropped"
+            assert r.hget(held, got[0].headers["id"]) == b"turn-x"
+            assert r.hexists("unacked", got[0].delivery_tag)
+            got[0].ack()
 
 
 # ----- skipped events: a stream still fails as retryable ------------------------------------------
@@ -487,3 +528,29 @@ def test_changing_the_provider_checks_the_definition_again(monkeypatch):
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()
+
+
+# ----- a vanished turn hash, a lost memo: nothing is recreated, nothing moves twice -------------------
+def test_no_script_recreates_an_expired_turn_hash(store):
+    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
+    closing = _closing(store, tid)
+    store.r.delete(key(tid))  # the turn's hash expired (or was purged) meanwhile
+    assert not store.call_view(tid, 0, "c1", "o", 60).claim.tried
+    _, view = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
+    assert view is not CLOSED and not store.r.exists(key(tid))
+    model = _turn_at_model(store)
+    move = _move(store, model)
+    store.r.delete(key(model))
+    assert not _save(store, model, {"id": "r"}, then=move).began
+    assert not store.r.exists(key(model)) and store.r.get(key(model, "plan", 0)) is None
+
+
+def test_a_lost_memo_never_moves_a_step_that_is_already_at_its_tools(store):
+    tid = _turn_at_model(store)
+    assert _save(store, tid, {"id": "first"}, then=_move(store, tid)).began
+    items, calls = store.r.llen(key(tid, "items")), store.r.hget(key(tid), "model_calls")
+    store.r.delete(key(tid, "reply", 0))  # the memo expired: the next delivery's SET NX wins
+    again = _save(store, tid, {"id": "second"}, then=_move(store, tid, "c2"))
+    assert not again.began
+    assert store.r.llen(key(tid, "items")) == items and store.r.hget(key(tid), "model_calls") == calls
+    assert store.plan(tid, 0).call("c2") is None
