@@ -554,3 +554,20 @@ def test_a_lost_memo_never_moves_a_step_that_is_already_at_its_tools(store):
     assert not again.began
     assert store.r.llen(key(tid, "items")) == items and store.r.hget(key(tid), "model_calls") == calls
     assert store.plan(tid, 0).call("c2") is None
+
+
+def test_a_result_that_lost_the_store_never_closes_the_step_with_its_own_output(store):
+    """The call's result is already stored (a pre-result, or any writer that did not pass the
+    barrier): a later result with its closing writes loses the store, so the output it would
+    append is not the stored one: the step must not be closed with it."""
+    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
+    store.r.hset(key(tid, "results", 0), "c1", orjson.dumps(CallResult("stored first").to_json()))
+    stored, view = store.claims.record_and_check(
+        tid, 0, "c1", CallResult("late"), 0, ["c1"], closing=_closing(store, tid, "late")
+    )
+    assert not stored
+    outputs = [orjson.loads(x).get("output") for x in store.r.lrange(key(tid, "items"), 0, -1)]
+    assert "late" not in outputs
+    if view is CLOSED:  # pragma: no cover - the property above already failed
+        pytest.fail("closed with the loser's output")
+    assert isinstance(view, AdvanceView) and view.results["c1"].output == "stored first"

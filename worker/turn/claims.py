@@ -83,8 +83,9 @@ def started_rest(name: str, activity: str) -> bytes:
 # batch barrier, in one round trip. The barrier sets the "advanced" key once, only when every call
 # of the batch has a result; its winner gets what closing the batch reads (the turn hash, the
 # cancel flag, the step's results), or, given the step's closing writes (a one-call step,
-# ``BatchCompletion.closing_writes``), has them applied here when the turn is still at the
-# step's tools phase, not ended and not cancelled: the step is closed in the same round trip.
+# ``BatchCompletion.closing_writes``), has them applied here when this caller's result was the
+# one stored and the turn is still at the step's tools phase, not ended and not cancelled: the
+# step is closed in the same round trip.
 # KEYS: results, turn hash, events, adv, cancel, watch zset, the closing writes' keys...;
 # ARGV: call_id, result ('' = only check the barrier), ttl, terminate, event, maxlen, deadline
 # ('' = none), turn id, step, number of call ids, call_ids..., then the closing writes
@@ -111,7 +112,7 @@ for i = 11, 10 + n do
 end
 if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then push_deadline(); return {stored, 0} end
 local cancelled = redis.call('EXISTS', KEYS[5])
-if ARGV[11 + n] and cancelled == 0 then
+if ARGV[11 + n] and cancelled == 0 and stored == 1 then  -- the writes carry this caller's result
   local h = redis.call('HMGET', KEYS[2], 'status', 'step', 'phase')
   if h[1] and not terminal[h[1]] and h[2] == ARGV[9] and h[3] == 'tools' then
     apply_writes(11 + n, 7)  -- the closing writes set the next step's deadline
