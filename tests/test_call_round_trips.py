@@ -1,7 +1,7 @@
 """A step's round trips, against the embedded Redis.
 
 The model step's reply is stored with the step's move to its tools phase
-(``TurnStore.save_reply_and_check``), unless another delivery stored a reply first or the turn
+(``ReplyMemo.save_and_check``), unless another delivery stored a reply first or the turn
 was cancelled or moved on. On the tool path (``Claims.begin_call``, ``Claims.record_and_check``
 with a step's closing writes): a call that can run at once is claimed by its first read, with its
 ``call_started`` event; one that awaits an approval or the agent's computer is not; a one-call
@@ -146,7 +146,7 @@ def _move(store: TurnStore, tid: str):
 
 def _save(store: TurnStore, tid: str, reply: dict, then=None, deltas=()):
     usage = ("0", orjson.dumps({"step": 0, "model": "m", "input_tokens": 3}))
-    return store.save_reply_and_check(tid, 0, reply, {"step": 0}, usage, deltas, then=then)
+    return store.memo.save_and_check(tid, 0, reply, {"step": 0}, usage, deltas, then=then)
 
 
 def test_a_reply_with_calls_moves_the_step_to_its_tools_with_it(store):

@@ -73,7 +73,7 @@ def test_crash_after_model_reply_reuses_memoized_reply(engine, gateway, script_n
     turn_id = start(engine, gateway, script_name, [{"output": [fc("read_thing", '{"label": "a"}')]}])
     # a first delivery got the reply and died before recording the plan
     request = ModelRequest(model=script_name, input=engine.store.items(turn_id))
-    engine.store.save_reply(turn_id, 0, engine.client.create(request).to_json())
+    engine.store.memo.save(turn_id, 0, engine.client.create(request).to_json())
     n = len(gateway.requests)
     assert engine.run_step(turn_id, 0).action == "dispatched"
     assert len(gateway.requests) == n, "the redelivered step must not pay for the same tokens twice"

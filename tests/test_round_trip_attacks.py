@@ -1,5 +1,5 @@
 """Attacks on the merged round trips (``Claims.begin_call``, ``Claims.record_and_check`` with a
-step's closing writes, ``TurnStore.save_reply_and_check`` with the move to the tools phase, the
+step's closing writes, ``TurnStore.memo.save_and_check`` with the move to the tools phase, the
 held records of ``tasks.broker.QoS.append``, ``ResponsesStream``'s skipped events and
 ``define_worker_tool``'s per-process check), against the embedded Redis: each test states a safety
 property (at most once, fencing, first reply wins, the consumer survives) and fails if it breaks."""
@@ -234,7 +234,7 @@ def test_a_two_call_step_given_closing_writes_does_not_close_before_every_result
     assert (store.load(tid).step, store.load(tid).phase) == (0, "tools")
 
 
-# ----- save_reply_and_check: the first reply wins, the move happens once ----------------------------
+# ----- memo.save_and_check: the first reply wins, the move happens once ----------------------------
 def _turn_at_model(store: TurnStore) -> str:
     tid = uuid.uuid4().hex
     store.create(tid, {"agent_id": "attack-a", "input": "x"}, [])
@@ -249,7 +249,7 @@ def _move(store: TurnStore, tid: str, call_id: str = "c1"):
 
 def _save(store: TurnStore, tid: str, reply: dict, then=None, deltas=(), tokens: int = 3):
     usage = ("0", orjson.dumps({"step": 0, "model": "m", "input_tokens": tokens}))
-    return store.save_reply_and_check(tid, 0, reply, {"step": 0}, usage, deltas, then=then)
+    return store.memo.save_and_check(tid, 0, reply, {"step": 0}, usage, deltas, then=then)
 
 
 def test_a_second_delivery_with_its_own_move_neither_overwrites_nor_moves_twice(store):

@@ -117,7 +117,7 @@ def test_a_redelivered_step_uses_the_memoized_reply(engine, gateway, script_name
     # a first delivery streamed the whole reply, memoized it, and died before recording the turn's end
     request = ModelRequest(model=script_name, input=engine.store.items(turn_id))
     reply = stream_reply(engine.client, request, lambda evs: engine.store.add_events(turn_id, evs), step=0)
-    engine.store.save_reply(turn_id, 0, reply.to_json())
+    engine.store.memo.save(turn_id, 0, reply.to_json())
     n = len(gateway.requests)
     assert engine.run_step(turn_id, 0).action == "completed"
     assert len(gateway.requests) == n, "no second model call"

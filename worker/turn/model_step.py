@@ -301,7 +301,7 @@ class ModelStep:
             planned = None
         usage = UsageLedger.row(step, event.usage, prepared.model)
         saved = until_redis_answers(
-            lambda: self.rt.store.save_reply_and_check(
+            lambda: self.rt.store.memo.save_and_check(
                 turn_id, step, data, event.fields(), usage, deltas, then=planned.writes if planned else None
             ),
             what=f"saving the model reply of turn {turn_id} step {step}",

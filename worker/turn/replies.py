@@ -139,7 +139,7 @@ class ReplyHandler:
 
     def plan_tools(self, prepared: PreparedStep, reply: ModelReply) -> ToolsPlan | None:
         """The plan of ``reply``'s function calls (None without calls), before the reply is stored:
-        ``TurnStore.save_reply_and_check`` then writes the step's move to its tools phase with
+        ``ReplyMemo.save_and_check`` then writes the step's move to its tools phase with
         the reply, in one round trip, and ``handle`` only sends the first batch."""
         items, calls = self._calls(prepared, reply)
         return self._tools_plan(prepared, reply, items, calls) if calls else None

@@ -21,7 +21,7 @@ Cluster slot):
 - ``turn:{id}:usage`` hash step -> token usage of that model call (``worker.turn.usage``).
 - ``turn:{id}:items`` list: the Responses input items (JSON), in order.
 - ``turn:{id}:reply:{n}``: the memoized model reply of step n (a crash
-  never pays for the same tokens twice).
+  never pays for the same tokens twice; written by ``worker.turn.memo``, held as ``store.memo``).
 - ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
 - ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
 - ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).
@@ -43,7 +43,6 @@ Cluster slot):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import orjson
@@ -52,7 +51,8 @@ import redis
 from worker.model.items import unanswered_call_ids
 from worker.turn.claims import Claims, started_rest
 from worker.turn.dispatch import Plan, PlannedCall
-from worker.turn.guard import LUA_APPLY_WRITES, LUA_TERMINAL, CreateScript, GuardScript, Writes, encode_writes
+from worker.turn.guard import CreateScript, GuardScript, Writes
+from worker.turn.memo import ReplyMemo
 from worker.turn.request import END_HOOK_METADATA, TurnRefused, TurnStatus
 from worker.turn.state import (
     EVENTS_MAXLEN,
@@ -68,53 +68,6 @@ from worker.turn.state import key as _k
 
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
 FINISHING_KEY = "turns:finishing"
-
-
-# Store a model step's reply (first write wins) with its events, read the cancel flag, record the
-# step's usage (first write wins) and read the turn's usage rows; when the reply was this caller's
-# to store, the turn is not cancelled and is still at the step's model phase, not ended, apply
-# the step's move to its tools phase. One round trip (``TurnStore.save_reply_and_check``).
-# KEYS: reply, cancel, usage, events, turn hash, the move's write keys...; ARGV: reply JSON, ttl,
-# events maxlen, usage field, usage row, usage ttl, step, number of events, events..., then the
-# move's writes (``LUA_APPLY_WRITES``), if any.
-# Returns {won, stored reply when not won, cancelled, usage stored, usage rows, began}; no usage
-# rows when the move was applied (the turn goes on to its tools: nothing reads its totals now).
-_SAVE_REPLY_LUA = (
-    LUA_TERMINAL
-    + LUA_APPLY_WRITES
-    + """
-local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
-local n = tonumber(ARGV[8])
-for i = 9, 8 + n do redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[i]) end
-local cancelled = redis.call('EXISTS', KEYS[2])
-local usage_stored = redis.call('HSETNX', KEYS[3], ARGV[4], ARGV[5])
-redis.call('EXPIRE', KEYS[3], ARGV[6])
-if not won then
-  return {0, redis.call('GET', KEYS[1]) or '', cancelled, usage_stored, redis.call('HVALS', KEYS[3]), 0}
-end
-if cancelled == 0 and ARGV[9 + n] then
-  local h = redis.call('HMGET', KEYS[5], 'status', 'step', 'phase')
-  if h[1] and not terminal[h[1]] and h[2] == ARGV[7] and h[3] == 'model' then
-    apply_writes(9 + n, 6)
-    return {1, '', 0, usage_stored, {}, 1}  -- the turn goes on: its totals are not needed now
-  end
-end
-return {1, '', cancelled, usage_stored, redis.call('HVALS', KEYS[3]), 0}
-"""
-)
-
-
-@dataclass(frozen=True)
-class SavedReply:
-    """What ``TurnStore.save_reply_and_check`` did: the stored ``reply`` (another delivery's when
-    it stored first), the cancel flag, ``usage`` as ``(stored, the turn's usage rows)`` (no rows
-    when ``began``), and whether the move to the tools phase it was given was applied
-    (``began``)."""
-
-    reply: dict[str, Any]
-    cancelled: bool
-    usage: tuple[bool, list[bytes]]
-    began: bool
 
 
 def _claimable_at_once(call: PlannedCall) -> bool:
@@ -142,7 +95,7 @@ class TurnStore:
         self.claims = Claims(client, progress_timeout=progress_timeout)
         self._guard = GuardScript(self.r, FINISHING_KEY)
         self._create = CreateScript(self.r)
-        self._save_reply = client.register_script(_SAVE_REPLY_LUA)
+        self.memo = ReplyMemo(client)
         self._plans: dict[tuple[str, int], Plan] = {}
 
     # ----- reading ---------------------------------------------------------
@@ -340,59 +293,6 @@ class TurnStore:
 
         self._guarded(turn_id, step, "model", w, only_if_status=TurnStatus.queued)
 
-    def save_reply_and_check(
-        self,
-        turn_id: str,
-        step: int,
-        reply: dict[str, Any],
-        event: dict[str, Any],
-        usage: tuple[str, bytes],
-        deltas: Sequence[tuple[str, dict[str, Any]]] = (),
-        then: Writes | None = None,
-    ) -> SavedReply:
-        """Memoize the model reply of ``step`` (first one wins), append the ``model_reply`` event
-        (after the events ``deltas``: the stream's last deltas), read the cancel flag and record the
-        step's usage (``usage``: its field and row, ``UsageLedger.row``; first write wins) with the
-        turn's usage rows read back: one round trip (``_SAVE_REPLY_LUA``). ``then``: the writes of
-        the step's move to its tools phase (``begin_tools_writes``), applied in the same round trip
-        when the reply was this caller's to store, the turn is not cancelled and still at ``step``'s
-        model phase, not ended."""
-        field, row = usage
-        events = [event_json(kind, data) for kind, data in deltas] + [event_json("model_reply", event)]
-        write_keys, write_args = encode_writes(then) if then is not None else ([], [])
-        won, raw, cancelled, usage_stored, rows, began = self._save_reply(
-            keys=[
-                _k(turn_id, "reply", step),
-                _k(turn_id, "cancel"),
-                _k(turn_id, "usage"),
-                _k(turn_id, "events"),
-                _k(turn_id),
-                *write_keys,
-            ],
-            args=[
-                orjson.dumps(reply),
-                RETENTION_SECONDS,
-                EVENTS_MAXLEN,
-                field,
-                row,
-                RETENTION_SECONDS,
-                step,
-                len(events),
-                *events,
-                *write_args,
-            ],
-        )
-        stored = reply if won else (orjson.loads(raw) if raw else reply)
-        return SavedReply(stored, bool(cancelled), (bool(usage_stored), list(rows)), bool(began))
-
-    def save_reply(self, turn_id: str, step: int, reply: dict[str, Any]) -> dict[str, Any]:
-        """Memoize the model reply of ``step`` (first one wins); returns the stored reply."""
-        key = _k(turn_id, "reply", step)
-        if self.r.set(key, orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS):
-            return reply
-        stored: dict[str, Any] = orjson.loads(self.r.get(key))
-        return stored
-
     def begin_tools(
         self,
         turn_id: str,
@@ -433,7 +333,7 @@ class TurnStore:
         also: Callable[[Any], None] | None = None,
         events: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> Writes:
-        """``begin_tools``'s writes, unguarded (``apply_begin_tools``, or ``save_reply_and_check``'s
+        """``begin_tools``'s writes, unguarded (``apply_begin_tools``, or ``ReplyMemo.save_and_check``'s
         ``then``)."""
         writes = Writes()
 

@@ -96,7 +96,7 @@ class UsageLedger:
     @staticmethod
     def row(step: int, usage: dict[str, int], model: str = "") -> tuple[str, bytes]:
         """Step ``step``'s record as its field and value in the turn's usage hash (what
-        ``queue_record`` writes), for ``TurnStore.save_reply_and_check``."""
+        ``queue_record`` writes), for ``ReplyMemo.save_and_check``."""
         return str(step), orjson.dumps({"step": step, "model": model, **usage})
 
     @staticmethod

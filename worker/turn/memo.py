@@ -1,0 +1,128 @@
+"""The model reply memo: a step's reply stored once, so a crash never pays for the same tokens twice.
+
+``ReplyMemo.save_and_check`` stores a paid-for reply (first write wins) with the stream's last
+deltas, its ``model_reply`` event and usage record, reads the cancel flag and, given the step's
+move to its tools phase (``TurnStore.begin_tools_writes``), applies it when the reply was this
+caller's to store and the turn is not cancelled and still at the step's model phase: one round
+trip where a pipeline and a guarded transition took two (docs/architecture.md, "A turn, step by
+step"). ``TurnStore`` holds one ``ReplyMemo`` on its Redis client, as ``store.memo``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import orjson
+import redis
+
+from worker.turn.guard import LUA_APPLY_WRITES, LUA_TERMINAL, Writes, encode_writes
+from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, event_json
+from worker.turn.state import key as _k
+
+# Store a model step's reply (first write wins) with its events, read the cancel flag, record the
+# step's usage (first write wins) and read the turn's usage rows; when the reply was this caller's
+# to store, the turn is not cancelled and is still at the step's model phase, not ended, apply
+# the step's move to its tools phase. One round trip (``ReplyMemo.save_and_check``).
+# KEYS: reply, cancel, usage, events, turn hash, the move's write keys...; ARGV: reply JSON, ttl,
+# events maxlen, usage field, usage row, usage ttl, step, number of events, events..., then the
+# move's writes (``LUA_APPLY_WRITES``), if any.
+# Returns {won, stored reply when not won, cancelled, usage stored, usage rows, began}; no usage
+# rows when the move was applied (the turn goes on to its tools: nothing reads its totals now).
+_SAVE_REPLY_LUA = (
+    LUA_TERMINAL
+    + LUA_APPLY_WRITES
+    + """
+local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
+local n = tonumber(ARGV[8])
+for i = 9, 8 + n do redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[i]) end
+local cancelled = redis.call('EXISTS', KEYS[2])
+local usage_stored = redis.call('HSETNX', KEYS[3], ARGV[4], ARGV[5])
+redis.call('EXPIRE', KEYS[3], ARGV[6])
+if not won then
+  return {0, redis.call('GET', KEYS[1]) or '', cancelled, usage_stored, redis.call('HVALS', KEYS[3]), 0}
+end
+if cancelled == 0 and ARGV[9 + n] then
+  local h = redis.call('HMGET', KEYS[5], 'status', 'step', 'phase')
+  if h[1] and not terminal[h[1]] and h[2] == ARGV[7] and h[3] == 'model' then
+    apply_writes(9 + n, 6)
+    return {1, '', 0, usage_stored, {}, 1}  -- the turn goes on: its totals are not needed now
+  end
+end
+return {1, '', cancelled, usage_stored, redis.call('HVALS', KEYS[3]), 0}
+"""
+)
+
+
+@dataclass(frozen=True)
+class SavedReply:
+    """What ``ReplyMemo.save_and_check`` did: the stored ``reply`` (another delivery's when
+    it stored first), the cancel flag, ``usage`` as ``(stored, the turn's usage rows)`` (no rows
+    when ``began``), and whether the move to the tools phase it was given was applied
+    (``began``)."""
+
+    reply: dict[str, Any]
+    cancelled: bool
+    usage: tuple[bool, list[bytes]]
+    began: bool
+
+
+class ReplyMemo:
+    """Model replies of turns in the Redis at ``client`` (see the module docstring)."""
+
+    def __init__(self, client: redis.Redis):
+        self.r: Any = client
+        self._save = client.register_script(_SAVE_REPLY_LUA)
+
+    def save_and_check(
+        self,
+        turn_id: str,
+        step: int,
+        reply: dict[str, Any],
+        event: dict[str, Any],
+        usage: tuple[str, bytes],
+        deltas: Sequence[tuple[str, dict[str, Any]]] = (),
+        then: Writes | None = None,
+    ) -> SavedReply:
+        """Memoize the model reply of ``step`` (first one wins), append the ``model_reply`` event
+        (after the events ``deltas``: the stream's last deltas), read the cancel flag and record the
+        step's usage (``usage``: its field and row, ``UsageLedger.row``; first write wins) with the
+        turn's usage rows read back: one round trip (``_SAVE_REPLY_LUA``). ``then``: the writes of
+        the step's move to its tools phase (``TurnStore.begin_tools_writes``), applied in the same round trip
+        when the reply was this caller's to store, the turn is not cancelled and still at ``step``'s
+        model phase, not ended."""
+        field, row = usage
+        events = [event_json(kind, data) for kind, data in deltas] + [event_json("model_reply", event)]
+        write_keys, write_args = encode_writes(then) if then is not None else ([], [])
+        won, raw, cancelled, usage_stored, rows, began = self._save(
+            keys=[
+                _k(turn_id, "reply", step),
+                _k(turn_id, "cancel"),
+                _k(turn_id, "usage"),
+                _k(turn_id, "events"),
+                _k(turn_id),
+                *write_keys,
+            ],
+            args=[
+                orjson.dumps(reply),
+                RETENTION_SECONDS,
+                EVENTS_MAXLEN,
+                field,
+                row,
+                RETENTION_SECONDS,
+                step,
+                len(events),
+                *events,
+                *write_args,
+            ],
+        )
+        stored = reply if won else (orjson.loads(raw) if raw else reply)
+        return SavedReply(stored, bool(cancelled), (bool(usage_stored), list(rows)), bool(began))
+
+    def save(self, turn_id: str, step: int, reply: dict[str, Any]) -> dict[str, Any]:
+        """Memoize the model reply of ``step`` (first one wins); returns the stored reply."""
+        key = _k(turn_id, "reply", step)
+        if self.r.set(key, orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS):
+            return reply
+        stored: dict[str, Any] = orjson.loads(self.r.get(key))
+        return stored
