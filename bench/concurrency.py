@@ -226,10 +226,11 @@ def run_bare(
     srv: EmbeddedRedis, gw: Any, n: int, pool: str, concurrency: int, logs: Path, minimal: bool = False
 ) -> dict:
     """``n`` floor turns (``bench/bare_celery.py``) on the same pools; returns the same shape as ``run_ours``."""
-    # The floor posts the body the runtime posted (its tools...), with its own model and input;
+    # The floor posts the body the runtime posted (its tools...), with its own model and input, as
+    # JSON (the runtime may stream: ``--stream``);
     # ``minimal=True``: only the model and the input (no tool definitions).
     posted = next(b for b in reversed(gw.requests) if b.get("tools"))
-    body = {} if minimal else {k: v for k, v in posted.items() if k not in ("model", "input")}
+    body = {} if minimal else {k: v for k, v in posted.items() if k not in ("model", "input", "stream")}
     env = {**os.environ, "REDIS_URL": srv.url, "BENCH_MODEL_URL": gw.base_url, "BENCH_MODEL": "bench",
            "BENCH_MODEL_TIMEOUT": str(MODEL_TIMEOUT),
            "BENCH_MODEL_BODY": json.dumps(body)}  # fmt: skip
