@@ -260,6 +260,19 @@ def broker_app(broker_url: str):
     return app
 
 
+@pytest.fixture
+def held(redis_url):
+    """A prefork node's held hash (``worker.turn.liveness.held_key``), recorded at fetch for
+    ``tool_call`` (``tasks.broker.record_fetched_turns``) while the test runs."""
+    from tasks import broker
+    from worker.turn.liveness import held_key
+
+    key = held_key(f"test-node:{uuid.uuid4().hex[:8]}")
+    broker.record_fetched_turns(key, frozenset({"tasks.turns.tool_call"}))
+    yield key
+    broker.record_fetched_turns(None)
+
+
 @pytest.fixture(scope="session")
 def gateway():
     _not_in_fast_tier("the scripted gateway")

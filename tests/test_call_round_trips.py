@@ -23,6 +23,11 @@ from worker.turn.state import AdvanceView, CallResult, key
 from worker.turn.store import TurnStore
 
 
+def _begin_tools(store: TurnStore, turn_id: str, step: int, *args, **kwargs) -> None:
+    """Record a step's plan and move it to its tools phase (what the model step does)."""
+    store.apply_begin_tools(turn_id, step, store.begin_tools_writes(turn_id, step, *args, **kwargs))
+
+
 @pytest.fixture
 def store(redis_url):
     return TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60)
@@ -33,7 +38,7 @@ def _turn_at_tools(store: TurnStore, calls: list[PlannedCall]) -> str:
     tid = uuid.uuid4().hex
     store.create(tid, {"agent_id": "trips-a", "input": "x"}, [])
     plan = Plan(calls, [Batch("parallel", [c.call_id for c in calls if c.runnable])])
-    store.begin_tools(tid, 0, [{"type": "function_call", "call_id": c.call_id} for c in calls], plan, {}, {})
+    _begin_tools(store, tid, 0, [{"type": "function_call", "call_id": c.call_id} for c in calls], plan, {}, {})
     return tid
 
 

@@ -17,6 +17,11 @@ from worker.turn.state import CallResult, StaleStep, key
 from worker.turn.store import FINISHING_KEY, TurnStore
 
 
+def _begin_tools(store: TurnStore, turn_id: str, step: int, *args, **kwargs) -> None:
+    """Record a step's plan and move it to its tools phase (what the model step does)."""
+    store.apply_begin_tools(turn_id, step, store.begin_tools_writes(turn_id, step, *args, **kwargs))
+
+
 @pytest.fixture
 def store(redis_url):
     return TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60)
@@ -44,7 +49,7 @@ def test_stale_step_or_phase_writes_nothing(store):
     tid = _new(store)
     before = _snapshot(store, tid)
     with pytest.raises(StaleStep, match="turn is at step 0/model, not 1/model"):
-        store.begin_tools(tid, 1, [{"type": "message"}], Plan([], []), {}, {})
+        _begin_tools(store, tid, 1, [{"type": "message"}], Plan([], []), {}, {})
     with pytest.raises(StaleStep, match="turn is at step 0/model, not 0/tools"):
         store.finish_tools(tid, 0, [{"type": "function_call_output"}])
     assert _snapshot(store, tid) == before
@@ -63,8 +68,8 @@ def test_ended_turn_is_fenced_out_and_unknown_turn_refused(store):
 
 def test_allowed_transition_writes_everything_once(store):
     tid = _new(store)
-    store.begin_tools(
-        tid, 0, [{"type": "message", "n": 1}], Plan([], []), {}, {"t": 1}, events=[("call_planned", {"x": 1})]
+    _begin_tools(
+        store, tid, 0, [{"type": "message", "n": 1}], Plan([], []), {}, {"t": 1}, events=[("call_planned", {"x": 1})]
     )
     st = store.load(tid)
     assert (st.step, st.phase, st.model_calls, st.invalid_counts) == (0, "tools", 1, {"t": 1})
@@ -100,7 +105,7 @@ def test_long_argument_lists_pass_luas_unpack_limit(store):
     tid = _new(store, items=items)
     assert len(store.items(tid)) == 20_000
     results = {f"c{i}": CallResult("x") for i in range(6_000)}
-    store.begin_tools(tid, 0, items, Plan([], []), results, {})
+    _begin_tools(store, tid, 0, items, Plan([], []), results, {})
     assert len(store.items(tid)) == 40_000
     assert store.r.hlen(key(tid, "results", 0)) == 6_000
     assert store.items(tid)[-1] == {"type": "message", "i": 19_999}

@@ -9,20 +9,10 @@ import uuid
 from contextlib import contextmanager
 from typing import Iterator
 
-import pytest
 import redis
 
 from tasks import broker
 from tests.conftest import broker_app
-from worker.turn.liveness import held_key
-
-
-@pytest.fixture
-def held(redis_url):
-    key = held_key(f"test-node:{uuid.uuid4().hex[:8]}")
-    broker.record_fetched_turns(key, frozenset({"tasks.turns.tool_call"}))
-    yield key
-    broker.record_fetched_turns(None)
 
 
 @contextmanager

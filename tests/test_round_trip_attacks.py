@@ -8,25 +8,31 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import threading
 import uuid
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import orjson
 import pytest
 import redis
 from pydantic import BaseModel
 
-from tasks import broker
 from tests.conftest import broker_app
 from worker.model.interface import GatewayError
 from worker.turn.claims import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
-from worker.turn.liveness import held_key
 from worker.turn.request import TurnStatus
 from worker.turn.state import AdvanceView, CallResult, key
 from worker.turn.store import TurnStore
 
 TERMINAL = [s for s in TurnStatus if s.terminal]
+
+
+def _begin_tools(store: TurnStore, turn_id: str, step: int, *args, **kwargs) -> None:
+    """Record a step's plan and move it to its tools phase (what the model step does)."""
+    store.apply_begin_tools(turn_id, step, store.begin_tools_writes(turn_id, step, *args, **kwargs))
 
 
 @pytest.fixture
@@ -40,7 +46,7 @@ def _turn_at_tools(store: TurnStore, calls: list[PlannedCall], step: int = 0) ->
     if step:
         store.r.hset(key(tid), mapping={"step": step})
     plan = Plan(calls, [Batch("parallel", [c.call_id for c in calls if c.runnable])])
-    store.begin_tools(tid, step, [{"type": "function_call", "call_id": c.call_id} for c in calls], plan, {}, {})
+    _begin_tools(store, tid, step, [{"type": "function_call", "call_id": c.call_id} for c in calls], plan, {}, {})
     return tid
 
 
@@ -325,12 +331,27 @@ def test_streamed_and_handed_over_deltas_are_contiguous():
 
 
 # ----- held records: the consumer survives anything on the queue ---------------------------------
-@pytest.fixture
-def held(redis_url):
-    k = held_key(f"attack-node:{uuid.uuid4().hex[:8]}")
-    broker.record_fetched_turns(k, frozenset({"tasks.turns.tool_call"}))
-    yield k
-    broker.record_fetched_turns(None)
+# ``held`` (tests/conftest.py): a node's held hash, recorded at fetch for tool_call.
+
+
+@contextmanager
+def _consuming(app, queue: str) -> Iterator[tuple[Any, list]]:
+    """A consumer on ``queue`` through kombu's own path (``drain_events``: ``Transport._deliver``,
+    then ``QoS.append``); yields the connection and the list of messages delivered so far."""
+    from kombu import Consumer, Queue
+
+    got: list = []
+    with app.connection_for_read() as conn:
+        with Consumer(conn, [Queue(queue)], callbacks=[lambda body, m: got.append(m)], accept=None):
+            yield conn, got
+
+
+def _drain(conn, timeout: float) -> None:
+    """One ``drain_events``, which must not raise out of the consumer loop; a quiet queue is fine."""
+    try:
+        conn.drain_events(timeout=timeout)
+    except socket.timeout:
+        pass  # nothing delivered: the transport's shape check dropped it
 
 
 def _tampered_fetch(redis_url: str, tamper) -> tuple[object, redis.Redis]:
@@ -397,31 +418,21 @@ def _string_headers(p):
     ],
 )
 def test_a_malformed_turn_message_is_fetched_without_a_held_record(redis_url, held, tamper):
-    """Through the consumer's own path (``drain_events``: ``Transport._deliver``, then
-    ``QoS.append``): a bad message is dropped or delivered, never raises, never leaves a held
-    record; the good message after it is consumed and recorded."""
-    import socket
-
-    from kombu import Consumer, Queue
-
+    """Through the consumer's own path: a bad message is dropped or delivered, never raises,
+    never leaves a held record; the good message after it is consumed and recorded."""
     app, queue = _tampered_fetch(redis_url, tamper)
     r = redis.Redis.from_url(redis_url)
-    got: list = []
-    with app.connection_for_read() as conn:
-        with Consumer(conn, [Queue(queue)], callbacks=[lambda body, m: got.append(m)], accept=None):
-            try:
-                conn.drain_events(timeout=2)
-            except socket.timeout:
-                pass  # dropped by the transport's shape check
-            assert r.hlen(held) == 0
-            for m in got:
-                m.ack()
-            bad = len(got)
-            app.send_task("tasks.turns.tool_call", ("turn-ok", 0, "c1"), queue=queue)
-            conn.drain_events(timeout=5)
-            assert len(got) == bad + 1
-            assert r.hget(held, got[-1].headers["id"]) == b"turn-ok"
-            got[-1].ack()
+    with _consuming(app, queue) as (conn, got):
+        _drain(conn, 2)
+        assert r.hlen(held) == 0
+        for m in got:
+            m.ack()
+        bad = len(got)
+        app.send_task("tasks.turns.tool_call", ("turn-ok", 0, "c1"), queue=queue)
+        conn.drain_events(timeout=5)
+        assert len(got) == bad + 1
+        assert r.hget(held, got[-1].headers["id"]) == b"turn-ok"
+        got[-1].ack()
 
 
 def _typed_header(p):
@@ -431,23 +442,14 @@ def _typed_header(p):
 
 
 def test_a_turn_message_with_a_kombu_typed_header_is_delivered_and_held(redis_url, held):
-    import socket
-
-    from kombu import Consumer, Queue
-
     app, queue = _tampered_fetch(redis_url, _typed_header)
     r = redis.Redis.from_url(redis_url)
-    got: list = []
-    with app.connection_for_read() as conn:
-        with Consumer(conn, [Queue(queue)], callbacks=[lambda body, m: got.append(m)], accept=None):
-            try:
-                conn.drain_events(timeout=2)  # must not raise out of the consumer loop
-            except socket.timeout:
-                pass
-            assert len(got) == 1, "a valid turn message was dropped"
-            assert r.hget(held, got[0].headers["id"]) == b"turn-x"
-            assert r.hexists("unacked", got[0].delivery_tag)
-            got[0].ack()
+    with _consuming(app, queue) as (conn, got):
+        _drain(conn, 2)
+        assert len(got) == 1, "a valid turn message was dropped"
+        assert r.hget(held, got[0].headers["id"]) == b"turn-x"
+        assert r.hexists("unacked", got[0].delivery_tag)
+        got[0].ack()
 
 
 # ----- skipped events: a stream still fails as retryable ------------------------------------------

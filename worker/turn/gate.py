@@ -37,7 +37,7 @@ from worker.turn.state import CallResult, TurnState
 log = logging.getLogger("agent.approvals")
 
 Writes = Callable[[Any], None]
-"""Commands queued in a transition's pipeline (``TurnStore.begin_tools(also=...)``)."""
+"""Commands queued in a transition's pipeline (``TurnStore.begin_tools_writes(also=...)``)."""
 
 
 class ApprovalGate:

@@ -293,32 +293,10 @@ class TurnStore:
 
         self._guarded(turn_id, step, "model", w, only_if_status=TurnStatus.queued)
 
-    def begin_tools(
-        self,
-        turn_id: str,
-        step: int,
-        reply_items: list[dict[str, Any]],
-        plan: Plan,
-        pre_results: dict[str, CallResult],
-        invalid_counts: dict[str, int],
-        loaded_tools: list[str] | None = None,
-        also: Callable[[Any], None] | None = None,
-        events: Sequence[tuple[str, dict[str, Any]]] = (),
-    ) -> None:
-        """Record the reply's items and the dispatch plan; move to phase ``tools``.
-
-        ``events`` (``[(kind, fields)]``, e.g. ``call_planned``) are appended and ``also(pipe)``
-        adds writes (the approval requests of ``worker.turn.approvals``), both in the same MULTI.
-        Raises ``StaleStep`` if another delivery already did it.
-        """
-        writes = self.begin_tools_writes(
-            turn_id, step, reply_items, plan, pre_results, invalid_counts, loaded_tools, also, events
-        )
-        self.apply_begin_tools(turn_id, step, writes)
-
     def apply_begin_tools(self, turn_id: str, step: int, writes: Writes) -> None:
-        """Apply ``begin_tools_writes``'s writes, guarded on ``step``'s model phase. Raises
-        ``StaleStep`` if another delivery already moved the turn on."""
+        """Apply ``begin_tools_writes``'s writes, guarded on ``step``'s model phase (or have
+        ``ReplyMemo.save_and_check`` apply them with the reply). Raises ``StaleStep`` if another
+        delivery already moved the turn on."""
         self._guarded(turn_id, step, "model", lambda w: w.recorded.extend(writes.recorded))
 
     def begin_tools_writes(
@@ -333,8 +311,10 @@ class TurnStore:
         also: Callable[[Any], None] | None = None,
         events: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> Writes:
-        """``begin_tools``'s writes, unguarded (``apply_begin_tools``, or ``ReplyMemo.save_and_check``'s
-        ``then``)."""
+        """The writes that record the reply's items and the dispatch plan and move the step to its
+        tools phase, unguarded (``apply_begin_tools``, or ``ReplyMemo.save_and_check``'s ``then``).
+        ``events`` (``[(kind, fields)]``, e.g. ``call_planned``) are appended and ``also(w)`` adds
+        writes (the approval requests of ``worker.turn.approvals``)."""
         writes = Writes()
 
         def w(pipe: Any) -> None:
