@@ -16,16 +16,12 @@ import orjson
 import pytest
 import redis
 
+from tests.support.turn_store import begin_tools
 from worker.turn.claims import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
 from worker.turn.request import TurnStatus
 from worker.turn.state import AdvanceView, CallResult, key
 from worker.turn.store import TurnStore
-
-
-def _begin_tools(store: TurnStore, turn_id: str, step: int, *args, **kwargs) -> None:
-    """Record a step's plan and move it to its tools phase (what the model step does)."""
-    store.apply_begin_tools(turn_id, step, store.begin_tools_writes(turn_id, step, *args, **kwargs))
 
 
 @pytest.fixture
@@ -38,7 +34,7 @@ def _turn_at_tools(store: TurnStore, calls: list[PlannedCall]) -> str:
     tid = uuid.uuid4().hex
     store.create(tid, {"agent_id": "trips-a", "input": "x"}, [])
     plan = Plan(calls, [Batch("parallel", [c.call_id for c in calls if c.runnable])])
-    _begin_tools(store, tid, 0, [{"type": "function_call", "call_id": c.call_id} for c in calls], plan, {}, {})
+    begin_tools(store, tid, 0, [{"type": "function_call", "call_id": c.call_id} for c in calls], plan, {}, {})
     return tid
 
 

@@ -10,16 +10,12 @@ import orjson
 import pytest
 import redis
 
+from tests.support.turn_store import begin_tools
 from worker.turn.dispatch import Plan
 from worker.turn.guard import Writes
 from worker.turn.request import TurnRefused, TurnStatus
 from worker.turn.state import CallResult, StaleStep, key
 from worker.turn.store import FINISHING_KEY, TurnStore
-
-
-def _begin_tools(store: TurnStore, turn_id: str, step: int, *args, **kwargs) -> None:
-    """Record a step's plan and move it to its tools phase (what the model step does)."""
-    store.apply_begin_tools(turn_id, step, store.begin_tools_writes(turn_id, step, *args, **kwargs))
 
 
 @pytest.fixture
@@ -49,7 +45,7 @@ def test_stale_step_or_phase_writes_nothing(store):
     tid = _new(store)
     before = _snapshot(store, tid)
     with pytest.raises(StaleStep, match="turn is at step 0/model, not 1/model"):
-        _begin_tools(store, tid, 1, [{"type": "message"}], Plan([], []), {}, {})
+        begin_tools(store, tid, 1, [{"type": "message"}], Plan([], []), {}, {})
     with pytest.raises(StaleStep, match="turn is at step 0/model, not 0/tools"):
         store.finish_tools(tid, 0, [{"type": "function_call_output"}])
     assert _snapshot(store, tid) == before
@@ -68,7 +64,7 @@ def test_ended_turn_is_fenced_out_and_unknown_turn_refused(store):
 
 def test_allowed_transition_writes_everything_once(store):
     tid = _new(store)
-    _begin_tools(
+    begin_tools(
         store, tid, 0, [{"type": "message", "n": 1}], Plan([], []), {}, {"t": 1}, events=[("call_planned", {"x": 1})]
     )
     st = store.load(tid)
@@ -105,7 +101,7 @@ def test_long_argument_lists_pass_luas_unpack_limit(store):
     tid = _new(store, items=items)
     assert len(store.items(tid)) == 20_000
     results = {f"c{i}": CallResult("x") for i in range(6_000)}
-    _begin_tools(store, tid, 0, items, Plan([], []), results, {})
+    begin_tools(store, tid, 0, items, Plan([], []), results, {})
     assert len(store.items(tid)) == 40_000
     assert store.r.hlen(key(tid, "results", 0)) == 6_000
     assert store.items(tid)[-1] == {"type": "message", "i": 19_999}

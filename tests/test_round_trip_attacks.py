@@ -20,6 +20,7 @@ import redis
 from pydantic import BaseModel
 
 from tests.conftest import broker_app
+from tests.support.turn_store import begin_tools
 from worker.model.interface import GatewayError
 from worker.turn.claims import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
@@ -28,11 +29,6 @@ from worker.turn.state import AdvanceView, CallResult, key
 from worker.turn.store import TurnStore
 
 TERMINAL = [s for s in TurnStatus if s.terminal]
-
-
-def _begin_tools(store: TurnStore, turn_id: str, step: int, *args, **kwargs) -> None:
-    """Record a step's plan and move it to its tools phase (what the model step does)."""
-    store.apply_begin_tools(turn_id, step, store.begin_tools_writes(turn_id, step, *args, **kwargs))
 
 
 @pytest.fixture
@@ -46,7 +42,7 @@ def _turn_at_tools(store: TurnStore, calls: list[PlannedCall], step: int = 0) ->
     if step:
         store.r.hset(key(tid), mapping={"step": step})
     plan = Plan(calls, [Batch("parallel", [c.call_id for c in calls if c.runnable])])
-    _begin_tools(store, tid, step, [{"type": "function_call", "call_id": c.call_id} for c in calls], plan, {}, {})
+    begin_tools(store, tid, step, [{"type": "function_call", "call_id": c.call_id} for c in calls], plan, {}, {})
     return tid
 
 

@@ -87,10 +87,11 @@ class CallRunner:
             return closing
         if closing is None:
             return StepOutcome("ran")
+        ended = None
         if isinstance(closing, Closed):  # the result's round trip closed the step
             self.completion.next_step(state, step, request)
-            return StepOutcome("advanced", f"batch {batch_index} done")
-        ended = self.completion.close(turn_id, step, request, batch_index, view=closing)
+        else:
+            ended = self.completion.close(turn_id, step, request, batch_index, view=closing)
         return StepOutcome("advanced", f"batch {batch_index} done", ended=ended)
 
     def _closing(

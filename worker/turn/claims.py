@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import redis
 
-from worker.turn.guard import LUA_APPLY_WRITES, LUA_TERMINAL, Writes, encode_writes
+from worker.turn.guard import LUA_APPLY_WRITES, LUA_AT_STEP, LUA_TERMINAL, Writes, encode_writes
 from worker.turn.state import (
     EVENTS_MAXLEN,
     RETENTION_SECONDS,
@@ -94,6 +94,7 @@ def started_rest(name: str, activity: str) -> bytes:
 # (closed).
 _RECORD_LUA = (
     LUA_TERMINAL
+    + LUA_AT_STEP
     + LUA_APPLY_WRITES
     + """
 local stored = 0
@@ -113,8 +114,7 @@ end
 if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then push_deadline(); return {stored, 0} end
 local cancelled = redis.call('EXISTS', KEYS[5])
 if ARGV[11 + n] and cancelled == 0 and stored == 1 then  -- the writes carry this caller's result
-  local h = redis.call('HMGET', KEYS[2], 'status', 'step', 'phase')
-  if h[1] and not terminal[h[1]] and h[2] == ARGV[9] and h[3] == 'tools' then
+  if at_step(KEYS[2], ARGV[9], 'tools') then
     apply_writes(11 + n, 7)  -- the closing writes set the next step's deadline
     return {stored, 2}
   end

@@ -90,7 +90,8 @@ class BatchCompletion:
         )
 
     def next_step(self, state: TurnState, step: int, request: TurnRequest) -> None:
-        """Enqueue step ``step + 1`` of the turn, once step ``step`` is closed."""
+        """Enqueue step ``step + 1`` of the turn (a ``turn_step`` message on the request's queue,
+        in the turn's trace), once step ``step`` is closed."""
         turn_id = state.turn_id
         with telemetry.under_turn(state.traceparent):
             self.rt.dispatcher.enqueue_step(

@@ -80,6 +80,10 @@ class Plan(NamedTuple):
         """The index of the batch that runs ``call_id``, or None (a call that does not run)."""
         return next((i for i, b in enumerate(self.batches) if call_id in b.call_ids), None)
 
+    def batch_indexes(self) -> dict[str, int]:
+        """``call_id`` -> the index of the batch that runs it, for every call that runs."""
+        return {cid: i for i, b in enumerate(self.batches) for cid in b.call_ids}
+
     def to_json(self) -> dict[str, Any]:
         """JSON form (what the store keeps)."""
         return {

@@ -55,6 +55,15 @@ _CHUNKED = frozenset({"RPUSH", "LPUSH", "SADD", "SREM", "HDEL", "ZREM", "HSET"})
 # A Lua table of the terminal statuses (``TurnStatus.terminal``), for the scripts that fence on them.
 LUA_TERMINAL = "local terminal = {" + ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal) + "}\n"
 
+# A Lua function: true when the turn hash ``key`` is at ``step`` (a string) and ``phase`` and not
+# ended, the fence of every guarded write (after ``LUA_TERMINAL``).
+LUA_AT_STEP = """
+local function at_step(key, step, phase)
+  local h = redis.call('HMGET', key, 'status', 'step', 'phase')
+  return h[1] and not terminal[h[1]] and h[2] == step and h[3] == phase
+end
+"""
+
 # A Lua function applying recorded writes (``encode_writes``): from ARGV[i] on, per write, its
 # argument count after the key, the command name, its arguments; its key is KEYS[k], KEYS[k + 1]...
 LUA_APPLY_WRITES = """

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import orjson
 import redis
 
-from worker.turn.guard import LUA_APPLY_WRITES, LUA_TERMINAL, Writes, encode_writes
+from worker.turn.guard import LUA_APPLY_WRITES, LUA_AT_STEP, LUA_TERMINAL, Writes, encode_writes
 from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, event_json
 from worker.turn.state import key as _k
 
@@ -31,6 +31,7 @@ from worker.turn.state import key as _k
 # rows when the move was applied (the turn goes on to its tools: nothing reads its totals now).
 _SAVE_REPLY_LUA = (
     LUA_TERMINAL
+    + LUA_AT_STEP
     + LUA_APPLY_WRITES
     + """
 local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
@@ -43,8 +44,7 @@ if not won then
   return {0, redis.call('GET', KEYS[1]) or '', cancelled, usage_stored, redis.call('HVALS', KEYS[3]), 0}
 end
 if cancelled == 0 and ARGV[9 + n] then
-  local h = redis.call('HMGET', KEYS[5], 'status', 'step', 'phase')
-  if h[1] and not terminal[h[1]] and h[2] == ARGV[7] and h[3] == 'model' then
+  if at_step(KEYS[5], ARGV[7], 'model') then
     apply_writes(9 + n, 6)
     return {1, '', 0, usage_stored, {}, 1}  -- the turn goes on: its totals are not needed now
   end

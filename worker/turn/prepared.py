@@ -48,11 +48,6 @@ class ToolsPlan:
     invalid_counts: dict[str, int]
     writes: Writes
 
-    @property
-    def batch_of(self) -> dict[str, int]:
-        """The batch index of each call that runs."""
-        return {cid: i for i, b in enumerate(self.plan.batches) for cid in b.call_ids}
-
 
 @dataclass(frozen=True)
 class StoredReply:

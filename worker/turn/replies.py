@@ -177,7 +177,7 @@ class ReplyHandler:
         items = cut_replayed_arguments(
             items, {c.call_id for c in planned if not c.runnable}, settings.max_replay_arguments
         )
-        batch_of = {cid: i for i, b in enumerate(batches) for cid in b.call_ids}
+        batch_of = plan.batch_indexes()
         events = [CallPlanned.of(step, call, batch_of.get(call.call_id)).event() for call in planned]
         writes = self.rt.store.begin_tools_writes(
             turn_id, step, items, plan, pre_results, invalid_counts, also=asks, events=events
@@ -190,7 +190,7 @@ class ReplyHandler:
         turn_id, step, request, settings = prepared.turn_id, prepared.step, prepared.request, self.rt.settings
         plan = planned.plan
         metrics.calls_planned(plan.calls, {t.name for t in prepared.tools})
-        telemetry.planned_calls(plan.calls, planned.batch_of)
+        telemetry.planned_calls(plan.calls, plan.batch_indexes())
         detail = f"{len(plan.calls)} calls in {len(plan.batches)} batches"
         over = [n for n, c in planned.invalid_counts.items() if c > settings.max_invalid_calls_per_tool]
         if over or not plan.batches:  # nothing to run (all calls failed validation): close the step now
