@@ -4,7 +4,9 @@ A step is one model call and one tool call. The floor (``bench/bare_celery.py``,
 ``bare_chain_step``) posts the same request body to the same endpoint, then publishes
 ``chain(tool, next step)``: Celery's own link from the tool to the next step, with nothing of the
 runtime. The runtime's step is its real one: claims, memo, validation, plan, barrier, events,
-usage, the next step's message. Both run K turns of N steps at once on the same pools (steps on
+usage, the next step's message. The tool itself does no I/O on either side (the runtime's
+``read_thing`` from ``tests.support.toolsets.bench_tools``, without the tests' log; the floor's
+only appends its output, the counterpart of the runtime storing the result). Both run K turns of N steps at once on the same pools (steps on
 threads, tools on prefork ``-c 2``, as deployed) against the keep-alive model endpoint
 (``devtools/hosted_endpoint.py``) answering at once; floor and runtime alternate (and which goes
 first), and each round reports milliseconds per step (wall time over K x N steps) and the ratio.
@@ -50,7 +52,7 @@ def run_ours(
 
     homes = Path(tempfile.mkdtemp(prefix="bench-homes-"))
     env = {**os.environ, "REDIS_URL": srv.url, "OPENAI_BASE_URL": gw.base_url, "OPENAI_API_KEY": "bench",
-           "AGENT_HOMES_ROOT": str(homes), "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
+           "AGENT_HOMES_ROOT": str(homes), "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:bench_tools",
            "AGENT_MODEL_STREAM": "1" if stream else "0", "AGENT_APPROVAL_MODE": "off", "AGENT_MODEL_CALLS": calls}  # fmt: skip
     env.pop("CONTROL_REDIS_URL", None)
     os.environ.update(REDIS_URL=srv.url, AGENT_EXTRA_TOOLSETS=env["AGENT_EXTRA_TOOLSETS"])

@@ -24,7 +24,7 @@ from kombu.entity import Queue
 
 from tasks import telemetry  # noqa: F401  (signal handlers: trace context in headers, SDK setup)
 from tasks.metrics import prepare_multiprocess_dir
-from tasks.serialization import SERIALIZER, register_orjson
+from tasks.serialization import SERIALIZER, register_json_encoder, register_orjson
 from worker.settings import get_settings
 
 # Before any task module imports prometheus_client (worker.turn.metrics): see tasks.metrics.
@@ -37,6 +37,7 @@ def make_app() -> Celery:
     """Build the Celery app from ``worker.settings`` (JSON/orjson only, queues, routes, reliability)."""
     settings = get_settings()
     register_orjson()
+    register_json_encoder()  # Celery's events: still application/json, written with orjson
     app = Celery(
         "agent_runtime",
         include=["tasks.turns", "tasks.watchdog", "tasks.health", "tasks.scheduler", "tasks.liveness", "tasks.node"],

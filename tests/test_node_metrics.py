@@ -9,6 +9,7 @@ workers, alone on a Redis database of their own, a turn through the scripted gat
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,11 +26,20 @@ from tests.support.scripts import fc, msg
 
 
 def _two_free_ports() -> int:
+    """A port whose next is free too, below the kernel's ephemeral range: a port the OS hands out
+    (``free_port``) is in that range, where the workers' own client connections (Redis, the
+    gateway) take local ports between this check and the metrics server's bind."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    rng = random.Random()
     while True:
-        port = free_port()
-        with socket.socket() as s:
-            if port < 65535 and s.connect_ex(("127.0.0.1", port + 1)) != 0:
-                return port
+        port = rng.randrange(10000, low - 2)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
 
 
 def _listening(port: int) -> set[str]:

@@ -318,7 +318,7 @@ def test_streamed_and_handed_over_deltas_are_contiguous():
     rest: list = []
 
     def schedule(delay, callback):
-        return asyncio.get_running_loop().call_soon(callback)  # flush as often as possible
+        return asyncio.get_running_loop().call_soon(callback).cancel  # flush as often as possible
 
     asyncio.run(stream_reply_async(stream, None, published.extend, step=0, interval=0.0, schedule=schedule, rest=rest))
     events = [e for _, e in published] + [e for _, e in rest]

@@ -175,29 +175,57 @@ def test_batcher_joins_deltas_and_flushes_at_close():
 
 def test_the_last_deltas_can_be_handed_to_the_caller_instead_of_published():
     """``stream_reply_async(rest=...)``: what is pending when the reply is complete goes to the
-    caller (which appends it with the reply in one round trip), numbered after what was published."""
+    caller (which appends it with the reply in one round trip), numbered after what was published.
+    The interval runs from the call's start: a delta that comes later than that is published as
+    soon as the stream yields to the loop (its next read); a reply that completes within the
+    interval publishes nothing on its own."""
     import asyncio
 
     from worker.model.interface import ModelReply
     from worker.model.streaming import stream_reply_async
 
-    published: list = []
-    rest: list = []
+    def run(reads: list[tuple[float, list[str]]], interval: float) -> tuple[list, list, list]:
+        published: list = []
+        rest: list = []
+        before_read: list = []  # what was published when each read came
 
-    async def stream(request, on_delta):
-        for piece in ("a", "b", "c"):
-            on_delta(Delta("text", 0, piece))
-        return ModelReply(id="r", status="completed", output=[], usage={})
+        async def stream(request, on_delta):
+            for pause, read in reads:
+                if pause:
+                    await asyncio.sleep(pause)  # the model's pause: the loop runs
+                before_read.append([e["delta"] for _, e in published])
+                for piece in read:
+                    on_delta(Delta("text", 0, piece))
+            return ModelReply(id="r", status="completed", output=[], usage={})
 
-    def never(delay, fn):
-        return lambda: None  # the timer never fires: only the first delta goes at once
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            await stream_reply_async(
+                stream,
+                None,
+                published.extend,
+                step=2,
+                interval=interval,
+                schedule=lambda delay, fn: loop.call_later(delay, fn).cancel,
+                rest=rest,
+            )
 
-    reply = asyncio.run(
-        stream_reply_async(stream, None, published.extend, step=2, interval=60.0, schedule=never, rest=rest)
-    )
-    assert reply.id == "r"
-    assert [(e["delta"], e["seq"]) for _, e in published] == [("a", 0)]
-    assert [(kind, e["delta"], e["seq"], e["step"]) for kind, e in rest] == [("model_delta", "bc", 1, 2)]
+        asyncio.run(main())
+        return published, rest, before_read
+
+    # a first token later than the interval: out at the stream's next yield, before the next read
+    published, rest, before_read = run([(0.05, ["a", "b"]), (0.005, ["c"])], interval=0.02)
+    assert before_read == [[], ["ab"]]
+    assert [(e["delta"], e["seq"]) for _, e in published] == [("ab", 0)]
+    assert [(kind, e["delta"], e["seq"], e["step"]) for kind, e in rest] == [("model_delta", "c", 1, 2)]
+    # a first token sooner than the interval: published when the interval has run
+    published, rest, before_read = run([(0, ["a"]), (0.08, ["b"])], interval=0.03)
+    assert before_read == [[], ["a"]]
+    assert [(kind, e["delta"], e["seq"]) for kind, e in rest] == [("model_delta", "b", 1)]
+    # a reply complete within the interval: every delta goes with it
+    published, rest, _ = run([(0, ["a", "b"]), (0.001, ["c"])], interval=60.0)
+    assert published == []
+    assert [(kind, e["delta"], e["seq"]) for kind, e in rest] == [("model_delta", "abc", 0)]
 
 
 def test_events_the_reply_does_not_need_are_not_parsed():

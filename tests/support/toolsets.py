@@ -99,7 +99,9 @@ def _raw_echo(params, ctx):
     return ToolResult(content={"ran_with": params})
 
 
-def testing_tools(ctx: TurnContext):
+def testing_tools(ctx: TurnContext, *, log_reads: bool = True):
+    """The tests' toolset. ``log_reads=False``: ``read_thing`` does no I/O of its own (no test
+    log), as the benches' bare-Celery floor's tool (``bench_tools``)."""
     return [
         define_worker_tool(
             name="append_marker",
@@ -113,7 +115,7 @@ def testing_tools(ctx: TurnContext):
             name="read_thing",
             description="Read a thing (parallel).",
             input_model=SleepArgs,
-            execute=_logged("read_thing", _sleep),
+            execute=_logged("read_thing", _sleep) if log_reads else _sleep,
             execution_mode="parallel",
             is_read_only=True,
             describe_activity=lambda p: f"Reading {p.label}",
@@ -199,3 +201,8 @@ def testing_tools(ctx: TurnContext):
             needs_approval=True,
         ),
     ]
+
+
+def bench_tools(ctx: TurnContext):
+    """``testing_tools`` whose ``read_thing`` does no I/O of its own (bench/step_chain.py)."""
+    return testing_tools(ctx, log_reads=False)

@@ -40,7 +40,15 @@ class DeltaBatcher:
 
     The first delta is published at once (time to first token), later ones are joined while
     they belong to the same output item and kind, and a timer publishes what is pending when
-    the model pauses. ``publish([(kind, fields)])`` appends events (one Redis round trip);
+    the model pauses.
+
+    With ``defer`` (an event loop's ``schedule``; the call begins when the batcher is made):
+    - the interval also runs from the call's start, so the first delta waits only when it comes
+      sooner than ``interval`` after the request (a hosted model's first token comes later than
+      40 ms); a reply that completes within the interval costs no round trip of its own: its
+      deltas are still pending (``take``) and go with the reply;
+    - what is due is published when the caller next yields to the loop (``schedule(0, ...)``),
+      not inside ``add``: the deltas of one network read are parsed first. ``publish([(kind, fields)])`` appends events (one Redis round trip);
     its failures are logged, never raised: deltas are a view, the memoized reply is the record.
 
     Event fields: ``step``, ``attempt`` (one id per model call, so a reader can tell a retried
@@ -48,17 +56,27 @@ class DeltaBatcher:
     ``output_index``, ``delta``, and for arguments ``call_id`` and ``name``.
     """
 
-    def __init__(self, publish: Publish, *, step: int, interval: float = 0.04, schedule: Schedule = thread_timer):
+    def __init__(
+        self,
+        publish: Publish,
+        *,
+        step: int,
+        interval: float = 0.04,
+        schedule: Schedule = thread_timer,
+        defer: bool = False,
+    ):
         self.publish = publish
         self.schedule = schedule
+        self.defer = defer
         self.step = step
         self.interval = interval
         self.attempt = uuid.uuid4().hex[:8]
         self.seq = 0
         self.published = 0  # events published
         self._pending: list[dict[str, Any]] = []
-        self._last = 0.0
+        self._last = time.monotonic() if defer else 0.0  # when deltas were last published
         self._cancel: Callable[[], Any] | None = None
+        self._due = False  # a publish at 0 s is scheduled (``defer``)
         self._lock = threading.Lock()
 
     def add(self, delta: Delta) -> None:
@@ -74,11 +92,16 @@ class DeltaBatcher:
                 if delta.kind == "arguments":
                     event.update(call_id=delta.call_id, name=delta.name)
                 self._pending.append(event)
-            due = time.monotonic() - self._last >= self.interval
-            if due:
+            wait = self._last + self.interval - time.monotonic()
+            if wait <= 0 and not self.defer:
                 self._flush_locked()
+            elif wait <= 0 and not self._due:  # publish once the caller yields to the loop
+                if self._cancel is not None:
+                    self._cancel()
+                self._due = True
+                self._cancel = self.schedule(0.0, self.flush)
             elif self._cancel is None:
-                self._cancel = self.schedule(self.interval, self.flush)
+                self._cancel = self.schedule(max(wait, 0.0), self.flush)
 
     def flush(self) -> None:
         """Publish what is pending now."""
@@ -97,6 +120,7 @@ class DeltaBatcher:
         if self._cancel is not None:
             self._cancel()
             self._cancel = None
+        self._due = False
         events: list[tuple[str, dict[str, Any]]] = []
         for d in self._pending:
             events.append(("model_delta", {"step": self.step, "attempt": self.attempt, "seq": self.seq, **d}))
@@ -152,7 +176,7 @@ async def stream_reply_async(
     ``schedule`` (the event loop's), and ``publish`` must not block the loop (hand it on).
     ``rest``: when the reply is complete, the deltas not yet published are put there instead, for
     the caller to append with the reply in the same round trip (after those published)."""
-    batcher = DeltaBatcher(publish, step=step, interval=interval, schedule=schedule)
+    batcher = DeltaBatcher(publish, step=step, interval=interval, schedule=schedule, defer=True)
     try:
         reply = await stream(request, batcher.add)
     except GatewayError as exc:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generic, Literal, Protocol, TypeVar
 
+import orjson
 import redis
 from pydantic import BaseModel
 from redis import Redis
@@ -303,11 +304,11 @@ def define_worker_tool(
     node that holds that home, through the node's own queue (``docs/placement.md``); a tool that
     keeps its state in Redis or calls the network leaves it False and runs on any tools worker.
     """
-    # A category creator defines the same tools on every step and every call: a definition whose
-    # schema comes from a pydantic model is checked once per process (the key holds all the
-    # checks read); a raw schema is a mutable dict, checked every time.
-    checked = (current_provider(), name, description, input_model, bool(strict), namespace, bool(defer_loading))
-    if json_schema is not None or checked not in _CHECKED:
+    # A category creator defines the same tools on every step and every call: a definition is
+    # checked once per process (the key holds all the checks read; a raw schema, a mutable dict,
+    # by its content as it is now).
+    checked = _definition_key(name, description, input_model, json_schema, strict, namespace, defer_loading)
+    if checked is None or checked not in _CHECKED:
         _check_definition(name, description, input_model, json_schema, namespace)
     if execution_mode not in ("parallel", "sequential"):
         raise ToolDefinitionError(
@@ -337,14 +338,14 @@ def define_worker_tool(
         needs_approval=needs_approval,
         needs_computer=bool(needs_computer),
     )
-    if json_schema is not None or checked not in _CHECKED:
+    if checked is None or checked not in _CHECKED:
         try:
             function_definition(tool)  # generates, checks and caches the parameters schema
         except ToolDefinitionError:
             raise
         except Exception as exc:  # pydantic schema generation errors, bad raw schemas
             raise ToolDefinitionError(f"tool {name!r}: cannot build its parameters schema: {exc}") from exc
-        if json_schema is None:
+        if checked is not None:
             if len(_CHECKED) > 4096:
                 _CHECKED.clear()
             _CHECKED.add(checked)
@@ -353,6 +354,27 @@ def define_worker_tool(
 
 # Definitions (provider, name, description, input model, strict, namespace, deferred) checked so far.
 _CHECKED: set[tuple[Any, ...]] = set()
+
+
+def _definition_key(
+    name: str,
+    description: str,
+    input_model: Any,
+    json_schema: dict[str, Any] | None,
+    strict: Any,
+    namespace: str | None,
+    defer_loading: Any,
+) -> tuple[Any, ...] | None:
+    """What a definition's checks read, as a key of ``_CHECKED``: a raw schema by its canonical
+    JSON (sorted keys); None for a raw schema that is not JSON (it is checked, and refused, every
+    time)."""
+    schema: bytes | None = None
+    if json_schema is not None:
+        try:
+            schema = orjson.dumps(json_schema, option=orjson.OPT_SORT_KEYS)
+        except TypeError:
+            return None
+    return (current_provider(), name, description, input_model, schema, bool(strict), namespace, bool(defer_loading))
 
 
 def _check_definition(

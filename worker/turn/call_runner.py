@@ -81,7 +81,7 @@ class CallRunner:
         call, batch_index = plan.call(call_id), plan.batch_of(call_id)
         if call is None or batch_index is None:
             return StepOutcome("dropped", "unknown call")
-        request = TurnRequest.model_validate(state.request)
+        request = state.turn_request()
         closing = self._closing(view, plan, call, batch_index, request)
         if isinstance(closing, StepOutcome):
             return closing

@@ -109,7 +109,7 @@ class ModelStep:
         stale = _stale(state, step)
         if stale is not None:
             return stale
-        request = TurnRequest.model_validate(state.request)
+        request = state.turn_request()
         if view.cancelled:
             return StepOutcome("cancelled", ended=self.end.fail(turn_id, TurnStatus.cancelled, CANCELLED))
         capped = self._caps(turn_id, step, state, request)

@@ -53,7 +53,7 @@ class Redrive:
         store.event(turn_id, "turn_redriven", step=state.step, phase=state.phase, reason=reason)
         metrics.REDRIVES.inc()
         with telemetry.under_turn(state.traceparent):  # re-sent tasks stay in the turn's trace
-            return self._resend(state, TurnRequest.model_validate(state.request))
+            return self._resend(state, state.turn_request())
 
     def _resend(self, state: TurnState, request: TurnRequest) -> StepOutcome:
         turn_id, step = state.turn_id, state.step

@@ -146,7 +146,8 @@ class TurnRequest(BaseModel):
       its address guard); ``egress_allow_hosts``: optional host allowlist for egress.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # Frozen: a stored request is parsed once per process and shared (``stored_request``).
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     agent_id: str = Field(default="agent", pattern=ID_PATTERN)
     input: str | list[dict[str, Any]]
@@ -191,3 +192,23 @@ class TurnRequest(BaseModel):
         if not is_valid_id(v):  # pattern= already ran; this also refuses a trailing newline in Python terms
             raise ValueError(f"agent_id must match {ID_PATTERN} (it names a directory)")
         return v
+
+
+# Stored requests parsed in this process, by their stored bytes (``stored_request``).
+_PARSED: dict[bytes, TurnRequest] = {}
+_PARSED_MAX = 1024
+
+
+def stored_request(raw: bytes) -> TurnRequest:
+    """The ``TurnRequest`` a turn hash stores as ``raw`` (its ``request`` field: JSON bytes),
+    validated once per process: every step and every tool call of a turn reads it, and the same
+    bytes always parse to the same request. The instance is shared (the model is frozen; its
+    lists and dicts must not be changed in place either). At most ``_PARSED_MAX`` are kept (the
+    oldest go first). Raises pydantic's ``ValidationError`` as ``model_validate_json`` does."""
+    request = _PARSED.get(raw)
+    if request is None:
+        request = TurnRequest.model_validate_json(raw)
+        if len(_PARSED) >= _PARSED_MAX:
+            del _PARSED[next(iter(_PARSED))]
+        _PARSED[raw] = request
+    return request

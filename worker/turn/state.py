@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from worker.turn.dispatch import Plan
-from worker.turn.request import TurnStatus
+from worker.turn.request import TurnRequest, TurnStatus, stored_request
 
 # Events kept per turn (a Redis Stream, trimmed approximately), and how long an ended turn's keys live.
 EVENTS_MAXLEN = 10_000
@@ -160,6 +160,17 @@ class TurnState:
     updated_at: float = 0.0
     redrives: int = 0
     traceparent: str | None = None
+    # ``request`` as stored (JSON bytes), when read from the hash: ``turn_request`` parses it once
+    # per process.
+    request_raw: bytes | None = field(default=None, repr=False, compare=False)
+
+    def turn_request(self) -> TurnRequest:
+        """``request`` as a validated ``TurnRequest`` (``worker.turn.request.stored_request`` when
+        read from the hash). Raises pydantic's ``ValidationError`` for a request that no longer
+        validates."""
+        if self.request_raw is not None:
+            return stored_request(self.request_raw)
+        return TurnRequest.model_validate(self.request)
 
     @classmethod
     def from_hash(cls, turn_id: str, h: dict[bytes, bytes]) -> TurnState:
@@ -171,13 +182,14 @@ class TurnState:
         def dec(v: Any) -> Any:
             return v.decode() if isinstance(v, bytes) else v
 
+        raw_request = g("request", b"{}")
         return cls(
             turn_id=turn_id,
             status=TurnStatus(dec(g("status", b"queued"))),
             step=int(g("step", b"0")),
             phase=dec(g("phase", b"model")),
             model_calls=int(g("model_calls", b"0")),
-            request=orjson.loads(g("request", b"{}")),
+            request=orjson.loads(raw_request),
             agent_id=dec(g("agent_id", b"agent")),
             final_output=dec(g("final_output")),
             error=dec(g("error")),
@@ -189,6 +201,7 @@ class TurnState:
             updated_at=float(g("updated_at", b"0")),
             redrives=int(g("redrives", b"0")),
             traceparent=dec(g("traceparent")),
+            request_raw=raw_request,
         )
 
 
