@@ -9,10 +9,10 @@ consumer decode them with kombu's ``json``. ``register_json_encoder`` keeps that
 type and decoder, and only writes them with orjson (``json_dumps``): a worker sends several
 events per task, and kombu's standard-library encoder was most of their cost. What orjson
 would write differently from kombu's encoder goes through kombu's own ``dumps``: kombu's typed
-values (datetimes, decimals, bytes: its ``__type__`` envelope), integers beyond 64 bits and
-non-finite floats. Two differences remain, both valid JSON: non-ASCII text is written as UTF-8
-rather than ``\\u`` escapes, and a ``uuid.UUID`` as its string (kombu would wrap it in an
-envelope; Celery's ids are strings already).
+values (datetimes, decimals, bytes: its ``__type__`` envelope), integers beyond 64 bits,
+non-finite floats and dict keys that are not strings. Two differences remain, both valid JSON:
+non-ASCII text is written as UTF-8 rather than ``\\u`` escapes, and a ``uuid.UUID`` as its string
+(kombu would wrap it in an envelope; Celery's ids are strings already).
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ def _loads(data: str | bytes) -> Any:
 
 # Types orjson would write its own way: handed to ``_refuse``, so kombu's encoder writes them.
 # Subclasses of str, int, dict and list (Celery's events are ``AttributeDict``s) are written as
-# their base type by both encoders, so they stay with orjson.
+# their base type by both encoders, so they stay with orjson. Keys other than ``str`` go to kombu
+# too (no ``OPT_NON_STR_KEYS``): orjson writes a float key its own way ("0.00001" for "1e-05",
+# "null" for "NaN"), and datetime, UUID or Enum keys that kombu refuses.
 _PASSTHROUGH = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
@@ -53,8 +55,8 @@ def json_dumps(obj: Any) -> str:
     """``obj`` as JSON text, as kombu's ``json`` serializer writes it (see the module docstring
     for the two differences). Raises ``TypeError`` for what kombu's encoder cannot write either."""
     try:
-        text = orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS | _PASSTHROUGH, default=_refuse)
-    except TypeError:  # orjson.JSONEncodeError: a typed value, or an integer beyond 64 bits
+        text = orjson.dumps(obj, option=_PASSTHROUGH, default=_refuse)
+    except TypeError:  # orjson.JSONEncodeError: a typed value, a key not a str, an integer beyond 64 bits
         return kombu_dumps(obj)
     if b"null" in text and _has_non_finite(obj):  # orjson writes NaN and Infinity as null
         return kombu_dumps(obj)
