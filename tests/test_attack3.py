@@ -1,14 +1,19 @@
-"""Attacks on P1's fast paths: Celery's events written with orjson (``json_dumps``)."""
+"""Attacks on P1's fast paths: Celery's events written with orjson (``json_dumps``) and the stored
+request parsed once per process (``stored_request``)."""
 
 from __future__ import annotations
 
+import sys
+import threading
 from datetime import datetime
 
+import orjson
 import pytest
 from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 
 from tasks.serialization import json_dumps
+from worker.turn import request as request_module
 
 # Float keys: kombu (the standard library's json) writes ``repr``-style text ("1e-05", "NaN"),
 # orjson its own ("0.00001", "null"). A key is a string once decoded, so the text is the data.
@@ -33,3 +38,34 @@ def test_a_key_kombu_cannot_write_raises_type_error():
         kombu_dumps(value)
     with pytest.raises(TypeError):
         json_dumps(value)
+
+
+def test_stored_request_is_safe_from_concurrent_threads(monkeypatch):
+    """A threads pool's tasks read their turns' stored requests at once; when the cache is full,
+    two of them evicting the same oldest entry must not make one raise ``KeyError`` (that step
+    would crash and end its turn ``failed``)."""
+    monkeypatch.setattr(request_module, "_PARSED", {})
+    monkeypatch.setattr(request_module, "_PARSED_MAX", 2)
+    raws = [orjson.dumps({"input": f"m{i}", "agent_id": "alice"}) for i in range(64)]
+    errors: list[BaseException] = []
+
+    def run(offset: int) -> None:
+        for n in range(2000):
+            try:
+                request_module.stored_request(raws[(n * 7 + offset) % len(raws)])
+            except BaseException as exc:  # any error is the failure
+                errors.append(exc)
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert len(request_module._PARSED) <= 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from enum import Enum
 from typing import Any, Literal
 
@@ -197,6 +198,8 @@ class TurnRequest(BaseModel):
 # Stored requests parsed in this process, by their stored bytes (``stored_request``).
 _PARSED: dict[bytes, TurnRequest] = {}
 _PARSED_MAX = 1024
+# A threads pool's tasks read it at once: two evicting the same oldest entry raised KeyError.
+_PARSED_LOCK = threading.Lock()
 
 
 def stored_request(raw: bytes) -> TurnRequest:
@@ -208,7 +211,8 @@ def stored_request(raw: bytes) -> TurnRequest:
     request = _PARSED.get(raw)
     if request is None:
         request = TurnRequest.model_validate_json(raw)
-        if len(_PARSED) >= _PARSED_MAX:
-            del _PARSED[next(iter(_PARSED))]
-        _PARSED[raw] = request
+        with _PARSED_LOCK:
+            if len(_PARSED) >= _PARSED_MAX:
+                del _PARSED[next(iter(_PARSED))]
+            _PARSED[raw] = request
     return request
