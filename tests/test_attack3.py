@@ -11,9 +11,11 @@ import orjson
 import pytest
 from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
+from pydantic import ValidationError
 
 from tasks.serialization import json_dumps
 from worker.turn import request as request_module
+from worker.turn.request import TurnRequest
 
 # Float keys: kombu (the standard library's json) writes ``repr``-style text ("1e-05", "NaN"),
 # orjson its own ("0.00001", "null"). A key is a string once decoded, so the text is the data.
@@ -69,3 +71,19 @@ def test_stored_request_is_safe_from_concurrent_threads(monkeypatch):
         sys.setswitchinterval(interval)
     assert errors == []
     assert len(request_module._PARSED) <= 2
+
+
+@pytest.mark.parametrize(
+    ("part", "field", "value"),
+    [("supports", "spawn_jobs", True), ("approval", "mode", "off"), ("token_budget", "total_tokens", 10**9)],
+)
+def test_a_shared_requests_parts_cannot_be_changed_either(part, field, value):
+    """``stored_request`` shares one instance among every step, call and turn whose stored bytes
+    are equal (docs/architecture.md: "the shared instance cannot be changed by one step under
+    another"): its nested models are frozen too, not only the request itself. A step that set
+    ``approval.mode = "off"`` would waive approvals for every turn stored with the same bytes."""
+    raw = orjson.dumps({"input": "hi", "agent_id": "alice", "token_budget": {"total_tokens": 100}})
+    shared = request_module.stored_request(raw)
+    with pytest.raises(ValidationError):
+        setattr(getattr(shared, part), field, value)
+    assert request_module.stored_request(raw) == TurnRequest.model_validate_json(raw)

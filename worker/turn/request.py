@@ -91,7 +91,7 @@ class Skill(BaseModel):
 class TurnSupports(BaseModel):
     """What a turn may do: ``spawn_jobs`` offers background job tools; ``brain`` offers Brain tools in workflow task turns."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)  # part of a shared TurnRequest
     spawn_jobs: bool = False
     brain: bool = False
 
@@ -104,7 +104,7 @@ class TokenBudget(BaseModel):
     kept (its tool calls run, or its answer completes the turn).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)  # part of a shared TurnRequest
     input_tokens: int | None = Field(default=None, ge=1)
     output_tokens: int | None = Field(default=None, ge=1)
     total_tokens: int | None = Field(default=None, ge=1)
@@ -122,7 +122,7 @@ class ApprovalPolicy(BaseModel):
       (``None``: ``AGENT_APPROVAL_TIMEOUT``).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)  # part of a shared TurnRequest
     mode: ApprovalMode | None = None
     timeout: float | None = Field(default=None, gt=0, le=30 * 24 * 3600)
 
