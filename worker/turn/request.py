@@ -198,6 +198,9 @@ class TurnRequest(BaseModel):
 # Stored requests parsed in this process, by their stored bytes (``stored_request``).
 _PARSED: dict[bytes, TurnRequest] = {}
 _PARSED_MAX = 1024
+# And at most this many stored bytes: a request may be up to ``AGENT_MAX_INPUT_BYTES`` (1 MB) and
+# its parsed objects take about five times its bytes; 1,024 of them held gigabytes per process.
+_PARSED_MAX_BYTES = 16 * 1024 * 1024
 # A threads pool's tasks read it at once: two evicting the same oldest entry raised KeyError.
 _PARSED_LOCK = threading.Lock()
 
@@ -206,13 +209,20 @@ def stored_request(raw: bytes) -> TurnRequest:
     """The ``TurnRequest`` a turn hash stores as ``raw`` (its ``request`` field: JSON bytes),
     validated once per process: every step and every tool call of a turn reads it, and the same
     bytes always parse to the same request. The instance is shared (the model is frozen; its
-    lists and dicts must not be changed in place either). At most ``_PARSED_MAX`` are kept (the
-    oldest go first). Raises pydantic's ``ValidationError`` as ``model_validate_json`` does."""
+    lists and dicts must not be changed in place either). At most ``_PARSED_MAX`` are kept, of at
+    most ``_PARSED_MAX_BYTES`` stored bytes in all (the oldest go first; a larger one is not
+    kept). Raises pydantic's ``ValidationError`` as ``model_validate_json`` does."""
     request = _PARSED.get(raw)
     if request is None:
         request = TurnRequest.model_validate_json(raw)
         with _PARSED_LOCK:
-            if len(_PARSED) >= _PARSED_MAX:
-                del _PARSED[next(iter(_PARSED))]
-            _PARSED[raw] = request
+            if raw in _PARSED:  # another thread parsed it meanwhile: one shared instance
+                request = _PARSED[raw]
+            elif len(raw) <= _PARSED_MAX_BYTES:
+                kept = sum(map(len, _PARSED)) + len(raw)
+                while _PARSED and (len(_PARSED) >= _PARSED_MAX or kept > _PARSED_MAX_BYTES):
+                    oldest = next(iter(_PARSED))
+                    del _PARSED[oldest]
+                    kept -= len(oldest)
+                _PARSED[raw] = request
     return request
