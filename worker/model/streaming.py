@@ -48,8 +48,10 @@ class DeltaBatcher:
       40 ms); a reply that completes within the interval costs no round trip of its own: its
       deltas are still pending (``take``) and go with the reply;
     - what is due is published when the caller next yields to the loop (``schedule(0, ...)``),
-      not inside ``add``: the deltas of one network read are parsed first. ``publish([(kind, fields)])`` appends events (one Redis round trip);
-    its failures are logged, never raised: deltas are a view, the memoized reply is the record.
+      not inside ``add``: the deltas of one network read are parsed first.
+
+    ``publish([(kind, fields)])`` appends events (one Redis round trip); its failures are
+    logged, never raised: deltas are a view, the memoized reply is the record.
 
     Event fields: ``step``, ``attempt`` (one id per model call, so a reader can tell a retried
     call's deltas apart), ``seq`` (0, 1, ... per attempt), ``type`` (``text`` | ``arguments``),
