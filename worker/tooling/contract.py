@@ -352,7 +352,7 @@ def define_worker_tool(
     return tool
 
 
-# Definitions (provider, name, description, input model, strict, namespace, deferred) checked so far.
+# Definitions checked so far, by what their checks read (``_definition_key``).
 _CHECKED: set[tuple[Any, ...]] = set()
 
 

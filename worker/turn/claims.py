@@ -52,15 +52,14 @@ return {0, redis.call('HGET', KEYS[1], ARGV[1])}
 # not tried, 1 = won, 2 = held.
 _BEGIN_CALL_LUA = (
     LUA_TERMINAL
+    + LUA_AT_STEP
     + """
 local h = redis.call('HGETALL', KEYS[1])
 local plan = redis.call('GET', KEYS[2]) or ''
 local has = redis.call('HEXISTS', KEYS[3], ARGV[2])
 local cancelled = redis.call('EXISTS', KEYS[4])
 if #h == 0 or plan == '' or has == 1 then return {h, plan, has, cancelled, 0, ''} end
-local f = {}
-for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
-if terminal[f['status']] or f['step'] ~= ARGV[1] or f['phase'] ~= 'tools' then return {h, plan, has, cancelled, 0, ''} end
+if not at_step(KEYS[1], ARGV[1], 'tools') then return {h, plan, has, cancelled, 0, ''} end
 local rest = redis.call('HGET', KEYS[7], ARGV[2])
 if not rest then return {h, plan, has, cancelled, 0, ''} end
 if redis.call('HSETNX', KEYS[5], ARGV[2], ARGV[3]) == 1 then
@@ -219,7 +218,8 @@ class Claims:
     ) -> tuple[dict[bytes, bytes], bytes, bool, bool, CallClaim]:
         """Read call ``call_id``'s view and, when it can be claimed at once (see the script), claim
         it for ``owner`` (``lease`` seconds) with its ``call_started`` event: one round trip.
-        Returns ``(turn hash, raw plan or b"", has result, cancelled, claim)``."""
+        Returns ``(turn hash, raw plan or b"", has result, cancelled, claim)``. Raises redis-py's
+        errors as they come (callers wait an outage out: ``worker.turn.outage``)."""
         claim = {"owner": owner, "lease_until": time.time() + lease}
         h, plan, has, cancelled, tried, existing = self._begin_call(
             keys=[
@@ -324,7 +324,8 @@ class Claims:
 
         Returns ``(stored, view)``: ``view`` is ``CLOSED`` when ``closing`` was applied; else what
         closing the batch reads (as ``advance_view`` returns it), exactly once per batch, to the
-        caller that completed it; else None.
+        caller that completed it; else None. Raises redis-py's errors as they come (the caller
+        keeps the result until Redis has it: ``worker.turn.outage``).
         """
         event = event_json("call_completed", completed_event) if completed_event else b""
         write_keys, write_args = encode_writes(closing) if closing is not None else ([], [])

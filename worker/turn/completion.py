@@ -9,6 +9,8 @@ step ``n + 1`` is enqueued, or the turn ends (docs/architecture.md, "Batches").
 
 from __future__ import annotations
 
+from typing import Any
+
 from worker.model.items import function_call_output
 from worker.turn import telemetry
 from worker.turn.dispatch import Plan
@@ -50,21 +52,15 @@ class BatchCompletion:
         if nxt < len(plan.batches) and not (state.terminate or over or view.cancelled):
             self.gate.dispatch(turn_id, step, nxt, plan, agent_id=request.agent_id)  # a gated batch may park here
             return None
-        outputs = []
-        for call in sorted(plan.calls, key=lambda c: c.index):
-            res = view.results.get(call.call_id) or CallResult(NOT_RUN, is_error=True)
-            item, _ = function_call_output(call.call_id, res.output, max_chars=self.rt.settings.max_output_chars)
-            outputs.append(item)
         terminal, error = self._ending(state, view.cancelled, over)
-        loaded = _loaded_tools(state, view.results)
         try:
             store.finish_tools(
                 turn_id,
                 step,
-                outputs,
+                self._outputs(plan, view.results),
                 terminal=terminal,
                 error=error,
-                loaded_tools=loaded if loaded != state.loaded_tools else None,
+                loaded_tools=_loaded_tools(state, view.results),
             )
         except StaleStep:
             return None
@@ -80,14 +76,23 @@ class BatchCompletion:
         same round trip (then ``next_step``). None when closing needs more than the writes (the
         step has other calls, or it ends the turn: a terminating result, a cancel flag, a retry
         budget spent)."""
-        if len(plan.calls) != 1 or cancelled or result.terminate or state.terminate or self._over_budget(state):
+        terminal, _ = self._ending(state, cancelled, self._over_budget(state))
+        if len(plan.calls) != 1 or result.terminate or terminal is not None:
             return None
-        call = plan.calls[0]
-        item, _ = function_call_output(call.call_id, result.output, max_chars=self.rt.settings.max_output_chars)
-        loaded = _loaded_tools(state, {call.call_id: result})
+        results = {plan.calls[0].call_id: result}
         return self.rt.store.next_step_writes(
-            state.turn_id, state.step, [item], loaded_tools=loaded if loaded != state.loaded_tools else None
+            state.turn_id, state.step, self._outputs(plan, results), loaded_tools=_loaded_tools(state, results)
         )
+
+    def _outputs(self, plan: Plan, results: dict[str, CallResult]) -> list[dict[str, Any]]:
+        """The step's ``function_call_output`` items, in the order the model emitted its calls (a
+        call without a result: ``NOT_RUN``)."""
+        outputs = []
+        for call in sorted(plan.calls, key=lambda c: c.index):
+            res = results.get(call.call_id) or CallResult(NOT_RUN, is_error=True)
+            item, _ = function_call_output(call.call_id, res.output, max_chars=self.rt.settings.max_output_chars)
+            outputs.append(item)
+        return outputs
 
     def next_step(self, state: TurnState, step: int, request: TurnRequest) -> None:
         """Enqueue step ``step + 1`` of the turn (a ``turn_step`` message on the request's queue,
@@ -117,11 +122,12 @@ class BatchCompletion:
         return None, None
 
 
-def _loaded_tools(state: TurnState, results: dict[str, CallResult]) -> list[str]:
-    """The turn's loaded tools after this step: its own, plus those ``tool_search`` loaded."""
+def _loaded_tools(state: TurnState, results: dict[str, CallResult]) -> list[str] | None:
+    """The turn's loaded tools after this step (its own, plus those ``tool_search`` loaded), or
+    None when the step loaded none."""
     loaded = list(state.loaded_tools)
     for res in results.values():
         for name in res.details.get("loaded", []) or []:
             if name not in loaded:
                 loaded.append(name)
-    return loaded
+    return loaded if loaded != state.loaded_tools else None

@@ -90,7 +90,8 @@ class ReplyMemo:
         turn's usage rows read back: one round trip (``_SAVE_REPLY_LUA``). ``then``: the writes of
         the step's move to its tools phase (``TurnStore.begin_tools_writes``), applied in the same round trip
         when the reply was this caller's to store, the turn is not cancelled and still at ``step``'s
-        model phase, not ended."""
+        model phase, not ended. Raises redis-py's errors as they come (the caller keeps the paid
+        reply until Redis has it: ``worker.turn.outage``)."""
         field, row = usage
         events = [event_json(kind, data) for kind, data in deltas] + [event_json("model_reply", event)]
         write_keys, write_args = encode_writes(then) if then is not None else ([], [])

@@ -364,10 +364,13 @@ class TurnStore:
     ) -> None:
         """Append the outputs (emitted order) and move to the next step, or end the turn with ``terminal``."""
 
+        ended: dict[str, Any] = {}
+        if terminal is not None:
+            ended = {"status": terminal.value, **({"error": error} if error else {})}
+
         def w(pipe: Any) -> None:
-            self._finish_tools(pipe, turn_id, step, output_items, loaded_tools)
+            self._finish_tools(pipe, turn_id, step, output_items, loaded_tools, ended)
             if terminal is not None:
-                pipe.hset(_k(turn_id), mapping={"status": terminal.value, **({"error": error} if error else {})})
                 self._retire(pipe, turn_id)
 
         self._guarded(turn_id, step, "tools", w, ends=terminal is not None)
@@ -383,11 +386,17 @@ class TurnStore:
         return writes
 
     def _finish_tools(
-        self, pipe: Any, turn_id: str, step: int, output_items: list[dict[str, Any]], loaded_tools: list[str] | None
+        self,
+        pipe: Any,
+        turn_id: str,
+        step: int,
+        output_items: list[dict[str, Any]],
+        loaded_tools: list[str] | None,
+        ended: dict[str, Any] | None = None,
     ) -> None:
         if output_items:
             pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in output_items])
-        fields: dict[str, Any] = {"step": step + 1, "phase": "model"}
+        fields: dict[str, Any] = {"step": step + 1, "phase": "model", **(ended or {})}
         if loaded_tools is not None:
             fields["loaded_tools"] = orjson.dumps(loaded_tools)
         self._touch(pipe, turn_id, fields)
