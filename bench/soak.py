@@ -42,8 +42,9 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from devtools.embedded_redis import EmbeddedRedis, free_port  # noqa: E402
+from devtools.embedded_redis import EmbeddedRedis  # noqa: E402
 from devtools.node_recovery import NodeRecovery  # noqa: E402
+from devtools.ports import free_port  # noqa: E402
 from devtools.workers import Supervisor, beat_command, worker_commands  # noqa: E402
 
 SCRIPT = {

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from devtools.podman import DEPLOY_DIR, ROOT, PodmanError
 from devtools.podman import env as podman_env
+from devtools.ports import free_port
 
 PROJECT = "agent-check"
 DISKS = DEPLOY_DIR / "disks"
@@ -185,13 +186,6 @@ def containers() -> dict[str, dict[str, str]]:
 def free(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def make_disk(name: str, size_mb: int, owner: int) -> Path:

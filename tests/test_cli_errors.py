@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from devtools.embedded_redis import free_port
+from devtools.ports import free_port
 from tests.conftest import ROOT
 from tests.support.scripts import fc
 

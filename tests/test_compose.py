@@ -96,7 +96,8 @@ def test_redis_requires_a_password_from_the_environment():
 
 def _run_compose_redis(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
     """Run compose's Redis command line with this machine's redis-server on a free port."""
-    from devtools.embedded_redis import find_redis_server, free_port
+    from devtools.embedded_redis import find_redis_server
+    from devtools.ports import free_port
 
     port = free_port()
     script = _redis_shell().replace("$$", "$").replace("| redis-server -", f"| {shlex.quote(find_redis_server())} -")
@@ -249,7 +250,7 @@ def _wait_http(url: str) -> None:
 
 
 def test_flower_requires_auth_on_every_route_including_metrics():
-    from devtools.embedded_redis import free_port
+    from devtools.ports import free_port
 
     port = free_port()
     env = {**os.environ, "FLOWER_BASIC_AUTH": "ops:s3cret-flower"}

@@ -102,7 +102,7 @@ def test_admin_and_dangerous_commands_are_refused(urls, which, command):
 
 def test_make_redis_keeps_the_password_out_of_the_terminal(tmp_path):
     """``make redis``: the URLs go to a 0600 file (removed on exit), the terminal shows them redacted."""
-    from devtools.embedded_redis import free_port
+    from devtools.ports import free_port
 
     env_file = tmp_path / "redis.env"
     proc = subprocess.Popen(

@@ -9,7 +9,6 @@ workers, alone on a Redis database of their own, a turn through the scripted gat
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -19,27 +18,10 @@ import time
 import httpx
 import pytest
 
-from devtools.embedded_redis import free_port
+from devtools.ports import free_port
 from devtools.workers import pool_env
 from tests.conftest import ROOT
 from tests.support.scripts import fc, msg
-
-
-def _two_free_ports() -> int:
-    """A port whose next is free too, below the kernel's ephemeral range: a port the OS hands out
-    (``free_port``) is in that range, where the workers' own client connections (Redis, the
-    gateway) take local ports between this check and the metrics server's bind."""
-    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    rng = random.Random()
-    while True:
-        port = rng.randrange(10000, low - 2)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
 
 
 def _listening(port: int) -> set[str]:
@@ -61,7 +43,7 @@ def test_each_pool_of_a_node_serves_its_own_metrics_on_loopback(redis_url, gatew
     from control.client import ControlPlane
 
     url = redis_url.rsplit("/", 1)[0] + "/9"  # a database of its own: no other worker takes these tasks
-    port = _two_free_ports()
+    port = free_port(2)
     env = {
         **os.environ,
         "REDIS_URL": url,

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.embedded_redis import free_port
+from devtools.ports import free_port
 from tests.conftest import ROOT, stop_process
 from tests.support.scripts import fc, msg, wait_for
 from worker.turn.request import TurnStatus

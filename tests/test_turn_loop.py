@@ -200,7 +200,7 @@ def test_bad_request_is_refused_before_anything_is_stored(control):
 
 def test_unreachable_redis_gives_clear_error():
     from control.client import ControlPlane, ControlPlaneError
-    from devtools.embedded_redis import free_port
+    from devtools.ports import free_port
 
     with pytest.raises(ControlPlaneError, match="cannot reach Redis"):
         ControlPlane(f"redis://127.0.0.1:{free_port()}/0")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from devtools.embedded_redis import free_port
+from devtools.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from devtools.embedded_redis import free_port
+from devtools.ports import free_port
 
 # moto accepts any credentials; boto3 needs some (and a region) to sign its requests.
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
