@@ -9,10 +9,11 @@ result backend for every message.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Callable
 
-from celery import chain, group
-from kombu.exceptions import OperationalError
+from celery import chain
+from kombu.exceptions import BatchPublishError, OperationalError  # type: ignore[attr-defined]  # kombu 5.7; not in the stubs yet
 
 from tasks.app import app
 from tasks.services import turn_services
@@ -28,19 +29,37 @@ TURN_STEP = "tasks.turns.turn_step"
 TOOL_CALL = "tasks.turns.tool_call"
 TURN_FINISHED = "tasks.turns.turn_finished"
 
+# Options of every message the dispatcher sends. Results live in the turn store, so no result is
+# kept. Flower's labels are given (``argsrepr``, and ``kwargsrepr`` of no kwargs), so Celery does
+# not build them with ``saferepr``. Nothing is declared first (``declare=[]``): on the Redis
+# transport a message to a queue goes through the default exchange straight to the queue's list,
+# which needs no declaration (the worker consuming the queue declares it); kombu would otherwise
+# copy and bind the Queue entity on every publish only to find it declared already.
+_SEND: dict[str, Any] = {"ignore_result": True, "kwargsrepr": "{}", "declare": []}
 
-def publish(send: Callable[[], Any], what: str, *, wait: bool) -> None:
-    """``send()``, a broker publish; while the broker does not answer (kombu's
-    ``OperationalError`` once Celery's own publish retries are spent, e.g. Redis restarting), try
-    again with backoff up to ``Settings.redis_outage_timeout`` when ``wait``. The state transition
-    that decided this message is already stored, so running the whole step again would find it
-    stale and publish nothing: the wait is here. A message sent twice (a group published in
-    part) runs once: steps are fenced, calls claimed. Raises ``BrokerUnavailable``."""
+
+def publish(send: Callable[[dict[str, Any]], Any], what: str, *, wait: bool) -> None:
+    """``send(options)``: a broker publish, ``options`` added to its ``apply_async``.
+
+    A worker (``wait``) publishes through a kombu publish batch (``Producer.batch``, kombu 5.7):
+    the task message and its ``task-sent`` event, and every message of a group, go to Redis in
+    one pipeline at the end, one round trip where Celery alone takes two per message. While the
+    broker does not answer (kombu's ``OperationalError``; ``BatchPublishError`` when the batch's
+    pipeline failed, e.g. Redis restarting), a worker tries again with backoff up to
+    ``Settings.redis_outage_timeout``: the state transition that decided this message is already
+    stored, so running the whole step again would find it stale and publish nothing; the wait is
+    here. A message sent twice (a batch that failed after Redis ran part of it) runs once: steps
+    are fenced, calls claimed. A control plane (not ``wait``) publishes directly, with Celery's
+    own publish retries, and fails at once after them. Raises ``BrokerUnavailable``."""
 
     def once() -> None:
         try:
-            send()
-        except OperationalError as exc:
+            if not wait:
+                send({})
+                return
+            with app.producer_or_acquire() as producer, producer.batch():
+                send({"producer": producer})
+        except (OperationalError, BatchPublishError) as exc:
             raise BrokerUnavailable(f"broker publish failed: {exc}") from exc
 
     if not wait:
@@ -53,7 +72,8 @@ class CeleryDispatcher:
     """Turns engine decisions into Celery messages.
 
     - a model step: ``turn_step`` on the turn's queue (``turns``, ``background`` or ``workflow``);
-    - a parallel batch: a ``group`` of ``tool_call`` tasks on ``tools``;
+    - a parallel batch: ``tool_call`` tasks on ``tools`` sharing a group id (a group, without
+      Celery's result barrier);
     - a sequential batch: a ``chain`` of ``tool_call`` tasks on ``tools`` (one after another).
     No chord: the barrier is the turn store's (docs/architecture.md, "Batches").
     """
@@ -77,12 +97,12 @@ class CeleryDispatcher:
     def enqueue_step(self, turn_id: str, step: int, *, queue: str, label: str = "") -> None:
         """Send ``turn_step(turn_id, step)`` to ``queue``; ``label`` is what Flower shows as its args."""
         sig = app.signature(TURN_STEP, (turn_id, step))
-        options: dict[str, Any] = {
-            "queue": queue,
-            "ignore_result": True,
-            "argsrepr": label or f"turn={turn_id} step={step}",
-        }
-        publish(lambda: sig.apply_async(**options, **self._options()), f"step {step} of {turn_id}", wait=self._wait)
+        options: dict[str, Any] = {**_SEND, "queue": queue, "argsrepr": label or f"turn={turn_id} step={step}"}
+        publish(
+            lambda extra: sig.apply_async(**options, **self._options(), **extra),
+            f"step {step} of {turn_id}",
+            wait=self._wait,
+        )
 
     def dispatch_batch(
         self,
@@ -110,27 +130,36 @@ class CeleryDispatcher:
         sigs = [
             # Signature.set passes any option on to apply_async; celery-types declares only some of them.
             app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(  # type: ignore[call-arg]
-                queue=queues[cid],
-                ignore_result=True,
-                argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}",
+                **_SEND, queue=queues[cid], argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}"
             )
             for cid in batch.call_ids
         ]
         # A control plane on its own broker (an approval releasing a batch) sends there, not to the app's.
         options = self._options()
-        if len(sigs) == 1:
-            sig: Any = sigs[0]
-        elif batch.mode == "parallel":
-            sig = group(sigs)
-        else:
-            sig = chain(*sigs)
-        publish(lambda: sig.apply_async(**options), f"calls of step {step} of {turn_id}", wait=self._wait)
+        what = f"calls of step {step} of {turn_id}"
+        if len(sigs) > 1 and batch.mode == "parallel":
+            # The group's messages one by one, each with the group's id and index as Celery's group
+            # stamps them (Flower shows them together), in one publish batch. Celery's ``group``
+            # would also subscribe to every call's result in the result backend for its barrier,
+            # which nothing reads here: the barrier is the turn store's.
+            group_id = str(uuid.uuid4())
+
+            def send(extra: dict[str, Any]) -> None:
+                for index, one in enumerate(sigs):
+                    one.apply_async(group_id=group_id, group_index=index, **options, **extra)
+
+            publish(send, what, wait=self._wait)
+            return
+        sig: Any = sigs[0] if len(sigs) == 1 else chain(*sigs)
+        publish(lambda extra: sig.apply_async(**options, **extra), what, wait=self._wait)
 
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""
         sig = app.signature(TURN_FINISHED, (turn_id,))
-        options: dict[str, Any] = {"queue": "turns", "ignore_result": True, "argsrepr": f"turn={turn_id}"}
-        publish(lambda: sig.apply_async(**options, **self._options()), f"end of {turn_id}", wait=self._wait)
+        options: dict[str, Any] = {**_SEND, "queue": "turns", "argsrepr": f"turn={turn_id}"}
+        publish(
+            lambda extra: sig.apply_async(**options, **self._options(), **extra), f"end of {turn_id}", wait=self._wait
+        )
 
     def services(self, request: TurnRequest) -> ToolServices:
         """The edge's tool services (``tasks.services.turn_services``)."""

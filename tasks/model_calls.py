@@ -56,7 +56,7 @@ class CeleryCallEdge:
             "ignore_result": True,
             "argsrepr": f"turn={turn_id} step={step} retry={retries}",
         }
-        publish(lambda: sig.apply_async(**options), f"retry of step {step} of {turn_id}", wait=True)
+        publish(lambda extra: sig.apply_async(**options, **extra), f"retry of step {step} of {turn_id}", wait=True)
 
 
 def async_setup(settings: Settings) -> AsyncSetup:
