@@ -31,6 +31,12 @@ class NullDispatcher:
     def enqueue_step(self, *a, **k):
         pass
 
+    def step_message(self, *a, **k):
+        return None
+
+    def batch_message(self, *a, **k):
+        return None
+
     def dispatch_batch(self, *a, **k):
         pass
 

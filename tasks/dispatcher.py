@@ -16,6 +16,7 @@ from celery import chain
 from kombu.exceptions import BatchPublishError, OperationalError  # type: ignore[attr-defined]  # kombu 5.7; not in the stubs yet
 
 from tasks.app import app
+from tasks.broker import Captured, captured_publishes
 from tasks.services import turn_services
 from worker.placement.records import Placement, node_queue
 from worker.settings import get_settings
@@ -104,6 +105,36 @@ class CeleryDispatcher:
             wait=self._wait,
         )
 
+    def step_message(self, turn_id: str, step: int, *, queue: str, label: str = "") -> Captured | None:
+        """``enqueue_step``'s message (with its ``task-sent`` event) as the Redis commands that
+        would send it, not sent (``tasks.broker.captured_publishes``), for a script that sends it
+        with the state change that decided it. None when it cannot go that way: a control plane's
+        dispatcher (its own broker), or a broker that is not the turn store's Redis."""
+        sig = app.signature(TURN_STEP, (turn_id, step))
+        options: dict[str, Any] = {**_SEND, "queue": queue, "argsrepr": label or f"turn={turn_id} step={step}"}
+        return self._captured(lambda extra: sig.apply_async(**options, **extra))
+
+    def batch_message(
+        self,
+        turn_id: str,
+        step: int,
+        batch_index: int,
+        batch: Batch,
+        *,
+        queue: str,
+        labels: dict[str, str] | None = None,
+    ) -> Captured | None:
+        """``dispatch_batch``'s messages for a batch without computer calls, as ``step_message``
+        gives its one: the Redis commands, not sent, or None."""
+        return self._captured(self._batch_sender(turn_id, step, batch, queue, labels, None))
+
+    def _captured(self, send: Callable[[dict[str, Any]], Any]) -> Captured | None:
+        if not self._wait or app.conf.broker_url != get_settings().redis_url:
+            return None
+        with app.producer_or_acquire() as producer, captured_publishes() as commands:
+            send({"producer": producer})
+        return commands
+
     def dispatch_batch(
         self,
         turn_id: str,
@@ -120,6 +151,19 @@ class CeleryDispatcher:
         with ``placement``, the ``computer`` calls go to the queue of the node holding the agent's
         home (``tools.node.<node>``; placed first if it has no live node; one Redis round trip per
         batch), or to ``queue`` when no node can take it (its worker sends it on)."""
+        send = self._batch_sender(turn_id, step, batch, queue, labels, computer)
+        publish(send, f"calls of step {step} of {turn_id}", wait=self._wait)
+
+    def _batch_sender(
+        self,
+        turn_id: str,
+        step: int,
+        batch: Batch,
+        queue: str,
+        labels: dict[str, str] | None,
+        computer: ComputerCalls | None,
+    ) -> Callable[[dict[str, Any]], None]:
+        """What sends the batch's messages, given extra ``apply_async`` options (``publish``)."""
         labels = labels or {}
         queues = dict.fromkeys(batch.call_ids, queue)
         if computer is not None and self.placement is not None:
@@ -136,7 +180,6 @@ class CeleryDispatcher:
         ]
         # A control plane on its own broker (an approval releasing a batch) sends there, not to the app's.
         options = self._options()
-        what = f"calls of step {step} of {turn_id}"
         if len(sigs) > 1 and batch.mode == "parallel":
             # The group's messages one by one, each with the group's id and index as Celery's group
             # stamps them (Flower shows them together), in one publish batch. Celery's ``group``
@@ -148,10 +191,9 @@ class CeleryDispatcher:
                 for index, one in enumerate(sigs):
                     one.apply_async(group_id=group_id, group_index=index, **options, **extra)
 
-            publish(send, what, wait=self._wait)
-            return
+            return send
         sig: Any = sigs[0] if len(sigs) == 1 else chain(*sigs)
-        publish(lambda extra: sig.apply_async(**options, **extra), what, wait=self._wait)
+        return lambda extra: sig.apply_async(**options, **extra)
 
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""

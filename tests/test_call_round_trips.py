@@ -181,3 +181,81 @@ def test_a_cancelled_or_moved_on_turn_does_not_move_to_its_tools(store):
     store.r.hset(key(ended), "status", TurnStatus.failed.value)
     saved = _save(store, ended, {"id": "r"}, then=_move(store, ended))
     assert not saved.began and store.plan(ended, 0) is None
+
+
+# ----- the next message, sent by the script that decided it ----------------------------------------
+def _message(qkey: str, channel: str, tag: str) -> list[tuple[str, str, bytes]]:
+    """A queue message's commands as ``Dispatcher.step_message`` gives them (its payload: ``tag``)."""
+    return [("LPUSH", qkey, f"message {tag}".encode()), ("PUBLISH", channel, f"sent {tag}".encode())]
+
+
+@pytest.fixture
+def queue(store):
+    """A queue list and an event channel of this test's own (no worker consumes them), and what the
+    channel received so far (``heard()``)."""
+    qkey, channel = f"test-queue-{uuid.uuid4().hex}", f"test-events-{uuid.uuid4().hex}"
+    sub = store.r.pubsub()
+    sub.subscribe(channel)
+    assert sub.get_message(timeout=5)["type"] == "subscribe"
+
+    def heard() -> list[bytes]:
+        out = []
+        while (m := sub.get_message(timeout=0.2)) is not None:
+            out.append(m["data"])
+        return out
+
+    yield qkey, channel, heard
+    sub.close()
+    store.r.delete(qkey)
+
+
+def test_a_one_call_step_queues_its_next_step_in_its_closing_round_trip(store, queue):
+    qkey, channel, heard = queue
+    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
+    writes = _closing(store, tid)
+    writes.send_message(_message(qkey, channel, "step 1"))
+    assert writes.sends_message
+    stored, view = store.claims.record_and_check(tid, 0, "c1", CallResult("out"), 0, ["c1"], closing=writes)
+    assert stored and view is CLOSED and store.load(tid).step == 1
+    assert store.r.lrange(qkey, 0, -1) == [b"message step 1"] and heard() == [b"sent step 1"]
+
+
+@pytest.mark.parametrize("meanwhile", ["cancelled", "ended", "result stored by another delivery"])
+def test_a_closing_that_does_not_apply_sends_no_message(store, queue, meanwhile):
+    """The message goes only with the state change that decided it: a fenced closing sends none
+    (the winner then closes the long way and sends it itself, once)."""
+    qkey, channel, heard = queue
+    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
+    if meanwhile == "cancelled":
+        store.request_cancel(tid)
+    elif meanwhile == "ended":
+        store.r.hset(key(tid), "status", TurnStatus.failed.value)
+    else:
+        store.claims.record_and_check(tid, 0, "c1", CallResult("first"), 0, ["c1"], closing=_closing(store, tid))
+    writes = _closing(store, tid, "late")
+    writes.send_message(_message(qkey, channel, "step 1"))
+    _, view = store.claims.record_and_check(tid, 0, "c1", CallResult("late"), 0, ["c1"], closing=writes)
+    assert view is not CLOSED
+    assert store.r.llen(qkey) == 0 and heard() == []
+
+
+def test_a_reply_queues_its_first_batch_with_its_move_to_the_tools_phase(store, queue):
+    qkey, channel, heard = queue
+    tid = _turn_at_model(store)
+    move = _move(store, tid)
+    move.send_message(_message(qkey, channel, "c1"))
+    assert _save(store, tid, {"id": "r1"}, then=move).began
+    assert store.load(tid).phase == "tools"
+    assert store.r.lrange(qkey, 0, -1) == [b"message c1"] and heard() == [b"sent c1"]
+    # A later delivery of the same step stores nothing and queues nothing.
+    again = _move(store, tid)
+    again.send_message(_message(qkey, channel, "again"))
+    assert not _save(store, tid, {"id": "r2"}, then=again).began
+    assert store.r.llen(qkey) == 1 and heard() == []
+
+
+def test_only_a_queue_message_and_its_event_can_ride_with_the_writes():
+    from worker.turn.guard import Writes
+
+    with pytest.raises(ValueError, match="not a queue message"):
+        Writes().send_message([("DEL", "turns", b"")])

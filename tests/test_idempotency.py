@@ -31,6 +31,12 @@ class RecordingDispatcher:
     def enqueue_step(self, turn_id, step, *, queue, label=""):
         self.sent.append(("step", turn_id, step))
 
+    def step_message(self, turn_id, step, *, queue, label=""):
+        return None  # sent by enqueue_step, so the test sees it
+
+    def batch_message(self, turn_id, step, batch_index, batch, *, queue, labels=None):
+        return None  # sent by dispatch_batch, so the test sees it
+
     def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue, labels=None, computer=None):
         self.sent.append(("batch", turn_id, step, batch_index, list(batch.call_ids), batch.mode))
 

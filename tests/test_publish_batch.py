@@ -93,3 +93,49 @@ def test_a_message_and_its_sent_event_take_one_round_trip_and_a_group_one_in_all
     headers = [json.loads(raw)["headers"] for raw in reversed(r.lrange("tools", 0, -1))]
     assert len({h["group"] for h in headers}) == 1 and headers[0]["group"]
     assert [h["group_index"] for h in headers] == [0, 1, 2]
+
+
+CAPTURE = """
+import json
+from tasks.app import app
+from tasks.dispatcher import CeleryDispatcher
+from worker.turn.dispatch import Batch
+
+with app.connection_for_write() as conn:
+    conn.ensure_connection(max_retries=3)
+d = CeleryDispatcher()
+step = d.step_message("cap-turn", 4, queue="turns", label="step 4")
+batch = d.batch_message("cap-turn", 4, 0, Batch(mode="parallel", call_ids=["c1", "c2"]), queue="tools")
+control = CeleryDispatcher(broker_url=app.conf.broker_url)  # a control plane's: it publishes itself
+print(json.dumps({
+    "step": [[n, k, p.decode()] for n, k, p in step],
+    "batch": [[n, k, p.decode()] for n, k, p in batch],
+    "control": control.step_message("cap-turn", 4, queue="turns"),
+}), flush=True)
+"""
+
+
+def test_a_captured_message_is_what_the_publish_would_send_and_nothing_is_sent(stack):
+    """``step_message``/``batch_message`` give the commands of the real publish (the queue's list
+    and its ``task-sent`` event), send nothing, and a control plane's dispatcher gives none."""
+    r = redis.Redis.from_url(stack.url)
+    run = subprocess.run(
+        [sys.executable, "-c", CAPTURE], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert r.llen("turns") == 0 and r.llen("tools") == 0  # nothing was sent
+    assert out["control"] is None
+    assert [(n, k) for n, k, _ in out["step"]] == [("LPUSH", "turns"), ("PUBLISH", "/0.celeryev/task.sent")]
+    assert [n for n, _, _ in out["batch"]] == ["LPUSH", "PUBLISH", "LPUSH", "PUBLISH"]
+    # Applied as the script applies them, they are a real Celery message and its event.
+    for name, target, payload in out["step"] + out["batch"]:
+        getattr(r, name.lower())(target, payload)
+    assert _bodies(r, "turns") == [["cap-turn", 4]]
+    assert sorted(map(tuple, _bodies(r, "tools"))) == [("cap-turn", 4, "c1"), ("cap-turn", 4, "c2")]
+    message = json.loads(r.lindex("turns", 0))
+    assert message["headers"]["task"] == "tasks.turns.turn_step" and message["headers"]["argsrepr"] == "step 4"
+    import base64
+
+    event = json.loads(base64.b64decode(json.loads(out["step"][1][2])["body"]))
+    assert event["type"] == "task-sent" and event["uuid"] == message["headers"]["id"]

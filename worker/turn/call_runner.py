@@ -7,8 +7,8 @@ approval only once decided (``worker.turn.gate``) and a call that needs the agen
 on the node holding it, claiming those then (one round trip); runs its tool with the validated
 params; and stores the result with ``call_completed`` and the batch's barrier (one round trip).
 The caller that completes the batch closes it (``worker.turn.completion``): a step of one call is
-closed by that same round trip (``BatchCompletion.closing_writes``), so such a step costs the
-tools worker two round trips and the next step's message.
+closed by that same round trip (``BatchCompletion.closing_writes``), which also queues the next
+step's message, so such a step costs the tools worker two round trips in all.
 
 At most once for destructive tools: a call whose claim is held by a dead worker is run again only
 when its tool is not destructive; a destructive one gets an "outcome unknown" result instead
@@ -146,6 +146,8 @@ class CallRunner:
             timeout=self.rt.settings.redis_outage_timeout,
         )
         _UNSAVED_RESULTS.drop(key)
+        if isinstance(closing, Closed) and writes is not None and writes.sends_message:
+            return StepOutcome("advanced", f"batch {batch_index} done")  # the script sent step n + 1 too
         return closing
 
     def _admit(self, call: PlannedCall, agent_id: str) -> HomeAdmission:

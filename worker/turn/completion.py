@@ -73,16 +73,27 @@ class BatchCompletion:
         """The closing writes of a step whose plan is one call, given that call's ``result``
         before it is stored: ``Claims.record_and_check`` applies them with the result when the
         turn is still at the step's tools phase and not cancelled, so the step is closed in the
-        same round trip (then ``next_step``). None when closing needs more than the writes (the
+        same round trip, with the next step's message when ``Writes.sends_message`` (else
+        ``next_step`` sends it). None when closing needs more than the writes (the
         step has other calls, or it ends the turn: a terminating result, a cancel flag, a retry
         budget spent)."""
         terminal, _ = self._ending(state, cancelled, self._over_budget(state))
         if len(plan.calls) != 1 or result.terminate or terminal is not None:
             return None
         results = {plan.calls[0].call_id: result}
-        return self.rt.store.next_step_writes(
+        writes = self.rt.store.next_step_writes(
             state.turn_id, state.step, self._outputs(plan, results), loaded_tools=_loaded_tools(state, results)
         )
+        # The next step's message goes with the writes when it can (then no ``next_step``): the
+        # script that moves the turn to step n + 1 also queues it, and no crash can fall between.
+        turn_id, nxt, request = state.turn_id, state.step + 1, state.turn_request()
+        with telemetry.under_turn(state.traceparent):
+            message = self.rt.dispatcher.step_message(
+                turn_id, nxt, queue=request.queue, label=step_label(request.agent_id, turn_id, nxt)
+            )
+        if message is not None:
+            writes.send_message(message)
+        return writes
 
     def _outputs(self, plan: Plan, results: dict[str, CallResult]) -> list[dict[str, Any]]:
         """The step's ``function_call_output`` items, in the order the model emitted its calls (a

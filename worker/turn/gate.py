@@ -96,6 +96,22 @@ class ApprovalGate:
             )
         return True
 
+    def batch_message(
+        self, turn_id: str, step: int, index: int, plan: Plan, agent_id: str
+    ) -> list[tuple[str, str, bytes]] | None:
+        """Batch ``index``'s messages, not sent (``Dispatcher.batch_message``), when ``dispatch``
+        would send them at once without reading anything: the batch waits for no approval and has
+        no call that needs the agent's computer (those are routed by where its home is). None
+        otherwise: ``dispatch`` sends the batch."""
+        calls, batches = plan
+        batch = batches[index]
+        ids = set(batch.call_ids)
+        if approvals.gated(batch, calls) or any(c.computer for c in calls if c.call_id in ids):
+            return None
+        return self.rt.dispatcher.batch_message(
+            turn_id, step, index, batch, queue="tools", labels=call_labels(agent_id, turn_id, step, calls)
+        )
+
     def admit(self, turn_id: str, step: int, call: PlannedCall) -> tuple[PlannedCall | None, CallResult | None]:
         """Before running a call that needs approval: ``(call_to_run, None)`` when approved (with the
         approver's edited params, if any), ``(None, rejection_result)`` when rejected, ``(None, None)``

@@ -114,6 +114,20 @@ class Writes(CoreCommands):
 
     def __init__(self) -> None:
         self.recorded: list[tuple[Any, ...]] = []
+        self.sends_message = False
+
+    def send_message(self, commands: list[tuple[str, str, bytes]]) -> None:
+        """Record a queue message's commands (``Dispatcher.step_message``), after the writes
+        recorded so far: applied with them, the message is sent in the same script as the state
+        change that decided it, and a worker that sees the message sees that state. Sets
+        ``sends_message``. Raises ``ValueError`` for a command other than ``LPUSH`` (the queue's
+        list) and ``PUBLISH`` (its event; the channel goes where a write's key goes, in ``KEYS``,
+        which a standalone Redis allows)."""
+        for name, target, payload in commands:
+            if name not in ("LPUSH", "PUBLISH"):
+                raise ValueError(f"{name} is not a queue message's command")
+            self.recorded.append((name, target, payload))
+        self.sends_message = True
 
     def execute_command(self, *args: Any, **options: Any) -> "Writes":
         """Record ``args`` (``(COMMAND, key, *arguments)``, as redis-py's command methods build

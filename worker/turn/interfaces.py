@@ -23,6 +23,29 @@ class Dispatcher(Protocol):
         """Run model step ``step`` of the turn later, on ``queue``. ``label`` describes it for
         monitors (``step_label``)."""
 
+    def step_message(
+        self, turn_id: str, step: int, *, queue: str, label: str = ""
+    ) -> list[tuple[str, str, bytes]] | None:
+        """``enqueue_step``'s message as the Redis commands that would send it, not sent:
+        ``("LPUSH", queue list, payload)`` and ``("PUBLISH", channel, payload)`` (its monitoring
+        event), for a transition that sends it in its own script, with the state change that
+        decided it (``Writes.send_message``). None when the message cannot go that way (the queue
+        layer's broker is not the turn store's Redis): the caller sends it with ``enqueue_step``."""
+
+    def batch_message(
+        self,
+        turn_id: str,
+        step: int,
+        batch_index: int,
+        batch: Batch,
+        *,
+        queue: str,
+        labels: dict[str, str] | None = None,
+    ) -> list[tuple[str, str, bytes]] | None:
+        """``dispatch_batch``'s messages for a batch without computer calls, as ``step_message``
+        gives its one: the Redis commands that would send them, not sent, or None (the caller
+        sends them with ``dispatch_batch``)."""
+
     def dispatch_batch(
         self,
         turn_id: str,

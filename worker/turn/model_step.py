@@ -205,7 +205,10 @@ class ModelStep:
                 reply = self._create(prepared.turn_id, prepared.step, prepared.model_request)
             except GatewayError as exc:
                 return self._refused(prepared, exc, time.perf_counter() - started)
-            return self._paid(prepared, reply, time.perf_counter() - started, span)
+            event = self._noted(prepared, reply, time.perf_counter() - started, span)
+        # Stored outside the call's span: the first batch's messages, which the store may queue
+        # (``ReplyHandler.plan_tools``), belong to the step's task, as when they are sent later.
+        return self._store(prepared, reply, event)
 
     def complete(
         self,
@@ -259,13 +262,16 @@ class ModelStep:
         deltas: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> StoredReply:
         """Record a reply's metrics and span attributes, and store it."""
+        return self._store(prepared, reply, self._noted(prepared, reply, elapsed, span), deltas)
+
+    def _noted(self, prepared: PreparedStep, reply: ModelReply, elapsed: float, span: trace.Span) -> ModelReplied:
+        """Record a reply's metrics and span attributes; its ``model_reply`` event."""
         metrics.MODEL_CALL_SECONDS.labels(prepared.model).observe(elapsed)
         metrics.model_call_finished(prepared.model)
         usage = normalize_usage(reply.usage)
         telemetry.model_reply(span, reply.id, reply.status, usage, len(reply.function_calls))
         calls = len(reply.function_calls)
-        event = ModelReplied(prepared.step, reply.status, reply.text[:1000], calls, round(elapsed * 1000, 1), usage)
-        return self._store(prepared, reply, event, deltas)
+        return ModelReplied(prepared.step, reply.status, reply.text[:1000], calls, round(elapsed * 1000, 1), usage)
 
     def _create(self, turn_id: str, step: int, request: ModelRequest) -> ModelReply:
         """The model call: streamed (deltas batched into the event stream) unless ``AGENT_MODEL_STREAM=0``."""

@@ -182,19 +182,31 @@ class ReplyHandler:
         writes = self.rt.store.begin_tools_writes(
             turn_id, step, items, plan, pre_results, invalid_counts, also=asks, events=events
         )
+        # The first batch's messages go with the move when they can (then ``_dispatch`` sends
+        # nothing): the script that moves the step to its tools phase also queues its calls.
+        if plan.batches and not self._over_budget(invalid_counts):
+            message = self.gate.batch_message(turn_id, step, 0, plan, request.agent_id)
+            if message is not None:
+                writes.send_message(message)
         return ToolsPlan(plan, invalid_counts, writes)
+
+    def _over_budget(self, invalid_counts: dict[str, int]) -> list[str]:
+        """Tools whose retry budget for invalid calls this step spent: the step closes at once."""
+        limit = self.rt.settings.max_invalid_calls_per_tool
+        return [name for name, count in invalid_counts.items() if count > limit]
 
     def _dispatch(self, prepared: PreparedStep, planned: ToolsPlan) -> StepOutcome:
         """After the move to the tools phase: send the first batch, or close the step at once when
         no call runs."""
-        turn_id, step, request, settings = prepared.turn_id, prepared.step, prepared.request, self.rt.settings
+        turn_id, step, request = prepared.turn_id, prepared.step, prepared.request
         plan = planned.plan
         metrics.calls_planned(plan.calls, {t.name for t in prepared.tools})
         telemetry.planned_calls(plan.calls, plan.batch_indexes())
         detail = f"{len(plan.calls)} calls in {len(plan.batches)} batches"
-        over = [n for n, c in planned.invalid_counts.items() if c > settings.max_invalid_calls_per_tool]
-        if over or not plan.batches:  # nothing to run (all calls failed validation): close the step now
+        if self._over_budget(planned.invalid_counts) or not plan.batches:  # nothing to run: close the step now
             return StepOutcome("dispatched", detail, ended=self.completion.close(turn_id, step, request, -1))
+        if planned.writes.sends_message:  # the move to the tools phase queued the first batch
+            return StepOutcome("dispatched", detail)
         if not self.gate.dispatch(turn_id, step, 0, plan, agent_id=request.agent_id):
             return StepOutcome("parked", "calls await approval")
         return StepOutcome("dispatched", detail)
