@@ -115,14 +115,7 @@ class CeleryDispatcher:
         return self._captured(lambda extra: sig.apply_async(**options, **extra))
 
     def batch_message(
-        self,
-        turn_id: str,
-        step: int,
-        batch_index: int,
-        batch: Batch,
-        *,
-        queue: str,
-        labels: dict[str, str] | None = None,
+        self, turn_id: str, step: int, batch: Batch, *, queue: str, labels: dict[str, str] | None = None
     ) -> Captured | None:
         """``dispatch_batch``'s messages for a batch without computer calls, as ``step_message``
         gives its one: the Redis commands, not sent, or None."""

@@ -34,7 +34,7 @@ class RecordingDispatcher:
     def step_message(self, turn_id, step, *, queue, label=""):
         return None  # sent by enqueue_step, so the test sees it
 
-    def batch_message(self, turn_id, step, batch_index, batch, *, queue, labels=None):
+    def batch_message(self, turn_id, step, batch, *, queue, labels=None):
         return None  # sent by dispatch_batch, so the test sees it
 
     def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue, labels=None, computer=None):

@@ -105,7 +105,7 @@ with app.connection_for_write() as conn:
     conn.ensure_connection(max_retries=3)
 d = CeleryDispatcher()
 step = d.step_message("cap-turn", 4, queue="turns", label="step 4")
-batch = d.batch_message("cap-turn", 4, 0, Batch(mode="parallel", call_ids=["c1", "c2"]), queue="tools")
+batch = d.batch_message("cap-turn", 4, Batch(mode="parallel", call_ids=["c1", "c2"]), queue="tools")
 control = CeleryDispatcher(broker_url=app.conf.broker_url)  # a control plane's: it publishes itself
 print(json.dumps({
     "step": [[n, k, p.decode()] for n, k, p in step],

@@ -33,14 +33,7 @@ class Dispatcher(Protocol):
         layer's broker is not the turn store's Redis): the caller sends it with ``enqueue_step``."""
 
     def batch_message(
-        self,
-        turn_id: str,
-        step: int,
-        batch_index: int,
-        batch: Batch,
-        *,
-        queue: str,
-        labels: dict[str, str] | None = None,
+        self, turn_id: str, step: int, batch: Batch, *, queue: str, labels: dict[str, str] | None = None
     ) -> list[tuple[str, str, bytes]] | None:
         """``dispatch_batch``'s messages for a batch without computer calls, as ``step_message``
         gives its one: the Redis commands that would send them, not sent, or None (the caller
