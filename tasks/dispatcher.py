@@ -12,7 +12,6 @@ from __future__ import annotations
 import uuid
 from typing import Any, Callable
 
-from celery import chain
 from kombu.exceptions import BatchPublishError, OperationalError  # type: ignore[attr-defined]  # kombu 5.7; not in the stubs yet
 
 from tasks.app import app
@@ -192,8 +191,17 @@ class CeleryDispatcher:
                     one.apply_async(group_id=group_id, group_index=index, **options, **extra)
 
             return send
-        sig: Any = sigs[0] if len(sigs) == 1 else chain(*sigs)
-        return lambda extra: sig.apply_async(**options, **extra)
+        if len(sigs) > 1:
+            # Celery's chain as ``chain(*sigs).apply_async`` sends it: one message, for the first
+            # call, carrying the others last first (frozen: their ids known now), which the worker
+            # sends one after another. Sent here because ``chain.run`` drops the ``producer``
+            # option: the message would leave the publish batch (and a capture's producer).
+            first, rest = sigs[0], sigs[1:]
+            for link in rest:
+                link.freeze()
+            links = rest[::-1]
+            return lambda extra: first.apply_async(chain=links, **options, **extra)
+        return lambda extra: sigs[0].apply_async(**options, **extra)
 
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""
