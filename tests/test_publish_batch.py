@@ -7,6 +7,7 @@ the messages stay in their queues to be read back.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -97,6 +98,7 @@ def test_a_message_and_its_sent_event_take_one_round_trip_and_a_group_one_in_all
 
 CAPTURE = """
 import json
+import os
 from tasks.app import app
 from tasks.dispatcher import CeleryDispatcher
 from worker.turn.dispatch import Batch
@@ -182,3 +184,26 @@ def test_a_sequential_batch_is_one_chain_message_sent_in_one_round_trip(stack):
     assert [link["args"] for link in rest] == [["ch-turn", 5, "c3"], ["ch-turn", 5, "c2"]]
     assert all(link["immutable"] and link["options"]["queue"] == "tools" for link in rest)
     assert all(link["options"]["task_id"] for link in rest)
+
+
+AWAY = """
+from tasks.dispatcher import CeleryDispatcher
+from worker.turn.dispatch import Batch
+
+d = CeleryDispatcher()
+print(d.step_message("away-turn", 2, queue="turns"), flush=True)
+print(d.batch_message("away-turn", 2, 0, Batch(mode="parallel", call_ids=["c1", "c2"]), queue="tools"), flush=True)
+"""
+
+
+def test_a_message_that_cannot_be_captured_while_the_broker_is_away_is_left_to_the_long_way():
+    """A capture needs the producer's channel; with Redis away (a new producer connects first) it
+    gives None, so the caller stores its state and sends the message itself, through ``publish``,
+    which waits the outage out, instead of raising kombu's ``OperationalError``, which no outage
+    wait catches (a tool call's result would be left unsaved, its turn to the watchdog)."""
+    from devtools.ports import free_port
+
+    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    run = subprocess.run([sys.executable, "-c", AWAY], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[:2] == ["None", "None"], run.stdout
