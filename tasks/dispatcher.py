@@ -12,7 +12,6 @@ from __future__ import annotations
 import uuid
 from typing import Any, Callable
 
-from celery import chain
 from kombu.exceptions import BatchPublishError, OperationalError  # type: ignore[attr-defined]  # kombu 5.7; not in the stubs yet
 
 from tasks.app import app
@@ -109,7 +108,8 @@ class CeleryDispatcher:
         """``enqueue_step``'s message (with its ``task-sent`` event) as the Redis commands that
         would send it, not sent (``tasks.broker.captured_publishes``), for a script that sends it
         with the state change that decided it. None when it cannot go that way: a control plane's
-        dispatcher (its own broker), or a broker that is not the turn store's Redis."""
+        dispatcher (its own broker), a broker that is not the turn store's Redis, or one that is away
+        when the producer must connect first."""
         sig = app.signature(TURN_STEP, (turn_id, step))
         options: dict[str, Any] = {**_SEND, "queue": queue, "argsrepr": label or f"turn={turn_id} step={step}"}
         return self._captured(lambda extra: sig.apply_async(**options, **extra))
@@ -124,8 +124,14 @@ class CeleryDispatcher:
     def _captured(self, send: Callable[[dict[str, Any]], Any]) -> Captured | None:
         if not self._wait or app.conf.broker_url != get_settings().redis_url:
             return None
-        with app.producer_or_acquire() as producer, captured_publishes() as commands:
-            send({"producer": producer})
+        try:
+            with app.producer_or_acquire() as producer, captured_publishes() as commands:
+                send({"producer": producer})
+        except OperationalError:
+            # A new producer connects before it publishes, and the broker is away: the caller
+            # sends the message the long way (``publish``), which waits the outage out; this
+            # error, which no outage wait catches, would end its task with the state unsaved.
+            return None
         return commands
 
     def dispatch_batch(
@@ -185,8 +191,16 @@ class CeleryDispatcher:
                     one.apply_async(group_id=group_id, group_index=index, **options, **extra)
 
             return send
-        sig: Any = sigs[0] if len(sigs) == 1 else chain(*sigs)
-        return lambda extra: sig.apply_async(**options, **extra)
+        first: Any = sigs[0]
+        if len(sigs) > 1:
+            # Celery's chain as ``chain(*sigs).apply_async`` sends it: one message, for the first
+            # call, carrying the others last first (frozen: their ids known now), which the worker
+            # sends one after another. Sent here because ``chain.run`` drops the ``producer``
+            # option: the message would leave the publish batch (and a capture's producer).
+            for link in sigs[1:]:
+                link.freeze()
+            options = {**options, "chain": sigs[:0:-1]}
+        return lambda extra: first.apply_async(**options, **extra)
 
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""

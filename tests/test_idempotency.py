@@ -162,3 +162,35 @@ def test_watchdog_redrives_lost_messages_then_gives_up(engine, gateway, script_n
     assert engine.redrive(turn_id, max_redrives=2).action == "failed"
     state = engine.store.load(turn_id)
     assert state.status == TurnStatus.failed and "re-drives" in state.error
+
+
+class CapturingDispatcher(RecordingDispatcher):
+    """Gives the step's and the batch's messages as commands (``step_message``/``batch_message``)
+    that push a tag on a list of its own: what the scripts sent is in that list, what the engine
+    published itself in ``sent``."""
+
+    def __init__(self):
+        super().__init__()
+        self.queue = f"test:queue:{uuid.uuid4().hex}"
+
+    def step_message(self, turn_id, step, *, queue, label=""):
+        return [("LPUSH", self.queue, f"step {turn_id} {step}".encode())]
+
+    def batch_message(self, turn_id, step, batch_index, batch, *, queue, labels=None):
+        return [("LPUSH", self.queue, f"batch {turn_id} {step} {batch_index}".encode())]
+
+
+def test_messages_sent_by_the_scripts_are_sent_once_and_not_published_again(redis_url, gateway, script_name):
+    settings, d = Settings(), CapturingDispatcher()
+    store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=1.0)
+    engine = TurnEngine(store, settings, d, toolset_resolver(settings), ResponsesClient(gateway.base_url))
+    turn_id = start(engine, gateway, script_name, [{"output": [fc("read_thing", '{"label": "a"}')]}, {"output": []}])
+    assert engine.run_step(turn_id, 0).action == "dispatched"
+    assert engine.run_step(turn_id, 0).action == "dropped"  # a redelivery
+    assert engine.store.r.lrange(d.queue, 0, -1) == [f"batch {turn_id} 0 0".encode()] and d.sent == []
+    call_id = engine.store.plan(turn_id, 0).calls[0].call_id
+    assert engine.run_call(turn_id, 0, call_id).action == "advanced"
+    assert engine.run_call(turn_id, 0, call_id).action == "dropped"  # a redelivery
+    assert engine.store.r.lrange(d.queue, 0, -1) == [f"step {turn_id} 1".encode(), f"batch {turn_id} 0 0".encode()]
+    assert d.sent == [] and engine.store.load(turn_id).step == 1
+    engine.store.r.delete(d.queue)

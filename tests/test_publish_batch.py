@@ -7,6 +7,7 @@ the messages stay in their queues to be read back.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -97,6 +98,7 @@ def test_a_message_and_its_sent_event_take_one_round_trip_and_a_group_one_in_all
 
 CAPTURE = """
 import json
+import os
 from tasks.app import app
 from tasks.dispatcher import CeleryDispatcher
 from worker.turn.dispatch import Batch
@@ -139,3 +141,69 @@ def test_a_captured_message_is_what_the_publish_would_send_and_nothing_is_sent(s
 
     event = json.loads(base64.b64decode(json.loads(out["step"][1][2])["body"]))
     assert event["type"] == "task-sent" and event["uuid"] == message["headers"]["id"]
+
+
+CHAIN = """
+import redis.connection as rc
+from tasks.app import app
+from tasks.dispatcher import CeleryDispatcher
+from worker.turn.dispatch import Batch
+
+with app.connection_for_write() as conn:
+    conn.ensure_connection(max_retries=3)
+d = CeleryDispatcher()
+d.enqueue_step("warm", 0, queue="turns")  # connections and declarations made once per process
+sent = []
+plain = rc.AbstractConnection.send_packed_command
+def counted(self, command, check_health=True):
+    sent.append(1)
+    return plain(self, command, check_health)
+rc.AbstractConnection.send_packed_command = counted
+d.dispatch_batch("ch-turn", 5, 0, Batch(mode="sequential", call_ids=["c1", "c2", "c3"]), queue="tools")
+print("chain", len(sent), flush=True)
+"""
+
+
+def test_a_sequential_batch_is_one_chain_message_sent_in_one_round_trip(stack):
+    """A sequential batch is Celery's chain: one message, for its first call, carrying the others
+    (last first), which the worker sends one after another; sent with its event in one round trip
+    like any other message (Celery's ``chain.run`` does not pass the batch's producer on)."""
+    r = redis.Redis.from_url(stack.url)
+    run = subprocess.run(
+        [sys.executable, "-c", CHAIN], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[0] == "chain 1", run.stdout
+    import base64
+
+    (raw,) = r.lrange("tools", 0, -1)
+    message = json.loads(raw)
+    args, _, embed = json.loads(base64.b64decode(message["body"]))
+    assert args == ["ch-turn", 5, "c1"] and message["headers"]["argsrepr"] == "turn=ch-turn step=5 call=c1"
+    rest = embed["chain"]
+    assert [link["args"] for link in rest] == [["ch-turn", 5, "c3"], ["ch-turn", 5, "c2"]]
+    assert all(link["immutable"] and link["options"]["queue"] == "tools" for link in rest)
+    assert all(link["options"]["task_id"] for link in rest)
+
+
+AWAY = """
+from tasks.dispatcher import CeleryDispatcher
+from worker.turn.dispatch import Batch
+
+d = CeleryDispatcher()
+print(d.step_message("away-turn", 2, queue="turns"), flush=True)
+print(d.batch_message("away-turn", 2, 0, Batch(mode="parallel", call_ids=["c1", "c2"]), queue="tools"), flush=True)
+"""
+
+
+def test_a_message_that_cannot_be_captured_while_the_broker_is_away_is_left_to_the_long_way():
+    """A capture needs the producer's channel; with Redis away (a new producer connects first) it
+    gives None, so the caller stores its state and sends the message itself, through ``publish``,
+    which waits the outage out, instead of raising kombu's ``OperationalError``, which no outage
+    wait catches (a tool call's result would be left unsaved, its turn to the watchdog)."""
+    from devtools.ports import free_port
+
+    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    run = subprocess.run([sys.executable, "-c", AWAY], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[:2] == ["None", "None"], run.stdout
