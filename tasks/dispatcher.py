@@ -132,7 +132,7 @@ class CeleryDispatcher:
             # sends the message the long way (``publish``), which waits the outage out; this
             # error, which no outage wait catches, would end its task with the state unsaved.
             return None
-        return commands
+        return commands or None  # nothing captured (no publish happened): nothing may ride with the writes
 
     def dispatch_batch(
         self,

@@ -176,8 +176,8 @@ class CapturingDispatcher(RecordingDispatcher):
     def step_message(self, turn_id, step, *, queue, label=""):
         return [("LPUSH", self.queue, f"step {turn_id} {step}".encode())]
 
-    def batch_message(self, turn_id, step, batch_index, batch, *, queue, labels=None):
-        return [("LPUSH", self.queue, f"batch {turn_id} {step} {batch_index}".encode())]
+    def batch_message(self, turn_id, step, batch, *, queue, labels=None):
+        return [("LPUSH", self.queue, f"batch {turn_id} {step}".encode())]
 
 
 def test_messages_sent_by_the_scripts_are_sent_once_and_not_published_again(redis_url, gateway, script_name):
@@ -187,10 +187,10 @@ def test_messages_sent_by_the_scripts_are_sent_once_and_not_published_again(redi
     turn_id = start(engine, gateway, script_name, [{"output": [fc("read_thing", '{"label": "a"}')]}, {"output": []}])
     assert engine.run_step(turn_id, 0).action == "dispatched"
     assert engine.run_step(turn_id, 0).action == "dropped"  # a redelivery
-    assert engine.store.r.lrange(d.queue, 0, -1) == [f"batch {turn_id} 0 0".encode()] and d.sent == []
+    assert engine.store.r.lrange(d.queue, 0, -1) == [f"batch {turn_id} 0".encode()] and d.sent == []
     call_id = engine.store.plan(turn_id, 0).calls[0].call_id
     assert engine.run_call(turn_id, 0, call_id).action == "advanced"
     assert engine.run_call(turn_id, 0, call_id).action == "dropped"  # a redelivery
-    assert engine.store.r.lrange(d.queue, 0, -1) == [f"step {turn_id} 1".encode(), f"batch {turn_id} 0 0".encode()]
+    assert engine.store.r.lrange(d.queue, 0, -1) == [f"step {turn_id} 1".encode(), f"batch {turn_id} 0".encode()]
     assert d.sent == [] and engine.store.load(turn_id).step == 1
     engine.store.r.delete(d.queue)

@@ -192,7 +192,7 @@ from worker.turn.dispatch import Batch
 
 d = CeleryDispatcher()
 print(d.step_message("away-turn", 2, queue="turns"), flush=True)
-print(d.batch_message("away-turn", 2, 0, Batch(mode="parallel", call_ids=["c1", "c2"]), queue="tools"), flush=True)
+print(d.batch_message("away-turn", 2, Batch(mode="parallel", call_ids=["c1", "c2"]), queue="tools"), flush=True)
 """
 
 
