@@ -17,7 +17,8 @@ import redis
 
 from tests.support.private_stack import ROOT, PrivateStack
 
-COUNT = """
+# A process that counts the round trips it sends (``sent``) once its dispatcher is warm.
+COUNTING = """
 import redis.connection as rc
 from tasks.app import app
 from tasks.dispatcher import CeleryDispatcher
@@ -33,12 +34,18 @@ def counted(self, command, check_health=True):
     sent.append(1)
     return plain(self, command, check_health)
 rc.AbstractConnection.send_packed_command = counted
+"""
+
+COUNT = (
+    COUNTING
+    + """
 d.enqueue_step("rt-turn", 3, queue="turns")
 print("step", len(sent), flush=True)
 del sent[:]
 d.dispatch_batch("rt-turn", 3, 0, Batch(mode="parallel", call_ids=["c1", "c2", "c3"]), queue="tools")
 print("group", len(sent), flush=True)
 """
+)
 
 
 @pytest.fixture
@@ -143,25 +150,13 @@ def test_a_captured_message_is_what_the_publish_would_send_and_nothing_is_sent(s
     assert event["type"] == "task-sent" and event["uuid"] == message["headers"]["id"]
 
 
-CHAIN = """
-import redis.connection as rc
-from tasks.app import app
-from tasks.dispatcher import CeleryDispatcher
-from worker.turn.dispatch import Batch
-
-with app.connection_for_write() as conn:
-    conn.ensure_connection(max_retries=3)
-d = CeleryDispatcher()
-d.enqueue_step("warm", 0, queue="turns")  # connections and declarations made once per process
-sent = []
-plain = rc.AbstractConnection.send_packed_command
-def counted(self, command, check_health=True):
-    sent.append(1)
-    return plain(self, command, check_health)
-rc.AbstractConnection.send_packed_command = counted
+CHAIN = (
+    COUNTING
+    + """
 d.dispatch_batch("ch-turn", 5, 0, Batch(mode="sequential", call_ids=["c1", "c2", "c3"]), queue="tools")
 print("chain", len(sent), flush=True)
 """
+)
 
 
 def test_a_sequential_batch_is_one_chain_message_sent_in_one_round_trip(stack):
