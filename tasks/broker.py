@@ -38,6 +38,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps as kombu_dumps
 
+from worker.turn.guard import MessageCommands
+
 logger = logging.getLogger(__name__)
 
 BODY_ENCODINGS = (None, "base64")  # what kombu's virtual channel can decode
@@ -189,20 +191,18 @@ class QoS(kombu_redis.QoS):
         virtual.QoS.ack(self, delivery_tag)
 
 
-# A message's Redis commands, recorded instead of sent (``captured_publishes``).
-Captured = list[tuple[str, str, bytes]]
 _capture = threading.local()
 
 
 @contextmanager
-def captured_publishes() -> Iterator[Captured]:
+def captured_publishes() -> Iterator[MessageCommands]:
     """Inside, this thread's publishes on this transport send nothing: the commands they would
     send are appended to the yielded list, ``("LPUSH", queue list, payload)`` for a message to a
     queue and ``("PUBLISH", channel, payload)`` for a fanout one (a Celery event), in order, as
     kombu's Redis channel writes them. For a script that sends a message atomically with the
     state change that decided it (``tasks.dispatcher.CeleryDispatcher.step_message``)."""
     outer = getattr(_capture, "commands", None)
-    commands: Captured = []
+    commands: MessageCommands = []
     _capture.commands = commands
     try:
         yield commands

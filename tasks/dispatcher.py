@@ -15,12 +15,13 @@ from typing import Any, Callable
 from kombu.exceptions import BatchPublishError, OperationalError  # type: ignore[attr-defined]  # kombu 5.7; not in the stubs yet
 
 from tasks.app import app
-from tasks.broker import Captured, captured_publishes
+from tasks.broker import captured_publishes
 from tasks.services import turn_services
 from worker.placement.records import Placement, node_queue
 from worker.settings import get_settings
 from worker.tooling.contract import ToolServices
 from worker.turn.dispatch import Batch
+from worker.turn.guard import MessageCommands
 from worker.turn.interfaces import ComputerCalls
 from worker.turn.outage import BrokerUnavailable, until_redis_answers
 from worker.turn.request import TurnRequest
@@ -35,7 +36,7 @@ TURN_FINISHED = "tasks.turns.turn_finished"
 # transport a message to a queue goes through the default exchange straight to the queue's list,
 # which needs no declaration (the worker consuming the queue declares it); kombu would otherwise
 # copy and bind the Queue entity on every publish only to find it declared already.
-_SEND: dict[str, Any] = {"ignore_result": True, "kwargsrepr": "{}", "declare": []}
+SEND_OPTIONS: dict[str, Any] = {"ignore_result": True, "kwargsrepr": "{}", "declare": []}
 
 
 def publish(send: Callable[[dict[str, Any]], Any], what: str, *, wait: bool) -> None:
@@ -96,32 +97,37 @@ class CeleryDispatcher:
 
     def enqueue_step(self, turn_id: str, step: int, *, queue: str, label: str = "") -> None:
         """Send ``turn_step(turn_id, step)`` to ``queue``; ``label`` is what Flower shows as its args."""
-        sig = app.signature(TURN_STEP, (turn_id, step))
-        options: dict[str, Any] = {**_SEND, "queue": queue, "argsrepr": label or f"turn={turn_id} step={step}"}
-        publish(
-            lambda extra: sig.apply_async(**options, **self._options(), **extra),
-            f"step {step} of {turn_id}",
-            wait=self._wait,
-        )
+        publish(self._step_sender(turn_id, step, queue, label), f"step {step} of {turn_id}", wait=self._wait)
 
-    def step_message(self, turn_id: str, step: int, *, queue: str, label: str = "") -> Captured | None:
+    def step_message(self, turn_id: str, step: int, *, queue: str, label: str = "") -> MessageCommands | None:
         """``enqueue_step``'s message (with its ``task-sent`` event) as the Redis commands that
         would send it, not sent (``tasks.broker.captured_publishes``), for a script that sends it
         with the state change that decided it. None when it cannot go that way: a control plane's
         dispatcher (its own broker), a broker that is not the turn store's Redis, or one that is away
         when the producer must connect first."""
+        return self._captured(self._step_sender(turn_id, step, queue, label))
+
+    def _step_sender(self, turn_id: str, step: int, queue: str, label: str) -> Callable[[dict[str, Any]], Any]:
+        """What sends ``turn_step(turn_id, step)`` to ``queue``, given extra ``apply_async`` options."""
         sig = app.signature(TURN_STEP, (turn_id, step))
-        options: dict[str, Any] = {**_SEND, "queue": queue, "argsrepr": label or f"turn={turn_id} step={step}"}
-        return self._captured(lambda extra: sig.apply_async(**options, **extra))
+        options = {
+            **SEND_OPTIONS,
+            **self._options(),
+            "queue": queue,
+            "argsrepr": label or f"turn={turn_id} step={step}",
+        }
+        return lambda extra: sig.apply_async(**options, **extra)
 
     def batch_message(
         self, turn_id: str, step: int, batch: Batch, *, queue: str, labels: dict[str, str] | None = None
-    ) -> Captured | None:
+    ) -> MessageCommands | None:
         """``dispatch_batch``'s messages for a batch without computer calls, as ``step_message``
         gives its one: the Redis commands, not sent, or None."""
         return self._captured(self._batch_sender(turn_id, step, batch, queue, labels, None))
 
-    def _captured(self, send: Callable[[dict[str, Any]], Any]) -> Captured | None:
+    def _captured(self, send: Callable[[dict[str, Any]], Any]) -> MessageCommands | None:
+        """What ``send`` publishes, captured (``captured_publishes``) on a producer of the app's
+        broker; None when this dispatcher may not capture (see ``step_message``)."""
         if not self._wait or app.conf.broker_url != get_settings().redis_url:
             return None
         try:
@@ -173,7 +179,7 @@ class CeleryDispatcher:
         sigs = [
             # Signature.set passes any option on to apply_async; celery-types declares only some of them.
             app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(  # type: ignore[call-arg]
-                **_SEND, queue=queues[cid], argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}"
+                **SEND_OPTIONS, queue=queues[cid], argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}"
             )
             for cid in batch.call_ids
         ]
@@ -205,7 +211,7 @@ class CeleryDispatcher:
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks: send ``turn_finished(turn_id)`` to ``turns``."""
         sig = app.signature(TURN_FINISHED, (turn_id,))
-        options: dict[str, Any] = {**_SEND, "queue": "turns", "argsrepr": f"turn={turn_id}"}
+        options: dict[str, Any] = {**SEND_OPTIONS, "queue": "turns", "argsrepr": f"turn={turn_id}"}
         publish(
             lambda extra: sig.apply_async(**options, **self._options(), **extra), f"end of {turn_id}", wait=self._wait
         )

@@ -20,7 +20,7 @@ from celery import current_task
 
 from tasks import held
 from tasks.app import app
-from tasks.dispatcher import TURN_STEP, publish
+from tasks.dispatcher import SEND_OPTIONS, TURN_STEP, publish
 from worker.model.call_loop import CallLoop
 from worker.model.clients import async_model_client
 from worker.settings import Settings
@@ -50,10 +50,10 @@ class CeleryCallEdge:
         """Publish ``turn_step(turn_id, step)`` on ``queue`` in ``countdown`` s as retry ``retries``."""
         sig = app.signature(TURN_STEP, (turn_id, step))
         options: dict[str, Any] = {
+            **SEND_OPTIONS,
             "queue": queue,
             "countdown": countdown,
             "retries": retries,
-            "ignore_result": True,
             "argsrepr": f"turn={turn_id} step={step} retry={retries}",
         }
         publish(lambda extra: sig.apply_async(**options, **extra), f"retry of step {step} of {turn_id}", wait=True)

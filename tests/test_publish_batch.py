@@ -6,6 +6,7 @@ the messages stay in their queues to be read back.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -57,8 +58,6 @@ def stack():
 
 def _bodies(r: redis.Redis, queue: str) -> list[list]:
     """The positional args of each task message in ``queue`` (kombu's Redis list, base64 JSON body)."""
-    import base64
-
     return [json.loads(base64.b64decode(json.loads(raw)["body"]))[0] for raw in r.lrange(queue, 0, -1)]
 
 
@@ -86,7 +85,6 @@ def test_a_message_and_its_sent_event_take_one_round_trip_and_a_group_one_in_all
     assert run.stdout.split("\n")[:2] == ["step 1", "group 1"], run.stdout  # Celery alone: 2 and 6
     assert sorted(map(tuple, _bodies(r, "turns"))) == [("rt-turn", 3), ("warm", 0)]
     assert sorted(map(tuple, _bodies(r, "tools"))) == [("rt-turn", 3, c) for c in ("c1", "c2", "c3")]
-    import base64
     import time
 
     deadline = time.monotonic() + 10
@@ -144,8 +142,6 @@ def test_a_captured_message_is_what_the_publish_would_send_and_nothing_is_sent(s
     assert sorted(map(tuple, _bodies(r, "tools"))) == [("cap-turn", 4, "c1"), ("cap-turn", 4, "c2")]
     message = json.loads(r.lindex("turns", 0))
     assert message["headers"]["task"] == "tasks.turns.turn_step" and message["headers"]["argsrepr"] == "step 4"
-    import base64
-
     event = json.loads(base64.b64decode(json.loads(out["step"][1][2])["body"]))
     assert event["type"] == "task-sent" and event["uuid"] == message["headers"]["id"]
 
@@ -169,8 +165,6 @@ def test_a_sequential_batch_is_one_chain_message_sent_in_one_round_trip(stack):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split("\n")[0] == "chain 1", run.stdout
-    import base64
-
     (raw,) = r.lrange("tools", 0, -1)
     message = json.loads(raw)
     args, _, embed = json.loads(base64.b64decode(message["body"]))

@@ -47,7 +47,7 @@ class BatchCompletion:
             return None
         plan = store.plan(turn_id, step)
         assert plan is not None, f"turn {turn_id} step {step} has results but no plan"
-        over = self._over_budget(state)
+        over = self.over_budget(state.invalid_counts)
         nxt = done_index + 1
         if nxt < len(plan.batches) and not (state.terminate or over or view.cancelled):
             self.gate.dispatch(turn_id, step, nxt, plan, agent_id=request.agent_id)  # a gated batch may park here
@@ -77,7 +77,7 @@ class BatchCompletion:
         ``next_step`` sends it). None when closing needs more than the writes (the
         step has other calls, or it ends the turn: a terminating result, a cancel flag, a retry
         budget spent)."""
-        terminal, _ = self._ending(state, cancelled, self._over_budget(state))
+        terminal, _ = self._ending(state, cancelled, self.over_budget(state.invalid_counts))
         if len(plan.calls) != 1 or result.terminate or terminal is not None:
             return None
         results = {plan.calls[0].call_id: result}
@@ -114,10 +114,12 @@ class BatchCompletion:
                 turn_id, step + 1, queue=request.queue, label=step_label(request.agent_id, turn_id, step + 1)
             )
 
-    def _over_budget(self, state: TurnState) -> list[str]:
-        """Tools whose retry budget for invalid calls is spent (``max_invalid_calls_per_tool``)."""
+    def over_budget(self, invalid_counts: dict[str, int]) -> list[str]:
+        """The tools (names, sorted) whose retry budget for invalid calls is spent: more invalid
+        calls in the turn (``invalid_counts``: tool name -> count) than
+        ``Settings.max_invalid_calls_per_tool``. A step with one closes at once and ends the turn."""
         limit = self.rt.settings.max_invalid_calls_per_tool
-        return sorted(name for name, count in state.invalid_counts.items() if count > limit)
+        return sorted(name for name, count in invalid_counts.items() if count > limit)
 
     def _ending(self, state: TurnState, cancelled: bool, over: list[str]) -> tuple[TurnStatus | None, str | None]:
         """How the step ends the turn: ``(status, error)``, or ``(None, None)`` to go on."""

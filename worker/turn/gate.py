@@ -28,6 +28,7 @@ from worker.tooling.schemas import source_schema
 from worker.turn import approvals, telemetry
 from worker.turn.approval_policy import approval_timeout
 from worker.turn.dispatch import Batch, Plan, PlannedCall, plan_batches
+from worker.turn.guard import MessageCommands
 from worker.turn.interfaces import call_labels, computer_calls
 from worker.turn.outcome import StepOutcome
 from worker.turn.request import TurnRequest
@@ -96,9 +97,7 @@ class ApprovalGate:
             )
         return True
 
-    def batch_message(
-        self, turn_id: str, step: int, index: int, plan: Plan, agent_id: str
-    ) -> list[tuple[str, str, bytes]] | None:
+    def batch_message(self, turn_id: str, step: int, index: int, plan: Plan, agent_id: str) -> MessageCommands | None:
         """Batch ``index``'s messages, not sent (``Dispatcher.batch_message``), when ``dispatch``
         would send them at once without reading anything: the batch waits for no approval and has
         no call that needs the agent's computer (those are routed by where its home is). None

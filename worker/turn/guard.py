@@ -105,6 +105,11 @@ return {1, hooks}
 )
 
 
+# A queue message as the Redis commands that send it: ``("LPUSH", queue list, payload)`` and
+# ``("PUBLISH", channel, payload)`` for its monitoring event (``Dispatcher.step_message``).
+MessageCommands = list[tuple[str, str, bytes]]
+
+
 class Writes(CoreCommands):
     """Records redis-py write commands (``rpush``, ``hset``, ``xadd``... as on a pipeline) for a
     ``GuardScript`` to run; nothing is sent. Raises ``ValueError`` for a command that is not a
@@ -116,7 +121,7 @@ class Writes(CoreCommands):
         self.recorded: list[tuple[Any, ...]] = []
         self.sends_message = False
 
-    def send_message(self, commands: list[tuple[str, str, bytes]]) -> None:
+    def send_message(self, commands: MessageCommands) -> None:
         """Record a queue message's commands (``Dispatcher.step_message``), after the writes
         recorded so far: applied with them, the message is sent in the same script as the state
         change that decided it, and a worker that sees the message sees that state. Sets

@@ -13,6 +13,7 @@ from typing import Any, Callable, Protocol
 from worker.tooling.contract import ToolServices, WorkerTool
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Batch, PlannedCall
+from worker.turn.guard import MessageCommands
 from worker.turn.request import TurnRequest
 
 
@@ -23,9 +24,7 @@ class Dispatcher(Protocol):
         """Run model step ``step`` of the turn later, on ``queue``. ``label`` describes it for
         monitors (``step_label``)."""
 
-    def step_message(
-        self, turn_id: str, step: int, *, queue: str, label: str = ""
-    ) -> list[tuple[str, str, bytes]] | None:
+    def step_message(self, turn_id: str, step: int, *, queue: str, label: str = "") -> MessageCommands | None:
         """``enqueue_step``'s message as the Redis commands that would send it, not sent:
         ``("LPUSH", queue list, payload)`` and ``("PUBLISH", channel, payload)`` (its monitoring
         event), for a transition that sends it in its own script, with the state change that
@@ -34,7 +33,7 @@ class Dispatcher(Protocol):
 
     def batch_message(
         self, turn_id: str, step: int, batch: Batch, *, queue: str, labels: dict[str, str] | None = None
-    ) -> list[tuple[str, str, bytes]] | None:
+    ) -> MessageCommands | None:
         """``dispatch_batch``'s messages for a batch without computer calls, as ``step_message``
         gives its one: the Redis commands that would send them, not sent, or None (the caller
         sends them with ``dispatch_batch``)."""

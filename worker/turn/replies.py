@@ -184,16 +184,11 @@ class ReplyHandler:
         )
         # The first batch's messages go with the move when they can (then ``_dispatch`` sends
         # nothing): the script that moves the step to its tools phase also queues its calls.
-        if plan.batches and not self._over_budget(invalid_counts):
+        if plan.batches and not self.completion.over_budget(invalid_counts):
             message = self.gate.batch_message(turn_id, step, 0, plan, request.agent_id)
             if message is not None:
                 writes.send_message(message)
         return ToolsPlan(plan, invalid_counts, writes)
-
-    def _over_budget(self, invalid_counts: dict[str, int]) -> list[str]:
-        """Tools whose retry budget for invalid calls this step spent: the step closes at once."""
-        limit = self.rt.settings.max_invalid_calls_per_tool
-        return [name for name, count in invalid_counts.items() if count > limit]
 
     def _dispatch(self, prepared: PreparedStep, planned: ToolsPlan) -> StepOutcome:
         """After the move to the tools phase: send the first batch, or close the step at once when
@@ -203,7 +198,9 @@ class ReplyHandler:
         metrics.calls_planned(plan.calls, {t.name for t in prepared.tools})
         telemetry.planned_calls(plan.calls, plan.batch_indexes())
         detail = f"{len(plan.calls)} calls in {len(plan.batches)} batches"
-        if self._over_budget(planned.invalid_counts) or not plan.batches:  # nothing to run: close the step now
+        if (
+            self.completion.over_budget(planned.invalid_counts) or not plan.batches
+        ):  # nothing to run: close the step now
             return StepOutcome("dispatched", detail, ended=self.completion.close(turn_id, step, request, -1))
         if planned.writes.sends_message:  # the move to the tools phase queued the first batch
             return StepOutcome("dispatched", detail)
