@@ -38,8 +38,6 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps as kombu_dumps
 
-from worker.turn.guard import MessageCommands
-
 logger = logging.getLogger(__name__)
 
 BODY_ENCODINGS = (None, "base64")  # what kombu's virtual channel can decode
@@ -191,25 +189,6 @@ class QoS(kombu_redis.QoS):
         virtual.QoS.ack(self, delivery_tag)
 
 
-_capture = threading.local()
-
-
-@contextmanager
-def captured_publishes() -> Iterator[MessageCommands]:
-    """Inside, this thread's publishes on this transport send nothing: the commands they would
-    send are appended to the yielded list, ``("LPUSH", queue list, payload)`` for a message to a
-    queue and ``("PUBLISH", channel, payload)`` for a fanout one (a Celery event), in order, as
-    kombu's Redis channel writes them. For a script that sends a message atomically with the
-    state change that decided it (``tasks.dispatcher.CeleryDispatcher.step_message``)."""
-    outer = getattr(_capture, "commands", None)
-    commands: MessageCommands = []
-    _capture.commands = commands
-    try:
-        yield commands
-    finally:
-        _capture.commands = outer
-
-
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel; a queue item that is not JSON is dropped instead of killing the loop."""
 
@@ -244,26 +223,6 @@ class Channel(kombu_redis.Channel):
             raise redis.ConnectionError("the broker connection is closed")
         # celery-types omits the redis Channel's private methods.
         return dict(super()._connparams(asynchronous=asynchronous))  # type: ignore[misc]
-
-    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
-        captured = getattr(_capture, "commands", None)
-        if captured is None:
-            super()._put(queue, message, **kwargs)
-            return
-        expires = self.__dict__.get("_expires") or {}  # kombu's queues with x-expires (none here)
-        if queue in expires:
-            raise ValueError(f"a message to queue {queue!r}, which expires, cannot be captured")
-        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))  # type: ignore[attr-defined]
-        captured.append(("LPUSH", key, kombu_dumps(message).encode()))
-
-    def _put_fanout(self, exchange: str, message: Any, routing_key: str, **kwargs: Any) -> None:
-        captured = getattr(_capture, "commands", None)
-        if captured is None:
-            super()._put_fanout(exchange, message, routing_key, **kwargs)  # type: ignore[misc]  # as above
-            return
-        payload = kombu_dumps(message).encode()
-        for topic in self._get_publish_topics(exchange, routing_key):  # type: ignore[attr-defined]
-            captured.append(("PUBLISH", topic, payload))
 
     def _brpop_read(self, **options: Any) -> bool:
         try:

@@ -9,13 +9,14 @@ result backend for every message.
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any, Callable
 
 from kombu.exceptions import BatchPublishError, OperationalError  # type: ignore[attr-defined]  # kombu 5.7; not in the stubs yet
 
 from tasks.app import app
-from tasks.broker import captured_publishes
+from tasks.recorded_publish import RecordingProducer, Unrecordable
 from tasks.services import turn_services
 from worker.placement.records import Placement, node_queue
 from worker.settings import get_settings
@@ -69,6 +70,39 @@ def publish(send: Callable[[dict[str, Any]], Any], what: str, *, wait: bool) -> 
     until_redis_answers(once, what=what, timeout=get_settings().redis_outage_timeout)
 
 
+class _Routes:
+    """Where the app's broker channel sends a fanout publish, and which queue lists expire (for
+    ``RecordingProducer``), read once per process from a channel of the broker."""
+
+    def __init__(self, channel: Any):
+        self._channel = channel
+        self._topics: dict[tuple[str, str], list[str]] = {}
+        self.expiring = frozenset(channel.__dict__.get("_expires") or ())
+
+    def topics(self, exchange: str, routing_key: str) -> list[str]:
+        found = self._topics.get((exchange, routing_key))
+        if found is None:
+            found = self._topics[(exchange, routing_key)] = list(
+                self._channel._get_publish_topics(exchange, routing_key)  # kombu's Redis channel
+            )
+        return found
+
+
+_routes: dict[int, _Routes | None] = {}
+
+
+def _broker_routes() -> _Routes | None:
+    """The app broker's ``_Routes`` in this process; None when the broker's keys carry a global
+    prefix (the recorded ``LPUSH`` would miss it). Raises kombu's ``OperationalError`` while the
+    broker is away the first time."""
+    pid = os.getpid()  # a forked pool child makes its own channel
+    if pid not in _routes:
+        with app.producer_or_acquire() as producer:
+            channel = producer.channel
+            _routes[pid] = None if getattr(channel, "global_keyprefix", "") else _Routes(channel)
+    return _routes[pid]
+
+
 class CeleryDispatcher:
     """Turns engine decisions into Celery messages.
 
@@ -101,7 +135,7 @@ class CeleryDispatcher:
 
     def step_message(self, turn_id: str, step: int, *, queue: str, label: str = "") -> MessageCommands | None:
         """``enqueue_step``'s message (with its ``task-sent`` event) as the Redis commands that
-        would send it, not sent (``tasks.broker.captured_publishes``), for a script that sends it
+        would send it, recorded and not sent (``tasks.recorded_publish``), for a script that sends it
         with the state change that decided it. None when it cannot go that way: a control plane's
         dispatcher (its own broker), a broker that is not the turn store's Redis, or one that is away
         when the producer must connect first."""
@@ -126,19 +160,26 @@ class CeleryDispatcher:
         return self._captured(self._batch_sender(turn_id, step, batch, queue, labels, None))
 
     def _captured(self, send: Callable[[dict[str, Any]], Any]) -> MessageCommands | None:
-        """What ``send`` publishes, captured (``captured_publishes``) on a producer of the app's
-        broker; None when this dispatcher may not capture (see ``step_message``)."""
+        """What ``send`` publishes, recorded on a ``RecordingProducer`` (``tasks.recorded_publish``)
+        instead of sent; None when this dispatcher may not record (see ``step_message``) or the
+        publish cannot be recorded (``Unrecordable``)."""
         if not self._wait or app.conf.broker_url != get_settings().redis_url:
             return None
         try:
-            with app.producer_or_acquire() as producer, captured_publishes() as commands:
-                send({"producer": producer})
+            routes = _broker_routes()
         except OperationalError:
-            # A new producer connects before it publishes, and the broker is away: the caller
-            # sends the message the long way (``publish``), which waits the outage out; this
-            # error, which no outage wait catches, would end its task with the state unsaved.
+            # The broker's channel is made (and pings Redis) the first time, and the broker is
+            # away: the caller sends the message the long way (``publish``), which waits the outage
+            # out; this error, which no outage wait catches, would end its task with the state unsaved.
             return None
-        return commands or None  # nothing captured (no publish happened): nothing may ride with the writes
+        if routes is None:
+            return None
+        producer = RecordingProducer(routes.topics, routes.expiring)
+        try:
+            send({"producer": producer})
+        except Unrecordable:
+            return None
+        return producer.commands or None  # nothing recorded: nothing may ride with the writes
 
     def dispatch_batch(
         self,

@@ -64,12 +64,21 @@ def json_dumps(obj: Any) -> str:
 
 
 def _has_non_finite(obj: Any) -> bool:
-    if isinstance(obj, float):
-        return not math.isfinite(obj)
-    if isinstance(obj, dict):
-        return any(_has_non_finite(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return any(_has_non_finite(v) for v in obj)
+    # Iterative, exact types first: this walk runs for every event and envelope whose text holds a
+    # null, and a recursive generator walk cost more than the encoding itself.
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is int or item is None or kind is bool:
+            continue
+        if kind is float or isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif kind is dict or isinstance(item, dict):
+            stack.extend(item.values())
+        elif kind is list or kind is tuple or isinstance(item, (list, tuple)):
+            stack.extend(item)
     return False
 
 

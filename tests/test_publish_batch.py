@@ -1,7 +1,8 @@
 """A worker sends each message with its ``task-sent`` event in one Redis round trip, and a group's
 messages all in one (``tasks.dispatcher.publish``, a kombu publish batch). Celery alone takes two
 round trips per message. Run in a process of its own against a private Redis with no workers, so
-the messages stay in their queues to be read back.
+the messages stay in their queues to be read back. A worker's next message can instead be
+recorded, not sent, for the script that decides it (``tasks.recorded_publish``): the same message.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import redis
@@ -85,8 +88,6 @@ def test_a_message_and_its_sent_event_take_one_round_trip_and_a_group_one_in_all
     assert run.stdout.split("\n")[:2] == ["step 1", "group 1"], run.stdout  # Celery alone: 2 and 6
     assert sorted(map(tuple, _bodies(r, "turns"))) == [("rt-turn", 3), ("warm", 0)]
     assert sorted(map(tuple, _bodies(r, "tools"))) == [("rt-turn", 3, c) for c in ("c1", "c2", "c3")]
-    import time
-
     deadline = time.monotonic() + 10
     while len(events) < 5 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -101,9 +102,8 @@ def test_a_message_and_its_sent_event_take_one_round_trip_and_a_group_one_in_all
     assert [h["group_index"] for h in headers] == [0, 1, 2]
 
 
-CAPTURE = """
+RECORD = """
 import json
-import os
 from tasks.app import app
 from tasks.dispatcher import CeleryDispatcher
 from worker.turn.dispatch import Batch
@@ -111,39 +111,86 @@ from worker.turn.dispatch import Batch
 with app.connection_for_write() as conn:
     conn.ensure_connection(max_retries=3)
 d = CeleryDispatcher()
-step = d.step_message("cap-turn", 4, queue="turns", label="step 4")
-batch = d.batch_message("cap-turn", 4, Batch(mode="parallel", call_ids=["c1", "c2"]), queue="tools")
+group = Batch(mode="parallel", call_ids=["c1", "c2"])
+chain = Batch(mode="sequential", call_ids=["c1", "c2", "c3"])
+recorded = [
+    d.step_message("cap-turn", 4, queue="turns", label="step 4"),
+    d.batch_message("cap-turn", 4, group, queue="tools"),
+    d.batch_message("cap-turn", 5, chain, queue="tools"),
+]
 control = CeleryDispatcher(broker_url=app.conf.broker_url)  # a control plane's: it publishes itself
 print(json.dumps({
-    "step": [[n, k, p.decode()] for n, k, p in step],
-    "batch": [[n, k, p.decode()] for n, k, p in batch],
+    "recorded": [[n, k, p.decode()] for commands in recorded for n, k, p in commands],
     "control": control.step_message("cap-turn", 4, queue="turns"),
 }), flush=True)
+# The same messages the long way, through Celery's and kombu's own publish.
+d.enqueue_step("cap-turn", 4, queue="turns", label="step 4")
+d.dispatch_batch("cap-turn", 4, 0, group, queue="tools")
+d.dispatch_batch("cap-turn", 5, 0, chain, queue="tools")
 """
 
+# What differs between two sends of the same message: ids, delivery tags, clocks and times.
+_VOLATILE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_TIMES = ("published_at", "timestamp", "clock", "traceparent")
 
-def test_a_captured_message_is_what_the_publish_would_send_and_nothing_is_sent(stack):
-    """``step_message``/``batch_message`` give the commands of the real publish (the queue's list
-    and its ``task-sent`` event), send nothing, and a control plane's dispatcher gives none."""
+
+def _normal(raw: str | bytes) -> dict:
+    """A queue or event payload with its body decoded and what differs per send replaced."""
+    message = json.loads(raw)
+    message["body"] = json.loads(base64.b64decode(message["body"]))
+    for part in (message["headers"], message["body"] if isinstance(message["body"], dict) else {}):
+        for name in _TIMES:
+            if name in part:
+                part[name] = "<t>"
+    return json.loads(_VOLATILE.sub("<id>", json.dumps(message, sort_keys=True)))
+
+
+def test_a_recorded_message_is_what_the_publish_sends_and_nothing_is_sent(stack):
+    """``step_message``/``batch_message`` record the commands of the real publish (the queue's list
+    and the ``task-sent`` event): the same envelope, headers, properties, body and event as Celery
+    and kombu's own publish writes for the same step, group and chain (ids, tags and times aside);
+    nothing is sent; a control plane's dispatcher records nothing."""
     r = redis.Redis.from_url(stack.url)
+    events: list[bytes] = []
+    sub = r.pubsub()
+    sub.psubscribe("*celeryev/task.sent")
+    assert sub.get_message(timeout=5)["type"] == "psubscribe"
+    done = threading.Event()
+
+    def listen() -> None:
+        while not done.is_set():
+            m = sub.get_message(timeout=0.1)
+            if m and m["type"] == "pmessage":
+                events.append(m["data"])
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
     run = subprocess.run(
-        [sys.executable, "-c", CAPTURE], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", RECORD], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
-    assert r.llen("turns") == 0 and r.llen("tools") == 0  # nothing was sent
     assert out["control"] is None
-    assert [(n, k) for n, k, _ in out["step"]] == [("LPUSH", "turns"), ("PUBLISH", "/0.celeryev/task.sent")]
-    assert [n for n, _, _ in out["batch"]] == ["LPUSH", "PUBLISH", "LPUSH", "PUBLISH"]
-    # Applied as the script applies them, they are a real Celery message and its event.
-    for name, target, payload in out["step"] + out["batch"]:
+    recorded = out["recorded"]
+    assert [(n, k) for n, k, _ in recorded] == [("LPUSH", "turns"), ("PUBLISH", "/0.celeryev/task.sent")] + [
+        ("LPUSH", "tools"),
+        ("PUBLISH", "/0.celeryev/task.sent"),
+    ] * 3
+    deadline = time.monotonic() + 10
+    while len(events) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    done.set()
+    listener.join(5)
+    sub.close()
+    # Only the long way's four messages were sent: recording sent nothing.
+    sent = [*reversed(r.lrange("turns", 0, -1)), *reversed(r.lrange("tools", 0, -1))]
+    assert len(sent) == 4 and len(events) == 4
+    assert [_normal(p) for n, _, p in recorded if n == "LPUSH"] == [_normal(raw) for raw in sent]
+    assert [_normal(p) for n, _, p in recorded if n == "PUBLISH"] == [_normal(raw) for raw in events]
+    # Applied as the script applies them, they are consumed like any message (one body checked).
+    for name, target, payload in recorded[:2]:
         getattr(r, name.lower())(target, payload)
-    assert _bodies(r, "turns") == [["cap-turn", 4]]
-    assert sorted(map(tuple, _bodies(r, "tools"))) == [("cap-turn", 4, "c1"), ("cap-turn", 4, "c2")]
-    message = json.loads(r.lindex("turns", 0))
-    assert message["headers"]["task"] == "tasks.turns.turn_step" and message["headers"]["argsrepr"] == "step 4"
-    event = json.loads(base64.b64decode(json.loads(out["step"][1][2])["body"]))
-    assert event["type"] == "task-sent" and event["uuid"] == message["headers"]["id"]
+    assert _bodies(r, "turns")[0] == ["cap-turn", 4]
 
 
 CHAIN = (

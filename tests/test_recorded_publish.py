@@ -1,0 +1,62 @@
+"""``RecordingProducer`` (``tasks.recorded_publish``): what it records for kombu's publish arguments,
+and the publishes it refuses, so that the dispatcher sends those the long way. That the records
+are what the real publish writes is shown against Redis in ``tests/test_publish_batch.py``."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from kombu import Exchange
+
+from tasks.recorded_publish import RecordingProducer, Unrecordable
+
+
+def _producer(expiring: frozenset[str] = frozenset()) -> RecordingProducer:
+    return RecordingProducer(lambda exchange, key: [f"/0.{exchange}/{key}"], expiring)
+
+
+def test_a_message_to_a_queue_is_an_lpush_of_kombus_envelope():
+    p = _producer()
+    p.publish(["args"], routing_key="tools", exchange="", serializer="json", headers={"task": "t"},
+              delivery_mode="persistent", correlation_id="c1")  # fmt: skip
+    ((name, key, payload),) = p.commands
+    assert (name, key) == ("LPUSH", "tools")
+    message = json.loads(payload)
+    assert json.loads(base64.b64decode(message["body"])) == ["args"]
+    assert message["content-type"] == "application/json" and message["headers"] == {"task": "t"}
+    props = message["properties"]
+    assert props["delivery_mode"] == 2 and props["priority"] == 0 and props["body_encoding"] == "base64"
+    assert props["delivery_info"] == {"exchange": "", "routing_key": "tools"} and props["correlation_id"] == "c1"
+    assert props["delivery_tag"]
+
+
+def test_an_event_is_a_publish_on_each_topic_of_its_fanout_exchange():
+    p = _producer()
+    events = Exchange("celeryev", type="fanout")
+    p.publish({"type": "task-sent"}, routing_key="task.sent", exchange="celeryev", declare=[events],
+              serializer="json", delivery_mode=1, retry=True, retry_policy={})  # fmt: skip
+    ((name, topic, payload),) = p.commands
+    assert (name, topic) == ("PUBLISH", "/0.celeryev/task.sent")
+    props = json.loads(payload)["properties"]
+    assert props["delivery_mode"] == 1 and "retry" not in props and "retry_policy" not in props
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"routing_key": "tools", "priority": 5},  # kombu would push to another list
+        {"routing_key": "tools", "compression": "zlib"},
+        {"routing_key": "tools", "expiration": 10},
+        {"routing_key": "expiring"},  # a queue list that expires
+        {"routing_key": ""},  # no queue
+        {"routing_key": "x", "exchange": "direct-one", "declare": [Exchange("direct-one", type="direct")]},
+        {"routing_key": "x", "exchange": "undeclared"},
+    ],
+)
+def test_a_publish_it_cannot_reproduce_is_refused_and_nothing_is_recorded(options):
+    p = _producer(frozenset({"expiring"}))
+    with pytest.raises(Unrecordable):
+        p.publish(["args"], serializer="json", **options)
+    assert p.commands == []
