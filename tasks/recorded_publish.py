@@ -80,6 +80,8 @@ class RecordingProducer:
         exchange: Any = None,
         declare: list[Any] | None = None,
         expiration: float | None = None,
+        content_type: str | None = None,
+        content_encoding: str | None = None,
         **properties: Any,
     ) -> None:
         """Record the commands of ``kombu.Producer.publish`` with these arguments. Raises
@@ -89,9 +91,17 @@ class RecordingProducer:
         exchange_name = getattr(exchange, "name", exchange) or ""
         for option in ("retry", "retry_policy", "timeout", "confirm_timeout", "mandatory", "immediate"):
             properties.pop(option, None)
-        content_type, content_encoding, data = serialize(body, serializer=serializer)
-        raw = data if isinstance(data, bytes) else data.encode(content_encoding or "utf-8")
-        properties["delivery_mode"] = maybe_delivery_mode(delivery_mode)
+        data: str | bytes
+        if not content_type:  # kombu's Producer._prepare: serialized here
+            content_type, content_encoding, data = serialize(body, serializer=serializer)
+        elif isinstance(body, str):  # given serialized: sent as it is
+            content_encoding = content_encoding or "utf-8"
+            data = body.encode(content_encoding)
+        else:
+            content_encoding, data = content_encoding or "binary", body
+        raw = data if isinstance(data, bytes) else data.encode()  # the virtual channel's base64 codec
+        # No delivery mode given: an ``Exchange``'s, else the producer's default exchange's (none).
+        properties["delivery_mode"] = maybe_delivery_mode(delivery_mode or getattr(exchange, "delivery_mode", None))
         properties["delivery_info"] = {"exchange": exchange_name, "routing_key": routing_key or ""}
         properties["priority"] = 0
         properties["body_encoding"] = "base64"

@@ -60,3 +60,48 @@ def test_a_publish_it_cannot_reproduce_is_refused_and_nothing_is_recorded(option
     with pytest.raises(Unrecordable):
         p.publish(["args"], serializer="json", **options)
     assert p.commands == []
+
+
+def _kombu_envelope(**publish) -> dict:
+    """What kombu's own ``Producer.publish`` hands the virtual channel's ``_put`` for these arguments
+    (a channel of the in-memory transport, which encodes bodies as the Redis one does), without its
+    ``delivery_tag``."""
+    from kombu import Connection, Producer
+
+    from tasks.serialization import register_orjson
+
+    register_orjson()
+    channel = Connection("memory://").channel()
+    put: list[dict] = []
+    channel._put = lambda queue, message, **_: put.append(message)
+    Producer(channel, auto_declare=False).publish(**publish)
+    (message,) = put
+    message["properties"].pop("delivery_tag")
+    return json.loads(json.dumps(message))
+
+
+@pytest.mark.parametrize(
+    "publish",
+    [
+        {"body": ["a", 1], "serializer": "orjson"},
+        {"body": ["a", 1], "serializer": "json", "priority": None, "headers": {"h": "v"}},
+        # A body already serialized: kombu sends it as it is, under the given content type.
+        {"body": '{"a": 1}', "content_type": "application/json", "content_encoding": "utf-8"},
+        {"body": '{"a": 1}', "content_type": "application/json"},
+        {"body": b"raw", "content_type": "application/data"},
+        # No delivery mode given: the exchange's, as kombu takes it.
+        {"body": ["a"], "serializer": "json", "exchange": Exchange("", delivery_mode=1)},
+        {"body": ["a"], "serializer": "json", "exchange": Exchange("", delivery_mode="transient")},
+    ],
+)
+def test_a_recorded_message_is_kombus_envelope_for_the_same_publish(publish):
+    """For any publish it records, the recorder writes the envelope kombu's ``Producer.publish``
+    would: a producer that records something else sends a message kombu never would (a body
+    re-serialized as ``text/plain``, a transient message made persistent)."""
+    expected = _kombu_envelope(routing_key="tools", **publish)
+    p = _producer()
+    p.publish(routing_key="tools", **publish)
+    ((_, _, payload),) = p.commands
+    recorded = json.loads(payload)
+    recorded["properties"].pop("delivery_tag")
+    assert recorded == expected
