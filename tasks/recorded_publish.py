@@ -7,7 +7,8 @@ message: ``Signature.apply_async`` is called as for a real send (routing, the ta
 protocol-2 headers, parent and root ids, ``before_task_publish``/``after_task_publish`` and their
 handlers in ``tasks.telemetry`` and ``tasks.queue_metrics``, the ``task-sent`` event from its event
 dispatcher's clock), with ``RecordingProducer`` as its producer. Celery calls only the producer's
-``publish`` (once for the message, once for the event) and ``connection``.
+``publish`` (once for the message, once for the event) and ``connection`` (and, publishing a
+worker's callback, its ``recoverable_connection_errors`` and the producer's ``revive``).
 
 What ``publish`` records is what kombu's Redis channel would write for the same call
 (``kombu.Producer.publish``, then ``kombu.transport.virtual.Channel.basic_publish`` and the Redis
@@ -45,7 +46,11 @@ class Unrecordable(Exception):
 
 
 class _Connection:
-    """What Celery's ``send_task`` uses of a producer's connection: its error translation."""
+    """What Celery's ``send_task`` uses of a producer's connection: its error translation, and the
+    errors a callback's publish retries (``celery.app.amqp._publish_retry_errors``, read when a
+    worker publishes a task's callbacks): none, as recording sends nothing."""
+
+    recoverable_connection_errors: tuple[type[BaseException], ...] = ()
 
     @staticmethod
     def _reraise_as_library_errors() -> Any:
@@ -62,6 +67,9 @@ class RecordingProducer:
     """
 
     connection = _Connection()
+
+    def revive(self, channel: Any) -> None:
+        """Nothing to reconnect (Celery revives a producer between a callback's publish retries)."""
 
     def __init__(self, topics: Callable[[str, str], list[str]], expiring: frozenset[str] = frozenset()):
         self.commands: MessageCommands = []

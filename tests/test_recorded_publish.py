@@ -105,3 +105,21 @@ def test_a_recorded_message_is_kombus_envelope_for_the_same_publish(publish):
     recorded = json.loads(payload)
     recorded["properties"].pop("delivery_tag")
     assert recorded == expected
+
+
+def test_a_publish_recorded_while_celery_sends_a_callback_is_recorded():
+    """Celery publishes a worker's callbacks (a chain's next link, a ``link``) with a retry of its
+    own (``AMQP._retry_publish``), which reads the producer's ``connection.recoverable_connection_errors``:
+    a message recorded there is recorded, not an ``AttributeError`` out of the task."""
+    from celery.app.amqp import _callback_publish_retry
+
+    from tasks.app import app
+    from tasks.dispatcher import SEND_OPTIONS
+
+    p = _producer()
+    token = _callback_publish_retry.set(True)
+    try:
+        app.signature("tasks.turns.turn_step", ("cb-turn", 1)).apply_async(producer=p, queue="turns", **SEND_OPTIONS)
+    finally:
+        _callback_publish_retry.reset(token)
+    assert [(name, key) for name, key, _ in p.commands] == [("LPUSH", "turns"), ("PUBLISH", "/0.celeryev/task.sent")]
