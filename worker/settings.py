@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     openai_api_style: Literal["responses", "chat"] = Field("responses", validation_alias="OPENAI_API_STYLE")
     model_timeout: float = 120.0
     model_connect_timeout: float = 10.0
+    # Cap on one model answer as read from the wire, in bytes (the JSON body, or the whole event
+    # stream with its framing; worker.model.http_pool.ReplySize): a bigger one fails the call, not
+    # retried, and is never held whole in a worker's memory.
+    model_max_reply_bytes: int = Field(64 * 1024 * 1024, ge=65_536)
     # How a worker of an in-process pool (threads, solo) makes model calls (worker.turn.async_calls):
     # "async" on the process's event loop, holding no worker thread while the model answers;
     # "inline" on the worker thread that runs the step. Prefork children always call inline.

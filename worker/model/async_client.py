@@ -26,7 +26,7 @@ import aiohttp
 import certifi
 import orjson
 
-from worker.model.http_pool import status_error_of, transport_failure
+from worker.model.http_pool import ERROR_TEXT_BYTES, MAX_REPLY_BYTES, ReplySize, status_error_of, transport_failure
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.sse_lines import SSEEvents
 from worker.model.wire_format import TAIL_WAIT, StreamReader, WireFormat
@@ -39,8 +39,8 @@ class AsyncModelClient:
     the synchronous client's); ``connect_timeout`` (seconds): connecting, or waiting for a free
     connection of the pool; ``deadline`` (seconds, None: none): the longest a whole call may take,
     headers to last byte, since a stream that trickles a byte now and then never trips the read
-    timeout; ``max_connections``: the pool's cap. The API key is sent as a bearer token and never
-    logged.
+    timeout; ``max_connections``: the pool's cap; ``max_reply_bytes``: the cap on one answer as read
+    (``worker.model.http_pool.ReplySize``). The API key is sent as a bearer token and never logged.
     """
 
     def __init__(
@@ -53,8 +53,10 @@ class AsyncModelClient:
         connect_timeout: float = 10.0,
         deadline: float | None = None,
         max_connections: int = 2048,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ):
         self.wire = wire
+        self.max_reply_bytes = max_reply_bytes
         self.url = base_url.rstrip("/") + wire.path
         self._headers = {"Content-Type": "application/json"}
         if api_key:
@@ -73,28 +75,29 @@ class AsyncModelClient:
         return self._session
 
     async def create(self, request: ModelRequest) -> ModelReply:
-        """POST the request; the parsed reply. Raises ``GatewayError``."""
+        """POST the request; the parsed reply. Raises ``GatewayError`` (not retryable for an
+        answer above ``max_reply_bytes``)."""
         wire = self.wire
         try:
             async with self.session.post(self.url, data=orjson.dumps(wire.body(request))) as resp:
-                content = await resp.read()
                 if resp.status >= 400:
-                    raise status_error_of(resp.status, content.decode("utf-8", "replace"))
-                return wire.parse(content)
+                    raise status_error_of(resp.status, await _error_text(resp))
+                return wire.parse(await _read_body(resp, self.max_reply_bytes))
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _transport_error(exc, streamed=False) from exc
 
     async def stream(self, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
         """POST the request streamed; ``on_delta`` (called on the loop) gets each piece in order.
-        An endpoint that cannot stream answers whole. Raises ``GatewayError``."""
+        An endpoint that cannot stream answers whole. Raises ``GatewayError`` (not retryable for
+        an answer, the whole event stream, above ``max_reply_bytes``)."""
         wire = self.wire
         try:
             async with self.session.post(self.url, data=orjson.dumps(wire.stream_body(request))) as resp:
                 if resp.status >= 400:
-                    raise status_error_of(resp.status, (await resp.read()).decode("utf-8", "replace"))
+                    raise status_error_of(resp.status, await _error_text(resp))
                 if "text/event-stream" not in resp.headers.get("Content-Type", ""):
-                    return wire.parse(await resp.read())
-                return await _read_events(resp, wire.reader(on_delta))
+                    return wire.parse(await _read_body(resp, self.max_reply_bytes))
+                return await _read_events(resp, wire.reader(on_delta), ReplySize(self.max_reply_bytes))
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _transport_error(exc, streamed=True) from exc
 
@@ -105,15 +108,32 @@ class AsyncModelClient:
             await session.close()
 
 
-async def _read_events(resp: aiohttp.ClientResponse, reader: StreamReader) -> ModelReply:
+async def _read_body(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body of ``resp``, at most ``limit`` bytes (``ReplySize``; past it the connection
+    is closed, the rest unread). Raises ``GatewayError``."""
+    try:
+        size = ReplySize(limit, resp.headers.get("Content-Length"))
+        parts = [size.add(chunk) async for chunk in resp.content.iter_any()]
+    except GatewayError:
+        resp.close()
+        raise
+    return b"".join(parts)
+
+
+async def _error_text(resp: aiohttp.ClientResponse) -> str:
+    """The start of an error answer's body (``ERROR_TEXT_BYTES``), for its message; the rest unread."""
+    return (await resp.content.read(ERROR_TEXT_BYTES)).decode("utf-8", "replace")
+
+
+async def _read_events(resp: aiohttp.ClientResponse, reader: StreamReader, size: ReplySize) -> ModelReply:
     """Feed the response's server-sent events (``SSEEvents``: any size, the SSE standard's line
     ends only) to ``reader`` up to the terminal event, then read what follows (``_finish_body``);
-    the reply. Raises ``GatewayError``."""
+    the reply. The stream's bytes are counted by ``size``. Raises ``GatewayError``."""
     events = SSEEvents()
     async for chunk in resp.content.iter_any():
-        for sse in events.feed(chunk):
+        for sse in events.feed(size.add(chunk)):
             if sse is not None and (reply := reader.feed(sse.event, sse.data)) is not None:
-                await _finish_body(resp)
+                await _finish_body(resp, size)
                 return reply
     for sse in events.close():  # an unterminated last event
         if sse is not None and (reply := reader.feed(sse.event, sse.data)) is not None:
@@ -121,14 +141,20 @@ async def _read_events(resp: aiohttp.ClientResponse, reader: StreamReader) -> Mo
     return reader.end()
 
 
-async def _finish_body(resp: aiohttp.ClientResponse) -> None:
+async def _finish_body(resp: aiohttp.ClientResponse, size: ReplySize) -> None:
     """Read the body to its end, so the connection goes back to the pool clean. The reply is
     already in hand (paid for): a body that does not end within ``TAIL_WAIT`` s (a proxy that
-    keeps the stream open, keep-alive comments) or that breaks costs the connection (closed),
-    never the reply: raising here would retry, and pay for, a call that succeeded."""
+    keeps the stream open, keep-alive comments), that breaks, or that runs past ``size``'s limit
+    costs the connection (closed), never the reply: raising here would retry, and pay for, a call
+    that succeeded."""
+
+    async def drain() -> None:
+        async for chunk in resp.content.iter_any():
+            size.add(chunk)
+
     try:
-        await asyncio.wait_for(resp.read(), TAIL_WAIT)
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+        await asyncio.wait_for(drain(), TAIL_WAIT)
+    except (aiohttp.ClientError, asyncio.TimeoutError, GatewayError):
         resp.close()
 
 

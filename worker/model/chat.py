@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 import orjson
 
-from worker.model.http_pool import ModelHTTP
+from worker.model.http_pool import MAX_REPLY_BYTES, ModelHTTP
 from worker.model.interface import Delta, GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.wire_format import WireFormat
 
@@ -356,6 +356,7 @@ class ChatClient:
         connect_timeout: float = 10.0,
         max_connections: int = 100,
         transport: httpx.BaseTransport | None = None,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ):
         # The HTTP side, shared with the Responses client (worker.model.http_pool says why).
         self._http = ModelHTTP(
@@ -365,6 +366,7 @@ class ChatClient:
             connect_timeout=connect_timeout,
             max_connections=max_connections,
             transport=transport,
+            max_reply_bytes=max_reply_bytes,
         )
 
     def close(self) -> None:

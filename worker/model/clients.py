@@ -24,6 +24,7 @@ def model_client(settings: Settings) -> ModelClient:
         timeout=settings.model_timeout,
         connect_timeout=settings.model_connect_timeout,
         max_connections=settings.model_max_connections,
+        max_reply_bytes=settings.model_max_reply_bytes,
     )
 
 
@@ -40,4 +41,5 @@ def async_model_client(settings: Settings) -> AsyncModelClient:
         # turn is re-driven at that point anyway: the claim's lease bounds the call.
         deadline=settings.model_call_lease,
         max_connections=settings.model_max_connections,
+        max_reply_bytes=settings.model_max_reply_bytes,
     )

@@ -24,6 +24,13 @@ from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDel
 from worker.model.sse_lines import SSEEvents
 from worker.model.wire_format import WireFormat, read_events
 
+# Cap on one model answer as read from the wire (bytes): the JSON body, or the whole event stream
+# with its framing. The largest outputs (128k tokens) stream as about 25-30 MB of events; setting
+# ``model_max_reply_bytes`` (``AGENT_MODEL_MAX_REPLY_BYTES``).
+MAX_REPLY_BYTES = 64 * 1024 * 1024
+# What is read of an error answer's body, for its message (which keeps 500 characters of it).
+ERROR_TEXT_BYTES = 4096
+
 
 class ThreadClients:
     """``get()``: this thread's ``httpx.Client`` with ``base_url``, ``headers``, ``timeout`` and
@@ -80,7 +87,8 @@ class ModelHTTP:
     """The HTTP side every model client shares: bearer headers, one keep-alive pool per thread
     (``ThreadClients``), a JSON POST and a server-sent-events POST, and one mapping of failures to
     ``GatewayError``. ``base_url`` like ``https://api.openai.com/v1``; ``timeout`` and
-    ``connect_timeout`` in seconds; ``max_connections`` per thread's pool.
+    ``connect_timeout`` in seconds; ``max_connections`` per thread's pool; ``max_reply_bytes``:
+    the cap on one answer as read (``ReplySize``).
 
     Retryable (``GatewayError.retryable``): transport errors and timeouts, HTTP 408, 409, 429 and
     5xx; any other 4xx is not (the request itself is wrong). The rule is the providers' own
@@ -96,7 +104,9 @@ class ModelHTTP:
         connect_timeout: float = 10.0,
         max_connections: int = 100,
         transport: httpx.BaseTransport | None = None,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ):
+        self.max_reply_bytes = max_reply_bytes
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -113,40 +123,89 @@ class ModelHTTP:
         self.pool.close()
 
     def create(self, wire: WireFormat, request: ModelRequest) -> ModelReply:
-        """POST ``wire.body(request)`` as JSON; the parsed answer. Raises ``GatewayError``."""
+        """POST ``wire.body(request)`` as JSON; the parsed answer. Raises ``GatewayError`` (not
+        retryable for an answer above ``max_reply_bytes``)."""
         try:
-            resp = self.pool.get().post(wire.path, content=orjson.dumps(wire.body(request)))
+            with self.pool.get().stream("POST", wire.path, content=orjson.dumps(wire.body(request))) as resp:
+                if resp.status_code >= 400:
+                    raise status_error_of(resp.status_code, _error_text(resp))
+                content = _read_body(resp, self.max_reply_bytes)
         except httpx.HTTPError as exc:
             raise transport_error(exc, streamed=False) from exc
-        if resp.status_code >= 400:
-            raise status_error(resp)
-        return wire.parse(resp.content)
+        return wire.parse(content)
 
     def stream(self, wire: WireFormat, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
         """POST ``wire.stream_body(request)`` and read the server-sent events with ``wire.reader``
         (``on_delta`` gets each piece); an endpoint that does not stream answers whole and is read
-        with ``wire.parse``. Raises ``GatewayError``."""
+        with ``wire.parse``. Raises ``GatewayError`` (not retryable for an answer, the whole event
+        stream, above ``max_reply_bytes``)."""
         try:
             body = orjson.dumps(wire.stream_body(request))
             with connect_sse(self.pool.get(), "POST", wire.path, content=body) as source:
                 resp = source.response
                 if resp.status_code >= 400:
-                    resp.read()
-                    raise status_error(resp)
+                    raise status_error_of(resp.status_code, _error_text(resp))
                 if "text/event-stream" not in resp.headers.get("content-type", ""):
-                    resp.read()  # an endpoint without streaming answered the whole reply
-                    return wire.parse(resp.content)
-                return read_events(_events(resp), wire.reader(on_delta))
+                    # an endpoint without streaming answered the whole reply
+                    return wire.parse(_read_body(resp, self.max_reply_bytes))
+                return read_events(_events(resp, ReplySize(self.max_reply_bytes)), wire.reader(on_delta))
         except httpx.HTTPError as exc:
             raise transport_error(exc, streamed=True) from exc
 
 
-def _events(resp: httpx.Response) -> Iterator[ServerSentEvent | None]:
+class ReplySize:
+    """Counts one answer's bytes as they are read, and stops it past ``limit``: a gateway that
+    sends without end (or a reply far beyond any model's output) must not take a worker's memory,
+    which thousands of calls in flight share. ``declared``: the answer's ``Content-Length``, if
+    any, refused at once when above the limit. ``add(chunk)`` returns the chunk. Raises
+    ``GatewayError`` (not retryable: the same request would be answered the same way, and paid
+    again) naming the setting (``AGENT_MODEL_MAX_REPLY_BYTES``)."""
+
+    def __init__(self, limit: int, declared: str | None = None):
+        self.limit = limit
+        self.read = 0
+        if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+            raise reply_too_large(limit)
+
+    def add(self, chunk: bytes) -> bytes:
+        self.read += len(chunk)
+        if self.read > self.limit:
+            raise reply_too_large(self.limit)
+        return chunk
+
+
+def reply_too_large(limit: int) -> GatewayError:
+    """The ``GatewayError`` of an answer above ``limit`` bytes (``ReplySize``)."""
+    return GatewayError(
+        f"model answer larger than {limit} bytes (AGENT_MODEL_MAX_REPLY_BYTES); not read further", retryable=False
+    )
+
+
+def _read_body(resp: httpx.Response, limit: int) -> bytes:
+    """The whole body of ``resp`` (opened streamed), at most ``limit`` bytes (``ReplySize``)."""
+    size = ReplySize(limit, resp.headers.get("content-length"))
+    return b"".join(size.add(chunk) for chunk in resp.iter_bytes())
+
+
+def _error_text(resp: httpx.Response) -> str:
+    """The start of an error answer's body (``ERROR_TEXT_BYTES``), for its message; the rest unread."""
+    parts: list[bytes] = []
+    read = 0
+    for chunk in resp.iter_bytes():
+        parts.append(chunk)
+        read += len(chunk)
+        if read >= ERROR_TEXT_BYTES:
+            break
+    return b"".join(parts)[:ERROR_TEXT_BYTES].decode("utf-8", "replace")
+
+
+def _events(resp: httpx.Response, size: ReplySize) -> Iterator[ServerSentEvent | None]:
     """The response's server-sent events (``SSEEvents``: not httpx's ``iter_lines``, which also
-    splits at U+2028 inside an event), a None for each line that completes none."""
+    splits at U+2028 inside an event), a None for each line that completes none; the stream's
+    bytes counted by ``size``."""
     events = SSEEvents()
     for chunk in resp.iter_bytes():
-        yield from events.feed(chunk)
+        yield from events.feed(size.add(chunk))
     yield from events.close()
 
 
@@ -164,11 +223,6 @@ def transport_failure(exc: BaseException, *, streamed: bool, timed_out: bool) ->
     if streamed:
         return GatewayError(f"model stream broke: {exc.__class__.__name__}: {exc}", retryable=True)
     return GatewayError(f"model gateway unreachable: {exc.__class__.__name__}: {exc}", retryable=True)
-
-
-def status_error(resp: httpx.Response) -> GatewayError:
-    """The ``GatewayError`` of an HTTP error answer (retryable per ``ModelHTTP``'s rule)."""
-    return status_error_of(resp.status_code, resp.text)
 
 
 def status_error_of(status: int, text: str) -> GatewayError:

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import orjson
 
-from worker.model.http_pool import ModelHTTP
+from worker.model.http_pool import MAX_REPLY_BYTES, ModelHTTP
 from worker.model.interface import Delta, GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.wire_format import WireFormat
 
@@ -38,7 +38,8 @@ class ResponsesClient:
     """Synchronous Responses API client (implements ``ModelClient``).
 
     ``base_url`` like ``https://api.openai.com/v1``; ``timeout`` and ``connect_timeout`` in
-    seconds; ``max_connections`` bounds the connections of each thread's pool. The API key is
+    seconds; ``max_connections`` bounds the connections of each thread's pool; ``max_reply_bytes``
+    caps one answer as read (``worker.model.http_pool.ReplySize``). The API key is
     sent as a bearer token and never logged. Reuse one instance per process.
 
     Each thread gets its own ``httpx.Client`` (its own keep-alive pool: ``worker.model.http_pool``
@@ -54,6 +55,7 @@ class ResponsesClient:
         connect_timeout: float = 10.0,
         max_connections: int = 100,
         transport: httpx.BaseTransport | None = None,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ):
         self._http = ModelHTTP(
             base_url,
@@ -62,6 +64,7 @@ class ResponsesClient:
             connect_timeout=connect_timeout,
             max_connections=max_connections,
             transport=transport,
+            max_reply_bytes=max_reply_bytes,
         )
 
     @property
