@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import socket
 import threading
+import time
 import tracemalloc
 import zlib
 
@@ -144,3 +145,39 @@ def test_a_compressed_answer_below_the_cap_reads_as_before(kind, streamed, encod
     finally:
         client.close()
         server.stop()
+
+
+def test_a_tail_that_trickles_bytes_without_a_line_end_is_left_after_the_tail_wait():
+    """After the terminal event the synchronous client reads the rest for ``TAIL_WAIT`` s at most
+    (``wire_format._read_tail``), also when the rest never completes a line: the clock was looked
+    at only per line, so a byte now and then held the call (and its worker thread) until the cap
+    or the read timeout."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    events = EVENTS % (b"hi", RESPONSE % b"hi")
+    sock = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        try:
+            conn.recv(65536)
+            conn.sendall(head + b"%x\r\n%s\r\n" % (len(events), events))
+            for _ in range(150):  # 15 s of one byte each 0.1 s, no line end
+                if stop.wait(0.1):
+                    break
+                conn.sendall(b"1\r\nx\r\n")
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = ResponsesClient(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", timeout=10)
+    try:
+        started = time.monotonic()
+        assert client.stream(REQUEST, lambda d: None).text == "hi"
+        assert time.monotonic() - started < 5
+    finally:
+        stop.set()
+        client.close()
+        sock.close()

@@ -206,11 +206,12 @@ def _error_text(resp: httpx.Response) -> str:
 
 def _events(resp: httpx.Response, size: ReplySize) -> Iterator[ServerSentEvent | None]:
     """The response's server-sent events (``SSEEvents``: not httpx's ``iter_lines``, which also
-    splits at U+2028 inside an event), a None for each line that completes none; the stream's
-    bytes counted by ``size``."""
+    splits at U+2028 inside an event), a None for each line that completes none and for each read
+    that completes no line (so ``read_events``'s tail looks at the clock while bytes arrive without
+    a line end); the stream's bytes counted by ``size``."""
     events = SSEEvents()
     for chunk in _decoded(resp):
-        yield from events.feed(size.add(chunk))
+        yield from events.feed(size.add(chunk)) or (None,)
     yield from events.close()
 
 

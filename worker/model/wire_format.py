@@ -53,8 +53,8 @@ TAIL_WAIT = 1.0
 
 def read_events(events: Iterable[ServerSentEvent | None], reader: StreamReader) -> ModelReply:
     """Feed ``events`` to ``reader`` up to the terminal event, then read what follows
-    (``_read_tail``); the reply. A None in ``events`` is a line that completed no event (skipped
-    here; it lets the tail's reader look at the clock). Raises ``GatewayError``."""
+    (``_read_tail``); the reply. A None in ``events`` is a line or a read that completed no event
+    (skipped here; it lets the tail's reader look at the clock). Raises ``GatewayError``."""
     it = iter(events)
     for sse in it:
         if sse is None:
@@ -69,7 +69,7 @@ def read_events(events: Iterable[ServerSentEvent | None], reader: StreamReader) 
 def _read_tail(it: Iterator[ServerSentEvent | None]) -> None:
     """Read the stream to its end, so a keep-alive connection goes back to its pool clean, for
     ``TAIL_WAIT`` s at most. The reply is already in hand (paid for): a stream that keeps sending
-    (keep-alive comments: each line is a None) is left unread, and one that breaks or times out now costs its
+    (keep-alive comments, or bytes without a line end: each line or read is a None) is left unread, and one that breaks or times out now costs its
     connection (closed with its response), never the reply: raising would retry, and pay for, a
     call that succeeded. A stream that sends nothing at all is waited for up to its read timeout."""
     until = time.monotonic() + TAIL_WAIT
