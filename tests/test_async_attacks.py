@@ -9,7 +9,7 @@ against the client alone, then behind real workers on a private stack.
   200, a reset mid-stream;
 - the workers: HTTP 500 then success (retried, paid once), HTTP 429 forever (the turn fails
   with the reason after the retries), a reply followed by a stream left open, a turn cancelled
-  during its call or its retry backoff, duplicate deliveries during a call, a worker killed
+  during its call (the call aborted) or its retry backoff, duplicate deliveries during a call, a worker killed
   mid-call, a warm shutdown with calls in flight (handed on, or finished within the drain), and
   hundreds of turns on a threads pool of 2.
 """
@@ -472,6 +472,54 @@ def test_cancel_during_the_call_ends_the_turn_cancelled(stack, served):
     time.sleep(4)  # the late reply has arrived and been handled: it did not revive the turn
     assert stack.control.status(tid).status.value == "cancelled"
     assert served.calls["m"] == 1 and not _kinds(stack, tid, "call_started")
+
+
+def generating(seconds: float, closed: list[float]) -> Behaviour:
+    """A stream that keeps generating (a comment every 0.1 s) for ``seconds``; ``closed`` gets the
+    time the client went, if it does."""
+
+    async def behave(body: dict[str, Any], writer: Writer, n: int) -> None:
+        writer.write(SSE_HEAD)
+        until = time.monotonic() + seconds
+        try:
+            while time.monotonic() < until:
+                writer.write(chunk(b": generating\n\n"))
+                await writer.drain()
+                if writer.transport.is_closing():
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                return
+        except (ConnectionError, OSError):
+            pass
+        closed.append(time.monotonic())
+
+    return behave
+
+
+def test_a_cancelled_turns_model_call_is_aborted_not_waited_for(stack, served):
+    """A turn cancelled while its model call generates: the node's watch over its calls in flight
+    aborts the call (the endpoint sees the connection go, as a provider that then stops billing)
+    and the turn ends ``cancelled`` within the watch's poll, not when the minute-long call ends."""
+    closed: list[float] = []
+    served.behaviours["m"] = generating(60.0, closed)
+    stack.start_worker(concurrency=2)
+    tid = _turn(stack, "m")
+    deadline = time.monotonic() + 30
+    while served.calls["m"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)
+    cancelled_at = time.monotonic()
+    assert stack.control.cancel(tid)
+    view = stack.control.wait(tid, timeout=30)
+    assert view.status.value == "cancelled" and "during its model call" in (view.error or ""), view
+    assert time.monotonic() - cancelled_at < 10
+    deadline = time.monotonic() + 10
+    while not closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert closed and closed[0] - cancelled_at < 10  # the connection went, long before the 60 s
+    assert served.calls["m"] == 1 and not _kinds(stack, tid, "model_reply")
 
 
 def test_a_worker_killed_mid_call_has_its_turn_finished_elsewhere(stack, served):

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     # A warm shutdown waits this long (s) for the asynchronous calls in flight, then publishes
     # the steps of the rest again for another node.
     model_drain_timeout: float = Field(8.0, ge=0)
+    # How often (s) a node checks the cancel flags of its asynchronous model calls in flight (one
+    # round trip for all of them): a cancelled turn's call is aborted, not waited for and paid in full.
+    model_cancel_poll: float = Field(1.0, gt=0, le=60)
     max_output_tokens: int | None = None
     # The provider the model requests reach (worker.tooling.wire_profiles): the wire copy of every
     # tool keeps its rules; "any" (several, or one behind an OpenAI-compatible proxy) keeps all of them.

@@ -17,6 +17,12 @@ claim and publishes the step again after the backoff (``CallEdge.retry``, ``work
 after ``MAX_MODEL_RETRIES``, or for an unexpected error, the turn ends ``failed`` with the reason.
 A Redis outage longer than ``redis_outage_timeout`` leaves the turn to the watchdog.
 
+A call whose turn is cancelled is aborted (its connection closed: a provider stops generating,
+and billing, when a stream's client goes): every ``Settings.model_cancel_poll`` seconds a watch
+thread reads the cancel flags of the calls in flight in one round trip, and the finisher ends an
+aborted call's turn ``cancelled`` (``TurnEnd.fail``, as a step that finds the flag). Without the
+watch, a cancelled turn's call ran to its end, up to ``model_timeout``, and was paid in full.
+
 Crash semantics are an inline call's: the step's claim and the node's held record stay until the
 reply is handled; a re-driven step of a dead node takes the claim over, and a stored reply is never
 paid again (the memo answers). ``drain(timeout)`` (a worker's warm shutdown) waits for the calls in
@@ -41,7 +47,7 @@ from worker.model.call_loop import CallLoop
 from worker.model.interface import GatewayError, ModelReply
 from worker.model.streaming import Publish, stream_reply_async
 from worker.turn import telemetry
-from worker.turn.ending import TurnEnd
+from worker.turn.ending import CANCELLED, TurnEnd
 from worker.turn.interfaces import step_label
 from worker.turn.outage import OUTAGE_ERRORS, until_redis_answers
 from worker.turn.outcome import StepOutcome
@@ -97,6 +103,7 @@ class _InFlight:
     future: concurrent.futures.Future[ModelReply] | None = None
     published: concurrent.futures.Future[None] | None = None  # the last delta batch handed on
     rest: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # deltas stored with the reply
+    aborted: bool = False  # cancelled by the watch because its turn was (``_abort``), not by ``drain``
 
 
 class AsyncModelCalls:
@@ -112,6 +119,8 @@ class AsyncModelCalls:
         self._in_flight: set[_InFlight] = set()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        self._closed = threading.Event()
+        self._watch: threading.Thread | None = None  # started with the first call
 
     @property
     def in_flight(self) -> int:
@@ -129,6 +138,9 @@ class AsyncModelCalls:
         call = _InFlight(prepared, complete, span, retries)
         with self._lock:
             self._in_flight.add(call)
+            if self._watch is None:
+                self._watch = threading.Thread(target=self._watch_cancels, name="agent-model-cancels", daemon=True)
+                self._watch.start()
         call.future = self.loop.submit(self._request(call))
         call.future.add_done_callback(lambda _: self._finishers.submit(self._finish, call))
         return StepOutcome("waiting", "model call in flight")
@@ -164,19 +176,60 @@ class AsyncModelCalls:
         except Exception:  # deltas are a view; the memoized reply is the record
             log.warning("could not publish %d model deltas of turn %s", len(events), turn_id, exc_info=True)
 
+    def _watch_cancels(self) -> None:
+        """On its own thread until ``close``: every ``model_cancel_poll`` s, while calls are in
+        flight, abort those whose turn was cancelled (``_abort``; one round trip for all)."""
+        while not self._closed.wait(self.rt.settings.model_cancel_poll):
+            with self._lock:
+                calls = [c for c in self._in_flight if not c.aborted]
+            if not calls:
+                continue
+            try:
+                cancelled = self.rt.store.cancelled_of(sorted({c.prepared.turn_id for c in calls}))
+            except OUTAGE_ERRORS:
+                continue  # Redis away: the reply's own read of the flag ends the turn once it is back
+            except Exception:  # the watch must outlive any one failure
+                log.exception("could not read the cancel flags of %d model calls", len(calls))
+                continue
+            for call in calls:
+                if call.prepared.turn_id in cancelled:
+                    self._abort(call)
+
+    def _abort(self, call: _InFlight) -> None:
+        """Cancel ``call``'s request (the loop's task: its connection is closed) for its finisher to
+        end the turn ``cancelled``; nothing when the call already ended or ``drain`` took it (the
+        lock orders this against ``drain``'s own cancel)."""
+        with self._lock:
+            future = call.future
+            if call not in self._in_flight or future is None or future.done():
+                return
+            call.aborted = True  # before cancel(): its done callback hands the call to a finisher
+            if not future.cancel():  # it ended meanwhile: the reply is handled as any other
+                call.aborted = False
+
     def _finish(self, call: _InFlight) -> None:
         """On a finisher thread: store and handle the reply, or retry or end the turn; inside the
         step's trace (``telemetry.reply_span``)."""
         future = call.future
         assert future is not None
-        if future.cancelled():  # drained: ``drain`` published the step again
+        if future.cancelled() and not call.aborted:  # drained: ``drain`` published the step again
             return
         prepared = call.prepared
         try:
             with telemetry.reply_span(call.context, prepared.turn_id, prepared.request.agent_id, prepared.step):
-                self._settle(call, future)
+                if future.cancelled():
+                    self._end_aborted(call)
+                else:
+                    self._settle(call, future)
         finally:
             self._done(call)
+
+    def _end_aborted(self, call: _InFlight) -> None:
+        """The turn of an aborted call ends ``cancelled``, as a step that finds the flag ends it."""
+        turn_id, step = call.prepared.turn_id, call.prepared.step
+        telemetry.end_model_call_span(call.span, RuntimeError("the turn was cancelled during the call"))
+        log.info("turn %s step %s: model call aborted, the turn was cancelled", turn_id, step)
+        self._give_up(turn_id, CANCELLED + " during its model call", TurnStatus.cancelled)
 
     def _settle(self, call: _InFlight, future: concurrent.futures.Future[ModelReply]) -> None:
         prepared = call.prepared
@@ -210,8 +263,8 @@ class AsyncModelCalls:
             turn_id,
         )
 
-    def _give_up(self, turn_id: str, error: str) -> None:
-        self._waiting_out(lambda: self.end.fail(turn_id, TurnStatus.failed, error), turn_id)
+    def _give_up(self, turn_id: str, error: str, status: TurnStatus = TurnStatus.failed) -> None:
+        self._waiting_out(lambda: self.end.fail(turn_id, status, error), turn_id)
 
     def _waiting_out(self, run: Callable[[], object], turn_id: str) -> None:
         try:
@@ -249,6 +302,7 @@ class AsyncModelCalls:
         return len(left)
 
     def close(self) -> None:
-        """Stop the finisher and publisher threads once their work is done."""
+        """Stop the cancel watch, and the finisher and publisher threads once their work is done."""
+        self._closed.set()
         self._finishers.shutdown(wait=True)
         self._publisher.shutdown(wait=True)

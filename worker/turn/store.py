@@ -167,6 +167,16 @@ class TurnStore:
         """True once the control plane asked to cancel the turn."""
         return bool(self.r.exists(_k(turn_id, "cancel")))
 
+    def cancelled_of(self, turn_ids: list[str]) -> set[str]:
+        """Which of ``turn_ids`` the control plane asked to cancel: one round trip (a pipeline of
+        ``EXISTS``), for a node's watch over its model calls in flight."""
+        if not turn_ids:
+            return set()
+        p = self.r.pipeline(transaction=False)
+        for turn_id in turn_ids:
+            p.exists(_k(turn_id, "cancel"))
+        return {turn_id for turn_id, flag in zip(turn_ids, p.execute()) if flag}
+
     def find_by_idempotency_key(self, agent_id: str, key: str) -> str | None:
         """The turn id ``agent_id`` enqueued with this idempotency key, if any."""
         v = self.r.get(f"turn-idem:{agent_id}:{key}")
