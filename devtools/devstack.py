@@ -349,12 +349,15 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
         f"  . {STACK_ENV.relative_to(ROOT)}    # REDIS_URL, CONTROL_REDIS_URL, OPENAI_*, AGENT_API_* (mode 0600)",
         flush=True,
     )
-    console.print("  .venv/bin/agent-runtime enqueue 'list my files' --agent alice --wait\n")
+    # Commands to copy: never wrapped by rich (a piped output is 80 columns wide, and a line break
+    # inside the curl example's quotes breaks it).
+    console.print("  .venv/bin/agent-runtime enqueue 'list my files' --agent alice --wait\n", soft_wrap=True)
     console.print(
         "  curl -s -H \"Authorization: Bearer $AGENT_API_TOKEN\" -H 'Content-Type: application/json' \\\n"
-        '       -d \'{"agent_id": "alice", "input": "list my files"}\' $AGENT_API_URL/v1/turns\n'
+        '       -d \'{"agent_id": "alice", "input": "list my files"}\' $AGENT_API_URL/v1/turns\n',
+        soft_wrap=True,
     )
-    console.print(f"  approvals page: {api_env['AGENT_API_URL']}/ui (sign in with $AGENT_API_TOKEN)\n")
+    console.print(f"  approvals page: {api_env['AGENT_API_URL']}/ui (sign in with $AGENT_API_TOKEN)\n", soft_wrap=True)
     if metrics_port:
         print(  # one line, never wrapped: scripts read the two URLs
             f"  metrics: http://127.0.0.1:{metrics_port}/metrics (turns pool), "
@@ -362,7 +365,10 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
             flush=True,
         )
     if stack.spans:
-        console.print(f"  .venv/bin/agent-runtime trace <turn_id> --spans {stack.spans}   # the turn's span tree\n")
+        console.print(
+            f"  .venv/bin/agent-runtime trace <turn_id> --spans {stack.spans}   # the turn's span tree\n",
+            soft_wrap=True,
+        )
     console.print("Ctrl-C stops everything.")
     try:
         while all(p.poll() is None for _, p in stack.procs):

@@ -79,6 +79,12 @@ def test_sigterm_stops_everything_the_stack_started(tmp_path):
         assert len(_marked(mark)) >= 4  # devstack, gateway, worker (and its pool), beat
         wait_for(lambda: "(tools pool)" in log.read_text(), timeout=30, poll=0.3)
         _both_pools_serve_metrics(log.read_text())
+        # The commands to copy are whole lines, though the output is a pipe (80 columns to rich).
+        printed = log.read_text()
+        assert (
+            "curl -s -H \"Authorization: Bearer $AGENT_API_TOKEN\" -H 'Content-Type: application/json' \\\n" in printed
+        )
+        assert '-d \'{"agent_id": "alice", "input": "list my files"}\' $AGENT_API_URL/v1/turns\n' in printed
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         wait_for(lambda: not _marked(mark), timeout=30)
