@@ -79,7 +79,8 @@ QUIET_FOR = 3.0
 
 def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
     """Once per Redis server run (``run_id``), ``SETTLE_AFTER_RESTART`` s after it started: re-drive
-    every active turn that no message names (queued or fetched) and no live node holds.
+    every active turn that no message names (queued or fetched) and no node holds (a dead node's
+    held turns are the dead-node path's).
 
     A Redis crash can take a message with it: popped by a consumer (``BRPOP``) whose next command,
     recording it as fetched, found Redis gone. Nothing else would name that turn before its
@@ -100,7 +101,9 @@ def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
         return {}
     node_queues = [q.decode() for q in r.scan_iter(match=f"{QUEUE_PREFIX}*", _type="list")]
     named = turns_named_by_messages(r, [*QUEUES, *node_queues], TURN_TASKS)
-    named |= set(engine.liveness.held_by_live_nodes().values())
+    # Held by a node, live or dead and not yet recovered: the dead-node path re-drives the latter
+    # (with its own reason, after its grace); judged here they were re-driven twice.
+    named |= set(engine.liveness.held_by_known_nodes().values())
     done = {}
     for turn_id in sorted(watched - named):
         state = engine.store.load(turn_id)

@@ -148,3 +148,36 @@ def test_a_message_lost_with_a_redis_crash_is_found_missing_after_the_restart(st
     assert view.final_output == "found again", view
     reasons = [e["reason"] for e in _redriven(stack.control, tid)]
     assert reasons == ["no message after a Redis restart"], reasons
+
+
+RECONCILE = """
+import json
+from tasks.runtime import get_engine
+from tasks.watchdog import reconcile_after_restart
+print(json.dumps(reconcile_after_restart(get_engine())), flush=True)
+"""
+
+
+def test_a_dead_nodes_held_turn_is_left_to_the_dead_node_path_by_the_reconciliation(stack, gateway, script_name):
+    """The reconciliation after a Redis restart re-drives a turn no message names and no node holds.
+    A node whose heartbeat is gone but which the watchdog has not recovered yet (its grace) still
+    holds its turns: the dead-node path re-drives them, with its own reason. Judged unnamed, such a
+    turn was re-driven by the reconciliation first, and again by the dead-node path (seen when a
+    sweep's first reconciliation fell in that window)."""
+    from worker.turn.liveness import NODES_KEY, held_key
+
+    gateway.add_script(script_name, [{"output": [msg("once")]}])
+    r = redis.Redis.from_url(stack.url)
+    tid = stack.control.enqueue({"agent_id": "sup-d", "input": "hi", "model": script_name})
+    assert r.lpop("turns")  # fetched by the node below, which then died
+    r.sadd(NODES_KEY, "gone-node:1")  # known, its heartbeat key gone (never written)
+    r.hset(held_key("gone-node:1"), "task-of-gone", tid)
+    wait_for(lambda: r.info("server")["uptime_in_seconds"] >= 4, timeout=10, poll=0.2)
+    assert _python(stack, RECONCILE) == "{}"
+    assert not _redriven(stack.control, tid)
+    # Once the dead-node path has taken the node's turns, a turn nobody names is the
+    # reconciliation's again (a later Redis run).
+    r.delete(held_key("gone-node:1"))
+    r.srem(NODES_KEY, "gone-node:1")
+    r.delete(*r.scan_iter(match="agent:reconciled:*"))
+    assert tid in _python(stack, RECONCILE)

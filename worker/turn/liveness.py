@@ -172,6 +172,14 @@ class Liveness:
 
     def held_by_live_nodes(self) -> dict[str, str]:
         """``task_id`` -> ``turn_id`` of what nodes with a live heartbeat hold (received, reserved or running)."""
+        return self._held(live_only=True)
+
+    def held_by_known_nodes(self) -> dict[str, str]:
+        """``held_by_live_nodes`` and what the nodes whose heartbeat is gone but who are not yet
+        recovered (``take_held_turns``, ``bury``) held: turns that the dead-node path re-drives."""
+        return self._held(live_only=False)
+
+    def _held(self, *, live_only: bool) -> dict[str, str]:
         nodes = [_text(n) for n in self.r.smembers(NODES_KEY)]
         with self.r.pipeline(transaction=False) as p:
             for n in nodes:
@@ -180,7 +188,7 @@ class Liveness:
             replies = p.execute()
         held: dict[str, str] = {}
         for alive, tasks in zip(replies[::2], replies[1::2], strict=True):
-            if alive:
+            if alive or not live_only:
                 held.update({_text(k): _text(v) for k, v in tasks.items()})
         return held
 
