@@ -419,6 +419,14 @@ def _turn(stack: PrivateStack, model: str, agent: str = "a") -> str:
     return stack.control.enqueue({"agent_id": agent, "input": f"go {agent}", "model": model, "toolset": "testing"})
 
 
+def _called(served: Hostile, model: str, timeout: float = 30) -> None:
+    """Wait until ``model`` has been called once (its call in flight)."""
+    deadline = time.monotonic() + timeout
+    while served.calls[model] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 def _kinds(stack: PrivateStack, tid: str, kind: str) -> list[dict[str, Any]]:
     return [e for e in stack.control.events(tid) if e.get("kind") == kind]
 
@@ -462,10 +470,7 @@ def test_cancel_during_the_call_ends_the_turn_cancelled(stack, served):
     served.behaviours["m"] = slow(3.0)
     stack.start_worker(concurrency=2)
     tid = _turn(stack, "m")
-    deadline = time.monotonic() + 30
-    while served.calls["m"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _called(served, "m")
     assert stack.control.cancel(tid)
     view = stack.control.wait(tid, timeout=30)
     assert view.status.value == "cancelled", view
@@ -505,10 +510,7 @@ def test_a_cancelled_turns_model_call_is_aborted_not_waited_for(stack, served):
     served.behaviours["m"] = generating(60.0, closed)
     stack.start_worker(concurrency=2)
     tid = _turn(stack, "m")
-    deadline = time.monotonic() + 30
-    while served.calls["m"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _called(served, "m")
     time.sleep(0.5)
     cancelled_at = time.monotonic()
     assert stack.control.cancel(tid)
@@ -526,10 +528,7 @@ def test_a_worker_killed_mid_call_has_its_turn_finished_elsewhere(stack, served)
     served.behaviours["m"] = slow(30.0, first_only=True)
     worker = stack.start_worker(concurrency=2)
     tid = _turn(stack, "m")
-    deadline = time.monotonic() + 30
-    while served.calls["m"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _called(served, "m")
     stack.kill(worker)
     stack.start_worker(concurrency=2)
     stack.start_beat()
@@ -601,10 +600,7 @@ def test_duplicates_during_a_call_on_a_threads_pool_do_not_pay_twice(stack, serv
     served.behaviours["m"] = slow(3.0, first_only=True)
     stack.start_worker(concurrency=4)
     tid = _turn(stack, "m")
-    deadline = time.monotonic() + 30
-    while served.calls["m"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _called(served, "m")
     for _ in range(3):
         stack.control._engine.dispatcher.enqueue_step(tid, 0, queue="turns")
     view = stack.control.wait(tid, timeout=60)

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 import redis
@@ -59,6 +61,37 @@ def stack():
     s.close()
 
 
+@contextmanager
+def _task_sent_events(r: redis.Redis) -> Iterator[list[bytes]]:
+    """The raw ``task-sent`` events published while inside, as a list that fills in the background."""
+    events: list[bytes] = []
+    sub = r.pubsub()
+    sub.psubscribe("*celeryev/task.sent")
+    assert sub.get_message(timeout=5)["type"] == "psubscribe"
+    done = threading.Event()
+
+    def listen() -> None:
+        while not done.is_set():
+            m = sub.get_message(timeout=0.1)
+            if m and m["type"] == "pmessage":
+                events.append(m["data"])
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    try:
+        yield events
+    finally:
+        done.set()
+        listener.join(5)
+        sub.close()
+
+
+def _wait_for_count(items: list, count: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while len(items) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _bodies(r: redis.Redis, queue: str) -> list[list]:
     """The positional args of each task message in ``queue`` (kombu's Redis list, base64 JSON body)."""
     return [json.loads(base64.b64decode(json.loads(raw)["body"]))[0] for raw in r.lrange(queue, 0, -1)]
@@ -66,35 +99,16 @@ def _bodies(r: redis.Redis, queue: str) -> list[list]:
 
 def test_a_message_and_its_sent_event_take_one_round_trip_and_a_group_one_in_all(stack):
     r = redis.Redis.from_url(stack.url)
-    events: list[dict] = []
-    sub = r.pubsub()
-    sub.psubscribe("*celeryev/task.sent")
-    assert sub.get_message(timeout=5)["type"] == "psubscribe"
-
-    done = threading.Event()
-
-    def listen() -> None:
-        while not done.is_set():
-            m = sub.get_message(timeout=0.1)
-            if m and m["type"] == "pmessage":
-                events.append(json.loads(m["data"]))
-
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    run = subprocess.run(
-        [sys.executable, "-c", COUNT], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split("\n")[:2] == ["step 1", "group 1"], run.stdout  # Celery alone: 2 and 6
-    assert sorted(map(tuple, _bodies(r, "turns"))) == [("rt-turn", 3), ("warm", 0)]
-    assert sorted(map(tuple, _bodies(r, "tools"))) == [("rt-turn", 3, c) for c in ("c1", "c2", "c3")]
-    deadline = time.monotonic() + 10
-    while len(events) < 5 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    sent = [json.loads(base64.b64decode(e["body"])) for e in events]
-    done.set()
-    listener.join(5)
-    sub.close()
+    with _task_sent_events(r) as events:
+        run = subprocess.run(
+            [sys.executable, "-c", COUNT], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert run.stdout.split("\n")[:2] == ["step 1", "group 1"], run.stdout  # Celery alone: 2 and 6
+        assert sorted(map(tuple, _bodies(r, "turns"))) == [("rt-turn", 3), ("warm", 0)]
+        assert sorted(map(tuple, _bodies(r, "tools"))) == [("rt-turn", 3, c) for c in ("c1", "c2", "c3")]
+        _wait_for_count(events, 5)
+    sent = [json.loads(base64.b64decode(json.loads(e)["body"])) for e in events]
     assert sorted(e["name"] for e in sent) == ["tasks.turns.tool_call"] * 3 + ["tasks.turns.turn_step"] * 2
     # The parallel calls are still one group to Flower: one group id, their indexes in order.
     headers = [json.loads(raw)["headers"] for raw in reversed(r.lrange("tools", 0, -1))]
@@ -151,37 +165,19 @@ def test_a_recorded_message_is_what_the_publish_sends_and_nothing_is_sent(stack)
     and kombu's own publish writes for the same step, group and chain (ids, tags and times aside);
     nothing is sent; a control plane's dispatcher records nothing."""
     r = redis.Redis.from_url(stack.url)
-    events: list[bytes] = []
-    sub = r.pubsub()
-    sub.psubscribe("*celeryev/task.sent")
-    assert sub.get_message(timeout=5)["type"] == "psubscribe"
-    done = threading.Event()
-
-    def listen() -> None:
-        while not done.is_set():
-            m = sub.get_message(timeout=0.1)
-            if m and m["type"] == "pmessage":
-                events.append(m["data"])
-
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    run = subprocess.run(
-        [sys.executable, "-c", RECORD], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
-    assert out["control"] is None
-    recorded = out["recorded"]
-    assert [(n, k) for n, k, _ in recorded] == [("LPUSH", "turns"), ("PUBLISH", "/0.celeryev/task.sent")] + [
-        ("LPUSH", "tools"),
-        ("PUBLISH", "/0.celeryev/task.sent"),
-    ] * 3
-    deadline = time.monotonic() + 10
-    while len(events) < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    done.set()
-    listener.join(5)
-    sub.close()
+    with _task_sent_events(r) as events:
+        run = subprocess.run(
+            [sys.executable, "-c", RECORD], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        assert out["control"] is None
+        recorded = out["recorded"]
+        assert [(n, k) for n, k, _ in recorded] == [("LPUSH", "turns"), ("PUBLISH", "/0.celeryev/task.sent")] + [
+            ("LPUSH", "tools"),
+            ("PUBLISH", "/0.celeryev/task.sent"),
+        ] * 3
+        _wait_for_count(events, 4)
     # Only the long way's four messages were sent: recording sent nothing.
     sent = [*reversed(r.lrange("turns", 0, -1)), *reversed(r.lrange("tools", 0, -1))]
     assert len(sent) == 4 and len(events) == 4

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 
 import pytest
 
 from devtools.scripted_gateway import ScriptedGateway
+from tests.support.loopback import LoopbackServer
 from worker.model.async_client import AsyncModelClient
 from worker.model.chat import CHAT, ChatClient
 from worker.model.interface import GatewayError, ModelRequest
@@ -70,25 +70,14 @@ def test_an_answer_above_the_cap_fails_not_retryable_and_one_below_is_read(gatew
     assert "larger than 100000 bytes" in str(too_big.value) and "AGENT_MODEL_MAX_REPLY_BYTES" in str(too_big.value)
 
 
-class _Flood:
+class _Flood(LoopbackServer):
     """A local HTTP server whose every answer is ``head`` then ``chunk`` forever (until the client
     goes); ``sent`` counts the bytes it managed to send, per connection."""
 
     def __init__(self, head: bytes, chunk: bytes):
         self.head, self.chunk = head, chunk
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
         self.sent: list[int] = []
-        self._stop = False
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self._stop:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+        super().__init__(self._answer)
 
     def _answer(self, conn: socket.socket) -> None:
         conn.recv(65536)
@@ -96,17 +85,13 @@ class _Flood:
         self.sent.append(0)
         try:
             conn.sendall(self.head)
-            while not self._stop and self.sent[index] < 1_000_000_000:
+            while not self.stopped.is_set() and self.sent[index] < 1_000_000_000:
                 conn.sendall(self.chunk)
                 self.sent[index] += len(self.chunk)
         except OSError:
             pass
         finally:
             conn.close()
-
-    def stop(self) -> None:
-        self._stop = True
-        self.sock.close()
 
 
 FLOODS = {

@@ -14,6 +14,7 @@ import zlib
 
 import pytest
 
+from tests.support.loopback import LoopbackServer
 from worker.model.chat import ChatClient
 from worker.model.interface import GatewayError, ModelRequest
 from worker.model.responses import ResponsesClient
@@ -25,22 +26,12 @@ CLIENTS = {
 REQUEST = ModelRequest(model="m", input=[{"role": "user", "content": "hi"}])
 
 
-class _Server:
+class _Server(LoopbackServer):
     """Answers each request on a connection with ``answer`` (keep-alive)."""
 
     def __init__(self, answer: bytes):
         self.answer = answer
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+        super().__init__(self._answer)
 
     def _answer(self, conn: socket.socket) -> None:
         buf = b""
@@ -68,9 +59,6 @@ class _Server:
             pass
         finally:
             conn.close()
-
-    def stop(self) -> None:
-        self.sock.close()
 
 
 def _chunked_answer(content_type: bytes, encoding: bytes, body: bytes) -> bytes:
