@@ -22,8 +22,8 @@ import pytest
 from tests.conftest import ROOT, start_worker_process, stop_process
 from tests.support.scripts import fc, msg
 from tests.test_tools_web import call, fetch_tool, loopback_only, tools_for  # noqa: F401 (autouse fixture)
+from worker.model.content_decoding import BLOCK, BoundedDecoder, ContentEncodingError, parse_content_encoding
 from worker.tools.web.address_guard import SPECIAL_PURPOSE_V4, SPECIAL_PURPOSE_V6, block_reason
-from worker.tools.web.decoding import BLOCK, BoundedDecoder, ContentEncodingError, parse_content_encoding
 from worker.turn.request import TurnStatus
 
 # ----------------------------------------------------------------- decompression bomb

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ssl
 import threading
-import zlib
 from typing import Iterator
 
 import certifi
@@ -21,6 +20,7 @@ import httpx
 import orjson
 from httpx_sse import ServerSentEvent, connect_sse
 
+from worker.model.content_decoding import ACCEPT_ENCODING, BoundedDecoder, ContentEncodingError, parse_content_encoding
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.sse_lines import SSEEvents
 from worker.model.wire_format import WireFormat, read_events
@@ -31,10 +31,6 @@ from worker.model.wire_format import WireFormat, read_events
 MAX_REPLY_BYTES = 64 * 1024 * 1024
 # What is read of an error answer's body, for its message (which keeps 500 characters of it).
 ERROR_TEXT_BYTES = 4096
-# The most one compressed read is decoded into at once (``_decoded``).
-DECODE_BYTES = 65536
-# The content codings the synchronous clients accept and decode themselves (``_decoded``).
-ACCEPT_ENCODING = "gzip, deflate"
 
 
 class ThreadClients:
@@ -189,7 +185,7 @@ def reply_too_large(limit: int) -> GatewayError:
 def _read_body(resp: httpx.Response, limit: int) -> bytes:
     """The whole body of ``resp`` (opened streamed), at most ``limit`` bytes (``ReplySize``)."""
     size = ReplySize(limit, resp.headers.get("content-length"))
-    return b"".join(size.add(chunk) for chunk in _decoded(resp))
+    return b"".join(size.add(chunk) for chunk in _decoded(resp, limit))
 
 
 def _error_text(resp: httpx.Response) -> str:
@@ -210,50 +206,24 @@ def _events(resp: httpx.Response, size: ReplySize) -> Iterator[ServerSentEvent |
     that completes no line (so ``read_events``'s tail looks at the clock while bytes arrive without
     a line end); the stream's bytes counted by ``size``."""
     events = SSEEvents()
-    for chunk in _decoded(resp):
+    for chunk in _decoded(resp, size.limit):
         yield from events.feed(size.add(chunk)) or (None,)
     yield from events.close()
 
 
-def _decoded(resp: httpx.Response) -> Iterator[bytes]:
-    """The body of ``resp`` (opened streamed), decoded from its ``Content-Encoding`` (gzip or
-    deflate; any other coding passed through as sent, as httpx does) in pieces of at most
-    ``DECODE_BYTES``: httpx's own decoding (``iter_bytes``) expands each 64 KiB read whole, up to
-    ~66 MB of deflate, before any ``ReplySize`` could count it. After the compressed data's end,
-    the rest is read (the connection goes back to its pool clean) but at most ``DECODE_BYTES`` of
-    it. Raises ``httpx.DecodingError`` for a body that does not decode."""
-    codings = [c.strip().lower() for c in resp.headers.get("content-encoding", "").split(",")]
-    codings = [c for c in codings if c in ("gzip", "x-gzip", "deflate")]
-    if not codings:
-        yield from resp.iter_raw()
-        return
-    if len(codings) > 1:
-        raise httpx.DecodingError(f"unsupported Content-Encoding: {', '.join(codings)}", request=resp.request)
-    gzipped = codings[0] != "deflate"
-    inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if gzipped else zlib.MAX_WBITS)
-    first, trailing = True, 0
+def _decoded(resp: httpx.Response, limit: int = MAX_REPLY_BYTES) -> Iterator[bytes]:
+    """The body of ``resp`` (opened streamed), decoded from its ``Content-Encoding`` with a bound
+    per piece (``content_decoding.BoundedDecoder``): httpx's own decoding (``iter_bytes``) expands
+    each 64 KiB read whole, up to ~66 MB of deflate, before any ``ReplySize`` could count it. The
+    raw bytes are capped at ``limit`` too (``ReplySize``): data after a compressed stream's end
+    decodes to nothing. Raises ``httpx.DecodingError`` for a coding it cannot decode, and
+    ``GatewayError`` past ``limit``."""
+    raw_size = ReplySize(limit)
     try:
-        for data in resp.iter_raw():
-            while data and not inflate.eof:
-                try:
-                    piece = inflate.decompress(data, DECODE_BYTES)
-                except zlib.error:
-                    if gzipped or not first:
-                        raise
-                    # "deflate" sent raw, without its zlib header (httpx's decoder allows it too)
-                    inflate = zlib.decompressobj(-zlib.MAX_WBITS)
-                    piece = inflate.decompress(data, DECODE_BYTES)
-                first = False
-                data = inflate.unconsumed_tail
-                if piece:
-                    yield piece
-            if inflate.eof:  # ``data``: a later read, whole (the read that ended it left its rest in unused_data)
-                trailing += len(data)
-                if trailing + len(inflate.unused_data) > DECODE_BYTES:
-                    return
-        if rest := inflate.flush():
-            yield rest
-    except zlib.error as exc:
+        decoder = BoundedDecoder(parse_content_encoding(resp.headers.get("content-encoding")))
+        for raw in resp.iter_raw():
+            yield from decoder.feed(raw_size.add(raw))
+    except ContentEncodingError as exc:
         raise httpx.DecodingError(str(exc), request=resp.request) from exc
 
 

@@ -8,6 +8,7 @@ import time
 import httpx
 from pydantic import BaseModel, Field
 
+from worker.model.content_decoding import ACCEPT_ENCODING, BoundedDecoder, ContentEncodingError, parse_content_encoding
 from worker.settings import Settings
 from worker.tooling.contract import ToolContext, ToolResult
 from worker.tools.web.address_guard import BlockedAddressError, GuardedTransport, resolve_vetted
@@ -22,7 +23,6 @@ from worker.tools.web.common import (
     size_label,
     url_label,
 )
-from worker.tools.web.decoding import ACCEPT_ENCODING, BoundedDecoder, ContentEncodingError, parse_content_encoding
 
 # --------------------------------------------------------------------------- web_fetch
 

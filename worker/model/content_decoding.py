@@ -11,8 +11,9 @@ whatever the ratio, and the caller stops pulling at its decoded-bytes cap.
 
 Encodings (RFC 9110 section 8.4): ``gzip``/``x-gzip``, ``deflate`` (zlib-wrapped, or
 raw as some servers send), ``identity``; listed in the order they were applied, so
-they are undone from the last. Others (``br``, ``zstd``, ``compress``) are refused:
-``fetch.py`` only advertises ``gzip, deflate``.
+they are undone from the last. Others (``br``, ``zstd``, ``compress``) are refused: the
+clients that use this (``worker.model.http_pool``, ``worker.tools.web.fetch``) advertise only
+``ACCEPT_ENCODING``.
 """
 
 from __future__ import annotations
