@@ -8,6 +8,7 @@ traffic leaves for a private or metadata address.
 
 from __future__ import annotations
 
+import gzip
 import ipaddress
 import socket
 import threading
@@ -48,6 +49,20 @@ SEARX = {
     ],
     "answers": [],
     "suggestions": [],
+}
+
+
+# The fake search provider's answers: path -> (body, content type, extra headers).
+SEARCH_ANSWERS: dict[str, tuple[bytes, str, dict[str, str]]] = {
+    "/search": (orjson.dumps(SEARX), "application/json", {}),
+    "/search-html": (b"<html>not json</html>", "text/html; charset=utf-8", {}),
+    # ~200 KB of gzip that inflates to 200 MB
+    "/search-bomb": (
+        gzip.compress(b'{"results": [' + b" " * 200_000_000, 9),
+        "application/json",
+        {"Content-Encoding": "gzip"},
+    ),
+    "/search-huge": (b'{"results": [' + b" " * 5_000_000 + b"]}", "application/json", {}),  # plain, but 5 MB
 }
 
 
@@ -121,10 +136,9 @@ class Handler(BaseHTTPRequestHandler):
             if n <= 0:
                 return self._send(200, b"arrived\n", "text/plain")
             return self._send(302, b"", headers={"Location": f"/slowhop?n={n - 1}"})
-        if parts.path == "/search":
-            return self._send(200, orjson.dumps(SEARX), "application/json")
-        if parts.path == "/search-html":
-            return self._send(200, b"<html>not json</html>")
+        if parts.path in SEARCH_ANSWERS:
+            body, ctype, headers = SEARCH_ANSWERS[parts.path]
+            return self._send(200, body, ctype, headers=headers)
         return self._send(404, b"unknown")
 
 
@@ -404,6 +418,23 @@ def test_search_against_fake_searxng(server):
     assert tool.completed_activity(p, r) == "Found 2 results for 'otters'"
     r = call(tool, query="otters")
     assert len(r.details["results"]) == 3  # the item without a url is skipped
+
+
+def test_a_search_answer_is_read_only_up_to_its_cap_decoded_in_bounded_pieces(server):
+    """A search provider's answer is capped (``SEARCH_MAX_BYTES``, decoded): a plain answer above it
+    and a gzip bomb (200 KB inflating to 200 MB; httpx would inflate each read whole) fail the
+    search with the cap in the message, holding a few MB at most."""
+    import tracemalloc
+
+    for path in ("/search-huge", "/search-bomb"):
+        tracemalloc.start()
+        try:
+            r = call(tools_for(web_search_url=f"{server}{path}")["web_search"], query="x")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert r.is_error and "larger than 4 MB" in r.content, (path, r.content)
+        assert peak < 40_000_000, (path, peak)
 
 
 def test_search_errors(server):

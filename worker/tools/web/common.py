@@ -12,6 +12,9 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 USER_AGENT = "agent-worker-web/0.1 (+tools runtime)"
 SEARCH_TIMEOUT = 15.0  # seconds
 SEARCH_SNIPPET_CHARS = 400
+# Cap on a search provider's answer, decoded (bytes): results lists are a few KB; a bigger answer
+# (or a compressed one that inflates without end) fails the search instead of a worker's memory.
+SEARCH_MAX_BYTES = 4 * 1024 * 1024
 WATCH_INTERVAL = 0.05  # seconds between the fetch watchdog's deadline/abort checks
 CANCEL_JOIN = 1.0  # seconds to let the request thread wind down after a cancel
 TEXT_TYPES = (

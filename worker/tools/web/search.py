@@ -6,9 +6,10 @@ import httpx
 import orjson
 from pydantic import BaseModel, Field
 
+from worker.model.content_decoding import ACCEPT_ENCODING, BoundedDecoder, ContentEncodingError, parse_content_encoding
 from worker.settings import Settings
 from worker.tooling.contract import ToolContext, ToolResult
-from worker.tools.web.common import SEARCH_SNIPPET_CHARS, SEARCH_TIMEOUT, USER_AGENT, fail, short
+from worker.tools.web.common import SEARCH_MAX_BYTES, SEARCH_SNIPPET_CHARS, SEARCH_TIMEOUT, USER_AGENT, fail, short
 
 # --------------------------------------------------------------------------- web_search
 
@@ -22,6 +23,24 @@ class WebSearchParams(BaseModel):
     language: str | None = Field(None, description="Optional language code, e.g. 'en'.")
 
 
+def _read_capped(resp: httpx.Response) -> bytes | None:
+    """The answer's body decoded with a bound per piece (``BoundedDecoder``: httpx would inflate
+    each read whole, a decompression bomb), or None past ``SEARCH_MAX_BYTES`` (decoded or raw).
+    Raises ``ContentEncodingError``."""
+    decoder = BoundedDecoder(parse_content_encoding(resp.headers.get("content-encoding")))
+    body = bytearray()
+    raw_seen = 0
+    for raw in resp.iter_raw():
+        raw_seen += len(raw)
+        for piece in decoder.feed(raw):
+            body += piece
+            if len(body) > SEARCH_MAX_BYTES:
+                return None
+        if raw_seen > SEARCH_MAX_BYTES:
+            return None
+    return bytes(body)
+
+
 def _search(params: WebSearchParams, ctx: ToolContext, settings: Settings) -> ToolResult:
     url = settings.web_search_url
     assert url  # the tool exists only when the profile is bound
@@ -30,7 +49,7 @@ def _search(params: WebSearchParams, ctx: ToolContext, settings: Settings) -> To
         query["time_range"] = params.time_range
     if params.language:
         query["language"] = params.language
-    headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+    headers = {"Accept": "application/json", "User-Agent": USER_AGENT, "Accept-Encoding": ACCEPT_ENCODING}
     key = settings.web_search_key.get_secret_value() if settings.web_search_key else ""
     if key:
         param = settings.web_search_key_param
@@ -41,16 +60,23 @@ def _search(params: WebSearchParams, ctx: ToolContext, settings: Settings) -> To
             headers[header] = f"Bearer {key}" if header.lower() == "authorization" else key
     try:
         with httpx.Client(timeout=SEARCH_TIMEOUT, trust_env=False, follow_redirects=False) as client:
-            resp = client.get(url, params=query, headers=headers)
+            with client.stream("GET", url, params=query, headers=headers) as resp:
+                if resp.status_code != 200:
+                    return fail(f"the search provider answered HTTP {resp.status_code}", status=resp.status_code)
+                body = _read_capped(resp)
     except httpx.TimeoutException:
         return fail("the search provider did not answer in time")
     except httpx.HTTPError as exc:
         # The exception text can carry the URL (and a key sent as a parameter): report its type only.
         return fail(f"the search provider could not be reached ({type(exc).__name__})")
-    if resp.status_code != 200:
-        return fail(f"the search provider answered HTTP {resp.status_code}", status=resp.status_code)
+    except ContentEncodingError as exc:
+        return fail(f"the search provider's answer could not be decoded ({exc})")
+    if body is None:
+        return fail(
+            f"the search provider's answer is larger than {SEARCH_MAX_BYTES // (1024 * 1024)} MB; not read further"
+        )
     try:
-        data = orjson.loads(resp.content)
+        data = orjson.loads(body)
     except orjson.JSONDecodeError:
         return fail("the search provider did not return JSON (is format=json enabled on it?)")
     raw_results = data.get("results") if isinstance(data, dict) else None
