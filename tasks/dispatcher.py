@@ -139,7 +139,7 @@ class CeleryDispatcher:
         with the state change that decided it. None when it cannot go that way: a control plane's
         dispatcher (its own broker), a broker that is not the turn store's Redis, or one that is away
         when the producer must connect first."""
-        return self._captured(self._step_sender(turn_id, step, queue, label))
+        return self._recorded(self._step_sender(turn_id, step, queue, label))
 
     def _step_sender(self, turn_id: str, step: int, queue: str, label: str) -> Callable[[dict[str, Any]], Any]:
         """What sends ``turn_step(turn_id, step)`` to ``queue``, given extra ``apply_async`` options."""
@@ -157,9 +157,9 @@ class CeleryDispatcher:
     ) -> MessageCommands | None:
         """``dispatch_batch``'s messages for a batch without computer calls, as ``step_message``
         gives its one: the Redis commands, not sent, or None."""
-        return self._captured(self._batch_sender(turn_id, step, batch, queue, labels, None))
+        return self._recorded(self._batch_sender(turn_id, step, batch, queue, labels, None))
 
-    def _captured(self, send: Callable[[dict[str, Any]], Any]) -> MessageCommands | None:
+    def _recorded(self, send: Callable[[dict[str, Any]], Any]) -> MessageCommands | None:
         """What ``send`` publishes, recorded on a ``RecordingProducer`` (``tasks.recorded_publish``)
         instead of sent; None when this dispatcher may not record (see ``step_message``) or the
         publish cannot be recorded (``Unrecordable``)."""
@@ -243,7 +243,7 @@ class CeleryDispatcher:
             # Celery's chain as ``chain(*sigs).apply_async`` sends it: one message, for the first
             # call, carrying the others last first (frozen: their ids known now), which the worker
             # sends one after another. Sent here because ``chain.run`` drops the ``producer``
-            # option: the message would leave the publish batch (and a capture's producer).
+            # option: the message would leave the publish batch (and a recording producer).
             for link in sigs[1:]:
                 link.freeze()
             options = {**options, "chain": sigs[:0:-1]}

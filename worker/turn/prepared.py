@@ -42,11 +42,13 @@ class ToolsPlan:
     """A reply's function calls, validated and planned (``ReplyHandler.plan_tools``): the
     ``plan``, the invalid-call counts after it, and ``writes``, the guarded move of the step to
     its tools phase (``TurnStore.begin_tools_writes``: the reply's items, the plan, the approval
-    requests, a ``call_planned`` event per call)."""
+    requests, a ``call_planned`` event per call); ``runs_calls``: the plan has batches and no tool's
+    invalid-call budget is spent (``BatchCompletion.over_budget``), else the step closes at once."""
 
     plan: Plan
     invalid_counts: dict[str, int]
     writes: Writes
+    runs_calls: bool
 
 
 @dataclass(frozen=True)

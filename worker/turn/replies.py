@@ -184,11 +184,12 @@ class ReplyHandler:
         )
         # The first batch's messages go with the move when they can (then ``_dispatch`` sends
         # nothing): the script that moves the step to its tools phase also queues its calls.
-        if plan.batches and not self.completion.over_budget(invalid_counts):
+        runs_calls = bool(plan.batches) and not self.completion.over_budget(invalid_counts)
+        if runs_calls:
             message = self.gate.batch_message(turn_id, step, 0, plan, request.agent_id)
             if message is not None:
                 writes.send_message(message)
-        return ToolsPlan(plan, invalid_counts, writes)
+        return ToolsPlan(plan, invalid_counts, writes, runs_calls)
 
     def _dispatch(self, prepared: PreparedStep, planned: ToolsPlan) -> StepOutcome:
         """After the move to the tools phase: send the first batch, or close the step at once when
@@ -198,9 +199,7 @@ class ReplyHandler:
         metrics.calls_planned(plan.calls, {t.name for t in prepared.tools})
         telemetry.planned_calls(plan.calls, plan.batch_indexes())
         detail = f"{len(plan.calls)} calls in {len(plan.batches)} batches"
-        if (
-            self.completion.over_budget(planned.invalid_counts) or not plan.batches
-        ):  # nothing to run: close the step now
+        if not planned.runs_calls:  # nothing to run: close the step now
             return StepOutcome("dispatched", detail, ended=self.completion.close(turn_id, step, request, -1))
         if planned.writes.sends_message:  # the move to the tools phase queued the first batch
             return StepOutcome("dispatched", detail)
