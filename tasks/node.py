@@ -23,6 +23,7 @@ from worker.placement.homes import node_name
 from worker.placement.keeper import Keeper
 from worker.placement.records import node_queue
 from worker.settings import get_settings
+from worker.tools.computer.launch import limits_check
 
 log = logging.getLogger("agent.placement")
 
@@ -36,6 +37,7 @@ def _host_homes(sender: object = None, instance: Any = None, **_: object) -> Non
     if instance is None or "tools" not in instance.app.amqp.queues.consume_from:
         return
     settings = get_settings()
+    limits_check(settings)  # per-agent limits: a WARNING (off) or an ERROR (cannot work) at start
     node = node_name(settings)
     queue = node_queue(node)
     instance.app.amqp.queues.select_add(Queue(queue, routing_key=queue))

@@ -136,6 +136,28 @@ def test_startup_check_reports_the_sandbox():
     assert status.startswith("bwrap ") and "process cap by" in status
 
 
+def test_limits_are_checked_at_a_tools_nodes_start(tmp_path, caplog, monkeypatch):
+    """Issue 30: the per-agent limits are reported once, at start, not at each pool process's first
+    call: a real probe image is made, mounted and removed; off is a WARNING naming the setting."""
+    from worker.tools.computer import homes
+
+    status = launch.limits_check(Settings(homes_root=tmp_path / "homes"))
+    assert (
+        status["quota"].endswith(".images)")
+        and " MB per home" in status["quota"]
+        and status["memory"].startswith("a cgroup per command")
+    )
+    assert status["uid"].startswith("one per agent")
+    assert not homes.mounted_under(tmp_path) and not list((tmp_path / "homes" / ".images").glob(".probe*"))
+    monkeypatch.setattr(homes, "_warned_off", False)
+    monkeypatch.setattr(launch, "_warned_no_memory_cgroup", False)
+    with caplog.at_level(logging.WARNING):
+        off = launch.limits_check(Settings(homes_root=tmp_path / "h2", home_quota_mb=0, command_memory_cgroup=False))
+    assert off["quota"].startswith("off") and off["memory"].startswith("off")
+    said = " ".join(r.message for r in caplog.records if r.levelno == logging.WARNING)
+    assert "AGENT_HOME_QUOTA_MB=0" in said and "AGENT_COMMAND_MEMORY_CGROUP=0" in said
+
+
 def test_egress_proxy_closes_its_connections():
     proxy = EgressProxy()
     client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -356,6 +356,47 @@ def _memory_cgroup(settings: Settings, limits: sandbox.Limits) -> MemoryCgroup |
         ) from None
 
 
+def limits_check(settings: Settings) -> dict[str, str]:
+    """Check the per-agent limits at a tools node's start (docs/isolation.md "Limits per agent") and
+    log each once for the node: a limit turned off is a WARNING, one that cannot work here an ERROR
+    naming its setting (every computer tool then refuses the same way). Called in the worker's main
+    process before its pool starts, so the pool's processes do not log it again.
+
+    Returns ``{"quota" | "memory" | "uid": status}``; a status that starts with ``unavailable:``
+    is a refusal.
+    """
+    from worker.tools.computer import homes
+
+    status: dict[str, str] = {}
+    if settings.home_quota_mb == 0:
+        homes.quota_off_warning(settings)
+    try:
+        status["quota"] = homes.probe_quota(settings)
+    except homes.HomeUnavailable as exc:
+        log.error("%s", exc)
+        status["quota"] = f"unavailable: {exc}"
+    try:
+        cgroup = _memory_cgroup(settings, sandbox.Limits.from_settings(settings))
+    except sandbox.SandboxUnavailable as exc:
+        log.error("%s", exc)
+        status["memory"] = f"unavailable: {exc}"
+    else:
+        status["memory"] = (
+            "off (AGENT_COMMAND_MEMORY_CGROUP=0)"
+            if cgroup is None
+            else f"a cgroup per command under {cgroup.path.parent}"
+        )
+        if cgroup is not None:
+            cgroup.remove()
+    status["uid"] = (
+        f"one per agent from AGENT_UID_BASE={settings.uid_base}"
+        if os.geteuid() == 0
+        else "the worker's own (not root: a user namespace per command)"
+    )
+    log.info("per-agent limits: %s", "; ".join(f"{k}: {v}" for k, v in status.items()))
+    return status
+
+
 def startup_check(settings: Settings) -> str:
     """Check the command sandbox at worker start and log the outcome; returns a one-line status.
 
