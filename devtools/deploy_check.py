@@ -1,30 +1,37 @@
-"""``make deploy-check``: compose.yaml brought up for real, used from the host, torn down.
+"""``make deploy-check``: compose.yaml brought up for real, used as an operator would, failed over, torn down.
 
 What it does, each step printed with the seconds it took (docs/deployment.md, "The check"):
 
 1. builds the images (``devtools.podman``: a Debian base from Debian's packages, layers cached);
 2. makes two small filesystems (loop-mounted ext4 images under ``var/deploy/disks``): one for
-   Redis's data (``REDIS_DATA_DIR``), one for the agents' homes (``AGENT_HOMES_DIR``), as
-   docs/deployment.md asks of a host;
+   Redis's data (``REDIS_DATA_DIR``: ``redis-1/``, ``redis-2/``), one for the agents' homes
+   (``AGENT_HOMES_DIR``), as docs/deployment.md asks of a host;
 3. ``podman-compose up`` with fresh credentials (never printed), optionally ``--scale`` two turn
    nodes and two tools nodes, and waits for every health check;
-4. from the host, through what compose publishes (Redis on 127.0.0.1 with the ``control`` user,
-   Flower, Prometheus, the trace UI) and with those credentials:
-   - a text turn whose ``run_command`` runs in the sandbox of the tools container: no network
-     interface but loopback, Redis unreachable, a file written in its home, no secret in its
-     environment or in any ``/proc/<pid>/environ`` it can see, no other agent's home;
+4. as the control plane (the CLIs inside the ``api`` container, which reaches Redis through the
+   Sentinels; Flower, Prometheus and the trace UI through what compose publishes):
+   - a text turn whose ``run_command`` runs in the sandbox of the tools container, with the
+     per-agent limits on, and attacks it: its own host uid (not root), no network interface but
+     loopback, Redis and the Sentinels unreachable, no secret in its environment or in any
+     ``/proc/<pid>/environ`` it can see, no other agent's home, no setuid bit (seccomp) and no
+     root from a copied shell; the file it wrote is its uid's, in its home;
    - a turn whose destructive command waits for an approval, approved with ``agent-runtime approve``;
    - a workflow task started with ``python -m control.workflow_cli start --wait``;
-   - a command that fills the homes' filesystem, then a turn that still completes (Redis's disk
-     is another one);
-   - Flower (401 without the password, 200 with), the metrics of both pools in Prometheus
-     (``agent_model_call_seconds`` from the turns pool, ``agent_tool_call_seconds`` from the
-     tools pool) and the turn's trace in the trace UI;
-   - with ``--scale``: turns of several steps at once, and which node ran which step of which
-     turn (from Flower's task list); then a turn node stopped with SIGTERM while turns run,
-     every turn completing on the other;
-5. tears everything down (containers, networks, volumes, the two filesystems), also after a
-   failure, Ctrl-C or SIGTERM.
+   - a command that writes past its home's quota (a loop-mounted image): it fails naming
+     ``AGENT_HOME_QUOTA_MB``, the homes' disk keeps its room, the next turn completes;
+   - four processes of one command, each under the memory limit, together over it: killed;
+   - with ``--scale``: which node ran which step; ``agent-runtime nodes`` lists each tools replica
+     as a node; a turn node stopped with SIGTERM while turns run, every turn completing on the
+     other; the tools replica that holds an agent's home killed, and the agent's next turn told
+     ``[computer moved]`` with its file restored from the object store; then the Redis primary
+     killed three times while turns run: Sentinel promotes the replica, every node reconnects,
+     every turn ends; lost / stuck turns, duplicated destructive calls and re-paid model calls
+     are counted, with the time from each kill to the first step on the new primary;
+   - Flower (401 without the password, 200 with), the metrics of both pools in Prometheus and the
+     turn's trace in the trace UI;
+5. a planned ``down`` (``devtools.deploy_stack.down``: every container by the project's label,
+   each with its stop grace): no container SIGKILLed (exit code 137), each Redis server's log ends
+   with "ready to exit"; then the two filesystems. Also after a failure, Ctrl-C or SIGTERM.
 
 ``python -m devtools.deploy_check [--scale] [--keep]``; exit 0 when every step passed, 1 when
 one failed (its line says which and why), 2 when a prerequisite is missing.
@@ -41,13 +48,16 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import httpx
 
 from devtools.deploy_stack import (
-    AGENT_UID,
+    COMMAND_MEMORY_BYTES,
+    HOME_QUOTA_MB,
     PROJECT,
+    REDIS_SERVERS,
     TURN_TIMEOUT,
     CheckFailed,
     Deployment,
@@ -55,7 +65,11 @@ from devtools.deploy_stack import (
     bring_up,
     cli,
     compose_cmd,
+    container,
     containers,
+    control_python,
+    down,
+    in_container,
     podman,
     remove_leftovers,
     set_secrets,
@@ -73,8 +87,8 @@ def enqueue(dep: Deployment, text: str, agent: str, model: str, *extra: str) -> 
     return out.strip()
 
 
-def wait_turn(dep: Deployment, turn_id: str) -> dict[str, Any]:
-    run = cli(dep, "wait", turn_id, "--timeout", str(TURN_TIMEOUT), check=False, timeout=TURN_TIMEOUT + 30)
+def wait_turn(dep: Deployment, turn_id: str, timeout: float = TURN_TIMEOUT) -> dict[str, Any]:
+    run = cli(dep, "wait", turn_id, "--timeout", str(timeout), check=False, timeout=timeout + 30)
     if run.returncode != 0:
         raise CheckFailed(f"turn {turn_id} did not complete: {(run.stdout or run.stderr).strip()[:400]}")
     status: dict[str, Any] = json.loads(run.stdout)
@@ -86,35 +100,33 @@ def tool_outputs(dep: Deployment, turn_id: str) -> list[str]:
     return [str(i.get("output", "")) for i in items if i.get("type") == "function_call_output"]
 
 
-def sandbox_turn(dep: Deployment) -> str:
-    other = dep.homes / "deploy-other"
-    other.mkdir()
-    (other / "private.txt").write_text("another agent's file\n")
-    os.chown(other, AGENT_UID, AGENT_UID)
-    turn = enqueue(dep, "report on your sandbox", "deploy-a", "deploy-sandbox", "--approval", "off")
+def run_turn(dep: Deployment, agent: str, model: str, text: str = "go") -> tuple[str, list[str]]:
+    """One turn of ``model`` (a script of ``scripts/``) for ``agent``, waited for; its tool outputs."""
+    turn = enqueue(dep, text, agent, model, "--approval", "off")
     wait_turn(dep, turn)
-    (out,) = tool_outputs(dep, turn)
-    report = dict(line.split(": ", 1) if ": " in line else line.split("=", 1) for line in _lines(out))
-    expected = {
-        "uid": "1000",
-        "interfaces": "lo",
-        "redis": "unreachable",
-        "secrets in env": "0",
-        "secrets in /proc": "0",
-        "homes visible": "deploy-a",
-    }
-    wrong = {k: report.get(k) for k, v in expected.items() if (report.get(k) or "").strip() != v}
-    if wrong:
-        raise CheckFailed(f"the sandbox let the command see {wrong} (expected {expected})")
-    if any(s in out for s in dep.secrets()):
-        raise CheckFailed("a password appeared in the command's output")
-    written = dep.homes / "deploy-a" / "deploy-check.txt"
-    if written.read_text().strip() != "written in the sandbox":
-        raise CheckFailed(f"{written} does not hold what the command wrote")
-    return (
-        f"turn {turn}: uid 1000, interfaces [lo], Redis unreachable, 0 secrets in env and /proc, "
-        f"only its own home, {report.get('processes')} processes visible, file written in the home"
-    )
+    return turn, tool_outputs(dep, turn)
+
+
+def tools_containers() -> list[str]:
+    return sorted(n for n, c in containers().items() if c["service"] == "worker-tools" and c["state"] == "running")
+
+
+def home_file(agent: str, path: str) -> str | None:
+    """The content of ``path`` in ``agent``'s home, read inside the tools containers (each home is an
+    image mounted in its node's container), or None where no node has it."""
+    for name in tools_containers():
+        run = podman("exec", name, "sh", "-c", 'cat /homes/node-*/"$0"/"$1" 2>/dev/null', agent, path, check=False)
+        if run.returncode == 0:
+            return run.stdout
+    return None
+
+
+def _report(text: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for line in _lines(text):
+        key, _, value = line.partition(": ") if ": " in line else line.partition("=")
+        found[key.strip()] = value.strip()
+    return found
 
 
 def _lines(text: str) -> Iterator[str]:
@@ -124,12 +136,44 @@ def _lines(text: str) -> Iterator[str]:
         text = data.get("stdout") or data.get("output") or text if isinstance(data, dict) else text
     except ValueError:
         pass
+    keys = ("uid=", "interfaces:", "redis:", "home file:", "secrets in", "processes:", "homes visible:", "other home:")
     for line in text.splitlines():
         line = line.strip()
-        if line.startswith(
-            ("uid=", "interfaces:", "redis:", "home file:", "secrets in", "processes:", "homes visible:")
-        ):
+        if line.startswith((*keys, "setuid ")):
             yield line
+
+
+def sandbox_turn(dep: Deployment) -> str:
+    """The sandbox report and its attacks, run in the tools container with the per-agent limits on."""
+    run_turn(dep, "deploy-b", "deploy-write")  # another agent's file, to be out of reach
+    turn, (out,) = run_turn(dep, "deploy-a", "deploy-sandbox", "report on your sandbox")
+    report = _report(out)
+    uid = report.get("uid", "")
+    expected = {
+        "interfaces": "lo",
+        "redis": "unreachable",
+        "secrets in env": "0",
+        "secrets in /proc": "0",
+        "homes visible": "deploy-a",
+        "other home": "unreadable",
+        "home file": f"{uid}: written in the sandbox",
+        "setuid bits": "755",
+        "setuid euid": uid,
+    }
+    wrong = {k: report.get(k) for k, v in expected.items() if (report.get(k) or "").strip() != v}
+    if not uid.isdigit() or int(uid) < 1000:
+        wrong["uid"] = uid  # the agent's own host uid, never root's
+    if wrong:
+        raise CheckFailed(f"the sandbox let the command see or do {wrong} (expected {expected})")
+    if any(s in out for s in dep.secrets()):
+        raise CheckFailed("a password appeared in the command's output")
+    if (home_file("deploy-a", "deploy-check.txt") or "").strip() != "written in the sandbox":
+        raise CheckFailed("deploy-a's home does not hold what the command wrote")
+    return (
+        f"turn {turn}: agent uid {uid}, interfaces [lo], Redis and Sentinels unreachable, 0 secrets in env "
+        f"and /proc, only its own home (another agent's file unreadable), setuid refused (mode 755, "
+        f"euid {uid}), {report.get('processes')} processes visible, file written in the home"
+    )
 
 
 def approval_turn(dep: Deployment) -> str:
@@ -144,7 +188,7 @@ def approval_turn(dep: Deployment) -> str:
     call = pending[0]["call_id"]
     decided = cli(dep, "approve", turn, call, "--by", "deploy-check").stdout.strip()
     wait_turn(dep, turn)
-    if (dep.homes / "deploy-a" / "deploy-check.txt").exists():
+    if home_file("deploy-a", "deploy-check.txt") is not None:
         raise CheckFailed("the approved command did not remove the file")
     return f"turn {turn} parked for `{pending[0]['activity']}`; agent-runtime approve -> {decided}; ran and completed"
 
@@ -181,17 +225,31 @@ def workflow_task(dep: Deployment) -> str:
     return f"task {task['task_id']} succeeded with {json.dumps(task['result'])}"
 
 
-def disk_full_turn(dep: Deployment) -> str:
-    fill = enqueue(dep, "fill the disk", "deploy-fill", "deploy-fill", "--approval", "off")
-    wait_turn(dep, fill)
-    usage = shutil.disk_usage(dep.homes)
-    if usage.free > 4 * 1024 * 1024:
-        raise CheckFailed(f"the homes' filesystem still has {usage.free // 2**20} MiB free after the fill")
-    after = enqueue(dep, "list your files", "deploy-a", "deploy-steps", "--approval", "off")
-    wait_turn(dep, after)
+def disk_fill(dep: Deployment) -> str:
+    """An agent writes past its quota: only its own write fails (the home is an image of
+    ``HOME_QUOTA_MB``); the homes' disk keeps its room and another agent's turn completes."""
+    turn, (out,) = run_turn(dep, "deploy-fill", "deploy-fill", "fill the disk")
+    size = next((line.split(":")[1].split()[0] for line in out.splitlines() if line.startswith("home size:")), "")
+    if "AGENT_HOME_QUOTA_MB" not in out or not size.isdigit() or int(size) > HOME_QUOTA_MB * 1024:
+        raise CheckFailed(f"the write past the quota was not contained: {out[:300]!r}")
+    free_mb = shutil.disk_usage(dep.homes).free // 2**20
+    if free_mb < 200:
+        raise CheckFailed(f"the homes' disk has only {free_mb} MiB free after one agent filled its home")
+    after, _ = run_turn(dep, "deploy-a", "deploy-steps", "list your files")
     redis_free = shutil.disk_usage(dep.redis_data).free // 2**20
-    (dep.homes / "deploy-fill" / "fill.bin").unlink(missing_ok=True)
-    return f"homes full (0 MiB free); turn {after} completed after it; Redis's disk has {redis_free} MiB free"
+    return (
+        f"turn {turn}: its home ({int(size) // 1024} MiB) full, the output names AGENT_HOME_QUOTA_MB; the homes' disk "
+        f"has {free_mb} MiB free; turn {after} completed after it; Redis's disk has {redis_free} MiB free"
+    )
+
+
+def memory_attack(dep: Deployment) -> str:
+    """Four processes of one command, each far under RLIMIT_AS, together over the command's memory cgroup."""
+    turn, (out,) = run_turn(dep, "deploy-mem", "deploy-memory", "use memory")
+    limit = f"memory limit of {COMMAND_MEMORY_BYTES // 2**20} MiB"
+    if limit not in out or "all-survived" in out:
+        raise CheckFailed(f"four processes of one command were not stopped at {limit}: {out[:300]!r}")
+    return f"turn {turn}: 4 x 200 MiB processes killed together at the command's {limit} (a memory cgroup)"
 
 
 def drain_node(dep: Deployment, turns: int = 8) -> str:
@@ -202,12 +260,253 @@ def drain_node(dep: Deployment, turns: int = 8) -> str:
         return "skipped: one turn node"
     ids = [enqueue(dep, "list your files", f"deploy-d{i}", "deploy-steps", "--approval", "off") for i in range(turns)]
     t = time.monotonic()
-    podman("stop", "-t", "60", nodes[-1], timeout=120)
+    podman("stop", "-t", "210", nodes[-1], timeout=300)
     stopped = time.monotonic() - t
+    code = json.loads(podman("inspect", nodes[-1]).stdout)[0]["State"]["ExitCode"]
     for turn_id in ids:
         wait_turn(dep, turn_id)
     podman("start", nodes[-1])
-    return f"{nodes[-1]} stopped by SIGTERM in {stopped:.1f} s while {turns} turns ran; all {turns} completed"
+    return f"{nodes[-1]} stopped by SIGTERM in {stopped:.1f} s (exit {code}) while {turns} turns ran; all {turns} completed"
+
+
+# -- nodes of homes ----------------------------------------------------------------------------
+
+
+def tools_nodes(dep: Deployment) -> str:
+    """``agent-runtime nodes``: each tools replica is a node of its own (its own homes)."""
+    nodes = json.loads(cli(dep, "nodes", "--json").stdout)
+    live = sorted(n for n, v in nodes.items() if v["live"])
+    want = 2 if dep.scale else 1
+    if len(live) != want:
+        raise CheckFailed(f"agent-runtime nodes lists {len(live)} live node(s) ({live}), expected {want}")
+    roots = sorted({nodes[n]["root"] for n in live})
+    if len(roots) != len(live):
+        raise CheckFailed(f"the tools replicas share a homes root: {roots}")
+    return f"{len(live)} live node(s): " + ", ".join(
+        f"{n} ({nodes[n]['root']}, {nodes[n]['agents']} agents)" for n in live
+    )
+
+
+def node_container(node: str) -> str:
+    """The tools container whose node is ``node`` (the node's name starts with the hostname of the
+    replica that first took its slot; the slot's ``.placement/node`` file says which)."""
+    for name in tools_containers():
+        run = podman(
+            "exec", name, "sh", "-c", 'cat "$AGENT_HOMES_ROOT/.placement/node" 2>/dev/null || true', check=False
+        )
+        if run.stdout.strip() == node:
+            return name
+    raise CheckFailed(f"no running tools container is node {node}")
+
+
+def kill_home_node(dep: Deployment) -> str:
+    """The tools replica that holds an agent's home is killed (SIGKILL, no restart); the agent's
+    next turn runs on the other node, is told ``[computer moved]``, and reads its file restored from
+    the object store."""
+    agent = "deploy-move"
+    run_turn(dep, agent, "deploy-write")
+    record = json.loads(
+        control_python(
+            "import json, sys; from control.client import ControlPlane\n"
+            "print(json.dumps(ControlPlane().placement_of(sys.argv[1])))",
+            agent,
+        ).stdout
+    )
+    node = record.get("node", "")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # a snapshot within AGENT_SNAPSHOT_INTERVAL (5 s) of the write
+        snap = control_python(
+            "import sys; from control.client import ControlPlane\n"
+            "print(ControlPlane().store.r.exists('agent:snapshot:' + sys.argv[1]))",
+            agent,
+            timeout=60,
+        ).stdout.strip()
+        if snap == "1":
+            break
+        time.sleep(1)
+    else:
+        raise CheckFailed(f"no snapshot of {agent}'s home was recorded after its write")
+    victim = node_container(node)
+    podman("kill", victim)
+    podman("stop", "-t", "0", victim, check=False)  # no restart: the node stays dead
+    time.sleep(6)  # its heartbeat expires (AGENT_LIVENESS_TTL, 4 s)
+    turn, outs = run_turn(dep, agent, "deploy-read")
+    out = outs[0] if outs else ""
+    podman("start", victim)
+    if "[computer moved]" not in out or "kept across nodes: 7f3a9c" not in out:
+        raise CheckFailed(f"after its node died, {agent}'s next call said {out[:400]!r}")
+    moved = json.loads(
+        control_python(
+            "import json, sys; from control.client import ControlPlane\n"
+            "print(json.dumps(ControlPlane().placement_of(sys.argv[1])))",
+            agent,
+        ).stdout
+    )
+    return (
+        f"{victim} (node {node}) killed; turn {turn}: [computer moved] to {moved.get('node')} "
+        f"(epoch {moved.get('epoch')}, {moved.get('reason')}), kept.txt restored from the object store"
+    )
+
+
+# -- Redis failover ----------------------------------------------------------------------------
+
+
+def sentinel(*args: str) -> str:
+    """A Sentinel command (asked of sentinel-1, with its password from its own environment)."""
+    run = in_container(
+        "sentinel-1",
+        "bash",
+        "-c",
+        'REDISCLI_AUTH="$SENTINEL_PASSWORD" exec redis-cli --no-auth-warning -p 26379 "$@"',
+        "redis-cli",
+        *args,
+        check=False,
+        timeout=20,
+    )
+    return run.stdout
+
+
+def primary() -> str:
+    return sentinel("sentinel", "get-master-addr-by-name", "agent").split()[0]
+
+
+def replica_in_sync(server: str) -> bool:
+    out = sentinel("sentinel", "replicas", "agent").split()
+    entries: list[dict[str, str]] = []
+    for i, word in enumerate(out):
+        if word == "name":
+            entries.append({})
+        if entries and i + 1 < len(out) and i % 2 == 0:
+            entries[-1][word] = out[i + 1]
+    for e in entries:
+        if e.get("ip") == server:
+            return e.get("flags") == "slave" and e.get("master-link-status") == "ok"
+    return False
+
+
+def gateway_requests() -> int:
+    run = in_container(
+        "worker-turns",
+        "python",
+        "-c",
+        "import json, urllib.request; print(json.load(urllib.request.urlopen('http://gateway:8089/stats', timeout=10))['requests'])",
+    )
+    return int(run.stdout.strip())
+
+
+@dataclass
+class FailoverReport:
+    kills: list[dict[str, Any]] = field(default_factory=list)
+    turns: int = 0
+    completed: int = 0
+    failed: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    repaid: int = 0
+
+
+def _first_step_after(t0: float, ids: list[str]) -> float | None:
+    """Seconds from ``t0`` to the first turn progress the control plane reads (through the Sentinels)."""
+    run = control_python(
+        "import json, sys, time\n"
+        "from control.client import ControlPlane\n"
+        "t0, ids = float(sys.argv[1]), sys.argv[2:]\n"
+        "control = ControlPlane()\n"
+        "deadline = time.time() + 120\n"
+        "while time.time() < deadline:\n"
+        "    try:\n"
+        "        views = [control.status(t) for t in ids]\n"
+        "    except Exception:\n"
+        "        time.sleep(0.1)\n"
+        "        continue\n"
+        "    after = [v.updated_at for v in views if v.updated_at > t0]\n"
+        "    if after:\n"
+        "        print(min(after) - t0)\n"
+        "        sys.exit(0)\n"
+        "    time.sleep(0.1)\n"
+        "print('none')\n",
+        str(t0),
+        *ids,
+        timeout=180,
+    )
+    value = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else "none"
+    return None if value == "none" else float(value)
+
+
+def failover(dep: Deployment, kills: int = 3, turns: int = 6) -> str:
+    """The Redis primary killed (SIGKILL) ``kills`` times while ``turns`` two-call turns run each
+    time; after each, the old primary is started again and waits as a replica in sync."""
+    report = FailoverReport()
+    paid_before = gateway_requests()
+    agents: list[tuple[str, str]] = []
+    for k in range(kills):
+        old = primary()
+        if old not in REDIS_SERVERS:
+            raise CheckFailed(f"the Sentinels name {old!r} as the primary")
+        ids = []
+        for i in range(turns):
+            agent = f"deploy-f{k}-{i}"
+            ids.append(enqueue(dep, "log twice", agent, "deploy-failover", "--approval", "off"))
+            agents.append((agent, ids[-1]))
+        time.sleep(1.5)  # turns in flight: model calls, commands, records
+        t0 = time.time()
+        podman("kill", container(old))
+        podman("stop", "-t", "0", container(old), check=False)  # it stays down until started below
+        promoted_after = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now = primary()
+            if now and now != old:
+                promoted_after = time.time() - t0
+                break
+            time.sleep(0.2)
+        if promoted_after is None:
+            raise CheckFailed(f"no Sentinel promoted a replica within 60 s of killing {old}")
+        first_step = _first_step_after(t0, ids)
+        for turn_id in ids:
+            run = cli(dep, "wait", turn_id, "--timeout", str(TURN_TIMEOUT), check=False, timeout=TURN_TIMEOUT + 30)
+            report.turns += 1
+            if run.returncode == 0:
+                view = json.loads(run.stdout)
+                if view.get("status") == "completed":
+                    report.completed += 1
+                else:
+                    report.failed.append(f"{turn_id} {view.get('status')}: {str(view.get('error'))[:120]}")
+            else:
+                report.stuck.append(turn_id)
+        podman("start", container(old))
+        deadline = time.monotonic() + 90
+        while not replica_in_sync(old):
+            if time.monotonic() > deadline:
+                raise CheckFailed(f"{old} did not come back as a replica in sync within 90 s")
+            time.sleep(1)
+        report.kills.append(
+            {"killed": old, "promoted": primary(), "promoted_after": promoted_after, "first_step_after": first_step}
+        )
+        print(
+            f"           kill {k + 1}: {old} SIGKILLed; {primary()} promoted after {promoted_after:.1f} s; first step "
+            f"on it {'never' if first_step is None else f'after {first_step:.1f} s'}; {turns} turns ended; "
+            f"{old} back as a replica",
+            flush=True,
+        )
+    for agent, _turn in agents:
+        log = home_file(agent, "log.txt") or ""
+        lines = [x for x in log.splitlines() if x.strip()]
+        if len(lines) > len(set(lines)):
+            report.duplicated.append(f"{agent}: {lines}")
+    report.repaid = max(0, gateway_requests() - paid_before - 3 * report.turns)
+    summary = (
+        f"{kills} kills, {report.turns} turns: {report.completed} completed, lost {len(report.failed)}, "
+        f"stuck {len(report.stuck)}, duplicated destructive calls {len(report.duplicated)}, re-paid model calls "
+        f"{report.repaid}; kill -> promoted "
+        + ", ".join(f"{k['promoted_after']:.1f}" for k in report.kills)
+        + " s; kill -> first step on the new primary "
+        + ", ".join("never" if k["first_step_after"] is None else f"{k['first_step_after']:.1f}" for k in report.kills)
+        + " s"
+    )
+    if report.failed or report.stuck or report.duplicated or any(k["first_step_after"] is None for k in report.kills):
+        raise CheckFailed(f"{summary}; {report.failed + report.stuck + report.duplicated}")
+    return summary
 
 
 # -- what operators see ------------------------------------------------------------------------
@@ -258,10 +557,12 @@ def metrics() -> str:
 
 def trace(dep: Deployment, turn_id: str) -> str:
     """The turn's spans in Phoenix (its REST API, as its UI shows them)."""
-    from control.client import ControlPlane
-
-    state = ControlPlane(dep.control_url).store.load(turn_id)
-    traceparent = (state.traceparent if state else None) or ""
+    traceparent = control_python(
+        "import sys; from control.client import ControlPlane\n"
+        "state = ControlPlane().store.load(sys.argv[1])\n"
+        "print((state.traceparent if state else None) or '')",
+        turn_id,
+    ).stdout.strip()
     trace_id = traceparent.split("-")[1] if traceparent.count("-") == 3 else ""
     if not trace_id:
         raise CheckFailed(f"turn {turn_id} has no trace id ({traceparent!r})")
@@ -281,15 +582,14 @@ def trace(dep: Deployment, turn_id: str) -> str:
 
 
 def redis_usage(dep: Deployment) -> str:
-    """What the check's turns cost Redis: memory and the append-only file on its disk (for sizing)."""
-    import redis
-
-    client = redis.Redis.from_url(dep.control_url)
-    info = client.info("memory")
-    keys = client.dbsize()
-    client.close()
+    """What the check's turns cost Redis: memory and the append-only files on its disk (for sizing)."""
+    out = control_python(
+        "from control.client import ControlPlane\n"
+        "r = ControlPlane().store.r\n"
+        "print(r.info('memory')['used_memory_human'], r.dbsize())"
+    ).stdout.split()
     aof = sum(p.stat().st_size for p in dep.redis_data.rglob("*") if p.is_file())
-    return f"used_memory {info['used_memory_human']}, {keys} keys, {aof / 2**20:.1f} MiB on its disk (AOF)"
+    return f"used_memory {out[0]}, {out[1]} keys, {aof / 2**20:.1f} MiB on its disk (both servers' AOF and RDB)"
 
 
 def nodes_at_work(dep: Deployment, turns: int = 8) -> str:
@@ -323,6 +623,27 @@ def nodes_at_work(dep: Deployment, turns: int = 8) -> str:
     return f"{turns} turns: steps on {sorted(turn_nodes)}, tool calls on {sorted(tool_nodes)}"
 
 
+# -- the planned stop --------------------------------------------------------------------------
+
+
+def planned_down(dep: Deployment) -> str:
+    """``down`` as an operator runs it: no container SIGKILLed, each Redis server saved and exited."""
+    stopped = down()
+    dep.up = False
+    killed = [f"{s.name} ({s.exit_code})" for s in stopped if s.exit_code == 137]
+    if killed:
+        raise CheckFailed(f"SIGKILLed at down: {killed}")
+    unsaved = [s.name for s in stopped if s.service in REDIS_SERVERS and "ready to exit" not in s.log_tail]
+    if unsaved:
+        raise CheckFailed(f"{unsaved}: no 'ready to exit' at the end of the log at down")
+    codes = ", ".join(f"{s.service} {s.exit_code}" for s in sorted(stopped, key=lambda s: s.service))
+    slowest = max(stopped, key=lambda s: s.seconds)
+    return (
+        f"{len(stopped)} containers stopped by SIGTERM, none SIGKILLed (exit codes: {codes}); both Redis servers "
+        f"'ready to exit'; slowest {slowest.name} {slowest.seconds:.1f} s"
+    )
+
+
 # -- the run -----------------------------------------------------------------------------------
 
 
@@ -331,7 +652,7 @@ def run_check(scale: bool, keep: bool) -> bool:
     steps = Steps()
     dep = Deployment(scale=scale)
     set_secrets(dep.secrets())
-    title = "scaled: 2 turn nodes, 2 tools nodes" if scale else "one node of each service"
+    title = "scaled: 2 turn nodes, 2 tools nodes, Redis failover" if scale else "one node of each service"
     print(f"deploy-check ({title}), compose project {PROJECT!r}", flush=True)
     ok = False
     try:
@@ -346,17 +667,23 @@ def run_check(scale: bool, keep: bool) -> bool:
             sandbox["turn"] = out.split()[1].rstrip(":")
             return out
 
-        steps.run("text turn: run_command in the tools container's sandbox", _sandbox)
+        steps.run("text turn: run_command in the tools container's sandbox, its attacks contained", _sandbox)
         steps.run("approval approved through agent-runtime approve", lambda: approval_turn(dep))
         steps.run("workflow task (control.workflow_cli start --wait)", lambda: workflow_task(dep))
-        steps.run("homes' disk full: Redis and turns unaffected", lambda: disk_full_turn(dep))
+        steps.run("disk fill past the home's quota: contained", lambda: disk_fill(dep))
+        steps.run("memory across the processes of one command: contained", lambda: memory_attack(dep))
         steps.run("nodes: which node ran which step", lambda: nodes_at_work(dep, 8 if scale else 2))
+        steps.run("agent-runtime nodes: each tools replica a node", lambda: tools_nodes(dep))
         if scale:
             steps.run("drain a turn node (SIGTERM) while turns run", lambda: drain_node(dep))
+            steps.run("kill the tools node that holds a home: [computer moved]", lambda: kill_home_node(dep))
+            steps.run("Redis primary killed 3 times while turns run", lambda: failover(dep))
         steps.run("Flower: auth required", lambda: flower(dep))
         steps.run("metrics of both pools in Prometheus", metrics)
         steps.run("Redis after the check's turns", lambda: redis_usage(dep))
         steps.run("trace in the trace UI (Phoenix)", lambda: trace(dep, sandbox["turn"]))
+        if not keep:
+            steps.run("planned down: no SIGKILL, Redis saved", lambda: planned_down(dep))
         ok = True
     except KeyboardInterrupt:
         print("interrupted", flush=True)
@@ -366,7 +693,7 @@ def run_check(scale: bool, keep: bool) -> bool:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # nothing cuts the teardown short
         if keep and dep.up:
-            print(f"kept up (--keep): `{' '.join(compose_cmd())} down -v` removes it", flush=True)
+            print(f"kept up (--keep): `{sys.executable} -m devtools.deploy_stack down -p {PROJECT} -v` removes it")
         else:
             steps.run("teardown", lambda: teardown(dep))
     total = time.monotonic() - steps.t0
@@ -377,7 +704,7 @@ def run_check(scale: bool, keep: bool) -> bool:
 def main() -> None:
     """``python -m devtools.deploy_check [--scale] [--keep]`` (see the module docstring)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--scale", action="store_true", help="two turn nodes and two tools nodes")
+    parser.add_argument("--scale", action="store_true", help="two turn nodes and two tools nodes, and the failover")
     parser.add_argument("--keep", action="store_true", help="leave the deployment up (no teardown)")
     args = parser.parse_args()
 

@@ -1,14 +1,27 @@
 """The compose deployment that ``make deploy-check`` starts (``devtools.deploy_check``): its
 credentials (fresh each run, never printed), the two loop-mounted filesystems (Redis's data and
-the agents' homes), ``podman-compose up`` and ``down``, health checks run on demand (podman has
-no systemd timer for them here), leftovers of a killed run, and the helpers that run ``podman``
-and the control-plane CLIs from the host.
+the agents' homes), ``podman-compose up``, health checks run on demand (podman has no systemd
+timer for them here), leftovers of a killed run, the helpers that run ``podman`` and the
+control-plane CLIs (inside the ``api`` container: the control plane runs in compose, where it
+follows a Redis failover through the Sentinels), and ``down``.
+
+``down`` is ours, not podman-compose's: podman-compose stops only the replicas that the current
+``AGENT_*_NODES`` names (a deployment scaled up and brought down without the same variables kept
+its extra replicas and networks, and exited 0) and stops every service at once (workers lost
+Redis in the middle of their warm shutdown). ``down`` finds every container, network and volume
+by the compose project's label, stops them in order (the project's services, then the object
+store, the Sentinels and the UIs, then the Redis servers), each with its service's
+``stop_grace_period`` from compose.yaml, and reports how each ended (an exit code of 137 is a
+SIGKILL: the grace was too short). ``python -m devtools.deploy_stack down [-p PROJECT] [-v]``
+(``make deploy-down``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -19,16 +32,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
 from devtools.podman import DEPLOY_DIR, ROOT, PodmanError
 from devtools.podman import env as podman_env
-from devtools.ports import free_port
 
 PROJECT = "agent-check"
 DISKS = DEPLOY_DIR / "disks"
-AGENT_UID, REDIS_UID = 10001, 10002  # the users of the images (Dockerfile, deploy/images/redis.Dockerfile)
-PUBLISHED = {"flower": 5555, "prometheus": 9090, "phoenix": 6006}
-HEALTH_TIMEOUT = 240.0
-TURN_TIMEOUT = 120.0
+REDIS_UID = 10002  # the image's redis user (deploy/images/redis.Dockerfile)
+REDIS_SERVERS = ("redis-1", "redis-2")
+SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
+PUBLISHED = {"flower": 5555, "prometheus": 9090, "phoenix": 6006, "api": 8700}
+HEALTH_TIMEOUT = 300.0
+TURN_TIMEOUT = 180.0
+# The check's per-agent limits: small homes (16 MB images, allocated whole) on a 1.5 GB homes disk,
+# and a command memory limit that four small processes pass together.
+HOME_QUOTA_MB = 16
+COMMAND_MEMORY_BYTES = 512 * 1024**2
 
 
 class CheckFailed(RuntimeError):
@@ -37,13 +57,18 @@ class CheckFailed(RuntimeError):
 
 @dataclass
 class Deployment:
-    """What the check started: credentials (never printed), ports, mounts, the compose project."""
+    """What the check started: credentials (never printed), mounts, the compose project."""
 
     scale: bool
     redis_password: str = field(default_factory=lambda: secrets.token_hex(24))
     control_password: str = field(default_factory=lambda: secrets.token_hex(24))
+    replica_password: str = field(default_factory=lambda: secrets.token_hex(24))
+    sentinel_user_password: str = field(default_factory=lambda: secrets.token_hex(24))
+    sentinel_password: str = field(default_factory=lambda: secrets.token_hex(24))
     flower_auth: str = field(default_factory=lambda: f"ops:{secrets.token_hex(12)}")
-    redis_port: int = 0
+    aws_access_key: str = field(default_factory=lambda: f"AK{secrets.token_hex(8).upper()}")
+    aws_secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(30))
+    snapshot_key: str = field(default_factory=lambda: secrets.token_hex(32))
     mounts: list[Path] = field(default_factory=list)
     up: bool = False
 
@@ -55,12 +80,17 @@ class Deployment:
     def redis_data(self) -> Path:
         return DISKS / "redis"
 
-    @property
-    def control_url(self) -> str:
-        return f"redis://control:{self.control_password}@127.0.0.1:{self.redis_port}/0"
-
     def secrets(self) -> list[str]:
-        return [self.redis_password, self.control_password, self.flower_auth.split(":", 1)[1]]
+        return [
+            self.redis_password,
+            self.control_password,
+            self.replica_password,
+            self.sentinel_user_password,
+            self.sentinel_password,
+            self.flower_auth.split(":", 1)[1],
+            self.aws_secret_key,
+            self.snapshot_key,
+        ]
 
     def compose_env(self) -> dict[str, str]:
         from devtools.podman import BASE_IMAGE
@@ -70,22 +100,22 @@ class Deployment:
             **podman_env(),
             "REDIS_PASSWORD": self.redis_password,
             "REDIS_CONTROL_PASSWORD": self.control_password,
+            "REDIS_REPLICA_PASSWORD": self.replica_password,
+            "REDIS_SENTINEL_PASSWORD": self.sentinel_user_password,
+            "SENTINEL_PASSWORD": self.sentinel_password,
             "FLOWER_BASIC_AUTH": self.flower_auth,
-            "REDIS_HOST_PORT": str(self.redis_port),
+            "AWS_ACCESS_KEY_ID": self.aws_access_key,
+            "AWS_SECRET_ACCESS_KEY": self.aws_secret_key,
+            "AGENT_SNAPSHOT_KEY": self.snapshot_key,
             "REDIS_DATA_DIR": str(self.redis_data),
             "AGENT_HOMES_DIR": str(self.homes),
+            "AGENT_HOME_QUOTA_MB": str(HOME_QUOTA_MB),
+            "AGENT_COMMAND_MAX_MEMORY_BYTES": str(COMMAND_MEMORY_BYTES),
             "BASE_IMAGE": BASE_IMAGE,
-            # podman lifts the masks under /proc alone (docs/deployment.md, "The tools worker's grants")
-            "AGENT_TOOLS_PROC_OPT": "unmask=/proc/*",
             # --scale: two nodes of each (compose.yaml's `scale:`; podman-compose takes one --scale only)
             "AGENT_TURNS_NODES": "2" if self.scale else "1",
             "AGENT_TOOLS_NODES": "2" if self.scale else "1",
         }
-
-    def cli_env(self) -> dict[str, str]:
-        """The control plane's environment on the host: only the control user's URL."""
-        keep = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS", "CONTROL_REDIS", "OPENAI"))}
-        return {**keep, "CONTROL_REDIS_URL": self.control_url, "REDIS_URL": self.control_url}
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -155,13 +185,39 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> "subprocess.
     return sh(["podman", *args], env={**os.environ, **podman_env()}, check=check, timeout=timeout)
 
 
+def container(service: str, index: int = 1) -> str:
+    """The name podman-compose gives replica ``index`` of ``service``."""
+    return f"{PROJECT}_{service}_{index}"
+
+
+def in_container(
+    service: str, *args: str, timeout: float = 180, check: bool = True, stdin: str | None = None
+) -> "subprocess.CompletedProcess[str]":
+    """``args`` run inside ``service``'s first container (its environment: the passwords it already
+    has reach the command without passing through this process's or podman's argv)."""
+    return sh(
+        ["podman", "exec", *(["-i"] if stdin is not None else []), container(service), *args],
+        env={**os.environ, **podman_env()},
+        timeout=timeout,
+        check=check,
+        input=stdin,
+    )
+
+
 def cli(dep: Deployment, *args: str, timeout: float = 180, check: bool = True) -> "subprocess.CompletedProcess[str]":
-    """``agent-runtime args`` from the host, as the control plane."""
-    return sh([sys.executable, "-m", "control.cli", *args], env=dep.cli_env(), timeout=timeout, check=check)
+    """``agent-runtime args`` as the control plane: inside the ``api`` container, which reaches
+    Redis through the Sentinels as the ``control`` user (docs/deployment.md)."""
+    return in_container("api", "agent-runtime", *args, timeout=timeout, check=check)
 
 
 def workflow_cli(dep: Deployment, *args: str, timeout: float = 180) -> "subprocess.CompletedProcess[str]":
-    return sh([sys.executable, "-m", "control.workflow_cli", *args], env=dep.cli_env(), timeout=timeout)
+    return in_container("api", "python", "-m", "control.workflow_cli", *args, timeout=timeout)
+
+
+def control_python(code: str, *args: str, timeout: float = 180) -> "subprocess.CompletedProcess[str]":
+    """Python ``code`` (given on stdin, with ``args`` as ``sys.argv[1:]``) run in the ``api``
+    container: the control plane's Redis clients, through the Sentinels."""
+    return in_container("api", "python", "-", *args, timeout=timeout, stdin=code)
 
 
 def containers() -> dict[str, dict[str, str]]:
@@ -206,13 +262,94 @@ def make_disk(name: str, size_mb: int, owner: int) -> Path:
     return mnt
 
 
+def stop_phase(service: str) -> int:
+    """The order of a planned stop: the project's services first (0: a stopping tools node still
+    writes its last snapshots and records), then what they used (1: the object store, the Sentinels,
+    the UIs), then the Redis servers (2: after the Sentinels, so that stopping the primary starts
+    no failover)."""
+    if service in REDIS_SERVERS:
+        return 2
+    return 1 if service in {"objectstore", "prometheus", "phoenix", *SENTINELS} else 0
+
+
+def stop_graces(compose_file: Path = ROOT / "compose.yaml") -> dict[str, float]:
+    """``{service: seconds}``: each service's ``stop_grace_period`` in compose.yaml (default 10 s)."""
+    services = yaml.safe_load(compose_file.read_text())["services"]
+    return {name: _seconds(str(svc.get("stop_grace_period", "10s"))) for name, svc in services.items()}
+
+
+def _seconds(text: str) -> float:
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text)
+    if not parts:
+        return float(text)
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+@dataclass
+class Stopped:
+    """How one container ended in ``down``: its exit code (137: SIGKILLed), the seconds its stop took
+    and the last lines of its log."""
+
+    name: str
+    service: str
+    exit_code: int
+    seconds: float
+    log_tail: str = ""
+
+
+def down(project: str = PROJECT, *, volumes: bool = True) -> list[Stopped]:
+    """Stop and remove every container of ``project`` (found by label, whatever the scale), in
+    ``stop_phase`` order, each with its service's grace; then its networks and (``volumes``) volumes."""
+    label = f"label=io.podman.compose.project={project}"
+    graces = stop_graces()
+    listed = json.loads(podman("ps", "-a", "--filter", label, "--format", "json").stdout or "[]")
+    byname = {c["Names"][0]: c.get("Labels", {}).get("com.docker.compose.service", "") for c in listed}
+    running = {c["Names"][0] for c in listed if c.get("State") == "running"}
+    done: list[Stopped] = []
+    left = dict(byname)
+    for phase in (0, 1, 2):
+        batch = {n: svc for n, svc in left.items() if stop_phase(svc) <= phase}
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        t0 = time.monotonic()
+        for name, svc in batch.items():
+            if name in running:
+                grace = int(graces.get(svc, 10))
+                procs[name] = subprocess.Popen(
+                    ["podman", "stop", "-t", str(grace), name],
+                    env={**os.environ, **podman_env()},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+        took: dict[str, float] = {}
+        for name, proc in procs.items():
+            proc.wait(timeout=max(graces.values()) + 60)
+            took[name] = time.monotonic() - t0
+        for name, svc in batch.items():
+            state = json.loads(podman("inspect", name, check=False).stdout or "[{}]")[0].get("State", {})
+            if name in running:
+                tail = podman("logs", "--tail", "5", name, check=False).stdout
+                done.append(Stopped(name, svc, int(state.get("ExitCode", -1)), took.get(name, 0.0), tail))
+            left.pop(name)
+    if byname:
+        podman("rm", "--depend", "-f", *byname, check=False, timeout=300)
+    nets = podman("network", "ls", "--filter", label, "--quiet", check=False).stdout.split()
+    if nets:
+        podman("network", "rm", "-f", *nets, check=False)
+    if volumes:
+        vols = podman("volume", "ls", "--filter", label, "--quiet", check=False).stdout.split()
+        if vols:
+            podman("volume", "rm", "-f", *vols, check=False)
+    return done
+
+
 def teardown(dep: Deployment) -> str:
-    """Stop and remove everything the check started; returns what was removed."""
+    """Stop and remove everything the check started (``down``); returns what was removed."""
     done = []
     if dep.up:
-        sh([*compose_cmd(), "down", "-v", "-t", "10"], env=dep.compose_env(), check=False, timeout=300)
-        done.append("containers, networks and volumes")
+        stopped = down()
         dep.up = False
+        done.append(f"{len(stopped)} containers, networks and volumes")
         if remove_leftovers() != "none":  # whatever `down` missed
             done.append("leftovers")
     for mnt in dep.mounts:
@@ -232,7 +369,8 @@ def remove_leftovers() -> str:
     for kind, listing in (("container", ["ps", "-a"]), ("network", ["network", "ls"]), ("volume", ["volume", "ls"])):
         ids = podman(*listing, "--filter", label, "--quiet", check=False).stdout.split()
         if ids:
-            podman(kind, "rm", "-f", *(["-t", "2"] if kind == "container" else []), *ids, check=False, timeout=300)
+            extra = ["--depend", "-t", "2"] if kind == "container" else []
+            podman(kind, "rm", "-f", *extra, *ids, check=False, timeout=300)
             gone.append(f"{len(ids)} {kind}s")
     for name in ("redis", "homes"):
         mnt = DISKS / name
@@ -247,14 +385,17 @@ def bring_up(dep: Deployment) -> str:
     busy = [f"{svc} ({port})" for svc, port in PUBLISHED.items() if not free(port)]
     if busy:
         raise CheckFailed(f"ports compose publishes are taken on 127.0.0.1: {', '.join(busy)}")
-    dep.redis_port = free_port()
-    dep.mounts.append(make_disk("redis", 256, REDIS_UID))
-    dep.mounts.append(make_disk("homes", 192, AGENT_UID))
+    redis = make_disk("redis", 256, REDIS_UID)
+    dep.mounts.append(redis)
+    for server in REDIS_SERVERS:  # one data directory per server, as compose.yaml mounts them
+        (redis / server).mkdir()
+        os.chown(redis / server, REDIS_UID, REDIS_UID)
+    dep.mounts.append(make_disk("homes", 1536, 0))
     cmd = [*compose_cmd(), "up", "-d", "--no-build"]
     dep.up = True
     sh(cmd, env=dep.compose_env(), timeout=600)
     running = containers()
-    return f"{len(running)} containers; Redis for the control plane on 127.0.0.1:{dep.redis_port}"
+    return f"{len(running)} containers"
 
 
 def wait_healthy() -> str:
@@ -279,3 +420,23 @@ def wait_healthy() -> str:
             states = ", ".join(f"{n} ({found[n]['state']})" for n in sick)
             raise CheckFailed(f"not healthy after {HEALTH_TIMEOUT:.0f} s: {states}; see `podman logs <name>`")
         time.sleep(3)
+
+
+def main() -> None:
+    """``python -m devtools.deploy_stack down [-p PROJECT] [-v]``: stop and remove every container,
+    network (and with ``-v`` volume) of a compose project, whatever its scale (see the module
+    docstring); prints how each container ended and exits 1 if one was SIGKILLed."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("what", choices=["down"])
+    parser.add_argument("-p", "--project", default=ROOT.name, help="the compose project (default: the folder's name)")
+    parser.add_argument("-v", "--volumes", action="store_true", help="also remove the project's named volumes")
+    args = parser.parse_args()
+    stopped = down(args.project, volumes=args.volumes)
+    for s in stopped:
+        print(f"{s.name}: exit {s.exit_code} after {s.seconds:.1f} s{' (SIGKILLed)' if s.exit_code == 137 else ''}")
+    print(f"{args.project}: {len(stopped)} containers stopped and removed")
+    raise SystemExit(1 if any(s.exit_code == 137 for s in stopped) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -225,6 +225,7 @@ def test_every_agent_variable_a_document_names_exists():
         if "__pycache__" not in p.parts
     )
     code += (ROOT / "Makefile").read_text() + (ROOT / "compose.yaml").read_text() + (ROOT / "Dockerfile").read_text()
+    code += (ROOT / "deploy" / "tools-node").read_text()  # the tools container's entry
     known = _env_names()
     unknown = set()
     for path in _markdown_files():
