@@ -317,7 +317,7 @@ def kill_home_node(dep: Deployment) -> str:
     while time.monotonic() < deadline:  # a snapshot within AGENT_SNAPSHOT_INTERVAL (5 s) of the write
         snap = control_python(
             "import sys; from control.client import ControlPlane\n"
-            "print(ControlPlane().store.r.exists('agent:snapshot:' + sys.argv[1]))",
+            "print(ControlPlane().redis.exists('agent:snapshot:' + sys.argv[1]))",
             agent,
             timeout=60,
         ).stdout.strip()
@@ -585,7 +585,7 @@ def redis_usage(dep: Deployment) -> str:
     """What the check's turns cost Redis: memory and the append-only files on its disk (for sizing)."""
     out = control_python(
         "from control.client import ControlPlane\n"
-        "r = ControlPlane().store.r\n"
+        "r = ControlPlane().redis\n"
         "print(r.info('memory')['used_memory_human'], r.dbsize())"
     ).stdout.split()
     aof = sum(p.stat().st_size for p in dep.redis_data.rglob("*") if p.is_file())
