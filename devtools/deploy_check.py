@@ -287,16 +287,18 @@ def tools_nodes(dep: Deployment) -> str:
     )
 
 
-def node_container(node: str) -> str:
-    """The tools container whose node is ``node`` (the node's name starts with the hostname of the
-    replica that first took its slot; the slot's ``.placement/node`` file says which)."""
+def node_container(dep: Deployment, node: str) -> str:
+    """The tools container that serves ``node``: the one whose worker's ``AGENT_HOMES_ROOT`` (its
+    homes slot, set by deploy/tools-node) is the node's root in ``agent-runtime nodes``."""
+    root = json.loads(cli(dep, "nodes", "--json").stdout).get(node, {}).get("root")
+    find = (
+        'for p in /proc/[0-9]*; do tr "\\0" "\\n" < "$p/environ" 2>/dev/null | grep "^AGENT_HOMES_ROOT=" && exit; done'
+    )
     for name in tools_containers():
-        run = podman(
-            "exec", name, "sh", "-c", 'cat "$AGENT_HOMES_ROOT/.placement/node" 2>/dev/null || true', check=False
-        )
-        if run.stdout.strip() == node:
+        run = podman("exec", name, "sh", "-c", find, check=False)
+        if root and run.stdout.strip() == f"AGENT_HOMES_ROOT={root}":
             return name
-    raise CheckFailed(f"no running tools container is node {node}")
+    raise CheckFailed(f"no running tools container serves node {node} (root {root})")
 
 
 def kill_home_node(dep: Deployment) -> str:
@@ -326,7 +328,7 @@ def kill_home_node(dep: Deployment) -> str:
         time.sleep(1)
     else:
         raise CheckFailed(f"no snapshot of {agent}'s home was recorded after its write")
-    victim = node_container(node)
+    victim = node_container(dep, node)
     podman("kill", victim)
     podman("stop", "-t", "0", victim, check=False)  # no restart: the node stays dead
     time.sleep(6)  # its heartbeat expires (AGENT_LIVENESS_TTL, 4 s)

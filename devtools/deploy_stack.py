@@ -322,17 +322,20 @@ def down(project: str = PROJECT, *, volumes: bool = True) -> list[Stopped]:
                     stderr=subprocess.DEVNULL,
                 )
         took: dict[str, float] = {}
-        for name, proc in procs.items():
-            proc.wait(timeout=max(graces.values()) + 60)
-            took[name] = time.monotonic() - t0
+        deadline = t0 + max(graces.values()) + 60
+        while len(took) < len(procs) and time.monotonic() < deadline:  # each stop's own duration
+            for name, proc in procs.items():
+                if name not in took and proc.poll() is not None:
+                    took[name] = time.monotonic() - t0
+            time.sleep(0.1)
         for name, svc in batch.items():
             state = json.loads(podman("inspect", name, check=False).stdout or "[{}]")[0].get("State", {})
             if name in running:
                 tail = podman("logs", "--tail", "5", name, check=False).stdout
                 done.append(Stopped(name, svc, int(state.get("ExitCode", -1)), took.get(name, 0.0), tail))
             left.pop(name)
-    if byname:
-        podman("rm", "--depend", "-f", *byname, check=False, timeout=300)
+    for name in byname:  # one at a time: `rm --depend a b` stops at b when removing a took b too
+        podman("rm", "--depend", "-f", name, check=False, timeout=120)
     nets = podman("network", "ls", "--filter", label, "--quiet", check=False).stdout.split()
     if nets:
         podman("network", "rm", "-f", *nets, check=False)
