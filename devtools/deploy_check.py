@@ -436,6 +436,29 @@ def _first_step_after(t0: float, ids: list[str]) -> float | None:
     return None if value == "none" else float(value)
 
 
+def nodes_reconnected(dep: Deployment) -> str:
+    """Every node back on the new primary: each tools node's heartbeat fresh, and every worker
+    answering Flower's ping (a broadcast through the broker, so through the Sentinels both ways)."""
+    deadline = time.monotonic() + 60
+    auth = {"Authorization": "Basic " + base64.b64encode(dep.flower_auth.encode()).decode()}
+    workers = {n for n, c in containers().items() if c["service"].startswith("worker-") and c["state"] == "running"}
+    while True:
+        nodes = json.loads(cli(dep, "nodes", "--json").stdout)
+        live = [n for n, v in nodes.items() if v["live"]]
+        online = httpx.get(
+            "http://127.0.0.1:5555/api/workers", params={"refresh": "true", "status": "true"}, headers=auth, timeout=30
+        ).json()
+        answering = [w for w, up in online.items() if up]
+        if (len(live) >= 2 and len(answering) >= len(workers)) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    if len(live) < 2 or len(answering) < len(workers):
+        raise CheckFailed(
+            f"after the failovers: tools nodes live {live}; workers answering {answering} of {len(workers)}"
+        )
+    return f"{len(live)} tools nodes beating, {len(answering)}/{len(workers)} workers answering Flower's ping"
+
+
 def failover(dep: Deployment, kills: int = 3, turns: int = 6) -> str:
     """The Redis primary killed (SIGKILL) ``kills`` times while ``turns`` two-call turns run each
     time; after each, the old primary is started again and waits as a replica in sync."""
@@ -498,6 +521,7 @@ def failover(dep: Deployment, kills: int = 3, turns: int = 6) -> str:
         if len(lines) > len(set(lines)):
             report.duplicated.append(f"{agent}: {lines}")
     report.repaid = max(0, gateway_requests() - paid_before - 3 * report.turns)
+    reconnected = nodes_reconnected(dep)
     summary = (
         f"{kills} kills, {report.turns} turns: {report.completed} completed, lost {len(report.failed)}, "
         f"stuck {len(report.stuck)}, duplicated destructive calls {len(report.duplicated)}, re-paid model calls "
@@ -505,7 +529,7 @@ def failover(dep: Deployment, kills: int = 3, turns: int = 6) -> str:
         + ", ".join(f"{k['promoted_after']:.1f}" for k in report.kills)
         + " s; kill -> first step on the new primary "
         + ", ".join("never" if k["first_step_after"] is None else f"{k['first_step_after']:.1f}" for k in report.kills)
-        + " s"
+        + f" s; after the kills: {reconnected}"
     )
     if report.failed or report.stuck or report.duplicated or any(k["first_step_after"] is None for k in report.kills):
         raise CheckFailed(f"{summary}; {report.failed + report.stuck + report.duplicated}")
