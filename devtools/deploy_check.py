@@ -289,10 +289,11 @@ def tools_nodes(dep: Deployment) -> str:
 
 def node_container(dep: Deployment, node: str) -> str:
     """The tools container that serves ``node``: the one whose worker's ``AGENT_HOMES_ROOT`` (its
-    homes slot, set by deploy/tools-node) is the node's root in ``agent-runtime nodes``."""
+    homes slot, set by deploy/tools-node; the image's own ``/homes`` is the init's) is the node's
+    root in ``agent-runtime nodes``."""
     root = json.loads(cli(dep, "nodes", "--json").stdout).get(node, {}).get("root")
     find = (
-        'for p in /proc/[0-9]*; do tr "\\0" "\\n" < "$p/environ" 2>/dev/null | grep "^AGENT_HOMES_ROOT=" && exit; done'
+        'for p in /proc/[0-9]*; do tr "\\0" "\\n" < "$p/environ" 2>/dev/null | grep "^AGENT_HOMES_ROOT=/homes/node-" && exit; done'
     )
     for name in tools_containers():
         run = podman("exec", name, "sh", "-c", find, check=False)
