@@ -2,7 +2,7 @@
 
 A private stack (its own Redis, beat with the watchdog), a turn pool (a threads worker on
 ``turns``), and three tools nodes, each a prefork worker on ``tools`` with its own homes root
-and node name: ``na`` and ``nb`` snapshot homes into a local S3 server (moto), ``nc`` has no
+and node name: ``na`` and ``nb`` snapshot homes into a real S3 server (SeaweedFS, ``devtools.object_store``), ``nc`` has no
 snapshot store. One agent's life across them:
 
 1. its files written in turn 1 are read in turn 2, from its node only (no other homes root holds
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.object_store import ObjectStore
+from devtools.object_store import ObjectStore
 from tests.support.private_stack import PrivateStack
 from tests.support.scripts import fc, msg, output_texts, wait_for
 from worker.placement.records import Placement, rendezvous

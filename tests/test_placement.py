@@ -1,6 +1,6 @@
 """Placement without workers: the records and the rule (against a Redis of its own, so fake nodes
 never attract the suite's agents), a node's admission of calls (forward, refuse, materialize:
-restored from a snapshot in a local S3 server, or reset), fencing of stale nodes, the drain pass,
+restored from a snapshot in a real S3 server (SeaweedFS, ``devtools.object_store``), or reset), fencing of stale nodes, the drain pass,
 and the snapshot archive's safety. The same paths with real worker processes:
 ``tests/test_multinode.py``."""
 
@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from devtools.embedded_redis import EmbeddedRedis
-from tests.support.object_store import CREDENTIALS, ObjectStore
+from devtools.object_store import ObjectStore
 from worker.placement.homes import NodeHomes, node_name
 from worker.placement.keeper import Keeper
 from worker.placement.records import NODES_KEY, Placement, node_queue, rendezvous
@@ -48,9 +48,9 @@ def _clean(r):
 
 @pytest.fixture(scope="module")
 def store():
-    s = ObjectStore().start()
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
+    s = ObjectStore().start()  # SeaweedFS: a real S3 server
+    saved = {k: os.environ.get(k) for k in s.credentials}
+    os.environ.update(s.credentials)
     yield s
     for k, v in saved.items():
         if v is None:

@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     # Snapshots of homes in an object store (S3 API): "s3://bucket/prefix". Unset: a re-placed
     # agent gets an empty home and is told its computer was reset.
     snapshot_store: str | None = None
-    # Endpoint of an S3-compatible server (MinIO, moto); unset: AWS. Credentials and region come
+    # Endpoint of an S3-compatible server (SeaweedFS, MinIO); unset: AWS. Credentials and region come
     # from the usual AWS_* variables (boto3's own lookup).
     snapshot_endpoint_url: str | None = None
     # A home changed by a destructive computer call is snapshotted within this many seconds.
