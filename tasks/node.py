@@ -42,7 +42,12 @@ def _host_homes(sender: object = None, instance: Any = None, **_: object) -> Non
     set_hosted(node)
     homes = node_homes(redis_client(), settings)
     assert homes is not None
-    _keeper = Keeper(homes, settings.snapshot_interval, call_wait=settings.tool_time_limit + 30)
+    _keeper = Keeper(
+        homes,
+        settings.snapshot_interval,
+        call_wait=settings.tool_time_limit + 30,
+        concurrency=settings.snapshot_concurrency,
+    )
     beat = threading.Thread(
         target=_keeper.run_beats, args=(_stop, settings.liveness_ttl / 3), name="agent-home-beat", daemon=True
     )
@@ -61,3 +66,5 @@ def _last_snapshots(**_: object) -> None:
         _keeper.snapshot_all()
     except Exception:  # a shutdown goes on; the last periodic snapshot stays the restore point
         log.exception("snapshots at shutdown of %s failed", _keeper.node)
+    finally:
+        _keeper.scheduler.stop()

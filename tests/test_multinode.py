@@ -60,7 +60,7 @@ def cluster():
         for n in NODES:
             env = {"AGENT_HOMES_ROOT": str(roots[n]), "AGENT_NODE_NAME": n}
             if n != "nc":
-                env.update(store.env())
+                env.update(store.env(), AGENT_SNAPSHOT_KEY="multinode-test-key-" + "k" * 32)
             procs[n] = stack.start_worker(queues="tools", pool="prefork", concurrency=1, env=env)
         placement = Placement(stack.control.store.r, ttl=2.0)
         wait_for(lambda: all(placement.nodes().get(n, {}).get("live") for n in NODES), timeout=30)
