@@ -11,6 +11,7 @@ shutdown snapshots what changed since the last snapshot.
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 from typing import Any
 
@@ -22,6 +23,7 @@ from tasks.runtime import redis_client
 from worker.placement.homes import node_name
 from worker.placement.keeper import Keeper
 from worker.placement.records import node_queue
+from worker.placement.restorer import python_has_tarfile_fixes
 from worker.settings import get_settings
 
 log = logging.getLogger("agent.placement")
@@ -55,6 +57,14 @@ def _host_homes(sender: object = None, instance: Any = None, **_: object) -> Non
     beat.start()
     chores.start()
     log.info("node %s: homes in %s, queue %s, snapshots %s", node, homes.root, queue, homes.store and homes.store.url)
+    if homes.store is not None and not python_has_tarfile_fixes():
+        log.warning(
+            "node %s: Python %s lacks the tarfile fixes of CVE-2025-4517 and its siblings; restores never extract "
+            "with tarfile (they are written member by member as the agent), but run the nodes on Python 3.11.13, "
+            "3.12.11, 3.13.4 or later as a second wall (docs/isolation.md)",
+            node,
+            platform.python_version(),
+        )
 
 
 @worker_shutdown.connect

@@ -87,6 +87,14 @@ def capacity(home: Path) -> Limits:
     return Limits(max_bytes=vfs.f_bavail * vfs.f_frsize + used, max_entries=entries)
 
 
+def python_has_tarfile_fixes() -> bool:
+    """Whether this interpreter has the tarfile extraction fixes of June 2025 (CVE-2025-4517,
+    -4138, -4330, -4435, CVE-2024-12718: Python 3.11.13, 3.12.11, 3.13.4 and later), which also
+    added ``os.path.ALLOW_MISSING``. The restore never extracts with ``tarfile``; a fixed Python is
+    the second wall (``docs/isolation.md``)."""
+    return hasattr(os.path, "ALLOW_MISSING")
+
+
 def empty_home(home: Path, owner: tuple[int, int] | None) -> None:
     """Remove everything in ``home``, as ``owner`` (the agent; None: this process), by descriptors
     (links removed, never followed). Raises ``WriteRefused``."""
