@@ -296,6 +296,16 @@ def test_a_changed_or_swapped_snapshot_is_refused_before_it_is_read(snapshots, r
     assert set(left) in ({"stale.txt"}, set()), left
 
 
+def test_snapshots_are_signed_not_encrypted(snapshots, root):
+    """What the docs say a bucket reader gets: the home's bytes (a chunk inflates to the file)."""
+    home, _ = quota_home(root, "plain")
+    (home / "secret.txt").write_text("the agent's notes, readable in the bucket\n" * 100)
+    taken = take(snapshots, home, "plain")
+    (chunk,) = taken.files["secret.txt"][1]
+    stored = snapshots.get(snapshots.chunk_key("plain", chunk.sha256), 1 << 20, "chunk")
+    assert zlib.decompress(stored[1:]) == (home / "secret.txt").read_bytes()
+
+
 def test_the_model_is_told_the_truth_and_operators_see_the_reason(r, snapshots, tmp_path):
     p = Placement(r, TTL)
     a = NodeHomes(p, Settings(homes_root=tmp_path / "na", node_name="na", snapshot_key=KEY), "na", snapshots)
