@@ -36,7 +36,7 @@ from worker.placement.home_writer import HomeWriter, WriteRefused
 from worker.placement.homes import NodeHomes
 from worker.placement.keeper import Keeper
 from worker.placement.records import NODES_KEY, Placement, rendezvous
-from worker.placement.restorer import Restorer, Wanted, capacity, python_has_tarfile_fixes
+from worker.placement.restorer import Restorer, Wanted, capacity, empty_home, python_has_tarfile_fixes
 from worker.placement.scheduler import FairScheduler
 from worker.placement.signing import Header, SnapshotKey, SnapshotRefused
 from worker.placement.snapshots import SnapshotStore
@@ -513,6 +513,19 @@ def test_the_writer_runs_as_the_agent_and_never_follows_a_link(root, surrounding
         w.finish()
     st = (home / "mine.txt").stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (owner[0], owner[1], 0o600)
+
+
+def test_a_home_is_emptied_as_its_agent_and_what_it_cannot_remove_by_the_worker(root):
+    home, owner = quota_home(root, "emptied")
+    (home / "mine/deep").mkdir(parents=True)
+    (home / "mine/deep/f").write_text("x")
+    os.chmod(home / "mine", 0o500)  # read-only: the agent may still empty it
+    os.symlink("/etc", home / "etc-link")  # removed, never followed
+    (home / "lost+found").mkdir()  # root's, 0700: what e2fsck leaves
+    (home / "lost+found/#12").write_text("y")
+    os.chmod(home / "lost+found", 0o700)
+    empty_home(home, owner)
+    assert list(home.iterdir()) == [] and os.path.exists("/etc/passwd")
 
 
 # ----- bounded by the quota ---------------------------------------------------------------------

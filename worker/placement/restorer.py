@@ -23,7 +23,9 @@ recorded by a version that did not sign snapshots is refused.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import shutil
 import stat
 import tarfile
 import zlib
@@ -38,6 +40,8 @@ from worker.placement.entries import DIR, FILE, LINK, Entry, Limits
 from worker.placement.home_writer import HomeWriter, WriteRefused
 from worker.placement.signing import CHANGED, MAX_HEADER_BYTES, SnapshotKey, SnapshotRefused
 from worker.placement.snapshots import MAX_MANIFEST_JSON, MAX_MANIFEST_OBJECT, SnapshotStore
+
+log = logging.getLogger("agent.placement")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 PREFETCH = 8  # chunks fetched ahead of the writer
@@ -97,10 +101,24 @@ def python_has_tarfile_fixes() -> bool:
 
 def empty_home(home: Path, owner: tuple[int, int] | None) -> None:
     """Remove everything in ``home``, as ``owner`` (the agent; None: this process), by descriptors
-    (links removed, never followed). Raises ``WriteRefused``."""
-    with HomeWriter(home, owner, 0, 0) as writer:
-        writer.clear()
-        writer.finish()
+    (links removed, never followed). What the agent cannot remove (a root-owned ``lost+found`` left
+    by ``e2fsck``) is removed by this process, with ``shutil.rmtree``'s descriptor-based walk (it
+    never follows a link); no command runs in the home meanwhile (the caller holds its lock)."""
+    try:
+        with HomeWriter(home, owner, 0, 0) as writer:
+            writer.clear()
+            writer.finish()
+    except WriteRefused as exc:
+        if owner is None:
+            raise
+        log.warning("home %s not emptied as its agent (%s): emptied by the worker", home, exc)
+        with os.scandir(home) as it:
+            found = [(e.path, e.is_dir(follow_symlinks=False)) for e in it]
+        for path, is_dir in found:
+            if is_dir:
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
 
 
 class _Hashing:
@@ -145,7 +163,9 @@ class Restorer:
                 raise SnapshotRefused(f"{CHANGED} (its format is not the one recorded)")
             listed = ent.decode(_inflate(body))
             ent.check(listed, limits)
-            return self._write(home, owner, limits, ((e, self._chunks(wanted.agent, e)) for e in listed))
+            with ThreadPoolExecutor(max_workers=PREFETCH) as pool:
+                items = ((e, self._chunks(pool, wanted.agent, e)) for e in listed)
+                return self._write(home, owner, limits, items)
         if wanted.format == "tar":
             return self._restore_tar(wanted, expect, home, owner, limits)
         raise SnapshotRefused("it was taken by an earlier version, which did not sign snapshots")
@@ -191,13 +211,11 @@ class Restorer:
         empty_home(home, owner)
 
     # ----- manifests -----------------------------------------------------------------------------
-    def _chunks(self, agent: str, e: Entry) -> Iterator[tuple[int, bytes]]:
-        """``(offset, bytes)`` of each chunk of ``e``, fetched ``PREFETCH`` ahead, each checked."""
-        if not e.chunks:
-            return
-        with ThreadPoolExecutor(max_workers=min(PREFETCH, len(e.chunks))) as pool:
-            window: deque[tuple[int, Future[bytes]]] = deque()
-            todo = iter(e.chunks)
+    def _chunks(self, pool: ThreadPoolExecutor, agent: str, e: Entry) -> Iterator[tuple[int, bytes]]:
+        """``(offset, bytes)`` of each chunk of ``e``, fetched ``PREFETCH`` ahead on ``pool``, each checked."""
+        window: deque[tuple[int, Future[bytes]]] = deque()
+        todo = iter(e.chunks)
+        try:
             for c in todo:
                 window.append((c.offset, pool.submit(self.store.get_chunk, agent, c)))
                 if len(window) >= PREFETCH:
@@ -208,6 +226,9 @@ class Restorer:
                 if nxt is not None:
                     window.append((nxt.offset, pool.submit(self.store.get_chunk, agent, nxt)))
                 yield offset, future.result()
+        finally:
+            for _, future in window:
+                future.cancel()
 
     # ----- tar archives --------------------------------------------------------------------------
     def _restore_tar(
