@@ -150,7 +150,9 @@ class Keeper:
         return done
 
     def snapshot_all(self) -> dict[str, str]:
-        """At a warm shutdown: snapshot what changed (the scheduler's jobs in flight end first)."""
+        """At a warm shutdown: the snapshots in flight end (up to ``call_wait`` s; one cut short by the
+        stop marks its home changed again, for the node's next start), then what changed is snapshotted."""
+        self.scheduler.wait(timeout=self.call_wait)
         return self.snapshot_changed()
 
     # ----- threads -----------------------------------------------------------
