@@ -151,11 +151,12 @@ def tree(home: Path) -> dict[str, tuple]:
 # ----- what a snapshot keeps ---------------------------------------------------------------------
 
 
-def test_a_snapshot_keeps_files_dirs_links_modes_and_holes_and_nothing_dangerous(snapshots, root):
+def test_a_snapshot_keeps_files_dirs_links_modes_mtimes_and_holes_and_nothing_dangerous(snapshots, root):
     home, owner = quota_home(root, "keeper-a")
     (home / "notes/deep").mkdir(parents=True)
     (home / "notes/deep/plan.md").write_text("step 1\n")
     os.chmod(home / "notes/deep/plan.md", 0o640)
+    os.utime(home / "notes/deep/plan.md", ns=(1_600_000_000_123_456_789, 1_600_000_000_123_456_789))
     (home / "tool").write_text("#!/bin/sh\n")
     os.chmod(home / "tool", 0o4755)  # setuid: a snapshot never carries it
     os.mkfifo(home / "pipe")
@@ -176,6 +177,7 @@ def test_a_snapshot_keeps_files_dirs_links_modes_and_holes_and_nothing_dangerous
     restore(snapshots, wanted(taken, "keeper-a"), target, target_owner)
     got = tree(target)
     assert got["notes/deep/plan.md"] == ("f", 0o640, b"step 1\n", target_owner[0])
+    assert (target / "notes/deep/plan.md").stat().st_mtime_ns == 1_600_000_000_123_456_789  # mtimes kept
     assert got["tool"][1] == 0o755  # no setuid bit
     assert got["link"] == ("l", "notes/deep/plan.md", target_owner[0])
     assert got["ro"] == ("d", 0o555, target_owner[0])

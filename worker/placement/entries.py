@@ -45,7 +45,7 @@ class Chunk:
 class Entry:
     """One thing in a home: ``kind`` is ``DIR``, ``FILE`` or ``LINK``; ``mode`` its permission bits;
     a file's apparent ``size`` and ``chunks`` (what is not covered is a hole), or ``whole`` when its
-    ``size`` bytes follow in an archive (tar); a link's ``target``."""
+    ``size`` bytes follow in an archive (tar), and its ``mtime_ns``; a link's ``target``."""
 
     kind: str
     path: str
@@ -54,6 +54,7 @@ class Entry:
     chunks: tuple[Chunk, ...] = ()
     target: str = ""
     whole: bool = False
+    mtime_ns: int = 0  # a file's modification time (0: not kept)
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -163,12 +164,13 @@ def check(entries: Iterable[Entry], limits: Limits, totals: Totals | None = None
 
 
 def encode(entries: list[Entry]) -> bytes:
-    """The manifest's JSON: ``{"v": 1, "entries": [[kind, path, mode, size, [[offset, length, sha256]...]]
+    """The manifest's JSON: ``{"v": 1, "entries": [[kind, path, mode, size, [[offset, length, sha256]...], mtime_ns]
     | [kind, path, mode] | [kind, path, mode, target]]}``."""
     rows: list[list[Any]] = []
     for e in entries:
         if e.kind == FILE:
-            rows.append([FILE, e.path, e.mode, e.size, [[c.offset, c.length, c.sha256] for c in e.chunks]])
+            chunks = [[c.offset, c.length, c.sha256] for c in e.chunks]
+            rows.append([FILE, e.path, e.mode, e.size, chunks, e.mtime_ns])
         elif e.kind == LINK:
             rows.append([LINK, e.path, e.mode, e.target])
         else:
@@ -182,15 +184,16 @@ def _row(row: Any) -> Entry:
         raise TypeError("kind, path and mode")
     if kind == FILE:
         size, chunks = row[3], row[4]
-        if not isinstance(size, int) or not isinstance(chunks, list):
-            raise TypeError("size and chunks")
+        mtime = row[5] if len(row) > 5 else 0
+        if not isinstance(size, int) or not isinstance(chunks, list) or not isinstance(mtime, int):
+            raise TypeError("size, chunks and mtime")
         parsed = []
         for c in chunks:
             offset, length, digest = c
             if not (isinstance(offset, int) and isinstance(length, int) and isinstance(digest, str)):
                 raise TypeError("chunk")
             parsed.append(Chunk(offset, length, digest))
-        return Entry(FILE, path, mode, size, tuple(parsed))
+        return Entry(FILE, path, mode, size, tuple(parsed), mtime_ns=mtime)
     if kind == LINK:
         if not isinstance(row[3], str):
             raise TypeError("target")

@@ -19,7 +19,7 @@ of the home can be imported into it.
 
 Protocol (stdin): frames of one op byte, a 4-byte big-endian length and a payload. ``C`` empties
 the home; ``D`` makes a directory, ``F`` opens a new file, ``L`` makes a link (JSON payloads:
-``p`` path, ``m`` mode, ``s`` size, ``t`` target); ``W`` writes to the open file (an 8-byte offset,
+``p`` path, ``m`` mode, ``s`` size, ``t`` a link's target or a file's mtime in ns); ``W`` writes to the open file (an 8-byte offset,
 then the bytes); ``E`` ends it (its size, then its mode); ``Z`` finishes (directories get their
 modes, deepest first). The child answers once, on stdout, with one JSON line: ``{"ok": true,
 "entries": n, "bytes": n}`` or ``{"error": "..."}`` (exit status 1).
@@ -150,6 +150,9 @@ class _Child:
             try:
                 os.ftruncate(fd, meta["s"])  # a hole at the end stays a hole
                 os.fchmod(fd, meta["m"])
+                mtime = meta.get("t", 0)
+                if isinstance(mtime, int) and mtime > 0:
+                    os.utime(fd, ns=(mtime, mtime))
             finally:
                 os.close(fd)
             return True
@@ -307,8 +310,8 @@ class HomeWriter:
     def symlink(self, path: str, target: str) -> None:
         self._send(b"L", json.dumps({"p": path, "t": target}).encode())
 
-    def open_file(self, path: str, mode: int, size: int) -> None:
-        self._send(b"F", json.dumps({"p": path, "m": mode, "s": size}).encode())
+    def open_file(self, path: str, mode: int, size: int, mtime_ns: int = 0) -> None:
+        self._send(b"F", json.dumps({"p": path, "m": mode, "s": size, "t": mtime_ns}).encode())
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         view = memoryview(data)

@@ -193,7 +193,7 @@ class Restorer:
                     elif e.kind == LINK:
                         writer.symlink(e.path, e.target)
                     else:
-                        writer.open_file(e.path, e.mode, e.size)
+                        writer.open_file(e.path, e.mode, e.size, e.mtime_ns)
                         for offset, piece in data:
                             writer.write(offset, piece)
                         writer.close_file()
@@ -331,7 +331,8 @@ def _tar_members(body: _Hashing) -> Iterator[tuple[Entry, IO[bytes] | None]]:
                 elif m.isdir():
                     yield Entry(DIR, name, mode), None
                 elif m.isreg() and not m.issparse():
-                    yield Entry(FILE, name, mode, m.size, whole=True), tar.extractfile(m)
+                    mtime = int(m.mtime * 1e9) if isinstance(m.mtime, (int, float)) and m.mtime >= 0 else 0
+                    yield Entry(FILE, name, mode, m.size, whole=True, mtime_ns=mtime), tar.extractfile(m)
                 else:
                     what = "a hard link" if m.islnk() else "a device, FIFO or sparse member"
                     raise SnapshotRefused(f"it holds {what} ({m.name[:200]!r}), which a home never restores")

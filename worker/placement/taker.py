@@ -217,7 +217,7 @@ class Taker:
                         raise SnapshotOverBound(
                             f"the home holds more than {bound // 1024**2} MiB of data, more than its quota"
                         )
-                    entries.append(Entry(FILE, check_path(path), mode, st.st_size, chunks))
+                    entries.append(Entry(FILE, check_path(path), mode, st.st_size, chunks, mtime_ns=st.st_mtime_ns))
                 else:
                     left_out.append(path)
         finally:
