@@ -605,3 +605,26 @@ def test_the_scheduler_shares_its_threads_round_robin():
     gate.set()
     assert sched.wait(timeout=60) and finished[-1] == "long"
     sched.stop()
+
+
+def test_a_snapshot_cut_short_by_a_stop_marks_its_home_changed_again(r, snapshots, tmp_path):
+    """A warm shutdown closes the snapshots still in flight: their homes are marked changed again, so
+    the node's next start snapshots them (nothing is left unsaved by a stop)."""
+    node = NodeHomes(
+        Placement(r, TTL), Settings(homes_root=tmp_path, node_name="n1", snapshot_key=KEY), "n1", snapshots
+    )
+    keeper = Keeper(node, interval=1, call_wait=5)
+    closed, started = threading.Event(), threading.Event()
+
+    def endless():
+        started.set()
+        try:
+            while True:
+                yield 0.01
+        finally:
+            closed.set()
+
+    assert keeper.scheduler.submit("cut", endless(), keeper._done(False))
+    assert started.wait(30)
+    keeper.scheduler.stop()
+    assert closed.is_set() and node.placement.take_dirty("n1") == {"cut"}

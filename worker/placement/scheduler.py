@@ -80,7 +80,8 @@ class FairScheduler:
         return True
 
     def stop(self) -> None:
-        """Close every job not finished (its ``finally`` blocks run: locks released) and end the threads."""
+        """Close every job not finished (its ``finally`` blocks run: locks released; ``done`` is told
+        ``RuntimeError``) and end the threads (a step under way ends first)."""
         with self._cond:
             self._stopped = True
             jobs = list(self._ready) + [j for _, _, j in self._sleeping]
@@ -89,6 +90,9 @@ class FairScheduler:
             self._cond.notify_all()
         for job in jobs:
             self._finish(job, None, RuntimeError("the node is stopping"), close=True)
+        for t in self._threads:  # a step under way ends, then its job is closed the same way
+            if t is not threading.current_thread():
+                t.join(timeout=60)
 
     def _next(self) -> _Job | None:
         with self._cond:
