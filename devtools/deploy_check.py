@@ -292,9 +292,7 @@ def node_container(dep: Deployment, node: str) -> str:
     homes slot, set by deploy/tools-node; the image's own ``/homes`` is the init's) is the node's
     root in ``agent-runtime nodes``."""
     root = json.loads(cli(dep, "nodes", "--json").stdout).get(node, {}).get("root")
-    find = (
-        'for p in /proc/[0-9]*; do tr "\\0" "\\n" < "$p/environ" 2>/dev/null | grep "^AGENT_HOMES_ROOT=/homes/node-" && exit; done'
-    )
+    find = 'for p in /proc/[0-9]*; do tr "\\0" "\\n" < "$p/environ" 2>/dev/null | grep "^AGENT_HOMES_ROOT=/homes/node-" && exit; done'
     for name in tools_containers():
         run = podman("exec", name, "sh", "-c", find, check=False)
         if root and run.stdout.strip() == f"AGENT_HOMES_ROOT={root}":
