@@ -58,6 +58,7 @@ from devtools.deploy_stack import (
     HOME_QUOTA_MB,
     PROJECT,
     REDIS_SERVERS,
+    SENTINELS,
     TURN_TIMEOUT,
     CheckFailed,
     Deployment,
@@ -353,22 +354,31 @@ def kill_home_node(dep: Deployment) -> str:
 
 
 def sentinel(*args: str) -> str:
-    """A Sentinel command (asked of sentinel-1, with its password from its own environment)."""
-    run = in_container(
-        "sentinel-1",
-        "bash",
-        "-c",
-        'REDISCLI_AUTH="$SENTINEL_PASSWORD" exec redis-cli --no-auth-warning -p 26379 "$@"',
-        "redis-cli",
-        *args,
-        check=False,
-        timeout=20,
-    )
-    return run.stdout
+    """A Sentinel command, asked of each Sentinel in turn until one answers within 10 s (with its
+    password from its own environment); ``""`` when none did."""
+    for name in SENTINELS:
+        try:
+            run = in_container(
+                name,
+                "bash",
+                "-c",
+                'REDISCLI_AUTH="$SENTINEL_PASSWORD" exec redis-cli --no-auth-warning -p 26379 "$@"',
+                "redis-cli",
+                *args,
+                check=False,
+                timeout=10,
+            )
+        except subprocess.TimeoutExpired:
+            print(f"           {name} did not answer {' '.join(args)} within 10 s", flush=True)
+            continue
+        if run.returncode == 0 and run.stdout.strip():
+            return run.stdout
+    return ""
 
 
 def primary() -> str:
-    return sentinel("sentinel", "get-master-addr-by-name", "agent").split()[0]
+    """The primary the Sentinels name now (``""`` if none answered)."""
+    return (sentinel("sentinel", "get-master-addr-by-name", "agent").split() or [""])[0]
 
 
 def replica_in_sync(server: str) -> bool:
