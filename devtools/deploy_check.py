@@ -485,8 +485,9 @@ def failover(dep: Deployment, kills: int = 3, turns: int = 6) -> str:
             agents.append((agent, ids[-1]))
         time.sleep(1.5)  # turns in flight: model calls, commands, records
         t0 = time.time()
-        podman("kill", container(old))
-        podman("stop", "-t", "0", container(old), check=False)  # it stays down until started below
+        # SIGKILL at once (no grace: Redis saves nothing), and marked stopped so that the restart policy
+        # does not bring it back as a primary before the Sentinels agree it is down (`podman kill` did).
+        podman("stop", "-t", "0", container(old))
         promoted_after = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
