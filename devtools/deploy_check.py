@@ -484,10 +484,10 @@ def failover(dep: Deployment, kills: int = 3, turns: int = 6) -> str:
             ids.append(enqueue(dep, "log twice", agent, "deploy-failover", "--approval", "off"))
             agents.append((agent, ids[-1]))
         time.sleep(1.5)  # turns in flight: model calls, commands, records
-        t0 = time.time()
         # SIGKILL at once (no grace: Redis saves nothing), and marked stopped so that the restart policy
         # does not bring it back as a primary before the Sentinels agree it is down (`podman kill` did).
         podman("stop", "-t", "0", container(old))
+        t0 = time.time()  # dead from here: a step written after this is on the new primary
         promoted_after = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

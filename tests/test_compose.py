@@ -127,10 +127,7 @@ def _compose_script(service: str, env: dict[str, str], data: str, port: int, pri
     script = script.replace("--dir /data", f"--dir {data}").replace("/data/sentinel.conf", f"{data}/sentinel.conf")
     if service.startswith("sentinel"):
         script = script.replace("port 26379", f"port {port}\\nbind 127.0.0.1")
-        script = script.replace(
-            "sentinel monitor agent redis-1 6379", f"sentinel monitor agent 127.0.0.1 {primary_port}"
-        )
-        script = script.replace("sentinel resolve-hostnames yes\\nsentinel announce-hostnames yes\\n", "")
+        script = script.replace("sentinel monitor agent %s 6379", f"sentinel monitor agent %s {primary_port}")
         script = script.replace(
             "sentinel announce-ip %s\\n", "sentinel announce-ip %s\\nsentinel announce-port " + str(port) + "\\n"
         )
@@ -168,9 +165,10 @@ def _run_compose_redis(env: dict[str, str], service: str = "redis-1", primary_po
 
     port = free_port()
     env = {"REDIS_ANNOUNCE": "127.0.0.1", **env}
-    if primary_port:
-        env["REDIS_REPLICAOF"] = f"127.0.0.1 {primary_port}"
     script = _compose_script(service, env, tempfile.mkdtemp(), port)
+    if primary_port:
+        env["REDIS_REPLICAOF"] = "127.0.0.1"
+        script = script.replace("--replicaof $REDIS_REPLICAOF 6379", f"--replicaof $REDIS_REPLICAOF {primary_port}")
     return _start(script, env, port), port
 
 
@@ -214,7 +212,8 @@ def test_compose_replica_and_sentinel_commands_replicate_and_watch_with_their_ow
     primary, p1 = _run_compose_redis(PASSWORDS)
     replica, p2 = _run_compose_redis(PASSWORDS, "redis-2", primary_port=p1)
     sport = free_port()
-    senv = {"SENTINEL_ANNOUNCE": "127.0.0.1", "SENTINEL_PASSWORD": "sentinels-5", "REDIS_SENTINEL_PASSWORD": "sent-4"}
+    senv = {"SENTINEL_ANNOUNCE": "127.0.0.1", "REDIS_PRIMARY": "127.0.0.1", "SENTINEL_PASSWORD": "sentinels-5"}
+    senv["REDIS_SENTINEL_PASSWORD"] = "sent-4"
     data = tempfile.mkdtemp()
     sentinel = _start(_compose_script("sentinel-1", senv, data, sport, primary_port=p1), senv, sport)
     try:
@@ -247,8 +246,10 @@ def test_only_the_services_that_need_redis_join_the_backend_network():
     services = compose["services"]
     assert compose["networks"]["backend"]["internal"] is True and compose["networks"]["store"]["internal"] is True
     redis_side = {"redis-1", "redis-2", "sentinel-1", "sentinel-2", "sentinel-3"}
-    for name in redis_side:
-        assert services[name]["networks"] == ["backend"], name
+    for name in redis_side:  # a fixed address on backend alone (compose.yaml says why)
+        assert list(services[name]["networks"]) == ["backend"], name
+        assert services[name]["networks"]["backend"]["ipv4_address"].startswith("${REDIS_NETWORK_PREFIX:-10.89.240}.")
+        assert services[name]["mac_address"].startswith("02:00:"), name
     on_backend = {n for n, s in services.items() if "backend" in s.get("networks", [])}
     assert on_backend == redis_side | {"beat", "flower", "api"} | {n for n in services if n.startswith("worker-")}
     assert "gateway" not in on_backend
