@@ -46,7 +46,7 @@ failure (a broken tool schema, a bug) becomes an error output.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import ValidationError
@@ -68,11 +68,15 @@ __all__ = [
     "DEFAULT_MAX_ARGUMENTS_BYTES",
     "DEFAULT_MAX_RAW_ECHO",
     "ArgumentsOutcome",
+    "ErrorKind",
     "FieldError",
     "params_to_data",
     "validate_params",
     "validate_tool_arguments",
 ]
+
+ErrorKind = Literal["cut_off", "too_large", "parse", "validation"]
+"""Why arguments were refused (``ArgumentsOutcome.error_kind``; a label of ``agent_invalid_calls_total``)."""
 
 MAX_UNWRAP = 2
 """Wrapper keys unwrapped at most, one inside the other (``{"input": {"arguments": ...}}``)."""
@@ -125,23 +129,26 @@ class ArgumentsOutcome:
     - ``error``: when not ok, the text sent back to the model (failing fields,
       the capped raw arguments, and a request for a corrected call).
     - ``errors``: when validation failed, each failing field.
-    - ``error_kind``: ``None`` when ok, else ``"cut_off"`` (response incomplete),
-      ``"too_large"`` (over the arguments cap), ``"parse"`` (not a usable JSON object)
-      or ``"validation"`` (schema rejected the object). The loop's per-tool retry budget
+    - ``error_kind``: ``None`` when ok, else an ``ErrorKind``: ``"cut_off"`` (response
+      incomplete), ``"too_large"`` (over the arguments cap), ``"parse"`` (not a usable JSON
+      object) or ``"validation"`` (schema rejected the object). The loop's per-tool retry budget
       can count these.
+
+    Built with keywords only (``validated`` for the happy path).
     """
 
     __slots__ = ("ok", "params", "_data", "repairs", "error", "errors", "error_kind", "_tool")
 
     def __init__(
         self,
+        *,
         ok: bool,
         params: Any = None,
         data: dict[str, Any] | None = None,
         repairs: list[str] | None = None,
         error: str | None = None,
         errors: list[FieldError] | None = None,
-        error_kind: str | None = None,
+        error_kind: ErrorKind | None = None,
         tool: WorkerTool[Any] | None = None,
     ):
         self.ok = ok
@@ -152,6 +159,11 @@ class ArgumentsOutcome:
         self.errors = errors if errors is not None else []
         self.error_kind = error_kind
         self._tool = tool
+
+    @classmethod
+    def validated(cls, tool: WorkerTool[Any], params: Any) -> ArgumentsOutcome:
+        """Params of ``tool`` that validated as sent, without a repair (``data`` computed when read)."""
+        return cls(ok=True, params=params, tool=tool)
 
     @property
     def data(self) -> dict[str, Any] | None:
@@ -181,7 +193,7 @@ def _echo(raw: str, cap: int) -> str:
 def _failure(
     tool: WorkerTool[Any],
     raw: str,
-    kind: str,
+    kind: ErrorKind,
     reason: str,
     cap: int,
     *,
@@ -266,15 +278,8 @@ def validate_tool_arguments(
         # markup key and every envelope) to the checked path, and a model with open maps is only
         # taken without any markup hint; 4 bytes per character bound the size.
         try:
-            return ArgumentsOutcome(
-                True,
-                model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid"),
-                None,
-                None,
-                None,
-                None,
-                None,
-                tool,
+            return ArgumentsOutcome.validated(
+                tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid")
             )
         except ValidationError:
             pass
@@ -337,15 +342,8 @@ def _validate_tool_arguments(
     hinted = _hinted(raw)
     if type(parsed) is dict and model is not None and not hinted:
         try:
-            return ArgumentsOutcome(
-                True,
-                model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid"),
-                None,
-                None,
-                None,
-                None,
-                None,
-                tool,
+            return ArgumentsOutcome.validated(
+                tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid")
             )
         except ValidationError:
             pass
@@ -358,8 +356,8 @@ def _validate_tool_arguments(
         # not JSON, or a JSON string (double encoded): the ladder
         rep = repair_arguments(raw, response_status=response_status)
         if not rep.ok:
-            kind = "cut_off" if rep.error == CUT_OFF_ERROR else "parse"
-            return _failure(tool, raw, kind, rep.error or "not valid JSON", max_raw_echo)
+            refused: ErrorKind = "cut_off" if rep.error == CUT_OFF_ERROR else "parse"
+            return _failure(tool, raw, refused, rep.error or "not valid JSON", max_raw_echo)
         data, repairs = rep.value, rep.repairs
     elif not isinstance(parsed, dict):
         kind = {type(None): "null", list: "an array", bool: "a boolean"}.get(type(parsed), "a number")

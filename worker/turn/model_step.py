@@ -13,7 +13,7 @@ reply to ``worker.turn.replies``.
 With ``calls`` (``worker.turn.async_calls.AsyncModelCalls``), a step does not hold its thread
 while the model answers (docs/architecture.md, "Model calls off the worker's threads"): ``run``
 hands the prepared step to the process's event loop and returns ``waiting``; when the call ends,
-``complete`` stores the reply and hands it to ``ReplyHandler.handle``, on a thread of ``calls``.
+``finish_call`` stores the reply and hands it to ``ReplyHandler.handle``, on a thread of ``calls``.
 Each such call claims the step under its own owner id (``call_owner``), so a redelivery that
 lands on the thread that started the call does not take it for its own.
 """
@@ -90,7 +90,7 @@ class ModelStep:
         if isinstance(prepared, StepOutcome):
             return prepared
         if prepared.memo is None and self.calls is not None:
-            return self.calls.start(prepared, self.complete)
+            return self.calls.start(prepared, self.finish_call)
         stored = StoredReply(prepared.memo) if prepared.memo is not None else self.call(prepared)
         if isinstance(stored, StepOutcome):
             return stored
@@ -210,7 +210,7 @@ class ModelStep:
         # (``ReplyHandler.plan_tools``), belong to the step's task, as when they are sent later.
         return self._store(prepared, reply, event)
 
-    def complete(
+    def finish_call(
         self,
         prepared: PreparedStep,
         result: ModelReply | BaseException,

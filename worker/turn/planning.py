@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import orjson
 
@@ -17,6 +17,18 @@ from worker.turn.state import CallResult
 log = logging.getLogger("agent.loop")
 
 
+class PlannedCalls(NamedTuple):
+    """What ``plan_calls`` made of a reply's calls."""
+
+    planned: list[PlannedCall]
+    """A ``PlannedCall`` per call, in emitted order (runnable ones carry validated ``data``)."""
+    known: dict[str, CallResult]
+    """The outputs already known for the calls that will not run (duplicate ``call_id``, unknown
+    tool, invalid arguments), by ``call_id``."""
+    invalid_counts: dict[str, int]
+    """The per-tool invalid-call counts including this reply (the retry budget)."""
+
+
 def plan_calls(
     turn_id: str,
     invalid_counts: dict[str, int],
@@ -26,13 +38,9 @@ def plan_calls(
     max_raw_echo: int,
     approval: Callable[[WorkerTool[Any], Any], bool] | None = None,
     max_arguments_bytes: int = DEFAULT_MAX_ARGUMENTS_BYTES,
-) -> tuple[list[PlannedCall], dict[str, CallResult], dict[str, int]]:
-    """Validate each ``function_call`` of a reply against the turn's tools, in emitted order.
-
-    Returns ``(planned, pre, invalid_counts)``: a ``PlannedCall`` per call (runnable ones carry
-    validated ``data``), the outputs already known for calls that will not run (duplicate
-    ``call_id``, unknown tool, invalid arguments; keyed by ``call_id``), and the per-tool
-    invalid-call counts including this reply (the retry budget, docs/architecture.md, "Invalid calls").
+) -> PlannedCalls:
+    """Validate each ``function_call`` of a reply against the turn's tools, in emitted order: a
+    ``PlannedCalls`` (the retry budget it counts: docs/architecture.md, "Invalid calls").
     ``approval(tool, params)`` marks a runnable call ``needs_approval`` (``worker.turn.approvals``);
     ``max_arguments_bytes`` caps one call's arguments (``settings.max_arguments_bytes``).
     Never raises for bad model output.
@@ -123,4 +131,4 @@ def plan_calls(
                 needs_approval=bool(approval and approval(tool, outcome.params)),
             )
         )
-    return planned, pre, invalid_counts
+    return PlannedCalls(planned, pre, invalid_counts)
