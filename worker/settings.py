@@ -266,7 +266,7 @@ class RedactUrls(logging.Filter):
     """A logging filter that redacts URL passwords and query strings in a record's message.
 
     httpx logs every request at INFO as ``HTTP Request: GET <full URL> ...``; a key sent as a
-    query parameter would land in the worker's logs (issue 9)."""
+    query parameter would land in the worker's logs (docs/isolation.md, "Redis and secrets")."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

@@ -111,8 +111,8 @@ def _hinted(raw: str) -> bool:
 
 DEFAULT_MAX_ARGUMENTS_BYTES = 1_048_576
 """Default cap (UTF-8 bytes) on one call's arguments (``settings.max_arguments_bytes``): a bigger
-call is refused before it is parsed, stored or run (issue 19: a 20 MB ``write_file`` cost Redis
-about 105 MB). 1 MiB holds about twice the longest output a model's token limit allows today."""
+call is refused before it is parsed, stored or run (a 20 MB ``write_file`` argument once cost Redis
+about 105 MB: docs/arguments.md, "Order", 0). 1 MiB holds about twice the longest output a model's token limit allows today."""
 
 DEFAULT_MAX_RAW_ECHO = 2_000
 """Default cap (characters) of the raw arguments echoed back in an error (``settings.max_raw_arguments_echo``)."""
