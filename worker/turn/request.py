@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from worker.model.input_items import InputItemError, check_input_items
+from worker.settings import ApprovalMode
 
 # Agent ids name a directory (the agent's home) and Redis keys; turn ids name Redis keys.
 # Published in the JSON Schema as ``ID_PATTERN`` (ECMA-262 and pydantic-core's Rust regex: ``$``
@@ -110,14 +111,11 @@ class TokenBudget(BaseModel):
     total_tokens: int | None = Field(default=None, ge=1)
 
 
-ApprovalMode = Literal["declared", "destructive", "off"]
-
-
 class ApprovalPolicy(BaseModel):
     """Which calls of the turn wait for a person (``worker.turn.approvals``).
 
-    - ``mode``: ``declared`` (each tool's own ``needs_approval``), ``destructive`` (also every
-      destructive call), ``off`` (waived: nothing waits); ``None`` takes ``AGENT_APPROVAL_MODE``.
+    - ``mode``: which calls wait, one of the modes this field's values list (what each means:
+      docs/control-plane.md, "Approvals"); ``None`` takes ``AGENT_APPROVAL_MODE``.
     - ``timeout``: seconds a call may wait for a decision before it is rejected
       (``None``: ``AGENT_APPROVAL_TIMEOUT``).
     """
