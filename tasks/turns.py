@@ -23,6 +23,7 @@ from celery import Task
 from tasks.app import app
 from tasks.placement import forward
 from tasks.runtime import get_engine
+from worker.errors import AgentRuntimeError
 from worker.model.interface import GatewayError
 from worker.settings import get_settings
 from worker.turn.outage import OUTAGE_ERRORS, until_redis_answers
@@ -34,7 +35,7 @@ log = logging.getLogger("agent.tasks")
 T = TypeVar("T")
 
 
-class TurnFailed(Exception):
+class TurnFailed(AgentRuntimeError):
     """The turn this task worked on ended with a failure status; the message names the status and reason."""
 
 

@@ -25,6 +25,7 @@ import redis
 from pydantic import BaseModel
 from redis import Redis
 
+from worker.errors import AgentRuntimeError
 from worker.settings import Settings
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.schemas import current_provider, function_definition
@@ -44,7 +45,7 @@ MAX_DESCRIPTION_CHARS = 1024
 P = TypeVar("P")
 
 
-class TurnAborted(Exception):
+class TurnAborted(AgentRuntimeError):
     """Raised by ``AbortSignal.raise_if_aborted`` when the turn was cancelled."""
 
 

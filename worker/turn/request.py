@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from worker.errors import AgentRuntimeError
 from worker.model.input_items import InputItemError, check_input_items
 from worker.settings import ApprovalMode
 
@@ -26,7 +27,7 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 END_HOOK_METADATA = ("workflow_task_id", "background_job_id")
 
 
-class TurnRefused(ValueError):
+class TurnRefused(AgentRuntimeError, ValueError):
     """A turn that cannot be created: a bad or foreign turn id, or a request over the size cap.
     The message says which rule and setting; nothing was stored."""
 
