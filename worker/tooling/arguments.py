@@ -58,6 +58,7 @@ from worker.tooling.keys import name_sent_keys, near_miss_error
 from worker.tooling.markup import markup_hinted, markup_key_error, markup_value_error, value_markup_hinted
 from worker.tooling.model_flags import accepted_names, fast_path_eligible
 from worker.tooling.object_rungs import decode_encoded_fields, unwrap_candidate, unwrap_envelope
+from worker.tooling.oversized import held_arguments, too_large_reason, utf8_size
 from worker.tooling.param_validation import params_to_data, validate_params
 from worker.tooling.repair import repair_arguments
 from worker.tooling.schemas import validation_info
@@ -288,9 +289,11 @@ def validate_tool_arguments(
             raw = orjson.dumps(raw).decode()
     except Exception:
         raw = repr(raw)
-    too_large = _too_large(raw, max_arguments_bytes)
-    if too_large:
-        return _failure(tool, raw, "too_large", too_large, max_raw_echo)
+    held = held_arguments(raw)  # arguments refused before they were stored: their placeholder
+    size = held.size if held is not None else utf8_size(raw, max_arguments_bytes)
+    if size is not None:
+        cap = held.cap if held is not None else max_arguments_bytes
+        return _failure(tool, raw, "too_large", too_large_reason(size, cap), max_raw_echo)
     try:
         return _validate_tool_arguments(tool, raw, response_status, max_raw_echo)
     except RecursionError:
@@ -307,21 +310,6 @@ def validate_tool_arguments(
 
 
 _UNPARSED = object()
-
-
-def _too_large(raw: str, cap: int) -> str | None:
-    """The refusal for arguments over ``cap`` UTF-8 bytes, else ``None`` (the byte count is only
-    computed when the character count could exceed the cap)."""
-    if len(raw) <= cap // 4:
-        return None
-    size = len(raw.encode("utf-8", "surrogatepass"))
-    if size <= cap:
-        return None
-    return (
-        f"your arguments are {size:,} bytes; this runtime takes at most {cap:,} bytes of arguments in one call "
-        "(setting AGENT_MAX_ARGUMENTS_BYTES); nothing was run: do the work in smaller calls (for example, "
-        "write a long file in parts)"
-    )
 
 
 def _validate_tool_arguments(

@@ -24,12 +24,14 @@ import itertools
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import Any, Sequence
 
 from opentelemetry import trace
 
 from worker.model.interface import GatewayError, ModelClient, ModelReply, ModelRequest
 from worker.model.streaming import stream_reply
+from worker.tooling.oversized import MAX_ITEM_ID_CHARS, compact_output
 from worker.tooling.schemas import collect_tool_definitions
 from worker.turn import metrics, telemetry
 from worker.turn.async_calls import AsyncModelCalls
@@ -205,6 +207,7 @@ class ModelStep:
                 reply = self._create(prepared.turn_id, prepared.step, prepared.model_request)
             except GatewayError as exc:
                 return self._refused(prepared, exc, time.perf_counter() - started)
+            reply = within_caps(reply, self.rt.settings.max_arguments_bytes, prepared)
             event = self._noted(prepared, reply, time.perf_counter() - started, span)
         # Stored outside the call's span: the first batch's messages, which the store may queue
         # (``ReplyHandler.plan_tools``), belong to the step's task, as when they are sent later.
@@ -232,6 +235,7 @@ class ModelStep:
                 metrics.model_call_finished(prepared.model, None, failed=True)
                 raise result
             try:
+                result = within_caps(result, self.rt.settings.max_arguments_bytes, prepared)
                 stored = self._paid(prepared, result, elapsed, span, deltas)
             finally:
                 telemetry.end_model_call_span(span)
@@ -317,6 +321,20 @@ class ModelStep:
         return StoredReply(
             saved.reply, saved.cancelled, UsageLedger.totals_of(*saved.usage), began=planned if saved.began else None
         )
+
+
+def within_caps(reply: ModelReply, max_arguments_bytes: int, prepared: PreparedStep) -> ModelReply:
+    """``reply`` with every model-chosen value over its cap replaced by its placeholder
+    (``worker.tooling.oversized``), before anything of it is stored, planned or traced: what is
+    memoized is what every later read of the step plans (docs/arguments.md, "Size")."""
+    output = compact_output(reply.output, max_arguments_bytes)
+    reply_id = reply.id if len(reply.id) <= MAX_ITEM_ID_CHARS else ""
+    if output is None and reply_id == reply.id:
+        return reply
+    log.warning(
+        "turn %s step %s: the reply held values over their caps; placeholders are kept", prepared.turn_id, prepared.step
+    )
+    return replace(reply, id=reply_id, output=reply.output if output is None else output)
 
 
 def _stale(state: TurnState, step: int) -> StepOutcome | None:

@@ -11,6 +11,7 @@ import orjson
 
 from worker.tooling.arguments import DEFAULT_MAX_ARGUMENTS_BYTES, ArgumentsOutcome, validate_tool_arguments
 from worker.tooling.contract import WorkerTool
+from worker.tooling.oversized import MAX_CALL_ID_CHARS, cut_call_id_length
 from worker.turn.dispatch import PlannedCall
 from worker.turn.state import CallResult
 
@@ -51,6 +52,21 @@ def plan_calls(
     pre: dict[str, CallResult] = {}
     for i, fc in enumerate(calls):
         call_id, name = fc["call_id"], fc["name"]
+        cut = cut_call_id_length(call_id)
+        if cut is not None:  # cut at the edge (worker.tooling.oversized): kept short, never run
+            out = (
+                f"Error: the call_id of this call was {cut:,} characters long; call_ids are at most "
+                f"{MAX_CALL_ID_CHARS} characters. It did not run (it is recorded as {call_id}). "
+                "Send the call again with a short call_id."
+            )
+            invalid_counts[name] = invalid_counts.get(name, 0) + 1
+            planned.append(
+                PlannedCall(
+                    call_id, name, i, output=out, activity=f"Refused call of {name}", error_kind="oversized_call_id"
+                )
+            )
+            pre[call_id] = CallResult.error(out, "oversized_call_id", length=cut)
+            continue
         if fc.get("duplicate_of"):
             # Cases E06/E07: a repeated call_id would rebind outputs; the copy gets its own id and does not run.
             out = (
