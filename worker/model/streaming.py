@@ -63,8 +63,8 @@ class DeltaBatcher:
     ``output_index``, ``delta``, and for arguments ``call_id`` and ``name``, as the reply keeps
     them (``worker.tooling.oversized``: an oversized one is its short placeholder).
 
-    A call's arguments are streamed up to ``STREAMED_ARGUMENTS_CHARS`` characters; the delta that
-    reaches it has ``cut: true`` and the rest is not streamed: the events are a view of the reply,
+    A call's arguments are streamed up to ``STREAMED_ARGUMENTS_CHARS`` characters; the delta where
+    they stop is marked ``cut: true`` and the rest is not streamed: the events are a view of the reply,
     and arguments can be megabytes (the call's arguments are in its ``function_call`` item).
     """
 
