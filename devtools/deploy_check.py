@@ -282,9 +282,9 @@ def trace(dep: Deployment, turn_id: str) -> str:
 
 def redis_usage(dep: Deployment) -> str:
     """What the check's turns cost Redis: memory and the append-only file on its disk (for sizing)."""
-    import redis
+    from worker.redis_connection import redis_endpoint
 
-    client = redis.Redis.from_url(dep.control_url)
+    client = redis_endpoint(url=dep.control_url).client()
     info = client.info("memory")
     keys = client.dbsize()
     client.close()

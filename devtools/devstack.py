@@ -200,17 +200,18 @@ def check_redis_url(name: str) -> None:
     or its Redis does not answer (before anything is started against it)."""
     import redis
 
-    from worker.settings import redact_text, redact_url
+    from worker.redis_connection import redis_endpoint
+    from worker.settings import Settings, redact_text
 
-    url = os.environ[name]
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5)
+    try:  # the environment as it is now, with its Sentinels and TLS files
+        endpoint = redis_endpoint(Settings(), control=name == "CONTROL_REDIS_URL")
     except ValueError as exc:
-        raise RuntimeError(f"{name} {redact_url(url)!r} is not a Redis URL: {exc}") from None
+        raise RuntimeError(str(exc)) from None
+    client = endpoint.client(socket_connect_timeout=3, socket_timeout=5)
     try:
         client.ping()
     except redis.RedisError as exc:
-        raise RuntimeError(f"{name}: cannot reach Redis at {redact_url(url)}: {redact_text(str(exc))}") from None
+        raise RuntimeError(f"{name}: cannot reach Redis at {endpoint.display}: {redact_text(str(exc))}") from None
     finally:
         client.close()
 

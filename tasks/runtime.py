@@ -21,6 +21,7 @@ from tasks.model_calls import async_setup
 from tasks.placement import node_homes
 from worker.model.clients import model_client
 from worker.placement.records import Placement
+from worker.redis_connection import redis_endpoint
 from worker.settings import get_settings
 from worker.tools.skills import skills_instructions
 from worker.tools.toolsets import toolset_resolver
@@ -34,19 +35,12 @@ _pid: int | None = None
 
 
 def redis_client() -> redis.Redis:
-    """A Redis client for ``REDIS_URL`` with connect/read timeouts (seconds) and health checks."""
+    """A Redis client for ``REDIS_URL`` (``worker.redis_connection``: through Sentinel and TLS as
+    the settings say) with connect/read timeouts (seconds) and health checks."""
     settings = get_settings()
     # A blocking pool: under a threads pool of hundreds, a burst waits for a connection
     # instead of failing with "Too many connections".
-    pool = redis.BlockingConnectionPool.from_url(
-        settings.redis_url,
-        max_connections=settings.redis_max_connections,
-        timeout=30,
-        socket_timeout=30,
-        socket_connect_timeout=5,
-        health_check_interval=30,
-    )
-    return redis.Redis(connection_pool=pool)
+    return redis_endpoint(settings).client(max_connections=settings.redis_max_connections, wait_for_connection=30)
 
 
 def get_engine() -> TurnEngine:
