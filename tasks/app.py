@@ -111,7 +111,7 @@ def redis_conf(endpoint: RedisEndpoint, max_connections: int, longest_task: floa
     redbeat_url, redbeat_options = endpoint.redbeat()
     return {
         "broker_url": endpoint.celery_url(),
-        "broker_transport": "tasks.broker:SentinelTransport" if sentinel else "tasks.broker:Transport",
+        "broker_transport": broker_transport(endpoint),
         "broker_transport_options": {
             "visibility_timeout": visibility,
             "max_connections": max_connections,
@@ -128,6 +128,22 @@ def redis_conf(endpoint: RedisEndpoint, max_connections: int, longest_task: floa
         "redbeat_redis_options": redbeat_options,
         "redbeat_redis_use_ssl": ssl_options,
     }
+
+
+def broker_transport(endpoint: RedisEndpoint) -> str:
+    """The kombu transport for ``endpoint``: ours (``tasks.broker``), through Sentinel when it has them."""
+    return "tasks.broker:SentinelTransport" if endpoint.sentinels else "tasks.broker:Transport"
+
+
+def broker_connection(celery_app: Celery, endpoint: RedisEndpoint) -> Any:
+    """A kombu connection of ``celery_app`` to the broker at ``endpoint`` (not the app's own: a
+    control plane with its own user): its transport, Sentinel options and TLS, whatever the app's."""
+    return celery_app.connection_for_write(
+        endpoint.celery_url(),
+        transport=broker_transport(endpoint),
+        transport_options=endpoint.celery_transport_options(),
+        ssl=endpoint.celery_ssl() or False,
+    )
 
 
 app = make_app()

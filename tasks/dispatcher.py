@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from kombu.exceptions import BatchPublishError, OperationalError  # type: ignore[attr-defined]  # kombu 5.7; not in the stubs yet
 
-from tasks.app import app
+from tasks.app import app, broker_connection
 from tasks.recorded_publish import RecordingProducer, Unrecordable
 from tasks.services import turn_services
 from worker.placement.records import Placement, node_queue
@@ -116,6 +116,7 @@ class CeleryDispatcher:
 
     def __init__(self, broker: RedisEndpoint | None = None, placement: Placement | None = None):
         # A control plane names its own Redis endpoint (its own user); workers use the app's broker.
+        self._broker = broker
         self._broker_url = broker.celery_url() if broker is not None else None
         self._conn: Any = None
         # A worker waits a broker outage out (its step's state is already stored); a control
@@ -130,7 +131,8 @@ class CeleryDispatcher:
         if not self._broker_url or self._broker_url == app.conf.broker_url:
             return {}
         if self._conn is None:
-            self._conn = app.connection_for_write(self._broker_url)
+            assert self._broker is not None
+            self._conn = broker_connection(app, self._broker)
         return {"connection": self._conn}
 
     def enqueue_step(self, turn_id: str, step: int, *, queue: str, label: str = "") -> None:
