@@ -24,6 +24,7 @@ from worker.redis_connection import RedisEndpoint, redis_endpoint
 from worker.settings import get_settings
 from worker.tools.toolsets import toolset_names
 from worker.turn import approvals
+from worker.turn.durability import ReplicaAck
 from worker.turn.engine import TurnEngine
 from worker.turn.request import TurnRefused, TurnRequest, TurnStatus
 from worker.turn.store import TurnStore
@@ -95,7 +96,8 @@ class ControlPlane:
                 raise ControlPlaneError(str(exc)) from exc
         self.url = self.endpoint.display
         client = self.endpoint.client(socket_connect_timeout=5, socket_timeout=30)
-        self.store = TurnStore(client, progress_timeout=settings.progress_timeout)
+        durability = ReplicaAck(settings.replica_acks, settings.redis_replica_ack_timeout)
+        self.store = TurnStore(client, progress_timeout=settings.progress_timeout, durability=durability)
         try:
             self.store.r.ping()
         except redis.RedisError as exc:

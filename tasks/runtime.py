@@ -25,6 +25,7 @@ from worker.redis_connection import redis_endpoint
 from worker.settings import get_settings
 from worker.tools.skills import skills_instructions
 from worker.tools.toolsets import toolset_resolver
+from worker.turn.durability import ReplicaAck
 from worker.turn.engine import TurnEngine
 from worker.turn.store import TurnStore
 
@@ -49,7 +50,8 @@ def get_engine() -> TurnEngine:
     with _lock:
         if _engine is None or _pid != os.getpid():
             settings = get_settings()
-            store = TurnStore(redis_client(), progress_timeout=settings.progress_timeout)
+            durability = ReplicaAck(settings.replica_acks, settings.redis_replica_ack_timeout)
+            store = TurnStore(redis_client(), progress_timeout=settings.progress_timeout, durability=durability)
             client = model_client(settings)
             _engine = TurnEngine(
                 store,

@@ -25,6 +25,7 @@ from tasks.placement import forward
 from tasks.runtime import get_engine
 from worker.model.interface import GatewayError
 from worker.settings import get_settings
+from worker.turn.call_runner import DEFERRALS
 from worker.turn.outage import OUTAGE_ERRORS, until_redis_answers
 from worker.turn.outcome import StepOutcome
 from worker.turn.request import TurnStatus
@@ -108,11 +109,18 @@ _limit = get_settings().tool_time_limit
 def tool_call(self: Task[Any, Any], turn_id: str, step: int, call_id: str) -> dict[str, Any]:
     """Run one tool call of step ``step``; the last call of a batch advances the turn. A Redis
     outage is waited out (the call's result is kept until stored: ``worker.turn.outage``). A call
-    whose agent's home is on another node is forwarded there (``tasks.placement.forward``)."""
+    whose agent's home is on another node is forwarded there (``tasks.placement.forward``). A
+    destructive call whose claim no replica acknowledged in time is sent again later (the task
+    retried with a countdown: no thread waits; docs/failover.md)."""
     engine = get_engine()
-    outcome = _through_outages(lambda: engine.run_call(turn_id, step, call_id), f"call {call_id} of turn {turn_id}")
+    deferrals = self.request.retries
+    outcome = _through_outages(
+        lambda: engine.run_call(turn_id, step, call_id, deferrals), f"call {call_id} of turn {turn_id}"
+    )
     if outcome.action == "forwarded":
         return forward(self, outcome.detail)  # type: ignore[no-any-return]
+    if outcome.action == "deferred":  # a destructive call's claim reached no replica: later, holding nothing
+        raise self.retry(countdown=DEFERRALS[deferrals], max_retries=len(DEFERRALS))
     return _report(turn_id, outcome)
 
 
