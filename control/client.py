@@ -96,17 +96,20 @@ class ControlPlane:
                 raise ControlPlaneError(str(exc)) from exc
         self.url = self.endpoint.display
         client = self.endpoint.client(socket_connect_timeout=5, socket_timeout=30)
+        # The control plane's Redis connection: the turn store holds it privately (every turn key is
+        # the store's); ``redis`` is for the other records (placement, jobs, workflows, schedules).
+        self.redis: redis.Redis = client
         durability = ReplicaAck(settings.replica_acks, settings.redis_replica_ack_timeout)
         self.store = TurnStore(client, progress_timeout=settings.progress_timeout, durability=durability)
         try:
-            self.store.r.ping()
+            client.ping()
         except redis.RedisError as exc:
             raise ControlPlaneUnavailable(f"cannot reach Redis at {self.url}: {exc}") from exc
         self._toolsets = toolset_names(settings)
         # Enqueueing and ending turns only: this engine never calls a model nor imports tool code.
-        self.placement = Placement(self.store.r, settings.liveness_ttl)
+        self.placement = Placement(client, settings.liveness_ttl)
         self._engine = TurnEngine(
-            self.store, settings, CeleryDispatcher(broker=self.endpoint, placement=self.placement)
+            self.store, settings, CeleryDispatcher(broker=self.endpoint, placement=self.placement), redis=client
         )
 
     @property
@@ -256,7 +259,7 @@ class ControlPlane:
         ``status`` (``pending``).
         """
         with _redis_errors(self.url):
-            return [rec.public() for rec in approvals.pending(self.store.r, turn_id=turn_id, agent_id=agent_id)]
+            return [rec.public() for rec in self.store.approvals.pending(turn_id=turn_id, agent_id=agent_id)]
 
     def approve(self, turn_id: str, call_id: str, *, by: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """Approve a waiting call, optionally with edited ``params`` (checked against the tool's

@@ -126,7 +126,8 @@ def test_a_promoted_replica_loads_the_scripts_it_lacks(redis_set):
     redis_set.restart(old)  # a replica again, so that the next WAIT is acknowledged
     saved = wait_for(lambda: _try(lambda: _save_memo(store, turn, 1)), timeout=30)
     assert saved.durable
-    assert store.memo.r.exists(f"turn:{{{turn}}}:reply:0") and store.memo.r.exists(f"turn:{{{turn}}}:reply:1")
+    r = _endpoint(redis_set).client()
+    assert r.exists(f"turn:{{{turn}}}:reply:0") and r.exists(f"turn:{{{turn}}}:reply:1")
 
 
 def _try(run):
@@ -195,14 +196,14 @@ class _Recorded:
         self.sent.append(("finished", turn_id))
 
 
-def _engine(store: TurnStore):
+def _engine(store: TurnStore, client: redis.Redis):
     from worker.model.clients import model_client
     from worker.settings import Settings
     from worker.tools.toolsets import toolset_resolver
     from worker.turn.engine import TurnEngine
 
     settings = Settings()
-    return TurnEngine(store, settings, _Recorded(), toolset_resolver(settings), model_client(settings))
+    return TurnEngine(store, settings, _Recorded(), toolset_resolver(settings), model_client(settings), redis=client)
 
 
 def _planned_call(engine, gateway, script_name, tool: str) -> tuple[str, str]:
@@ -218,7 +219,8 @@ def _planned_call(engine, gateway, script_name, tool: str) -> tuple[str, str]:
 def test_after_its_last_deferral_a_destructive_call_is_reported_not_run(redis_set, gateway, script_name):
     from worker.turn.call_runner import DEFERRALS
 
-    engine = _engine(_store(redis_set))
+    client = _endpoint(redis_set).client()
+    engine = _engine(TurnStore(client, durability=ReplicaAck(1, TIMEOUT)), client)
     turn_id, call_id = _planned_call(engine, gateway, script_name, "write_thing")
     replica = next(s for s in redis_set.servers if s.port != redis_set.primary_port())
     replica.halt(kill=True)
@@ -227,7 +229,7 @@ def test_after_its_last_deferral_a_destructive_call_is_reported_not_run(redis_se
         assert engine.run_call(turn_id, 0, call_id, deferrals=len(DEFERRALS)).action == "advanced"
     finally:
         redis_set.restart(replica)
-    assert not engine.store.r.exists(f"test:log:{turn_id}")  # never ran
+    assert not engine.redis.exists(f"test:log:{turn_id}")  # never ran
     out = [i for i in engine.store.items(turn_id) if i["type"] == "function_call_output"][0]["output"]
     assert out.startswith("Error: write_thing did not run") and "Nothing was done" in out
 
@@ -236,10 +238,11 @@ def test_a_destructive_call_whose_result_a_failover_lost_is_not_run_again(redis_
     """This very thread ran the call; the primary that stored its result (and closed the step) died
     before a replica had it: the call's claim (durable) is ours, its result gone. A re-sent call
     reports its outcome unknown instead of running the tool a second time."""
-    engine = _engine(TurnStore(redis.Redis.from_url(redis_url)))
+    client = redis.Redis.from_url(redis_url)
+    engine = _engine(TurnStore(client), client)
     turn_id, call_id = _planned_call(engine, gateway, script_name, "write_thing")
     assert engine.run_call(turn_id, 0, call_id).action == "advanced"
-    r = engine.store.r
+    r = engine.redis
     # What the failover lost: the result, the barrier and the step's close.
     r.hdel(f"turn:{{{turn_id}}}:results:0", call_id)
     r.delete(f"turn:{{{turn_id}}}:adv:0:0")

@@ -17,6 +17,8 @@ import redis
 
 from worker.turn.durability import NO_REPLICAS, NotDurable, ReplicaAck, run_script
 from worker.turn.guard import LUA_APPLY_WRITES, LUA_AT_STEP, LUA_TERMINAL, Writes, encode_writes
+from worker.turn.keys import WATCH_KEY
+from worker.turn.keys import key as _k
 from worker.turn.state import (
     EVENTS_MAXLEN,
     RETENTION_SECONDS,
@@ -29,7 +31,6 @@ from worker.turn.state import (
     event_json,
     parse_results,
 )
-from worker.turn.state import key as _k
 
 # Claim a call for execution and announce it in one round trip.
 _CLAIM_LUA = """
@@ -185,7 +186,7 @@ class Claims:
     ``progress_timeout``: seconds of the progress deadline a stored result pushes."""
 
     def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0, durability: ReplicaAck = NO_REPLICAS):
-        self.r = client
+        self._r = client
         self.progress_timeout = progress_timeout
         # A destructive call's claim waits for a replica before its tool runs (worker.turn.durability).
         self.durability = durability
@@ -224,7 +225,7 @@ class Claims:
         ]
         if durable and self.durability.enabled:
             (reply,), acked = self.durability.write(
-                self.r, "claim", lambda p: run_script(p, self._claim, keys, args), required=True, scripts=[self._claim]
+                self._r, "claim", lambda p: run_script(p, self._claim, keys, args), required=True, scripts=[self._claim]
             )
             won, raw = reply
             if won and not acked:
@@ -281,7 +282,7 @@ class Claims:
                 _k(turn_id, "reply", step),
                 _k(turn_id, "cancel"),
                 _k(turn_id, "stepclaim", step),
-                "turns:watch",
+                WATCH_KEY,
                 _k(turn_id, "events"),
                 held_key,
             ],
@@ -309,7 +310,7 @@ class Claims:
 
     def take_over_step(self, turn_id: str, step: int, owner: str, lease: float) -> None:
         """Replace a dead holder's step claim with ours."""
-        self.r.set(_k(turn_id, "stepclaim", step), owner, ex=max(1, int(lease)))
+        self._r.set(_k(turn_id, "stepclaim", step), owner, ex=max(1, int(lease)))
 
     def release_step(self, turn_id: str, step: int, owner: str) -> None:
         """Drop ``owner``'s step claim (the reply is stored, or the call failed and will be retried).
@@ -327,9 +328,9 @@ class Claims:
         claim = orjson.dumps({"owner": owner, "lease_until": time.time() + lease, "takeover": True})
         key = _k(turn_id, "claims", step)
         if not (durable and self.durability.enabled):
-            self.r.hset(key, call_id, claim)
+            self._r.hset(key, call_id, claim)
             return
-        _, acked = self.durability.write(self.r, "claim", lambda p: p.hset(key, call_id, claim), required=True)
+        _, acked = self.durability.write(self._r, "claim", lambda p: p.hset(key, call_id, claim), required=True)
         if not acked:
             raise NotDurable(f"the claim of call {call_id} of turn {turn_id} reached no replica in time")
 
@@ -398,7 +399,7 @@ class Claims:
             _k(turn_id, "events"),
             _k(turn_id, "adv", step, batch_index),
             _k(turn_id, "cancel"),
-            "turns:watch",
+            WATCH_KEY,
         ]
 
 

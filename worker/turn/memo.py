@@ -18,8 +18,8 @@ import redis
 
 from worker.turn.durability import NO_REPLICAS, ReplicaAck, run_script
 from worker.turn.guard import LUA_APPLY_WRITES, LUA_AT_STEP, LUA_TERMINAL, Writes, encode_writes
+from worker.turn.keys import key as _k
 from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, event_json
-from worker.turn.state import key as _k
 
 # Store a model step's reply (first write wins) with its events, read the cancel flag, record the
 # step's usage (first write wins) and read the turn's usage rows; when the reply was this caller's
@@ -74,7 +74,7 @@ class ReplyMemo:
     """Model replies of turns in the Redis at ``client`` (see the module docstring)."""
 
     def __init__(self, client: redis.Redis, durability: ReplicaAck = NO_REPLICAS):
-        self.r: Any = client
+        self._r: Any = client
         self._save = client.register_script(_SAVE_REPLY_LUA)
         # The memo is followed by a WAIT for a replica (best effort: the reply is paid for already).
         self.durability = durability
@@ -105,7 +105,7 @@ class ReplyMemo:
         args = [orjson.dumps(reply), RETENTION_SECONDS, EVENTS_MAXLEN, field, row, RETENTION_SECONDS, step]
         args += [len(events), *events, *write_args]
         (saved,), durable = self.durability.write(
-            self.r, "memo", lambda p: run_script(p, self._save, keys, args), required=False, scripts=[self._save]
+            self._r, "memo", lambda p: run_script(p, self._save, keys, args), required=False, scripts=[self._save]
         )
         won, raw, cancelled, usage_stored, rows, began = saved
         stored = reply if won else (orjson.loads(raw) if raw else reply)
@@ -114,7 +114,7 @@ class ReplyMemo:
     def save(self, turn_id: str, step: int, reply: dict[str, Any]) -> dict[str, Any]:
         """Memoize the model reply of ``step`` (first one wins); returns the stored reply."""
         key = _k(turn_id, "reply", step)
-        if self.r.set(key, orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS):
+        if self._r.set(key, orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS):
             return reply
-        stored: dict[str, Any] = orjson.loads(self.r.get(key))
+        stored: dict[str, Any] = orjson.loads(self._r.get(key))
         return stored
