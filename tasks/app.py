@@ -76,6 +76,8 @@ def make_app() -> Celery:
         task_send_sent_event=True,
         task_track_started=True,
         worker_hijack_root_logger=False,
+        # Reconnects to the broker every 0.5-2 s instead of kombu's 2-30 s (tasks.reconnect).
+        worker_consumer="tasks.reconnect:Consumer",
         # Schedules (tasks.scheduler): celery-redbeat keeps beat entries in this Redis, as JSON.
         beat_scheduler="tasks.beat:ResilientRedBeatScheduler",
         beat_max_loop_interval=min(5, settings.watchdog_interval),  # seconds: schedules fire at most this late
