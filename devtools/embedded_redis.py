@@ -128,6 +128,7 @@ class EmbeddedRedis:
         rules: dict[str, str] | None = None,
         extra_args: tuple[str, ...] = (),
         tls: ServerTLS | None = None,
+        url_host: str = "127.0.0.1",
     ):
         self.port = port or free_port()
         # data_dir: a directory kept after stop() (created mode 0700), so the append-only file
@@ -148,11 +149,13 @@ class EmbeddedRedis:
         self.extra_args = extra_args
         # tls: TLS only (rediss://); needs a redis-server built with TLS (Debian's is).
         self.tls = tls
+        # The host its URLs name (it listens on 127.0.0.1): "localhost" for a certificate that names only that.
+        self.url_host = url_host
 
     def url_for(self, user: str) -> str:
         """The URL (with credentials) of ``user`` (``worker`` or ``control``)."""
         scheme = "rediss" if self.tls else "redis"
-        return f"{scheme}://{user}:{self.passwords[user]}@127.0.0.1:{self.port}/0"
+        return f"{scheme}://{user}:{self.passwords[user]}@{self.url_host}:{self.port}/0"
 
     @property
     def url(self) -> str:
@@ -163,6 +166,15 @@ class EmbeddedRedis:
     def control_url(self) -> str:
         """The control user's URL (for ``CONTROL_REDIS_URL``: the control plane)."""
         return self.url_for("control")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The settings a worker (``REDIS_URL``) and a control plane (``CONTROL_REDIS_URL``) need to
+        reach this Redis; with TLS, the CA that verifies it."""
+        env = {"REDIS_URL": self.url, "CONTROL_REDIS_URL": self.control_url}
+        if self.tls:
+            env["AGENT_REDIS_TLS_CA_FILE"] = str(self.tls.ca_file)
+        return env
 
     def start(self, timeout: float = 10.0) -> str:
         """Start redis-server and wait until it answers PING (``timeout`` seconds). Returns the URL.
@@ -196,6 +208,8 @@ class EmbeddedRedis:
                 "noeviction",
                 "--dir",
                 str(self.dir),
+                "--logfile",
+                str(self.dir / "redis.log"),  # in its private directory: why it stopped, if it did
                 "--protected-mode",
                 "yes",
                 *self.extra_args,

@@ -141,11 +141,15 @@ class EmbeddedSentinelSet:
         """Start both servers and the Sentinels; return once the replica is in sync and every
         Sentinel knows the primary, the replica and the two other Sentinels. Raises
         ``EmbeddedRedisError``."""
-        for server in self.servers:
-            server.start()
-        for i in range(3):
-            self._start_sentinel(i)
-        self._wait(timeout, self._settled, "the Sentinel set did not settle")
+        try:
+            for server in self.servers:
+                server.start()
+            for i in range(3):
+                self._start_sentinel(i)
+            self._wait(timeout, self._settled, "the Sentinel set did not settle")
+        except BaseException:
+            self.stop()  # nothing of a set that did not come up is left running
+            raise
         return self
 
     def _start_sentinel(self, i: int) -> None:

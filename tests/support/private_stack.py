@@ -26,23 +26,19 @@ class PrivateStack:
     """``start_worker(...)`` / ``start_beat()`` / ``redis`` (an ``EmbeddedRedis`` with persistence) /
     ``control`` (a ``ControlPlane`` on this Redis). ``env`` holds the extra environment of every process.
 
-    ``redis_set``: an ``EmbeddedSentinelSet`` (not started) instead of one Redis: every process
-    reaches its primary through its Sentinels (``sentinels`` is then the set; ``redis`` is None)."""
+    ``redis_set``: the Redis to start and use instead of a plain persistent one: an
+    ``EmbeddedRedis`` of the caller's (e.g. TLS), or an ``EmbeddedSentinelSet``, whose primary every
+    process then reaches through its Sentinels (``sentinels`` is the set; ``redis`` is None)."""
 
     def __init__(self, redis_set: Any = None, **env: Any):
         from control.client import ControlPlane
 
-        self.sentinels = redis_set
-        extra: dict[str, str] = {}
-        if redis_set is None:
-            self.redis: EmbeddedRedis | None = EmbeddedRedis(persist=True)
-            self.url = self.redis.start()
-            control_url = self.redis.control_url
-        else:
-            self.redis = None
-            redis_set.start()
-            self.url, control_url, extra = redis_set.url, redis_set.control_url, redis_set.env
-            extra.pop("CONTROL_REDIS_URL")
+        server = redis_set or EmbeddedRedis(persist=True)
+        self.redis: EmbeddedRedis | None = server if isinstance(server, EmbeddedRedis) else None
+        self.sentinels = None if self.redis is not None else server
+        server.start()
+        self.url, control_url = server.url, server.control_url
+        extra = {k: v for k, v in server.env.items() if k != "CONTROL_REDIS_URL"}
         self.env = {
             **{k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"},
             "REDIS_URL": self.url,
