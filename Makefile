@@ -116,9 +116,11 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(PY) bench/soak.py $(SOAK_ARGS)
 
+# SENTINEL=1: Redis as a primary, a replica and three Sentinels (devtools/embedded_sentinel.py);
+# every process reaches the primary through the Sentinels and follows a failover.
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node
-	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --serve
+	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --serve $(if $(filter 1 yes true,$(SENTINEL)),--sentinel)
 
 # Fresh ACL passwords each start; the URLs go to var/redis.env (mode 0600), never to the terminal.
 # Persists like `make run`: an append-only file (fsync on every write) kept in var/redis.

