@@ -180,3 +180,49 @@ def _try(run):
         return run()
     except (redis.RedisError, ControlPlaneError):
         return None
+
+
+def test_flower_reads_the_queues_through_the_sentinels_across_a_failover(tmp_path):
+    """``python -m tasks.flower`` on a Sentinel set: its broker page (queue lengths) asks the
+    Sentinels for the primary (before, the explicit transport's URI made Flower answer "'redis'
+    broker is not supported" on any deployment), and answers again after a failover."""
+    import os
+    import subprocess
+    import sys
+
+    from devtools.ports import free_port
+    from tests.support.private_stack import ROOT
+
+    redis_set = EmbeddedSentinelSet()
+    redis_set.start()
+    port = free_port()
+    env = {**os.environ, **redis_set.env, "FLOWER_BASIC_AUTH": "ops:flower-secret"}
+    env.pop("CONTROL_REDIS_URL")
+    log = tmp_path / "flower.log"
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "tasks.flower", f"--port={port}", "--address=127.0.0.1"],
+        cwd=ROOT,
+        env=env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+    )
+
+    def queues() -> dict | None:
+        try:
+            resp = httpx.get(f"http://127.0.0.1:{port}/api/queues/length", auth=("ops", "flower-secret"), timeout=10)
+        except httpx.HTTPError:
+            return None
+        return resp.json() if resp.status_code == 200 else None
+
+    try:
+        redis_set.client(redis_set.primary_port()).lpush("tools", "x")  # one message waiting
+        lengths = wait_for(queues, timeout=60, poll=0.5)
+        assert {q["name"]: q["messages"] for q in lengths["active_queues"]}["tools"] == 1, lengths
+        old = redis_set.kill_primary()
+        redis_set.wait_for_failover(old.port)
+        lengths = wait_for(queues, timeout=60, poll=0.5)
+        assert {q["name"]: q["messages"] for q in lengths["active_queues"]}["tools"] == 1, lengths
+    finally:
+        flower.terminate()
+        flower.wait(15)
+        redis_set.stop()
