@@ -64,10 +64,10 @@ class ReplicaAck:
     ) -> tuple[list[Any], bool]:
         """Run the commands ``build(pipeline)`` queues on ``client`` (a ``redis.Redis``), then
         ``WAIT``, in one pipeline (not a transaction: a script queued there is one atomic write;
-        queue it with ``run_script``, and name it in ``scripts``). Returns ``(replies of the queued commands, acknowledged)``;
-        ``what`` names the write in the log and in ``agent_replica_ack_misses_total{write}``.
-        Raises redis-py's errors as they come (a failover in the middle is an outage to the
-        caller: ``worker.turn.outage``)."""
+        queue it with ``run_script``, and name it in ``scripts``). Returns ``(replies of the
+        queued commands, acknowledged)``; ``what`` names the write in the log and in
+        ``agent_replica_ack_misses_total{write}``. Raises redis-py's errors as they come (a
+        failover in the middle is an outage to the caller: ``worker.turn.outage``)."""
         wait = self.enabled and (required or time.monotonic() >= self._skip_until)
         replies = self._send(client, build, wait, scripts)
         if not self.enabled:
