@@ -128,7 +128,10 @@ def _chaos(
     if action == "tools-child":
         kids = _children(sup.procs["worker-tools"].pid)
         if kids:
-            os.kill(rng.choice(kids), signal.SIGKILL)
+            try:
+                os.kill(rng.choice(kids), signal.SIGKILL)
+            except ProcessLookupError:  # it exited meanwhile (its pool replaces it)
+                pass
         return (when, action, "")
     if action == "gateway":
         gateway.kill()
@@ -248,6 +251,56 @@ def _print_histories(control: Any, turns: list[str], events: list[tuple[float, s
         print("  chaos: " + ", ".join(f"{w - t0:.1f} {what}" for w, what, _ in events))
 
 
+def _report(
+    control: Any, ids: list[str], work: Path, events: list[tuple[float, str, str]], srv: Any, sup: Supervisor,
+    restarted: list[tuple[float, str]], started: float,
+) -> bool:  # fmt: skip
+    """Print what the run lost, duplicated, re-paid and how fast it recovered; True when it failed."""
+    from worker.model.items import unanswered_call_ids
+
+    homes, answers, logs = work / "homes", work / "answers.jsonl", work / "logs"
+    statuses = dict(zip(ids, control.store.statuses(ids), strict=True))
+    ended = {tid: s for tid, s in statuses.items() if s is not None and s.terminal}
+    unanswered = sum(len(unanswered_call_ids(control.items(tid))) for tid in ended)
+    lost = sum(s is None for s in statuses.values())
+    stuck = sum(s is not None and not s.terminal for s in statuses.values())
+    failed = sum(s.value != "completed" for s in ended.values())
+    twice = _run_twice(homes, len(ids))
+
+    repaid_kill, repaid_other = _paid_twice(answers, events)
+    recovery = _recovery_times(control, ids, events)
+    by_deadline, after_restart = _redriven_without_a_holder(control, ids)
+    failovers = _failover_recovery(control, ids, events) if isinstance(srv, EmbeddedSentinelSet) else []
+    deferred, unfenced = _deferred_and_unfenced(logs, control, ids)
+
+    alive_at_end = {name: proc.poll() is None for name, proc in sup.procs.items()}
+    kinds = Counter(what for _, what, _ in events)
+    print()
+    print(f"turns: {len(ids)}; chaos events: {dict(kinds)}; processes restarted by the supervisor: {len(restarted)}")
+    print(f"lost {lost}, stuck {stuck}, failed {failed}")
+    print(f"destructive calls run twice: {twice}")
+    print(f"model calls paid twice: {repaid_other} (besides {repaid_kill} after a steps-worker kill lost the reply)")
+    print(f"unanswered calls in ended turns: {unanswered}")
+    if recovery:
+        print(f"recovery after a worker-main SIGKILL (kill -> re-drive), {len(recovery)} kills with turns held: "
+              f"min {min(recovery):.1f} s, median {statistics.median(recovery):.1f} s, max {max(recovery):.1f} s")  # fmt: skip
+    else:
+        print("recovery: no worker-main kill held a turn")
+    if failovers:
+        print(f"failover recovery (primary SIGKILL -> first step stored on the new primary), {len(failovers)} failovers: "
+              f"min {min(failovers):.1f} s, median {statistics.median(failovers):.1f} s, max {max(failovers):.1f} s "
+              f"({', '.join(f'{t:.1f}' for t in failovers)})")  # fmt: skip
+    if isinstance(srv, EmbeddedSentinelSet):
+        print(f"failovers the Sentinels made: {srv.failovers()} (primary kills: {kinds['redis']})")
+    print(f"destructive calls deferred (claim not acknowledged by a replica in time): {deferred}; "
+          f"reported not run after every deferral: {unfenced}")  # fmt: skip
+    print(f"turns re-driven by the progress deadline: {len(by_deadline)} {sorted(by_deadline)}; "
+          f"re-driven because no message named them after a Redis restart or failover: {len(after_restart)}")  # fmt: skip
+    _print_histories(control, sorted(by_deadline), events, time.time() - (time.monotonic() - started))
+    print(f"alive at the end: {alive_at_end}")
+    return bool(lost or stuck or twice or repaid_other or unanswered or not all(alive_at_end.values()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=200)
@@ -271,138 +324,110 @@ def main() -> None:
 
     srv: Any = EmbeddedSentinelSet() if args.redis == "sentinel" else EmbeddedRedis(persist=True)
     srv.start()
-    gateway = Gateway(scripts, answers, args.latency, logs)
-    gateway.start()
-    os.environ.update(
-        **srv.env,
-        OPENAI_BASE_URL=f"http://127.0.0.1:{gateway.port}/v1",
-        OPENAI_API_KEY="soak",
-        AGENT_HOMES_ROOT=str(homes),
-        AGENT_EXTRA_TOOLSETS="testing=tests.support.toolsets:testing_tools",
-        AGENT_APPROVAL_MODE="off",
-        AGENT_MODEL_TIMEOUT="30",
-        AGENT_TOOL_TIME_LIMIT="30",
-    )
-    from control.client import ControlPlane
-    from worker.model.items import unanswered_call_ids
-    from worker.redis_connection import redis_endpoint
-    from worker.settings import get_settings
+    bad = True
+    gateway: Gateway | None = None
+    sup: Supervisor | None = None
+    try:  # everything started is stopped, also when the soak itself fails
+        gateway = Gateway(scripts, answers, args.latency, logs)
+        gateway.start()
+        os.environ.update(
+            **srv.env,
+            OPENAI_BASE_URL=f"http://127.0.0.1:{gateway.port}/v1",
+            OPENAI_API_KEY="soak",
+            AGENT_HOMES_ROOT=str(homes),
+            AGENT_EXTRA_TOOLSETS="testing=tests.support.toolsets:testing_tools",
+            AGENT_APPROVAL_MODE="off",
+            AGENT_MODEL_TIMEOUT="30",
+            AGENT_TOOL_TIME_LIMIT="30",
+        )
+        from control.client import ControlPlane
+        from worker.redis_connection import redis_endpoint
+        from worker.settings import get_settings
 
-    get_settings.cache_clear()
-    worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
-    restarted: list[tuple[float, str]] = []
-    commands = worker_commands(io_concurrency=64, tools_concurrency=2, loglevel="WARNING")
-    node_recovery = None if args.no_node_recovery else NodeRecovery(set(commands))
-    sup = Supervisor(logs, on_restart=lambda name, code: restarted.append((time.time(), name)), on_exit=node_recovery)
-    for name, cmd in commands.items():
-        sup.start(name, cmd, env=worker_env)
-    sup.start("beat", beat_command("WARNING"), env=worker_env)
-    r = redis_endpoint(control=True).client(socket_timeout=10)  # through the Sentinels, if any
-    host = socket.gethostname()
+        get_settings.cache_clear()
+        worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
+        restarted: list[tuple[float, str]] = []
+        commands = worker_commands(io_concurrency=64, tools_concurrency=2, loglevel="WARNING")
+        node_recovery = None if args.no_node_recovery else NodeRecovery(set(commands))
+        sup = Supervisor(
+            logs, on_restart=lambda name, code: restarted.append((time.time(), name)), on_exit=node_recovery
+        )
+        for name, cmd in commands.items():
+            sup.start(name, cmd, env=worker_env)
+        sup.start("beat", beat_command("WARNING"), env=worker_env)
+        r = redis_endpoint(control=True).client(socket_timeout=10)  # through the Sentinels, if any
+        host = socket.gethostname()
 
-    def alive(name: str) -> bool:
-        try:
-            return r.exists(f"agent:alive:{host}:{sup.procs[name].pid}") == 1
-        except redis.RedisError:
-            return False
-
-    deadline = time.monotonic() + 60
-    while not (alive("worker-io") and alive("worker-tools")):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the workers did not start; see {logs}")
-        time.sleep(0.2)
-    control = ControlPlane()
-
-    events: list[tuple[float, str, str]] = []  # (when, what, detail)
-    ids: list[str] = []
-    started = time.monotonic()
-    chaos_until = started + args.minutes * 60
-    enqueue_every = (args.minutes * 60 * 0.8) / max(args.turns, 1)
-    next_enqueue = started
-    next_chaos = started + rng.uniform(2, 5)
-    redis_restarts = 0
-    print(f"soak: {args.turns} turns over {args.minutes:g} min, chaos every 2-5 s; logs {work}", flush=True)
-    while time.monotonic() < chaos_until or len(ids) < args.turns:
-        now = time.monotonic()
-        if len(ids) < args.turns and now >= next_enqueue:
-            i = len(ids)
+        def alive(name: str) -> bool:
             try:
-                ids.append(control.enqueue({"agent_id": f"soak-{i}", "input": f"soak {i}", "model": "soak",
-                                            "toolset": "testing"}, turn_id=f"soak-{i}"))  # fmt: skip
-                next_enqueue = now + enqueue_every
-            except Exception as exc:  # Redis down this instant: try again shortly
-                print(f"  enqueue {i} deferred: {exc.__class__.__name__}", flush=True)
-                next_enqueue = now + 0.5
-        if now >= next_chaos and now < chaos_until:
-            left = args.redis_restarts - redis_restarts
-            remaining_slots = max(1, int((chaos_until - now) / 3.5))
-            action = "redis" if left > 0 and rng.random() < left / remaining_slots else rng.choice(
-                ["worker-io", "tools-child", "worker-tools", "beat", "gateway", "redis"])  # fmt: skip
-            events.append(_chaos(action, sup, gateway, srv, rng, host))
-            redis_restarts += action == "redis"
-            detail = f" {events[-1][2]}" if action == "redis" and events[-1][2] else ""
-            print(
-                f"  {time.monotonic() - started:6.1f}s chaos: {action}{detail} ({len(ids)} turns enqueued)", flush=True
-            )
-            next_chaos = time.monotonic() + rng.uniform(2, 5)
-        time.sleep(0.05)
+                return r.exists(f"agent:alive:{host}:{sup.procs[name].pid}") == 1
+            except redis.RedisError:
+                return False
 
-    print("chaos over; waiting for every turn to end", flush=True)
-    wait_until = time.monotonic() + 240
-    pending = set(ids)
-    while pending and time.monotonic() < wait_until:
-        try:
-            order = sorted(pending)
-            for tid, status in zip(order, control.store.statuses(order), strict=True):
-                if status is not None and status.terminal:
-                    pending.discard(tid)
-        except redis.RedisError:
-            pass
-        time.sleep(1)
+        deadline = time.monotonic() + 60
+        while not (alive("worker-io") and alive("worker-tools")):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the workers did not start; see {logs}")
+            time.sleep(0.2)
+        control = ControlPlane()
 
-    statuses = dict(zip(ids, control.store.statuses(ids), strict=True))
-    ended = {tid: s for tid, s in statuses.items() if s is not None and s.terminal}
-    unanswered = sum(len(unanswered_call_ids(control.items(tid))) for tid in ended)
-    lost = sum(s is None for s in statuses.values())
-    stuck = sum(s is not None and not s.terminal for s in statuses.values())
-    failed = sum(s.value != "completed" for s in ended.values())
-    twice = _run_twice(homes, len(ids))
+        events: list[tuple[float, str, str]] = []  # (when, what, detail)
+        ids: list[str] = []
+        started = time.monotonic()
+        chaos_until = started + args.minutes * 60
+        enqueue_every = (args.minutes * 60 * 0.8) / max(args.turns, 1)
+        next_enqueue = started
+        next_chaos = started + rng.uniform(2, 5)
+        redis_restarts = 0
+        print(f"soak: {args.turns} turns over {args.minutes:g} min, chaos every 2-5 s; logs {work}", flush=True)
+        while time.monotonic() < chaos_until or len(ids) < args.turns:
+            now = time.monotonic()
+            if len(ids) < args.turns and now >= next_enqueue:
+                i = len(ids)
+                try:
+                    ids.append(control.enqueue({"agent_id": f"soak-{i}", "input": f"soak {i}", "model": "soak",
+                                                "toolset": "testing"}, turn_id=f"soak-{i}"))  # fmt: skip
+                    next_enqueue = now + enqueue_every
+                except Exception as exc:  # Redis down this instant: try again shortly
+                    print(f"  enqueue {i} deferred: {exc.__class__.__name__}", flush=True)
+                    next_enqueue = now + 0.5
+            if now >= next_chaos and now < chaos_until:
+                left = args.redis_restarts - redis_restarts
+                remaining_slots = max(1, int((chaos_until - now) / 3.5))
+                action = "redis" if left > 0 and rng.random() < left / remaining_slots else rng.choice(
+                    ["worker-io", "tools-child", "worker-tools", "beat", "gateway", "redis"])  # fmt: skip
+                events.append(_chaos(action, sup, gateway, srv, rng, host))
+                redis_restarts += action == "redis"
+                detail = f" {events[-1][2]}" if action == "redis" and events[-1][2] else ""
+                print(
+                    f"  {time.monotonic() - started:6.1f}s chaos: {action}{detail} ({len(ids)} turns enqueued)",
+                    flush=True,
+                )
+                next_chaos = time.monotonic() + rng.uniform(2, 5)
+            time.sleep(0.05)
 
-    repaid_kill, repaid_other = _paid_twice(answers, events)
-    recovery = _recovery_times(control, ids, events)
-    by_deadline, after_restart = _redriven_without_a_holder(control, ids)
-    failovers = _failover_recovery(control, ids, events) if args.redis == "sentinel" else []
-    deferred, unfenced = _deferred_and_unfenced(logs, control, ids)
+        print("chaos over; waiting for every turn to end", flush=True)
+        wait_until = time.monotonic() + 240
+        pending = set(ids)
+        while pending and time.monotonic() < wait_until:
+            try:
+                order = sorted(pending)
+                for tid, status in zip(order, control.store.statuses(order), strict=True):
+                    if status is not None and status.terminal:
+                        pending.discard(tid)
+            except redis.RedisError:
+                pass
+            time.sleep(1)
 
-    alive_at_end = {name: proc.poll() is None for name, proc in sup.procs.items()}
-    kinds = Counter(what for _, what, _ in events)
-    print()
-    print(f"turns: {len(ids)}; chaos events: {dict(kinds)}; processes restarted by the supervisor: {len(restarted)}")
-    print(f"lost {lost}, stuck {stuck}, failed {failed}")
-    print(f"destructive calls run twice: {twice}")
-    print(f"model calls paid twice: {repaid_other} (besides {repaid_kill} after a steps-worker kill lost the reply)")
-    print(f"unanswered calls in ended turns: {unanswered}")
-    if recovery:
-        print(f"recovery after a worker-main SIGKILL (kill -> re-drive), {len(recovery)} kills with turns held: "
-              f"min {min(recovery):.1f} s, median {statistics.median(recovery):.1f} s, max {max(recovery):.1f} s")  # fmt: skip
-    else:
-        print("recovery: no worker-main kill held a turn")
-    if failovers:
-        print(f"failover recovery (primary SIGKILL -> first step stored on the new primary), {len(failovers)} failovers: "
-              f"min {min(failovers):.1f} s, median {statistics.median(failovers):.1f} s, max {max(failovers):.1f} s "
-              f"({', '.join(f'{t:.1f}' for t in failovers)})")  # fmt: skip
-    print(f"destructive calls deferred (claim not acknowledged by a replica in time): {deferred}; "
-          f"reported not run after every deferral: {unfenced}")  # fmt: skip
-    print(f"turns re-driven by the progress deadline: {len(by_deadline)} {sorted(by_deadline)}; "
-          f"re-driven because no message named them after a Redis restart or failover: {len(after_restart)}")  # fmt: skip
-    _print_histories(control, sorted(by_deadline), events, time.time() - (time.monotonic() - started))
-    print(f"alive at the end: {alive_at_end}")
-    sup.stop()
-    gateway.kill()
-    srv.stop()
+        bad = _report(control, ids, work, events, srv, sup, restarted, started)
+    finally:
+        if sup is not None:
+            sup.stop()
+        if gateway is not None:
+            gateway.kill()
+        srv.stop()
     if os.environ.get("SOAK_KEEP") != "1":
         shutil.rmtree(homes, ignore_errors=True)
-    bad = lost or stuck or twice or repaid_other or unanswered or not all(alive_at_end.values())
     raise SystemExit(1 if bad else 0)
 
 

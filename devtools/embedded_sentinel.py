@@ -284,6 +284,12 @@ class EmbeddedSentinelSet:
             server.start()
         return dead
 
+    def failovers(self) -> int:
+        """Failovers so far, as the first Sentinel logged them (``+switch-master``): the ones a
+        caller caused and any other (a primary too slow to answer for ``down_after_ms``)."""
+        log = self.dir / "sentinel-0" / "sentinel.log"
+        return log.read_text(errors="replace").count("+switch-master") if log.exists() else 0
+
     def kill_sentinel(self, i: int) -> None:
         proc = self.sentinels[i]
         if proc is not None and proc.poll() is None:

@@ -192,12 +192,14 @@ def test_make_stack_with_sentinel_follows_a_failover(tmp_path):
         assert proc.wait(60) == 0
         wait_for(lambda: not [p for p in servers if _cmdline(p)], timeout=30)
     finally:
+        servers = _redis_children(proc.pid)  # before the stack goes: then they are no longer its children
         if proc.poll() is None:
             proc.kill()
-        for pid in _marked(mark):
-            os.kill(pid, signal.SIGKILL)
-        for pid in _redis_children(proc.pid):
-            os.kill(pid, signal.SIGKILL)
+        for pid in [*_marked(mark), *servers]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _read_env(path: Path) -> dict[str, str]:
