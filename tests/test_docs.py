@@ -9,6 +9,8 @@
 - docs/operations.md documents every setting; every AGENT_* variable a document names exists.
 - docs/deployment.md names exactly compose.yaml's services and published ports.
 - docs/control-plane.md names every CLI command and every turn request field.
+- docs/placement.md's and docs/isolation.md's lists of what a snapshot can and cannot do name, on
+  every line, the tests that check it, and those tests exist.
 """
 
 from __future__ import annotations
@@ -274,3 +276,32 @@ def test_control_plane_lists_every_turn_request_field():
     section = _section((DOCS / "control-plane.md").read_text(), "## The turn request")
     documented = set(re.findall(r"^\| `(\w+)` \|", section, re.M))
     assert documented == set(TurnRequest.model_fields)
+
+
+SNAPSHOT_CLAIMS = (
+    (DOCS / "placement.md", "### What a snapshot can and cannot do"),
+    (DOCS / "isolation.md", "## Snapshots"),
+)
+
+
+def _test_functions(module: str) -> set[str]:
+    import ast
+
+    tree = ast.parse((ROOT / "tests" / module).read_text())
+    return {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+
+
+@pytest.mark.parametrize("doc,heading", SNAPSHOT_CLAIMS, ids=lambda x: getattr(x, "name", x))
+def test_every_snapshot_claim_names_a_test_that_exists(doc, heading):
+    claims: list[str] = []
+    for line in _section(doc.read_text(), heading).splitlines():
+        if line.startswith("- "):
+            claims.append(line)
+        elif line.startswith("  ") and claims:
+            claims[-1] += "\n" + line
+    assert len(claims) >= 5, claims
+    for claim in claims:
+        named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", claim)
+        assert named, f"{doc.name}: this claim names no test: {claim[:200]!r}"
+        for module, function in named:
+            assert function in _test_functions(module), f"{doc.name}: {module}::{function} does not exist"

@@ -135,11 +135,17 @@ class Settings(BaseSettings):
     # Snapshots of homes in an object store (S3 API): "s3://bucket/prefix". Unset: a re-placed
     # agent gets an empty home and is told its computer was reset.
     snapshot_store: str | None = None
-    # Endpoint of an S3-compatible server (MinIO, moto); unset: AWS. Credentials and region come
+    # Endpoint of an S3-compatible server (SeaweedFS, MinIO); unset: AWS. Credentials and region come
     # from the usual AWS_* variables (boto3's own lookup).
     snapshot_endpoint_url: str | None = None
     # A home changed by a destructive computer call is snapshotted within this many seconds.
     snapshot_interval: float = Field(5.0, gt=0)
+    # The key every tools node holds to sign (HMAC-SHA256) and verify snapshots; never in the bucket.
+    # Required with a store (at least 32 characters, e.g. `openssl rand -hex 32`): a store without it
+    # is a start-up error, there is no unsigned mode.
+    snapshot_key: SecretStr | None = None
+    # Snapshots a node takes at once (threads sharing its snapshot work round robin, docs/placement.md).
+    snapshot_concurrency: int = Field(4, ge=1, le=64)
 
     # Computer tools.
     command_timeout: float = 60.0
@@ -291,6 +297,18 @@ class Settings(BaseSettings):
         if parts.scheme != "s3" or not parts.netloc:
             raise ValueError("the snapshot store is s3://bucket[/prefix]")
         return v
+
+    @model_validator(mode="after")
+    def _snapshot_key_with_a_store(self) -> Settings:
+        key = self.snapshot_key.get_secret_value() if self.snapshot_key is not None else ""
+        if self.snapshot_store and not key:
+            raise ValueError(
+                "AGENT_SNAPSHOT_STORE is set but AGENT_SNAPSHOT_KEY is not: every tools node needs the key "
+                "that signs snapshots (at least 32 characters, the same on every node, never in the bucket)"
+            )
+        if key and len(key) < 32:
+            raise ValueError("AGENT_SNAPSHOT_KEY must have at least 32 characters")
+        return self
 
 
 def parse_host_ports(value: str) -> tuple[tuple[str, int], ...]:
