@@ -139,3 +139,24 @@ def _try(run):
         return run()
     except redis.RedisError:
         return None
+
+
+def test_a_turn_runs_over_tls_through_sentinels(tls, gateway, script_name, homes_root):
+    """TLS and Sentinel together, as across hosts: the workers, beat and the control plane ask the
+    Sentinels over TLS for the primary and talk TLS to it (kombu's and Celery's Sentinel transports
+    with ``broker_use_ssl``/``redis_backend_use_ssl``, redbeat's Sentinel client with its TLS)."""
+    stack = PrivateStack(EmbeddedSentinelSet(tls=tls))
+    try:
+        assert stack.endpoint.tls is not None and stack.endpoint.sentinels is not None
+        stack.start_worker(pool="threads", concurrency=4)
+        stack.start_beat()
+        gateway.add_script(
+            script_name,
+            [{"output": [fc("append_marker", {"label": "both", "ms": 0})]}, {"output": [msg("tls and sentinels")]}],
+        )
+        agent = f"tls-s-{uuid.uuid4().hex[:6]}"
+        tid = stack.control.enqueue({"agent_id": agent, "input": "go", "model": script_name, "toolset": "testing"})
+        assert stack.control.wait(tid, timeout=90).final_output == "tls and sentinels"
+        assert (homes_root / agent / "markers.txt").read_text().split() == ["both"]
+    finally:
+        stack.close()
