@@ -1,4 +1,4 @@
-"""Snapshots of homes (issue 30 item 3): what an incremental snapshot uploads, and how late other
+"""Snapshots of homes (docs/placement.md, "Incremental"): what an incremental snapshot uploads, and how late other
 agents' snapshots come while one agent's 1 GiB home is snapshotted. One embedded Redis, one SeaweedFS
 S3 server (``devtools.object_store``), a node's ``NodeHomes`` and ``Keeper`` in this process (its
 real scheduler threads and chores loop); homes are plain directories (the quota images change

@@ -17,6 +17,10 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+ApprovalMode = Literal["declared", "destructive", "off"]
+"""The approval modes (``AGENT_APPROVAL_MODE``, a turn request's ``approval.mode``): the one list of
+them; what each means is ``worker.turn.approval_policy``."""
+
 
 class Settings(BaseSettings):
     """All knobs of the runtime. Environment variables: ``AGENT_<FIELD>`` (case-insensitive),
@@ -193,7 +197,7 @@ class Settings(BaseSettings):
 
     # Approvals (worker.turn.approvals): "declared" honours each tool's needs_approval,
     # "destructive" also asks for every destructive call, "off" waives approvals.
-    approval_mode: Literal["declared", "destructive", "off"] = "declared"
+    approval_mode: ApprovalMode = "declared"
     approval_timeout: float = Field(24 * 3600.0, gt=0)  # seconds a call may wait for a decision
 
     # Streaming (worker.model.streaming): ask the model to stream (server-sent events), and
@@ -353,7 +357,7 @@ class RedactUrls(logging.Filter):
     """A logging filter that redacts URL passwords and query strings in a record's message.
 
     httpx logs every request at INFO as ``HTTP Request: GET <full URL> ...``; a key sent as a
-    query parameter would land in the worker's logs (issue 9)."""
+    query parameter would land in the worker's logs (docs/isolation.md, "Redis and secrets")."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

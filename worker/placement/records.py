@@ -246,11 +246,6 @@ class Placement:
         now = self._now()
         return [_text(n) for n in self.r.zrangebyscore(NODES_KEY, now - since, now - self.ttl)]
 
-    def forget_nodes_older_than(self, seconds: float) -> int:
-        """Drop nodes silent for ``seconds`` from the node set (their agents are re-placed on their
-        next call anyway). Returns how many."""
-        return int(self.r.zremrangebyscore(NODES_KEY, "-inf", self._now() - seconds))
-
     def drain(self, node: str, on: bool = True) -> None:
         """Mark ``node`` draining (it takes no new placement and releases its agents) or not."""
         if on:
