@@ -38,6 +38,9 @@ from pathlib import Path
 from devtools.hosts_config import FLOWER_PORT, PROMETHEUS_PORT, ROLES, S3_PORT
 
 DEFAULT_CONFIG = Path("/srv/agent/config")
+# Seconds a stop waits before SIGKILL: a tools node's commands finish (AGENT_TOOL_TIME_LIMIT, 300 s)
+# and a turn node's model calls end; the systemd unit's TimeoutStopSec is a little longer.
+STOP_GRACE = 310.0
 log = logging.getLogger("agent.host")
 
 # What every process may see of host.env, and what each role adds (module docstring).
@@ -207,7 +210,7 @@ def run(config: Path) -> None:
         sup.start(name, argv, env=penv)
     log.info("%s (%s): %s running", env.get("AGENT_HOST_NAME"), env.get("AGENT_HOST_ADDRESS"), ", ".join(procs))
     stop.wait()
-    sup.stop()
+    sup.stop(grace=STOP_GRACE)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,7 @@ secrets included, into one directory on the operator's machine:
   roles), ``ca.crt``, ``server.crt``/``server.key`` (its TLS certificate: its address and name),
   and per role ``redis.conf`` + ``users.acl`` (Redis: TLS only, ACL users, replication),
   ``sentinel.conf`` (Sentinel: TLS only, a password), ``prometheus.yml`` (the workers of every
-  machine), ``s3.json`` (SeaweedFS's S3 identities);
+  machine);
 - ``operator.env``: the control plane from the operator's machine (``CONTROL_REDIS_URL``, the
   Sentinels, the CA), Flower's and the API's addresses.
 
@@ -378,18 +378,6 @@ def prometheus_yml(dep: Deployment) -> str:
     )
 
 
-def s3_identities(s: Secrets) -> str:
-    """SeaweedFS's S3 configuration (``-s3.config``): one identity, the deployment's key, on every action."""
-    import json
-
-    identity = {
-        "name": "agent-runtime",
-        "credentials": [{"accessKey": s.s3_access_key, "secretKey": s.s3_secret_key}],
-        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-    }
-    return json.dumps({"identities": [identity]}, indent=2) + "\n"
-
-
 def _sentinel_list(dep: Deployment) -> str:
     return ",".join(f"{m.address}:{SENTINEL_PORT}" for m in dep.sentinels)
 
@@ -420,6 +408,12 @@ def host_env(dep: Deployment, m: MachineSpec, s: Secrets, model_key: str, s3_key
         "AGENT_HOST_ROLES": ",".join(m.roles),
         "AGENT_HOST_DIR": str(dep.base),
     }
+    if m.has("objectstore"):  # devtools.object_store: the bucket, and the one identity it accepts
+        env |= {
+            "AGENT_SNAPSHOT_STORE": f"s3://{dep.store.bucket}/{dep.store.prefix}",
+            "AWS_ACCESS_KEY_ID": s3_keys[0],
+            "AWS_SECRET_ACCESS_KEY": s3_keys[1],
+        }
     if not any(m.has(r) for r in ("worker", "beat", "api", "flower")):
         return env
     env |= redis_env(dep, s, conf / "ca.crt")
@@ -444,8 +438,6 @@ def host_env(dep: Deployment, m: MachineSpec, s: Secrets, model_key: str, s3_key
             "AWS_SECRET_ACCESS_KEY": s3_keys[1],
             "AWS_DEFAULT_REGION": dep.store.region,
         }
-        if dep.store.machine is not None:  # our SeaweedFS: its certificate is from our CA
-            env["AWS_CA_BUNDLE"] = str(conf / "ca.crt")
         if dep.otlp_endpoint:
             env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": dep.otlp_endpoint, "OTEL_SERVICE_NAME": "agent-worker"}
     return env
@@ -505,10 +497,11 @@ def write_deployment(
     alerts = (Path(__file__).resolve().parent.parent / "deploy" / "alerts.yml").read_text()
     for m in machines:
         folder = out / "machines" / m.name
-        key, cert = make_server_cert(ca_key, ca_cert, m.name, m.address)
         _write(folder / "ca.crt", ca_cert, 0o644)
-        _write(folder / "server.crt", cert, 0o644)
-        _write(folder / "server.key", key)
+        if m.has("redis") or m.has("sentinel"):
+            key, cert = make_server_cert(ca_key, ca_cert, m.name, m.address)
+            _write(folder / "server.crt", cert, 0o644)
+            _write(folder / "server.key", key)
         _write(folder / "host.env", env_text(host_env(dep, m, s, model_key, keys), f"{m.name}: devtools.host reads it"))
         if m.has("redis"):
             _write(folder / "redis.conf", redis_conf(dep, m, s))
@@ -518,8 +511,6 @@ def write_deployment(
         if m.has("prometheus"):
             _write(folder / "prometheus.yml", prometheus_yml(dep), 0o644)
             _write(folder / "alerts.yml", alerts, 0o644)
-        if m.has("objectstore"):
-            _write(folder / "s3.json", s3_identities(s))
     _write(out / "operator.env", env_text(operator_env(dep, s, out), "the operator's machine: set -a; . operator.env"))
     return s
 
@@ -542,7 +533,8 @@ def build_deployment(args: argparse.Namespace) -> tuple[Deployment, tuple[str, s
             machines = [store_machine if m.name == name else m for m in machines]
         else:
             store_machine = parse_machine(args.objectstore, ("objectstore",))
-        store = ObjectStore(f"https://{store_machine.address}:{S3_PORT}", machine=store_machine)
+        # Plain HTTP on the private network: snapshots are signed (AGENT_SNAPSHOT_KEY), not encrypted.
+        store = ObjectStore(f"http://{store_machine.address}:{S3_PORT}", machine=store_machine)
         keys = None
     elif args.s3_endpoint:
         access, secret = os.environ.get("AWS_ACCESS_KEY_ID", ""), os.environ.get("AWS_SECRET_ACCESS_KEY", "")
@@ -556,6 +548,7 @@ def build_deployment(args: argparse.Namespace) -> tuple[Deployment, tuple[str, s
     dep = Deployment(
         tuple(machines), store, args.model_url, args.model, Path(args.dir), otlp_endpoint=args.otlp_endpoint or ""
     )
+    dep.validate()
     return dep, keys
 
 
