@@ -63,6 +63,10 @@ MACHINES = ("m1", "m2", "m3")
 VICTIM = "m3"  # holds a Redis replica and a Sentinel: the primary (m1) stays
 GATEWAY_PORT = 8089
 TURN_TIMEOUT = 120.0
+# Each agent's home is an image of this size on its machine's disk (root workers: per-agent quotas on);
+# a machine holds its two agents and, after the kill, up to two of m3's.
+HOME_QUOTA_MB = 64
+DISK_MB = 512
 T = TypeVar("T")
 
 
@@ -120,7 +124,7 @@ def make_machines(run: Run) -> str:
     names = [*MACHINES, "provider"]
     for n, name in enumerate(names):
         address = run.network.address(11 + n if name != "provider" else 20)
-        m = Machine(name, address, run.network, DISKS / f"{name}.img", f"{BASE}/homes")
+        m = Machine(name, address, run.network, DISKS / f"{name}.img", f"{BASE}/homes", DISK_MB)
         m.create()
         run.machines[name] = m
     return ", ".join(f"{m.name} {m.address}" for m in run.machines.values()) + f"; operator {run.network.gateway}"
@@ -134,6 +138,7 @@ def configure(run: Run) -> str:
         argv += ["--machine", f"{name}={run.address(name)}"]
     argv += ["--objectstore", f"provider={run.address('provider')}"]
     argv += ["--model-url", f"http://{run.address('provider')}:{GATEWAY_PORT}/v1", "--model", "hosts-write"]
+    argv += ["--home-quota-mb", str(HOME_QUOTA_MB)]
     out = sh(argv, env={**run.cli_env(), "OPENAI_API_KEY": "sk-scripted-gateway"}).stdout
     run.operator = read_env(DEPLOYMENT / "operator.env")
     secrets = [v for f in DEPLOYMENT.glob("machines/*/host.env") for k, v in read_env(f).items() if _secret(k, v)]
@@ -241,27 +246,31 @@ def redis_agrees(run: Run) -> str:
 def tls_and_acl(run: Run) -> str:
     """From the operator: the ports refuse plaintext, an unknown CA and anonymous clients."""
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    once: dict[str, Any] = {"socket_timeout": 3, "retry": Retry(NoBackoff(), 0)}  # a refusal is the answer: no retries
 
     from devtools.hosts_config import make_ca
 
     seen = []
     host = run.address("m2")
     try:
-        redis.Redis(host=host, port=REDIS_PORT, socket_timeout=3).ping()
+        redis.Redis(host=host, port=REDIS_PORT, **once).ping()
         raise CheckFailed("Redis answered a plaintext PING")
     except redis.ConnectionError:
         seen.append("plaintext refused")
     other_ca = WORK / "other-ca.crt"
     other_ca.write_bytes(make_ca("not the deployment's CA")[1])
     try:
-        redis.Redis(host=host, port=REDIS_PORT, ssl=True, ssl_ca_certs=str(other_ca), socket_timeout=3).ping()
+        redis.Redis(host=host, port=REDIS_PORT, ssl=True, ssl_ca_certs=str(other_ca), **once).ping()
         raise CheckFailed("a client trusting another CA connected")
     except redis.ConnectionError as exc:
         if "certificate" not in str(exc).lower():
             raise
         seen.append("unknown CA refused")
     try:
-        redis.Redis(host=host, port=REDIS_PORT, socket_timeout=3, **_tls(run)).ping()
+        redis.Redis(host=host, port=REDIS_PORT, **once, **_tls(run)).ping()
         raise CheckFailed("an anonymous client ran PING")
     except redis.AuthenticationError:
         seen.append("anonymous NOAUTH")

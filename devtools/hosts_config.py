@@ -133,6 +133,7 @@ class Deployment:
     model: str
     base: Path = DEFAULT_DIR
     otlp_endpoint: str = ""
+    home_quota_mb: int | None = None  # AGENT_HOME_QUOTA_MB of the tools nodes (None: the product's default)
 
     @property
     def config_dir(self) -> Path:
@@ -438,6 +439,8 @@ def host_env(dep: Deployment, m: MachineSpec, s: Secrets, model_key: str, s3_key
             "AWS_SECRET_ACCESS_KEY": s3_keys[1],
             "AWS_DEFAULT_REGION": dep.store.region,
         }
+        if dep.home_quota_mb is not None:
+            env["AGENT_HOME_QUOTA_MB"] = str(dep.home_quota_mb)
         if dep.otlp_endpoint:
             env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": dep.otlp_endpoint, "OTEL_SERVICE_NAME": "agent-worker"}
     return env
@@ -546,7 +549,13 @@ def build_deployment(args: argparse.Namespace) -> tuple[Deployment, tuple[str, s
     else:
         raise ConfigError("snapshots need an object store: --objectstore NAME=ADDRESS or --s3-endpoint URL")
     dep = Deployment(
-        tuple(machines), store, args.model_url, args.model, Path(args.dir), otlp_endpoint=args.otlp_endpoint or ""
+        tuple(machines),
+        store,
+        args.model_url,
+        args.model,
+        Path(args.dir),
+        otlp_endpoint=args.otlp_endpoint or "",
+        home_quota_mb=getattr(args, "home_quota_mb", None),
     )
     dep.validate()
     return dep, keys
@@ -581,6 +590,11 @@ def main(argv: list[str] | None = None) -> None:
         "--dir", default=str(DEFAULT_DIR), help=f"where the deployment lives on each machine ({DEFAULT_DIR})"
     )
     parser.add_argument("--otlp-endpoint", help="OTEL_EXPORTER_OTLP_ENDPOINT of the workers (a trace collector)")
+    parser.add_argument(
+        "--home-quota-mb",
+        type=int,
+        help="each agent's home quota (AGENT_HOME_QUOTA_MB; the homes' disk must hold them)",
+    )
     args = parser.parse_args(argv)
     try:
         dep, keys = build_deployment(args)
