@@ -95,7 +95,7 @@ async def _sse_client(port: int, token: str, turn_id: str, ready: asyncio.Event,
 async def bench_fanout(srv, control, token: str, k: int) -> dict:
     import redis.asyncio
 
-    from worker.turn.state import key as turn_key
+    from worker.turn.async_reads import AsyncTurnReads
 
     turns = [control.create({"agent_id": "bench", "input": "x"})[0] for _ in range(k)]
     got: dict = {}
@@ -123,7 +123,7 @@ async def bench_fanout(srv, control, token: str, k: int) -> dict:
                     "type": "text",
                     "delta": "hi",
                 }
-                p.xadd(turn_key(tid, "events"), {"e": orjson.dumps(ev)})
+                p.xadd(AsyncTurnReads.events_key(tid), {"e": orjson.dumps(ev)})
             await p.execute()
         deadline = time.monotonic() + 30
         while sum(1 for t in turns if t in got) < k and time.monotonic() < deadline:

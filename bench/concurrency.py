@@ -195,18 +195,15 @@ def run_ours(srv: EmbeddedRedis, gw: Any, n: int, pool: str, concurrency: int, l
         enqueued = time.monotonic() - started
         # Unfinished turns: those still watched by the watchdog (one ZCARD, as cheap as the floor's LLEN).
         deadline = started + 120 + n * 0.05
-        while r.zcard("turns:watch") and time.monotonic() < deadline:
+        while control.store.watched_count() and time.monotonic() < deadline:
             time.sleep(0.05)
         wall = time.monotonic() - started
         cpu = _cpu_delta(cpu_before, _cpu_all(srv, steps, tools), n)
         _stop_profile(profiler)
         _stop_profile(tools_profiler)
-        with r.pipeline(transaction=False) as p:
-            for tid in ids:
-                p.hget(f"turn:{{{tid}}}", "status")
-            statuses = p.execute()
-        failed = sum(s not in (b"completed", None) for s in statuses)
-        pending = [tid for tid, s in zip(ids, statuses) if s in (None, b"queued", b"running")]
+        statuses = [s.value if s else None for s in control.store.statuses(ids)]
+        failed = sum(s not in ("completed", None) for s in statuses)
+        pending = [tid for tid, s in zip(ids, statuses) if s in (None, "queued", "running")]
         timed_out = sum(
             1
             for tid in ids

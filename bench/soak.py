@@ -60,8 +60,6 @@ SCRIPT = {
         {"output": [{"type": "message", "text": "done"}]},
     ],
 }
-TERMINAL = {b"completed", b"failed", b"cancelled", b"incomplete", b"terminated", b"max_model_calls",
-            b"invalid_arguments", b"budget_exceeded"}  # fmt: skip
 
 
 def _children(pid: int) -> list[int]:
@@ -300,25 +298,20 @@ def main() -> None:
     pending = set(ids)
     while pending and time.monotonic() < wait_until:
         try:
-            with r.pipeline(transaction=False) as p:
-                order = sorted(pending)
-                for tid in order:
-                    p.hget(f"turn:{{{tid}}}", "status")
-                for tid, status in zip(order, p.execute(), strict=True):
-                    if status in TERMINAL:
-                        pending.discard(tid)
+            order = sorted(pending)
+            for tid, status in zip(order, control.store.statuses(order), strict=True):
+                if status is not None and status.terminal:
+                    pending.discard(tid)
         except redis.RedisError:
             pass
         time.sleep(1)
 
-    statuses, unanswered = {}, 0
-    for tid in ids:
-        statuses[tid] = r.hget(f"turn:{{{tid}}}", "status")
-        if statuses[tid] in TERMINAL:
-            unanswered += len(unanswered_call_ids(control.items(tid)))
+    statuses = dict(zip(ids, control.store.statuses(ids), strict=True))
+    ended = {tid: s for tid, s in statuses.items() if s is not None and s.terminal}
+    unanswered = sum(len(unanswered_call_ids(control.items(tid))) for tid in ended)
     lost = sum(s is None for s in statuses.values())
-    stuck = sum(s is not None and s not in TERMINAL for s in statuses.values())
-    failed = sum(s in TERMINAL and s != b"completed" for s in statuses.values())
+    stuck = sum(s is not None and not s.terminal for s in statuses.values())
+    failed = sum(s.value != "completed" for s in ended.values())
     twice = _run_twice(homes, len(ids))
 
     repaid_kill, repaid_other = _paid_twice(answers, events)

@@ -71,7 +71,7 @@ def run_ours(
         cpu_before = harness._cpu_all(srv, steps_w, tools_w)
         started = time.monotonic()
         ids = [control.enqueue({**request, "agent_id": f"p1-{i}"}) for i in range(turns)]
-        while r.zcard("turns:watch") and time.monotonic() < started + 300:
+        while control.store.watched_count() and time.monotonic() < started + 300:
             time.sleep(0.01)
         wall = time.monotonic() - started
         n = turns * steps

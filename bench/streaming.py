@@ -65,7 +65,6 @@ def main() -> None:
     from worker.settings import Settings
     from worker.turn.engine import TurnEngine
     from worker.turn.request import TurnRequest
-    from worker.turn.state import key
     from worker.turn.store import TurnStore
 
     srv = EmbeddedRedis()
@@ -73,13 +72,14 @@ def main() -> None:
     gw = ScriptedGateway().start()
     os.environ["AGENT_HOMES_ROOT"] = tempfile.mkdtemp(prefix="bench-homes-")
     text = ("streamed words " * (args.chars // 15 + 1))[: args.chars]
-    store = TurnStore(redis.Redis.from_url(url), progress_timeout=600)
+    r = redis.Redis.from_url(url)
+    store = TurnStore(r, progress_timeout=600)
     client = ResponsesClient(gw.base_url)
-    reader = redis.Redis.from_url(url)
+    reader = TurnStore(redis.Redis.from_url(url))
 
     def engine(stream: bool) -> TurnEngine:
         settings = Settings(redis_url=url, model_stream=stream, homes_root=os.environ["AGENT_HOMES_ROOT"])
-        return TurnEngine(store, settings, NullDispatcher(), lambda name: lambda ctx: [], client)
+        return TurnEngine(store, settings, NullDispatcher(), lambda name: lambda ctx: [], client, redis=r)
 
     def new_turn(eng: TurnEngine, delay_ms: float = 0) -> tuple[str, str]:
         model = f"bench-{uuid.uuid4().hex[:8]}"
@@ -103,11 +103,10 @@ def main() -> None:
         def watch(tid: str = turn_id, out: dict = seen) -> None:
             last = "0-0"
             while "t" not in out:
-                for _s, entries in reader.xread({key(tid, "events"): last}, block=2000) or []:
-                    for eid, fields in entries:
-                        last = eid
-                        if b'"model_delta"' in fields[b"e"]:
-                            out["t"] = time.time()
+                for eid, event in reader.events(tid, after=last, block_ms=2000):
+                    last = eid
+                    if event.get("kind") == "model_delta":
+                        out["t"] = time.time()
 
         gw.first_delta_at.clear()
         t = threading.Thread(target=watch, daemon=True)

@@ -93,15 +93,20 @@ class ControlPlane:
                 "the given URL" if redis_url else "CONTROL_REDIS_URL" if settings.control_redis_url else "REDIS_URL"
             )
             raise ControlPlaneError(f"{source} {redact_url(self.url)!r} is not a Redis URL: {exc}") from exc
+        # The control plane's Redis connection: the turn store holds it privately (every turn key is
+        # the store's); ``redis`` is for the other records (placement, jobs, workflows, schedules).
+        self.redis: redis.Redis = client
         self.store = TurnStore(client, progress_timeout=settings.progress_timeout)
         try:
-            self.store.r.ping()
+            client.ping()
         except redis.RedisError as exc:
             raise ControlPlaneUnavailable(f"cannot reach Redis at {redact_url(self.url)}: {exc}") from exc
         self._toolsets = toolset_names(settings)
         # Enqueueing and ending turns only: this engine never calls a model nor imports tool code.
-        self.placement = Placement(self.store.r, settings.liveness_ttl)
-        self._engine = TurnEngine(self.store, settings, CeleryDispatcher(broker_url=self.url, placement=self.placement))
+        self.placement = Placement(client, settings.liveness_ttl)
+        self._engine = TurnEngine(
+            self.store, settings, CeleryDispatcher(broker_url=self.url, placement=self.placement), redis=client
+        )
 
     @property
     def display_url(self) -> str:
@@ -250,7 +255,7 @@ class ControlPlane:
         ``status`` (``pending``).
         """
         with _redis_errors(self.url):
-            return [rec.public() for rec in approvals.pending(self.store.r, turn_id=turn_id, agent_id=agent_id)]
+            return [rec.public() for rec in self.store.approvals.pending(turn_id=turn_id, agent_id=agent_id)]
 
     def approve(self, turn_id: str, call_id: str, *, by: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """Approve a waiting call, optionally with edited ``params`` (checked against the tool's

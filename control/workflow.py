@@ -27,17 +27,19 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+from redis import Redis
+
 from control.errors import ControlPlaneError
 from worker.records.brain import BrainStore, Page
 from worker.records.workflow import TERMINAL, WorkflowService, WorkflowTask
-from worker.turn.store import TurnStore
 
 
 class TurnControl(Protocol):
     """What ``WorkflowClient`` needs of the control plane (``control.client.ControlPlane``): its
-    turn store, and starting and cancelling turns."""
+    Redis client (the workflow and Brain records are not a turn's keys), and starting and
+    cancelling turns."""
 
-    store: TurnStore
+    redis: Redis
 
     def enqueue(self, request: Any, turn_id: str | None = None) -> str:
         """Start a turn; its id. Raises ``ControlPlaneError``."""
@@ -53,7 +55,7 @@ class WorkflowClient:
 
     def __init__(self, control: TurnControl):
         self.control = control
-        self.r = control.store.r
+        self.r = control.redis
         self.service = WorkflowService(
             self.r, enqueue_turn=lambda req, tid=None: control.enqueue(req, tid), cancel_turn=self._cancel_turn
         )

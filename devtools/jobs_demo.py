@@ -92,7 +92,7 @@ def run_schedule_and_job_demo(
     )
     main = control.wait(main_id, timeout=timeout)
     out(f"main turn {main_id}: {main.status.value}: {main.final_output}")
-    r = control.store.r
+    r = control.redis
     schedules = [s for s in ScheduleStore(r).list(agent) if s.get("created_by_turn") == main_id]
     jobs = [j for j in JobStore(r).list(agent) if j.get("parent_turn_id") == main_id]
     if not schedules or not jobs:

@@ -36,7 +36,7 @@ def _workflow_attempt_finished(engine: TurnEngine, state: TurnState, meta: dict[
     from worker.records.workflow import WorkflowService, find_submission
 
     submission = find_submission(engine.store, state.turn_id, state.step - 1)
-    return WorkflowService(engine.store.r).commit_turn(state.turn_id, state.status.value, state.error, meta, submission)
+    return WorkflowService(engine.redis).commit_turn(state.turn_id, state.status.value, state.error, meta, submission)
 
 
 def _background_job_finished(engine: TurnEngine, state: TurnState, meta: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def _background_job_finished(engine: TurnEngine, state: TurnState, meta: dict[st
     final output and error. The first report wins, so a redelivered hook changes nothing."""
     from worker.records.jobs import JobStore
 
-    rec = JobStore(engine.store.r).record_finished(
+    rec = JobStore(engine.redis).record_finished(
         meta["background_job_id"], state.status.value, state.final_output, state.error
     )
     return {

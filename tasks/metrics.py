@@ -65,17 +65,19 @@ def prepare_multiprocess_dir() -> None:
 
 class TurnsInFlight:
     """A collector: ``agent_turns_in_flight``, the turns queued or running (those with a progress
-    deadline in ``turns:watch``), read from Redis at scrape time (nothing when Redis fails)."""
+    deadline: ``TurnStore.watched_count``), read from Redis at scrape time (nothing when Redis fails)."""
 
     def __init__(self, redis_client: Any):
-        self.r = redis_client
+        from worker.turn.store import TurnStore
+
+        self.turns = TurnStore(redis_client)
 
     def collect(self) -> Iterator[Any]:
         """Yield the gauge family."""
         from prometheus_client.core import GaugeMetricFamily
 
         try:
-            n = self.r.zcard("turns:watch")
+            n = self.turns.watched_count()
         except Exception:  # a scrape must not fail because Redis did
             log.warning("agent_turns_in_flight: Redis unavailable")
             return

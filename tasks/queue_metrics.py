@@ -109,10 +109,10 @@ class ApprovalsWaiting:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from worker.turn import approvals
+        from worker.turn.approvals import ApprovalRecords
 
         try:
-            waiting = approvals.pending(self.r)
+            waiting = ApprovalRecords(self.r).pending()
         except Exception:
             log.warning("agent_approvals_waiting: Redis unavailable")
             return

@@ -55,17 +55,17 @@ def get_engine() -> TurnEngine:
     with _lock:
         if _engine is None or _pid != os.getpid():
             settings = get_settings()
-            store = TurnStore(redis_client(), progress_timeout=settings.progress_timeout)
-            client = model_client(settings)
+            r = redis_client()
             _engine = TurnEngine(
-                store,
+                TurnStore(r, progress_timeout=settings.progress_timeout),
                 settings,
-                CeleryDispatcher(placement=Placement(store.r, settings.liveness_ttl)),
+                CeleryDispatcher(placement=Placement(r, settings.liveness_ttl)),
                 toolset_resolver(settings),
-                client,
+                model_client(settings),
                 project_skills=skills_instructions,
-                computers=node_homes(store.r, settings),
+                computers=node_homes(r, settings),
                 async_calls=async_setup(settings) if settings.model_calls == "async" and held.in_process() else None,
+                redis=r,
             )
             _pid = os.getpid()
         return _engine

@@ -57,7 +57,7 @@ def fire_schedule(schedule_id: str) -> dict[str, Any]:
     ``failed``, a recurring schedule keeps going and records ``last_error``).
     """
     engine = get_engine()
-    store = ScheduleStore(engine.store.r)
+    store = ScheduleStore(engine.redis)
     rec = store.get(schedule_id)
     if rec is None or rec["status"] != "active":
         delete_schedule_entry(schedule_id)

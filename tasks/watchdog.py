@@ -64,7 +64,7 @@ def restore_orphans(engine: TurnEngine, *, before: float, skip: frozenset[str] |
     broker's ``unacked`` until ``visibility_timeout``. A message given back twice runs once (steps
     are fenced, calls claimed). Returns how many. Raises redis errors."""
     held = set(engine.liveness.held_by_live_nodes()) | set(skip)
-    found = orphaned_deliveries(engine.store.r, before=before, held=held, tasks=TURN_TASKS)
+    found = orphaned_deliveries(engine.redis, before=before, held=held, tasks=TURN_TASKS)
     if not found:
         return 0
     with app.connection_for_write() as conn:
@@ -87,7 +87,7 @@ def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
     progress deadline. A turn parked on approvals, that progressed in the last ``QUIET_FOR`` s, or
     whose deadline already passed (the progress deadline re-drives it in the same sweep), is left
     alone. Returns ``{turn_id: action}``. Raises redis errors."""
-    r = engine.store.r
+    r = engine.redis
     info = r.info("server")
     if float(info.get("uptime_in_seconds", 0)) < SETTLE_AFTER_RESTART:
         return {}
@@ -96,7 +96,7 @@ def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
     now = time.time()
     quiet_since = now + engine.settings.progress_timeout - QUIET_FOR
     # Overdue turns are left to the progress deadline, in this same sweep.
-    watched = {t.decode() for t in r.zrangebyscore("turns:watch", f"({now}", quiet_since)}
+    watched = set(engine.store.watched_between(now, quiet_since))
     if not watched:
         return {}
     node_queues = [q.decode() for q in r.scan_iter(match=f"{QUEUE_PREFIX}*", _type="list")]
@@ -130,7 +130,7 @@ def sweep() -> dict[str, str]:
     if dead:  # a heartbeat gone for a TTL: what the node fetched before then is nobody's now
         restore_orphans(engine, before=time.time() - engine.settings.liveness_ttl)
     done.update(reconcile_after_restart(engine))
-    for node, turns in rescue_dead_queues(Placement(engine.store.r, engine.settings.liveness_ttl)).items():
+    for node, turns in rescue_dead_queues(Placement(engine.redis, engine.settings.liveness_ttl)).items():
         for turn_id in sorted(turns - set(done)):
             done[turn_id] = engine.redrive(turn_id, limit, reason=f"home node {node} stopped").action
     for turn_id in engine.store.overdue():

@@ -41,6 +41,7 @@ FAST_MODULES = frozenset(
         "test_real_model_setup.py",
         "test_repair_cases.py",
         "test_schemas.py",
+        "test_store_owns_keys.py",
         "test_strict.py",
         "test_tracing_config.py",
         "test_turn_request.py",

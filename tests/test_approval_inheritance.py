@@ -90,7 +90,7 @@ def test_schedule_of_a_destructive_turn_fires_turns_that_park(control, gateway, 
     sid = schedule_id_for(parent_id, "c-sch")
     create = fc("schedule_create", {"title": "later", "input": "Write.", "at": "in 1 hour"}, "c-sch")
     parent(control, gateway, script_name, create, agent_id=agent_id, turn_id=parent_id, schedule_model=fired_script)
-    store = ScheduleStore(control.store.r)
+    store = ScheduleStore(control.redis)
     stored = store.get(sid)["request"]
     assert stored["approval"] == PARENT_POLICY
     assert (stored["network"], stored["egress_allow_hosts"]) == ("egress", ["example.org"])

@@ -42,7 +42,7 @@ def parked(control, turn_id, n=1):
 
 
 def tool_log(control, turn_id):
-    return [orjson.loads(x) for x in control.store.r.lrange(f"test:log:{turn_id}", 0, -1)]
+    return [orjson.loads(x) for x in control.redis.lrange(f"test:log:{turn_id}", 0, -1)]
 
 
 def events(control, turn_id, kind):
@@ -250,12 +250,14 @@ def test_forged_tool_call_message_never_runs_an_undecided_call(control, gateway,
     turn_id = start(control, gateway, script_name, steps)
     [pending] = parked(control, turn_id)
     settings = Settings()
+    r = redis.Redis.from_url(redis_url)
     engine = TurnEngine(
-        TurnStore(redis.Redis.from_url(redis_url)),
+        TurnStore(r),
         settings,
         RecordingDispatcher(),
         toolset_resolver(settings),
         ResponsesClient(gateway.base_url),
+        redis=r,
     )
     outcome = engine.run_call(turn_id, 0, pending["call_id"])
     assert (outcome.action, outcome.detail) == ("dropped", "call awaits approval")
@@ -438,7 +440,7 @@ def test_edit_with_an_unknown_key_is_refused_and_the_call_stays_pending(control,
     assert out.startswith('Note: the approver edited the arguments; the call ran with {"label":"edited"}')
     assert "sudo" not in out
     if tool == "guarded_raw":
-        assert [orjson.loads(x) for x in control.store.r.lrange(f"test:raw:{turn_id}", 0, -1)] == [{"label": "edited"}]
+        assert [orjson.loads(x) for x in control.redis.lrange(f"test:raw:{turn_id}", 0, -1)] == [{"label": "edited"}]
 
 
 def test_a_decision_records_who_made_it(control, gateway, script_name, monkeypatch):
@@ -489,20 +491,25 @@ def test_an_approved_record_with_an_unknown_key_written_past_decide_runs_nothing
     from worker.model.responses import ResponsesClient
     from worker.settings import Settings
     from worker.tools.toolsets import toolset_resolver
-    from worker.turn import approvals
     from worker.turn.engine import TurnEngine
+    from worker.turn.keys import key
     from worker.turn.store import TurnStore
 
     steps = [{"output": [fc("guarded_write", {"label": "orig"})]}, {"output": [msg("")]}]
     turn_id = start(control, gateway, script_name, steps)
     [pending] = parked(control, turn_id)
     r = redis.Redis.from_url(redis_url)
-    rec = approvals.record(r, turn_id, 0, pending["call_id"])
+    rec = TurnStore(r).approvals.record(turn_id, 0, pending["call_id"])
     rec.status, rec.by, rec.params = "approved", "mallory", {"label": "x", "sudo": True}
-    r.hset(approvals.approvals_key(turn_id, 0), pending["call_id"], rec.to_json())
+    r.hset(key(turn_id, "approvals", 0), pending["call_id"], rec.to_json())  # written some other way
     settings = Settings()
     engine = TurnEngine(
-        TurnStore(r), settings, RecordingDispatcher(), toolset_resolver(settings), ResponsesClient(gateway.base_url)
+        TurnStore(r),
+        settings,
+        RecordingDispatcher(),
+        toolset_resolver(settings),
+        ResponsesClient(gateway.base_url),
+        redis=r,
     )
     assert engine.run_call(turn_id, 0, pending["call_id"]).action == "advanced"
     [out] = output_texts(control, turn_id)

@@ -77,7 +77,7 @@ def test_job_runs_on_background_queue_and_next_turn_reads_its_result(control, ga
     started_event = [e for e in control.events(parent_id) if e["kind"] == "call_completed"][0]
     assert started_event["activity"] == "Started background job 'count things'"
 
-    store = JobStore(control.store.r)
+    store = JobStore(control.redis)
     rec = wait_for(lambda: (r := store.get(job_id)) and r["status"] == "completed" and r, timeout=30)
     assert rec["output"] == "the answer is 42" and rec["error"] is None and rec["finished_at"]
     assert rec["parent_turn_id"] == parent_id and rec["agent_id"] == agent_id
@@ -159,7 +159,7 @@ def test_job_cancel_stops_a_running_job(control, gateway, script_name, agent_id,
     )
     parent_id = uuid.uuid4().hex
     job_id = job_id_for(parent_id, "c-start")
-    store = JobStore(control.store.r)
+    store = JobStore(control.redis)
 
     def cancel_once_running(body):
         # Runs in the gateway while the parent's step waits: return job_cancel once the job's tool runs.
@@ -223,7 +223,7 @@ def test_job_tools_absent_without_spawn_jobs(control, gateway, script_name, agen
             home=Path(homes_root),
             settings=get_settings(),
             supports=TurnSupports(spawn_jobs=spawn),
-            redis=control.store.r,
+            redis=control.redis,
             services=services,
         )
         return [t.name for t in text_turn_tools(ctx)]
@@ -248,4 +248,4 @@ def test_job_tools_absent_without_spawn_jobs(control, gateway, script_name, agen
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
     out = outputs(control, turn_id)[0]
     assert "unknown tool 'job_start'" in out and "schedule_create" in out
-    assert JobStore(control.store.r).list(agent_id) == []
+    assert JobStore(control.redis).list(agent_id) == []

@@ -19,8 +19,9 @@ import redis
 from tests.support.turn_store import begin_tools
 from worker.turn.claims import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
+from worker.turn.keys import key
 from worker.turn.request import TurnStatus
-from worker.turn.state import AdvanceView, CallResult, key
+from worker.turn.state import AdvanceView, CallResult
 from worker.turn.store import TurnStore
 
 
@@ -40,7 +41,7 @@ def _turn_at_tools(store: TurnStore, calls: list[PlannedCall]) -> str:
 
 def _events(store: TurnStore, tid: str, kind: str) -> list[dict]:
     out = []
-    for _, fields in store.r.xrange(key(tid, "events")):
+    for _, fields in store._r.xrange(key(tid, "events")):
         event = orjson.loads(fields[b"e"])
         if event["kind"] == kind:
             out.append(event)
@@ -52,7 +53,7 @@ def test_a_plain_call_is_claimed_by_its_first_read(store):
     view = store.call_view(tid, 0, "c1", "owner-a", 60)
     assert view.state is not None and view.plan is not None and not view.has_result
     assert view.claim.tried and view.claim.won
-    assert orjson.loads(store.r.hget(key(tid, "claims", 0), "c1"))["owner"] == "owner-a"
+    assert orjson.loads(store._r.hget(key(tid, "claims", 0), "c1"))["owner"] == "owner-a"
     [started] = _events(store, tid, "call_started")
     assert started == {**started, "step": 0, "call_id": "c1", "name": "read_thing", "activity": "Reading"}
     again = store.call_view(tid, 0, "c1", "owner-b", 60)  # a redelivery: held, not claimed twice
@@ -65,7 +66,7 @@ def test_a_gated_or_computer_call_is_not_claimed_by_its_read(store, flag):
     tid = _turn_at_tools(store, [PlannedCall("c1", "write_thing", 0, data={}, **{flag: True})])
     view = store.call_view(tid, 0, "c1", "owner-a", 60)
     assert view.plan is not None and not view.claim.tried
-    assert not store.r.hexists(key(tid, "claims", 0), "c1")
+    assert not store._r.hexists(key(tid, "claims", 0), "c1")
     assert _events(store, tid, "call_started") == []
 
 
@@ -76,7 +77,7 @@ def test_no_claim_for_an_unknown_call_a_stale_step_or_a_call_with_a_result(store
     store.claims.record_and_check(tid, 0, "c1", CallResult("done"), 0, ["c1"])
     view = store.call_view(tid, 0, "c1", "o", 60)
     assert view.has_result and not view.claim.tried
-    assert not store.r.hexists(key(tid, "claims", 0), "c1")
+    assert not store._r.hexists(key(tid, "claims", 0), "c1")
 
 
 def _closing(store: TurnStore, tid: str, output: str = "out"):
@@ -92,11 +93,11 @@ def test_a_one_call_step_is_closed_by_its_result(store):
     assert stored and view is CLOSED
     state = store.load(tid)
     assert (state.step, state.phase, state.status) == (1, "model", TurnStatus.queued)
-    assert orjson.loads(store.r.lrange(key(tid, "items"), -1, -1)[0])["output"] == "out"
+    assert orjson.loads(store._r.lrange(key(tid, "items"), -1, -1)[0])["output"] == "out"
     # A redelivery of the same call only finds the barrier passed: nothing is written twice.
-    items = store.r.llen(key(tid, "items"))
+    items = store._r.llen(key(tid, "items"))
     again = store.claims.record_and_check(tid, 0, "c1", CallResult("x"), 0, ["c1"], closing=_closing(store, tid, "x"))
-    assert again == (False, None) and store.r.llen(key(tid, "items")) == items
+    assert again == (False, None) and store._r.llen(key(tid, "items")) == items
 
 
 def test_a_cancel_flag_set_before_the_result_leaves_the_closing_to_the_winner(store):
@@ -113,13 +114,13 @@ def test_a_cancel_flag_set_before_the_result_leaves_the_closing_to_the_winner(st
 
 def test_a_turn_that_moved_on_gets_no_closing_writes(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store.r.hset(key(tid), "status", TurnStatus.failed.value)  # ended meanwhile (e.g. by the watchdog)
-    items = store.r.llen(key(tid, "items"))
+    store._r.hset(key(tid), "status", TurnStatus.failed.value)  # ended meanwhile (e.g. by the watchdog)
+    items = store._r.llen(key(tid, "items"))
     stored, view = store.claims.record_and_check(
         tid, 0, "c1", CallResult("out"), 0, ["c1"], closing=_closing(store, tid)
     )
     assert stored and isinstance(view, AdvanceView)
-    assert store.r.llen(key(tid, "items")) == items and store.load(tid).step == 0
+    assert store._r.llen(key(tid, "items")) == items and store.load(tid).step == 0
 
 
 def test_the_barrier_of_a_parallel_batch_still_waits_for_every_call(store):
@@ -129,7 +130,7 @@ def test_the_barrier_of_a_parallel_batch_still_waits_for_every_call(store):
     assert first == (True, None)
     stored, view = store.claims.record_and_check(tid, 0, "c2", CallResult("b"), 0, ["c1", "c2"])
     assert stored and isinstance(view, AdvanceView) and set(view.results) == {"c1", "c2"}
-    assert store.r.zscore("turns:watch", tid) is not None  # the result pushed the progress deadline
+    assert store._r.zscore("turns:watch", tid) is not None  # the result pushed the progress deadline
 
 
 # ----- the model step's reply and its move to the tools phase: one round trip ---------------------
@@ -158,8 +159,8 @@ def test_a_reply_with_calls_moves_the_step_to_its_tools_with_it(store):
     assert saved.usage == (True, [])  # recorded; the totals are not read for a turn that goes on
     state = store.load(tid)
     assert (state.step, state.phase) == (0, "tools") and store.plan(tid, 0).call("c1") is not None
-    assert orjson.loads(store.r.get(key(tid, "reply", 0))) == {"id": "r1"}
-    kinds = [orjson.loads(f[b"e"])["kind"] for _, f in store.r.xrange(key(tid, "events"))]
+    assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "r1"}
+    kinds = [orjson.loads(f[b"e"])["kind"] for _, f in store._r.xrange(key(tid, "events"))]
     assert kinds.index("model_delta") < kinds.index("model_reply") < kinds.index("call_planned")
 
 
@@ -178,7 +179,7 @@ def test_a_cancelled_or_moved_on_turn_does_not_move_to_its_tools(store):
     saved = _save(store, cancelled, {"id": "r"}, then=_move(store, cancelled))
     assert saved.cancelled and not saved.began and store.load(cancelled).phase == "model"
     ended = _turn_at_model(store)
-    store.r.hset(key(ended), "status", TurnStatus.failed.value)
+    store._r.hset(key(ended), "status", TurnStatus.failed.value)
     saved = _save(store, ended, {"id": "r"}, then=_move(store, ended))
     assert not saved.began and store.plan(ended, 0) is None
 
@@ -194,7 +195,7 @@ def queue(store):
     """A queue list and an event channel of this test's own (no worker consumes them), and what the
     channel received so far (``heard()``)."""
     qkey, channel = f"test-queue-{uuid.uuid4().hex}", f"test-events-{uuid.uuid4().hex}"
-    sub = store.r.pubsub()
+    sub = store._r.pubsub()
     sub.subscribe(channel)
     assert sub.get_message(timeout=5)["type"] == "subscribe"
 
@@ -206,7 +207,7 @@ def queue(store):
 
     yield qkey, channel, heard
     sub.close()
-    store.r.delete(qkey)
+    store._r.delete(qkey)
 
 
 def test_a_one_call_step_queues_its_next_step_in_its_closing_round_trip(store, queue):
@@ -217,7 +218,7 @@ def test_a_one_call_step_queues_its_next_step_in_its_closing_round_trip(store, q
     assert writes.sends_message
     stored, view = store.claims.record_and_check(tid, 0, "c1", CallResult("out"), 0, ["c1"], closing=writes)
     assert stored and view is CLOSED and store.load(tid).step == 1
-    assert store.r.lrange(qkey, 0, -1) == [b"message step 1"] and heard() == [b"sent step 1"]
+    assert store._r.lrange(qkey, 0, -1) == [b"message step 1"] and heard() == [b"sent step 1"]
 
 
 @pytest.mark.parametrize("meanwhile", ["cancelled", "ended", "result stored by another delivery"])
@@ -229,14 +230,14 @@ def test_a_closing_that_does_not_apply_sends_no_message(store, queue, meanwhile)
     if meanwhile == "cancelled":
         store.request_cancel(tid)
     elif meanwhile == "ended":
-        store.r.hset(key(tid), "status", TurnStatus.failed.value)
+        store._r.hset(key(tid), "status", TurnStatus.failed.value)
     else:
         store.claims.record_and_check(tid, 0, "c1", CallResult("first"), 0, ["c1"], closing=_closing(store, tid))
     writes = _closing(store, tid, "late")
     writes.send_message(_message(qkey, channel, "step 1"))
     _, view = store.claims.record_and_check(tid, 0, "c1", CallResult("late"), 0, ["c1"], closing=writes)
     assert view is not CLOSED
-    assert store.r.llen(qkey) == 0 and heard() == []
+    assert store._r.llen(qkey) == 0 and heard() == []
 
 
 def test_a_reply_queues_its_first_batch_with_its_move_to_the_tools_phase(store, queue):
@@ -246,12 +247,12 @@ def test_a_reply_queues_its_first_batch_with_its_move_to_the_tools_phase(store, 
     move.send_message(_message(qkey, channel, "c1"))
     assert _save(store, tid, {"id": "r1"}, then=move).began
     assert store.load(tid).phase == "tools"
-    assert store.r.lrange(qkey, 0, -1) == [b"message c1"] and heard() == [b"sent c1"]
+    assert store._r.lrange(qkey, 0, -1) == [b"message c1"] and heard() == [b"sent c1"]
     # A later delivery of the same step stores nothing and queues nothing.
     again = _move(store, tid)
     again.send_message(_message(qkey, channel, "again"))
     assert not _save(store, tid, {"id": "r2"}, then=again).began
-    assert store.r.llen(qkey) == 1 and heard() == []
+    assert store._r.llen(qkey) == 1 and heard() == []
 
 
 def test_only_a_queue_message_and_its_event_can_ride_with_the_writes():

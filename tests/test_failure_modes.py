@@ -96,7 +96,12 @@ def test_give_up_answers_every_call_and_hooks_are_resent(redis_url, gateway, scr
     settings = Settings()
     store = TurnStore(redis_lib.Redis.from_url(redis_url), progress_timeout=1.0)
     engine = TurnEngine(
-        store, settings, RecordingDispatcher(), toolset_resolver(settings), ResponsesClient(gateway.base_url)
+        store,
+        settings,
+        RecordingDispatcher(),
+        toolset_resolver(settings),
+        ResponsesClient(gateway.base_url),
+        redis=store._r,
     )
     gateway.add_script(
         script_name, [{"output": [fc("read_thing", '{"label": "a"}'), fc("write_thing", '{"label": "w"}')]}]
@@ -140,7 +145,12 @@ def test_plain_turn_sends_no_end_hooks(redis_url, gateway, script_name):
     settings = Settings()
     store = TurnStore(redis_lib.Redis.from_url(redis_url), progress_timeout=60.0)
     engine = TurnEngine(
-        store, settings, RecordingDispatcher(), toolset_resolver(settings), ResponsesClient(gateway.base_url)
+        store,
+        settings,
+        RecordingDispatcher(),
+        toolset_resolver(settings),
+        ResponsesClient(gateway.base_url),
+        redis=store._r,
     )
     gateway.add_script(script_name, [{"output": [{"type": "message", "text": "hi"}]}])
     turn_id = uuid.uuid4().hex

@@ -13,9 +13,10 @@ import redis
 from tests.support.turn_store import begin_tools
 from worker.turn.dispatch import Plan
 from worker.turn.guard import Writes
+from worker.turn.keys import FINISHING_KEY, key
 from worker.turn.request import TurnRefused, TurnStatus
-from worker.turn.state import CallResult, StaleStep, key
-from worker.turn.store import FINISHING_KEY, TurnStore
+from worker.turn.state import CallResult, StaleStep
+from worker.turn.store import TurnStore
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def _new(store: TurnStore, agent: str = "guard-a", items: list | None = None, **
 
 
 def _snapshot(store: TurnStore, tid: str) -> tuple:
-    r = store.r
+    r = store._r
     return (
         r.hgetall(key(tid)),
         r.lrange(key(tid, "items"), 0, -1),
@@ -87,12 +88,12 @@ def test_mark_running_only_moves_a_queued_turn(store):
 def test_end_hooks_are_scheduled_only_for_turns_that_have_them(store):
     plain = _new(store)
     assert store.complete(plain, 0, [], TurnStatus.completed) is False
-    assert store.r.zscore(FINISHING_KEY, plain) is None
+    assert store._r.zscore(FINISHING_KEY, plain) is None
     hooked = uuid.uuid4().hex
     store.create(hooked, {"agent_id": "guard-h", "input": "x", "metadata": {"background_job_id": "j1"}}, [])
     assert store.complete(hooked, 0, [], TurnStatus.completed) is True
-    assert store.r.zscore(FINISHING_KEY, hooked) is not None
-    assert store.r.zscore("turns:watch", hooked) is None
+    assert store._r.zscore(FINISHING_KEY, hooked) is not None
+    assert store._r.zscore("turns:watch", hooked) is None
 
 
 def test_long_argument_lists_pass_luas_unpack_limit(store):
@@ -103,7 +104,7 @@ def test_long_argument_lists_pass_luas_unpack_limit(store):
     results = {f"c{i}": CallResult("x") for i in range(6_000)}
     begin_tools(store, tid, 0, items, Plan([], []), results, {})
     assert len(store.items(tid)) == 40_000
-    assert store.r.hlen(key(tid, "results", 0)) == 6_000
+    assert store._r.hlen(key(tid, "results", 0)) == 6_000
     assert store.items(tid)[-1] == {"type": "message", "i": 19_999}
 
 
@@ -128,7 +129,7 @@ def test_create_refuses_another_agents_id_and_reuses_ids_and_keys(store):
     other, created = store.create(uuid.uuid4().hex, {"agent_id": "guard-other", "input": "x"}, [], idempotency_key="k1")
     assert created and other != tid
     st = store.load(tid)
-    assert (st.status, st.step, st.phase, orjson.loads(store.r.hget(key(tid), "request"))["input"]) == (
+    assert (st.status, st.step, st.phase, orjson.loads(store._r.hget(key(tid), "request"))["input"]) == (
         TurnStatus.queued,
         0,
         "model",
@@ -152,7 +153,7 @@ def test_writes_too_long_to_unpack_are_refused_before_anything_runs(store):
         Writes().delete("a", "b")
     # Lists of values are split: 9,000 set members all arrive, in one guarded transition.
     store._guarded(tid, 0, "model", lambda pipe: pipe.sadd(key(tid, "scratch"), *range(9_000)))
-    assert store.r.scard(key(tid, "scratch")) == 9_000
+    assert store._r.scard(key(tid, "scratch")) == 9_000
 
 
 def test_fail_reports_false_when_another_transition_ended_the_turn_first(redis_url):
@@ -173,7 +174,7 @@ def test_fail_reports_false_when_another_transition_ended_the_turn_first(redis_u
     tid = _new(racy, agent="guard-f")
     assert racy.fail(tid, TurnStatus.cancelled, "cancelled") is False
     assert racy.load(tid).status == TurnStatus.completed
-    assert not racy.r.exists(key(tid, "cancel"))  # the aborted attempt wrote nothing
+    assert not racy._r.exists(key(tid, "cancel"))  # the aborted attempt wrote nothing
 
 
 def test_turn_started_event_keeps_its_shape_for_any_agent_id(store):

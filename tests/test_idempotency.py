@@ -52,7 +52,7 @@ def engine(redis_url, gateway):
     settings = Settings()
     store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=1.0)
     client = ResponsesClient(gateway.base_url)
-    return TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client)
+    return TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client, redis=store._r)
 
 
 def start(engine, gateway, script_name, steps):
@@ -64,7 +64,7 @@ def start(engine, gateway, script_name, steps):
 
 
 def tool_log(engine, turn_id):
-    return [orjson.loads(x) for x in engine.store.r.lrange(f"test:log:{turn_id}", 0, -1)]
+    return [orjson.loads(x) for x in engine.redis.lrange(f"test:log:{turn_id}", 0, -1)]
 
 
 def test_duplicate_step_delivery_calls_model_once_and_plans_once(engine, gateway, script_name):
@@ -99,7 +99,7 @@ def test_destructive_call_whose_worker_died_is_reported_not_rerun(engine, gatewa
     engine.run_step(turn_id, 0)
     call_id = engine.dispatcher.sent[0][4][0]
     # a worker claimed the call and died: its lease has expired, no result was stored
-    engine.store.r.hset(
+    engine.redis.hset(
         f"turn:{{{turn_id}}}:claims:0", call_id, orjson.dumps({"owner": "dead:1", "lease_until": time.time() - 1})
     )
     assert engine.run_call(turn_id, 0, call_id).action == "advanced"
@@ -112,7 +112,7 @@ def test_read_only_call_whose_worker_died_runs_again(engine, gateway, script_nam
     turn_id = start(engine, gateway, script_name, [{"output": [fc("read_thing", '{"label": "r"}')]}])
     engine.run_step(turn_id, 0)
     call_id = engine.dispatcher.sent[0][4][0]
-    engine.store.r.hset(
+    engine.redis.hset(
         f"turn:{{{turn_id}}}:claims:0", call_id, orjson.dumps({"owner": "dead:1", "lease_until": time.time() - 1})
     )
     engine.run_call(turn_id, 0, call_id)
@@ -183,14 +183,16 @@ class CapturingDispatcher(RecordingDispatcher):
 def test_messages_sent_by_the_scripts_are_sent_once_and_not_published_again(redis_url, gateway, script_name):
     settings, d = Settings(), CapturingDispatcher()
     store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=1.0)
-    engine = TurnEngine(store, settings, d, toolset_resolver(settings), ResponsesClient(gateway.base_url))
+    engine = TurnEngine(
+        store, settings, d, toolset_resolver(settings), ResponsesClient(gateway.base_url), redis=store._r
+    )
     turn_id = start(engine, gateway, script_name, [{"output": [fc("read_thing", '{"label": "a"}')]}, {"output": []}])
     assert engine.run_step(turn_id, 0).action == "dispatched"
     assert engine.run_step(turn_id, 0).action == "dropped"  # a redelivery
-    assert engine.store.r.lrange(d.queue, 0, -1) == [f"batch {turn_id} 0".encode()] and d.sent == []
+    assert engine.redis.lrange(d.queue, 0, -1) == [f"batch {turn_id} 0".encode()] and d.sent == []
     call_id = engine.store.plan(turn_id, 0).calls[0].call_id
     assert engine.run_call(turn_id, 0, call_id).action == "advanced"
     assert engine.run_call(turn_id, 0, call_id).action == "dropped"  # a redelivery
-    assert engine.store.r.lrange(d.queue, 0, -1) == [f"step {turn_id} 1".encode(), f"batch {turn_id} 0".encode()]
+    assert engine.redis.lrange(d.queue, 0, -1) == [f"step {turn_id} 1".encode(), f"batch {turn_id} 0".encode()]
     assert d.sent == [] and engine.store.load(turn_id).step == 1
-    engine.store.r.delete(d.queue)
+    engine.redis.delete(d.queue)

@@ -29,7 +29,7 @@ def cp() -> ControlPlane:
 
 @pytest.fixture
 def r(cp) -> redis.Redis:
-    return cp.store.r
+    return cp.redis
 
 
 def _agent() -> str:

@@ -68,7 +68,7 @@ def test_wrong_password_is_refused(urls, user):
 
 def test_worker_and_control_plane_authenticate_as_their_own_users(urls, control):
     assert redis.Redis.from_url(urls[0]).acl_whoami() == "worker"
-    assert control.store.r.acl_whoami() == "control"
+    assert control.redis.acl_whoami() == "control"
     assert "***" in control.display_url and _parts(urls[1])[3] not in control.display_url
 
 

@@ -62,7 +62,7 @@ def cluster():
             if n != "nc":
                 env.update(store.env())
             procs[n] = stack.start_worker(queues="tools", pool="prefork", concurrency=1, env=env)
-        placement = Placement(stack.control.store.r, ttl=2.0)
+        placement = Placement(stack.control.redis, ttl=2.0)
         wait_for(lambda: all(placement.nodes().get(n, {}).get("live") for n in NODES), timeout=30)
         yield stack, store, roots, procs, placement
     finally:

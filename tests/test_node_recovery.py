@@ -71,7 +71,7 @@ def test_supervisor_reports_a_killed_worker_and_its_turn_is_redriven_at_once(sta
         io = wait_for(lambda: _child_with(node.pid, "io-"), timeout=60)
         from worker.turn.liveness import HOST
 
-        wait_for(lambda: stack.control.store.r.exists(f"agent:alive:{HOST}:{io}"), timeout=90)
+        wait_for(lambda: stack.control.redis.exists(f"agent:alive:{HOST}:{io}"), timeout=90)
         stack.start_beat()
         tid = stack.control.enqueue({"agent_id": "sup-a", "input": "hi", "model": script_name})
         assert first_call.wait(60)
@@ -83,7 +83,7 @@ def test_supervisor_reports_a_killed_worker_and_its_turn_is_redriven_at_once(sta
         assert redriven[0]["at"] - killed_at < 3.0, (redriven[0]["at"] - killed_at, log.read_text()[-3000:])
         view = stack.control.wait(tid, timeout=90)
         assert view.final_output == "recovered by the supervisor", view
-        assert not stack.control.store.r.exists(f"agent:alive:{HOST}:{io}")
+        assert not stack.control.redis.exists(f"agent:alive:{HOST}:{io}")
     finally:
         os.killpg(node.pid, signal.SIGTERM)
         try:

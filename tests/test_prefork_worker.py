@@ -51,7 +51,7 @@ def test_parallel_group_runs_concurrently_and_the_barrier_holds(prefork_only, co
     )
     turn_id = control.enqueue({"input": "go", "model": script_name, "toolset": "testing"})
     assert control.wait(turn_id, timeout=60).status == TurnStatus.completed
-    log = {e[4]: e for e in (orjson.loads(x) for x in control.store.r.lrange(f"test:log:{turn_id}", 0, -1))}
+    log = {e[4]: e for e in (orjson.loads(x) for x in control.redis.lrange(f"test:log:{turn_id}", 0, -1))}
     a, b, w = log["a"], log["b"], log["w"]
     assert a[2] < b[3] and b[2] < a[3], "the two reads of one group overlap in time"
     assert w[2] >= max(a[3], b[3]), "the sequential write starts after the group ended"
@@ -71,7 +71,7 @@ def test_killed_child_read_only_call_runs_again(prefork_only, control, gateway, 
     outs = [i for i in control.items(turn_id) if i["type"] == "function_call_output"]
     assert outs[0]["output"] == "survived"
     call_id = outs[0]["call_id"]
-    assert control.store.r.get(f"test:crash-ran:{turn_id}:{call_id}") == b"1"
+    assert control.redis.get(f"test:crash-ran:{turn_id}:{call_id}") == b"1"
 
 
 def test_killed_child_destructive_call_is_not_run_twice(prefork_only, control, gateway, script_name):
@@ -88,4 +88,4 @@ def test_killed_child_destructive_call_is_not_run_twice(prefork_only, control, g
     outs = [i for i in control.items(turn_id) if i["type"] == "function_call_output"]
     assert "outcome of this crash_write call is unknown" in outs[0]["output"]
     call_id = outs[0]["call_id"]
-    assert control.store.r.get(f"test:crash-ran:{turn_id}:{call_id}") is None
+    assert control.redis.get(f"test:crash-ran:{turn_id}:{call_id}") is None

@@ -66,11 +66,11 @@ def test_approvals_waiting_and_the_oldest_wait(control, gateway, script_name):
     )
     wait_for(lambda: control.status(tid).status == TurnStatus.awaiting_approval, timeout=30)
     time.sleep(1.1)
-    g = _gauges(ApprovalsWaiting(control.store.r))
+    g = _gauges(ApprovalsWaiting(control.redis))
     n = g[("agent_approvals_waiting", ())]
     assert n >= 1 and g[("agent_approval_oldest_wait_seconds", ())] >= 1.0
     control.cancel(tid)  # other tests' parked turns may remain: this one's call leaves the count
-    wait_for(lambda: _gauges(ApprovalsWaiting(control.store.r))[("agent_approvals_waiting", ())] == n - 1, timeout=10)
+    wait_for(lambda: _gauges(ApprovalsWaiting(control.redis))[("agent_approvals_waiting", ())] == n - 1, timeout=10)
 
 
 def test_flower_shows_the_task_labels_by_default(monkeypatch):

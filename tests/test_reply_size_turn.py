@@ -22,7 +22,7 @@ def test_a_too_large_answer_fails_the_turn_once(redis_url, gateway, script_name,
     settings = Settings(model_stream=streamed)
     store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=1.0)
     client = ResponsesClient(gateway.base_url, max_reply_bytes=65_536, timeout=10)
-    engine = TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client)
+    engine = TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client, redis=store._r)
     gateway.add_script(script_name, [{"output": [{"type": "message", "text": "x" * 300_000}]}] * 3)
     turn_id = uuid.uuid4().hex
     engine.create_turn(TurnRequest(input="go", model=script_name, toolset="testing"), turn_id)

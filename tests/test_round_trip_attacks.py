@@ -24,8 +24,9 @@ from tests.support.turn_store import begin_tools
 from worker.model.interface import GatewayError
 from worker.turn.claims import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
+from worker.turn.keys import key
 from worker.turn.request import TurnStatus
-from worker.turn.state import AdvanceView, CallResult, key
+from worker.turn.state import AdvanceView, CallResult
 from worker.turn.store import TurnStore
 
 TERMINAL = [s for s in TurnStatus if s.terminal]
@@ -40,7 +41,7 @@ def _turn_at_tools(store: TurnStore, calls: list[PlannedCall], step: int = 0) ->
     tid = uuid.uuid4().hex
     store.create(tid, {"agent_id": "attack-a", "input": "x"}, [])
     if step:
-        store.r.hset(key(tid), mapping={"step": step})
+        store._r.hset(key(tid), mapping={"step": step})
     plan = Plan(calls, [Batch("parallel", [c.call_id for c in calls if c.runnable])])
     begin_tools(store, tid, step, [{"type": "function_call", "call_id": c.call_id} for c in calls], plan, {}, {})
     return tid
@@ -48,7 +49,7 @@ def _turn_at_tools(store: TurnStore, calls: list[PlannedCall], step: int = 0) ->
 
 def _events(store: TurnStore, tid: str, kind: str | None = None) -> list[dict]:
     out = []
-    for _, fields in store.r.xrange(key(tid, "events")):
+    for _, fields in store._r.xrange(key(tid, "events")):
         event = orjson.loads(fields[b"e"])
         if kind is None or event["kind"] == kind:
             out.append(event)
@@ -66,7 +67,7 @@ def test_only_the_plain_calls_of_a_mixed_plan_are_claimed_by_their_read(store):
     tid = _turn_at_tools(store, calls)
     claimed = {c.call_id: store.call_view(tid, 0, c.call_id, "owner-a", 60).claim.won for c in calls}
     assert claimed == {"plain": True, "gated": False, "home": False, "both": False}
-    assert set(store.r.hkeys(key(tid, "claims", 0))) == {b"plain"}
+    assert set(store._r.hkeys(key(tid, "claims", 0))) == {b"plain"}
     assert [e["call_id"] for e in _events(store, tid, "call_started")] == ["plain"]
 
 
@@ -81,7 +82,7 @@ def test_a_duplicated_call_id_that_needs_approval_is_never_claimed_by_its_read(s
     view = store.call_view(tid, 0, "dup", "owner-a", 60)
     assert view.plan is not None and view.plan.call("dup").needs_approval
     assert not view.claim.won
-    assert not store.r.hexists(key(tid, "claims", 0), "dup")
+    assert not store._r.hexists(key(tid, "claims", 0), "dup")
     assert _events(store, tid, "call_started") == []
 
 
@@ -104,33 +105,33 @@ def test_hostile_call_ids_are_claimed_once_with_a_well_formed_event(store, call_
 
 def test_a_plan_without_its_start_hash_and_a_start_hash_without_its_plan_claim_nothing(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store.r.delete(key(tid, "start", 0))  # the plan is there, the start hash is not (e.g. an old writer)
+    store._r.delete(key(tid, "start", 0))  # the plan is there, the start hash is not (e.g. an old writer)
     view = store.call_view(tid, 0, "c1", "owner-a", 60)
     assert view.plan is not None and not view.claim.tried
     tid2 = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store.r.delete(key(tid2, "plan", 0))  # the reverse: a start hash with no plan
-    fresh = TurnStore(store.r, progress_timeout=60)  # no plan cached in this process
+    store._r.delete(key(tid2, "plan", 0))  # the reverse: a start hash with no plan
+    fresh = TurnStore(store._r, progress_timeout=60)  # no plan cached in this process
     view2 = fresh.call_view(tid2, 0, "c1", "owner-a", 60)
     assert view2.plan is None and not view2.claim.tried
-    assert not store.r.exists(key(tid, "claims", 0)) and not store.r.exists(key(tid2, "claims", 0))
+    assert not store._r.exists(key(tid, "claims", 0)) and not store._r.exists(key(tid2, "claims", 0))
     assert _events(store, tid, "call_started") == [] and _events(store, tid2, "call_started") == []
 
 
 @pytest.mark.parametrize("status", TERMINAL)
 def test_an_ended_turn_is_never_claimed_by_a_read(store, status):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store.r.hset(key(tid), "status", status.value)
+    store._r.hset(key(tid), "status", status.value)
     assert not store.call_view(tid, 0, "c1", "owner-a", 60).claim.tried
-    assert not store.r.exists(key(tid, "claims", 0))
+    assert not store._r.exists(key(tid, "claims", 0))
 
 
 def test_a_turn_moved_to_another_step_or_phase_is_not_claimed(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store.r.hset(key(tid), "phase", "model")
+    store._r.hset(key(tid), "phase", "model")
     assert not store.call_view(tid, 0, "c1", "o", 60).claim.tried
-    store.r.hset(key(tid), mapping={"phase": "tools", "step": 1})
+    store._r.hset(key(tid), mapping={"phase": "tools", "step": 1})
     assert not store.call_view(tid, 0, "c1", "o", 60).claim.tried
-    assert not store.r.exists(key(tid, "claims", 0))
+    assert not store._r.exists(key(tid, "claims", 0))
 
 
 def test_racing_owners_claim_a_call_exactly_once(store, redis_url):
@@ -150,7 +151,7 @@ def test_racing_owners_claim_a_call_exactly_once(store, redis_url):
     for t in threads:
         t.join()
     assert len(wins) == 1
-    assert orjson.loads(store.r.hget(key(tid, "claims", 0), "c1"))["owner"] == wins[0]
+    assert orjson.loads(store._r.hget(key(tid, "claims", 0), "c1"))["owner"] == wins[0]
     assert len(_events(store, tid, "call_started")) == 1
 
 
@@ -162,25 +163,25 @@ def _closing(store: TurnStore, tid: str, output: str = "out", step: int = 0):
 @pytest.mark.parametrize("status", TERMINAL)
 def test_closing_writes_never_apply_to_an_ended_turn(store, status):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store.r.hset(key(tid), "status", status.value)
-    items = store.r.llen(key(tid, "items"))
+    store._r.hset(key(tid), "status", status.value)
+    items = store._r.llen(key(tid, "items"))
     stored, view = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=_closing(store, tid))
     assert stored and view is not CLOSED and isinstance(view, AdvanceView)
     state = store.load(tid)
     assert (state.status, state.step, state.phase) == (status, 0, "tools")
-    assert store.r.llen(key(tid, "items")) == items
+    assert store._r.llen(key(tid, "items")) == items
 
 
 @pytest.mark.parametrize("moved", [{"phase": "model"}, {"step": 1}, {"step": 1, "phase": "model"}])
 def test_closing_writes_never_apply_to_a_turn_at_another_step_or_phase(store, moved):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store.r.hset(key(tid), mapping=moved)
-    items = store.r.llen(key(tid, "items"))
+    store._r.hset(key(tid), mapping=moved)
+    items = store._r.llen(key(tid, "items"))
     _, view = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=_closing(store, tid))
     assert view is not CLOSED
     state = store.load(tid)
     assert (state.step, state.phase) == (moved.get("step", 0), moved.get("phase", "tools"))
-    assert store.r.llen(key(tid, "items")) == items
+    assert store._r.llen(key(tid, "items")) == items
 
 
 def test_a_late_result_after_the_slow_path_never_closes_the_step_again(store):
@@ -190,19 +191,19 @@ def test_a_late_result_after_the_slow_path_never_closes_the_step_again(store):
     store.request_cancel(tid)
     _, first = store.claims.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1"], closing=_closing(store, tid))
     assert isinstance(first, AdvanceView)
-    store.r.delete(key(tid, "cancel"))
-    items = store.r.llen(key(tid, "items"))
+    store._r.delete(key(tid, "cancel"))
+    items = store._r.llen(key(tid, "items"))
     stored, again = store.claims.record_and_check(
         tid, 0, "c1", CallResult("b"), 0, ["c1"], closing=_closing(store, tid, "b")
     )
     assert (stored, again) == (False, None)
-    assert store.r.llen(key(tid, "items")) == items and store.load(tid).step == 0
+    assert store._r.llen(key(tid, "items")) == items and store.load(tid).step == 0
     assert store.results(tid, 0)["c1"].output == "a"
 
 
 def test_concurrent_duplicate_results_close_a_one_call_step_once(store, redis_url):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    items = store.r.llen(key(tid, "items"))
+    items = store._r.llen(key(tid, "items"))
     outcomes: list = []
     barrier = threading.Barrier(6)
 
@@ -219,11 +220,11 @@ def test_concurrent_duplicate_results_close_a_one_call_step_once(store, redis_ur
         t.join()
     assert sum(1 for stored, _ in outcomes if stored) == 1
     assert [v for _, v in outcomes if v is not None] == [CLOSED]
-    assert store.r.llen(key(tid, "items")) == items + 1  # one output appended, once
+    assert store._r.llen(key(tid, "items")) == items + 1  # one output appended, once
     state = store.load(tid)
     assert (state.step, state.phase) == (1, "model")
     winner = store.results(tid, 0)["c1"].output
-    last = orjson.loads(store.r.lrange(key(tid, "items"), -1, -1)[0])
+    last = orjson.loads(store._r.lrange(key(tid, "items"), -1, -1)[0])
     assert last["output"] == winner  # the output appended is the stored result's, not a loser's
     assert len(_events(store, tid, "call_completed")) <= 1
 
@@ -258,33 +259,33 @@ def test_a_second_delivery_with_its_own_move_neither_overwrites_nor_moves_twice(
     tid = _turn_at_model(store)
     first = _save(store, tid, {"id": "first"}, then=_move(store, tid, "c1"), tokens=3)
     assert first.began
-    items = store.r.llen(key(tid, "items"))
-    calls = store.r.hget(key(tid), "model_calls")
+    items = store._r.llen(key(tid, "items"))
+    calls = store._r.hget(key(tid), "model_calls")
     second = _save(store, tid, {"id": "second"}, then=_move(store, tid, "c2"), tokens=99)
     assert not second.began and second.reply == {"id": "first"}
-    assert orjson.loads(store.r.get(key(tid, "reply", 0))) == {"id": "first"}
+    assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "first"}
     assert store.plan(tid, 0).call("c1") is not None and store.plan(tid, 0).call("c2") is None
-    assert store.r.llen(key(tid, "items")) == items and store.r.hget(key(tid), "model_calls") == calls
-    assert not store.r.hexists(key(tid, "start", 0), "c2")  # the loser's claimable calls were not written
-    assert [orjson.loads(v)["input_tokens"] for v in store.r.hvals(key(tid, "usage"))] == [3]
+    assert store._r.llen(key(tid, "items")) == items and store._r.hget(key(tid), "model_calls") == calls
+    assert not store._r.hexists(key(tid, "start", 0), "c2")  # the loser's claimable calls were not written
+    assert [orjson.loads(v)["input_tokens"] for v in store._r.hvals(key(tid, "usage"))] == [3]
     assert len(_events(store, tid, "call_planned")) == 1
 
 
 @pytest.mark.parametrize("status", TERMINAL)
 def test_the_move_never_applies_to_an_ended_turn(store, status):
     tid = _turn_at_model(store)
-    store.r.hset(key(tid), "status", status.value)
+    store._r.hset(key(tid), "status", status.value)
     saved = _save(store, tid, {"id": "r"}, then=_move(store, tid))
     assert not saved.began
     assert store.load(tid).phase == "model" and store.plan(tid, 0) is None
-    assert not store.r.exists(key(tid, "start", 0))
+    assert not store._r.exists(key(tid, "start", 0))
 
 
 def test_the_move_never_applies_to_a_turn_at_another_step(store):
     tid = _turn_at_model(store)
-    store.r.hset(key(tid), "step", 1)
+    store._r.hset(key(tid), "step", 1)
     saved = _save(store, tid, {"id": "r"}, then=_move(store, tid))
-    assert not saved.began and store.r.get(key(tid, "plan", 0)) is None
+    assert not saved.began and store._r.get(key(tid, "plan", 0)) is None
 
 
 def test_deltas_come_before_the_reply_in_order_with_contiguous_seq(store):
@@ -532,25 +533,25 @@ def test_changing_the_provider_checks_the_definition_again(monkeypatch):
 def test_no_script_recreates_an_expired_turn_hash(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     closing = _closing(store, tid)
-    store.r.delete(key(tid))  # the turn's hash expired (or was purged) meanwhile
+    store._r.delete(key(tid))  # the turn's hash expired (or was purged) meanwhile
     assert not store.call_view(tid, 0, "c1", "o", 60).claim.tried
     _, view = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
-    assert view is not CLOSED and not store.r.exists(key(tid))
+    assert view is not CLOSED and not store._r.exists(key(tid))
     model = _turn_at_model(store)
     move = _move(store, model)
-    store.r.delete(key(model))
+    store._r.delete(key(model))
     assert not _save(store, model, {"id": "r"}, then=move).began
-    assert not store.r.exists(key(model)) and store.r.get(key(model, "plan", 0)) is None
+    assert not store._r.exists(key(model)) and store._r.get(key(model, "plan", 0)) is None
 
 
 def test_a_lost_memo_never_moves_a_step_that_is_already_at_its_tools(store):
     tid = _turn_at_model(store)
     assert _save(store, tid, {"id": "first"}, then=_move(store, tid)).began
-    items, calls = store.r.llen(key(tid, "items")), store.r.hget(key(tid), "model_calls")
-    store.r.delete(key(tid, "reply", 0))  # the memo expired: the next delivery's SET NX wins
+    items, calls = store._r.llen(key(tid, "items")), store._r.hget(key(tid), "model_calls")
+    store._r.delete(key(tid, "reply", 0))  # the memo expired: the next delivery's SET NX wins
     again = _save(store, tid, {"id": "second"}, then=_move(store, tid, "c2"))
     assert not again.began
-    assert store.r.llen(key(tid, "items")) == items and store.r.hget(key(tid), "model_calls") == calls
+    assert store._r.llen(key(tid, "items")) == items and store._r.hget(key(tid), "model_calls") == calls
     assert store.plan(tid, 0).call("c2") is None
 
 
@@ -559,12 +560,12 @@ def test_a_result_that_lost_the_store_never_closes_the_step_with_its_own_output(
     barrier): a later result with its closing writes loses the store, so the output it would
     append is not the stored one: the step must not be closed with it."""
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store.r.hset(key(tid, "results", 0), "c1", orjson.dumps(CallResult("stored first").to_json()))
+    store._r.hset(key(tid, "results", 0), "c1", orjson.dumps(CallResult("stored first").to_json()))
     stored, view = store.claims.record_and_check(
         tid, 0, "c1", CallResult("late"), 0, ["c1"], closing=_closing(store, tid, "late")
     )
     assert not stored
-    outputs = [orjson.loads(x).get("output") for x in store.r.lrange(key(tid, "items"), 0, -1)]
+    outputs = [orjson.loads(x).get("output") for x in store._r.lrange(key(tid, "items"), 0, -1)]
     assert "late" not in outputs
     if view is CLOSED:  # pragma: no cover - the property above already failed
         pytest.fail("closed with the loser's output")

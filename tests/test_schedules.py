@@ -115,7 +115,7 @@ def test_create_list_cancel_through_a_turn(control, gateway, script_name, agent_
     assert final[once_id]["status"] == "active"
 
     # Redis: records, the active set, and redbeat entries (JSON, not pickle) for active schedules only.
-    r = control.store.r
+    r = control.redis
     store = ScheduleStore(r)
     assert store.active_count(agent_id) == 1
     assert not r.exists(redbeat_key(weekly))
@@ -160,7 +160,7 @@ def test_bad_cron_is_refused_with_a_clear_output(control, gateway, script_name, 
     assert expect in out
     if "day-of-week" not in expect:  # the shape is shown whenever the fields themselves are wrong
         assert "Use 5 fields 'minute hour day-of-month month day-of-week' (UTC)" in out
-    assert ScheduleStore(control.store.r).list(agent_id) == []
+    assert ScheduleStore(control.redis).list(agent_id) == []
 
 
 def test_bad_times_and_both_or_neither_are_refused(control, gateway, script_name, agent_id):
@@ -183,11 +183,11 @@ def test_bad_times_and_both_or_neither_are_refused(control, gateway, script_name
     assert "is in the past" in outs[1]
     assert "cannot read the time 'tomorrow-ish'" in outs[2] and "in N minutes" in outs[2]
     assert "exactly one of 'at'" in outs[3] and "exactly one of 'at'" in outs[4]
-    assert ScheduleStore(control.store.r).list(agent_id) == []
+    assert ScheduleStore(control.redis).list(agent_id) == []
 
 
 def test_active_schedule_cap_and_chain_depth(control, gateway, script_name, agent_id):
-    store = ScheduleStore(control.store.r)
+    store = ScheduleStore(control.redis)
     for i in range(MAX_ACTIVE_PER_AGENT):
         store.create(
             new_record(
@@ -257,7 +257,7 @@ def test_one_off_schedule_fires_and_runs_a_real_turn(control, gateway, script_na
         metadata={"schedule_model": scheduled_script},
     )
     assert control.wait(turn_id, timeout=30).status == TurnStatus.completed
-    store = ScheduleStore(control.store.r)
+    store = ScheduleStore(control.redis)
     run_at = parse_iso(store.get(sid)["run_at"])
 
     rec = wait_for(lambda: (r := store.get(sid)) and r["status"] == "done" and r, timeout=30)
@@ -278,7 +278,7 @@ def test_one_off_schedule_fires_and_runs_a_real_turn(control, gateway, script_na
     assert state.request["instructions"].endswith("Be brief.")
     assert any(e["kind"] == "scheduled_by" and e["schedule_id"] == sid for e in control.events(rec["last_turn_id"]))
     # One-off: its redbeat entry is gone, and it never fires again.
-    r = control.store.r
+    r = control.redis
     wait_for(lambda: not r.exists(redbeat_key(sid)), timeout=5)
     assert r.zscore("redbeat::schedule", redbeat_key(sid)) is None
     time.sleep(2)
@@ -299,7 +299,7 @@ def test_fire_task_is_idempotent_per_slot_and_skips_cancelled(control, gateway, 
         assert control.wait(sentinel, timeout=30).status == TurnStatus.completed
 
     gateway.add_script(script_name, [{"output": [msg("recurring run")]}])
-    store = ScheduleStore(control.store.r)
+    store = ScheduleStore(control.redis)
     # No redbeat entry here: this test sends the fire task itself.
     rec = new_record(
         schedule_id=f"sch_{agent_id}",

@@ -107,7 +107,7 @@ def engine(redis_url, gateway, api_style):
     settings = Settings()
     store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60.0)
     client = client_for(api_style, gateway.base_url)
-    return TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client)
+    return TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client, redis=store._r)
 
 
 def test_a_redelivered_step_uses_the_memoized_reply(engine, gateway, script_name):
@@ -130,7 +130,7 @@ def test_an_endpoint_without_streaming_still_works(redis_url, api_style):
         settings = Settings()
         store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60.0)
         client = client_for(api_style, plain.base_url)
-        eng = TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client)
+        eng = TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client, redis=store._r)
         turn_id = uuid.uuid4().hex
         eng.create_turn(TurnRequest(input="go", model="plain", toolset="testing"), turn_id)
         assert eng.run_step(turn_id, 0).action == "completed"

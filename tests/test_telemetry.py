@@ -344,14 +344,14 @@ def test_flower_sees_agent_turn_step_tool_and_a_failed_turn(ops_worker, gateway,
 def test_flower_sees_a_turn_the_watchdog_failed(ops_worker):
     from tasks.app import app
     from worker.settings import get_settings
-    from worker.turn.state import key
+    from worker.turn.keys import key
 
     MAX_REDRIVES = get_settings().max_redrives
     control = ops_worker["control"]
     # A turn whose messages were lost: queued, overdue, and already re-driven MAX_REDRIVES times.
     turn_id, _ = control.store.create("stuck" + os.urandom(6).hex(), {"agent_id": "stuck", "input": "x"}, [])
-    control.store.r.hset(key(turn_id), "redrives", MAX_REDRIVES)
-    control.store.r.zadd("turns:watch", {turn_id: 0})
+    control.redis.hset(key(turn_id), "redrives", MAX_REDRIVES)
+    control.redis.zadd("turns:watch", {turn_id: 0})
     with _Events(ops_worker["url"]) as events:
         with app.connection_for_write(ops_worker["url"]) as conn:
             app.signature("tasks.watchdog.sweep").apply_async(queue="turns", connection=conn)

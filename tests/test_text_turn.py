@@ -94,7 +94,7 @@ def test_todo_tool_keeps_the_list_in_redis(control, gateway, script_name):
     ]
     turn_id, view, outs = run(control, gateway, script_name, [{"output": [fc("todo_write", {"todos": todos})]}], agent)
     assert view.status == TurnStatus.completed
-    stored = control.store.r.get(f"agent:{agent}:todos")
+    stored = control.redis.get(f"agent:{agent}:todos")
     assert stored is not None
     assert [(t["content"], t["status"]) for t in orjson.loads(stored)] == [
         ("write tests", "in_progress"),

@@ -32,7 +32,7 @@ def calls(control, turn_id):
 
 
 def log_entries(control, turn_id):
-    return [orjson.loads(x) for x in control.store.r.lrange(f"test:log:{turn_id}", 0, -1)]
+    return [orjson.loads(x) for x in control.redis.lrange(f"test:log:{turn_id}", 0, -1)]
 
 
 def test_multi_step_turn_runs_on_one_solo_worker(control, gateway, script_name):

@@ -165,7 +165,7 @@ def test_commit_revalidates_against_the_persisted_schema(control, gateway, clien
     }
 
     def change_then_submit(body):
-        control.store.r.hset(f"workflow:{task_id}", "result_schema", orjson.dumps(changed))
+        control.redis.hset(f"workflow:{task_id}", "result_schema", orjson.dumps(changed))
         return submit(GOOD)
 
     done = client.wait(start(client, gateway, script_name, [change_then_submit], agent, task_id=task_id).task_id)

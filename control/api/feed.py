@@ -1,8 +1,8 @@
 """The approvals change feed (``GET /v1/approvals/events``): server-sent ``changed`` events, each
 naming a turn whose pending approvals changed, for the agents a token covers.
 
-New waiting turns are found in ``approvals:pending`` (``worker.turn.approvals``), read once a
-second; from then on the turn's own event stream (through the process's ``StreamHub``) says at
+New waiting turns are found among the turns parked on approvals
+(``worker.turn.async_reads.AsyncTurnReads.parked_turns``), read once a second; from then on the turn's own event stream (through the process's ``StreamHub``) says at
 once when one of its calls is decided or the turn ends. A client lists the approvals again on
 each ``changed`` (the page does).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, cast
+from typing import Any, AsyncIterator
 
 import redis
 import redis.asyncio
@@ -19,8 +19,7 @@ import redis.asyncio
 from control.api.hub import Event, StreamHub, Subscription
 from control.api.sse import KEEPALIVE, RETRY, frame, read_range
 from control.api.tokens import Token
-from worker.turn.approvals import PENDING_KEY
-from worker.turn.state import key as turn_key
+from worker.turn.async_reads import AsyncTurnReads
 
 KINDS = ("approval_requested", "approval_decided", "turn_finished")
 
@@ -34,23 +33,16 @@ async def _discover(
 ) -> list[dict[str, Any]]:
     """Follow turns new in the pending set (when the token covers their agent); drop the ones that
     left it. Returns the ``changed`` payloads to send."""
-    ids = [x.decode() for x in cast("list[bytes]", await r.zrange(PENDING_KEY, 0, -1))]  # RESP2, bytes replies
+    turns = AsyncTurnReads(r)
+    ids = await turns.parked_turns()
     changes: list[dict[str, Any]] = []
     fresh = [t for t in ids if t not in known]
     if fresh:
-        async with r.pipeline(transaction=False) as p:
-            for t in fresh:
-                p.hget(turn_key(t), "agent_id")
-                p.xrevrange(turn_key(t, "events"), count=1)
-            res = await p.execute()
-        for i, t in enumerate(fresh):
-            agent, last = res[2 * i], res[2 * i + 1]
-            agent = agent.decode() if agent else None
+        for t, (agent, last) in zip(fresh, await turns.agents_and_last_events(fresh)):
             if not token.covers(agent):
                 known[t] = None
                 continue
-            after = last[0][0].decode() if last else "0-0"
-            sub = known[t] = hub.subscribe(turn_key(t, "events"), after, queue)
+            sub = known[t] = hub.subscribe(turns.events_key(t), last or "0-0", queue)
             sub.extra = {"turn_id": t, "agent_id": agent}
             changes.append({"turn_id": t, "agent_id": agent, "kind": "approval_requested"})
             if sub.backlog is not None:  # the hub was past our position: read the gap ourselves
@@ -83,14 +75,14 @@ async def approvals_feed(
                     yield frame(None, "changed", change)
             except redis.RedisError:
                 pass
+            followed = {sub.key: sub for sub in known.values() if sub is not None}
             deadline = time.monotonic() + poll
             while (left := deadline - time.monotonic()) > 0:
                 try:
                     key, _eid, ev = await asyncio.wait_for(queue.get(), timeout=left)
                 except asyncio.TimeoutError:
                     break
-                turn_id = key.split("{", 1)[1].split("}", 1)[0]
-                sub = known.get(turn_id)
+                sub = followed.get(key)
                 if ev.get("kind") in KINDS and sub is not None:
                     yield frame(None, "changed", {**sub.extra, "kind": ev["kind"], "call_id": ev.get("call_id")})
             if time.monotonic() - beat >= heartbeat:

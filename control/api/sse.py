@@ -17,8 +17,7 @@ import redis
 import redis.asyncio
 
 from control.api.hub import RawEntry, StreamHub, id_tuple
-from worker.turn.request import TurnStatus
-from worker.turn.state import key as turn_key
+from worker.turn.async_reads import AsyncTurnReads
 
 KEEPALIVE = b": keep-alive\n\n"
 RETRY = b"retry: 2000\n\n"  # ms before a browser's EventSource reconnects (with Last-Event-ID)
@@ -52,8 +51,8 @@ async def read_range(
 
 
 async def _terminal(r: redis.asyncio.Redis, turn_id: str) -> bool:
-    raw = await r.hget(turn_key(turn_id), "status")
-    return raw is None or TurnStatus(raw.decode() if isinstance(raw, bytes) else raw).terminal
+    status = await AsyncTurnReads(r).status(turn_id)
+    return status is None or status.terminal
 
 
 async def turn_events(
@@ -68,7 +67,7 @@ async def turn_events(
     """The event stream of ``turn_id`` after stream id ``after``, as SSE frames. ``kinds``: only
     these kinds (the stream still ends at ``turn_finished``). Ends quietly when Redis fails on a
     read of its own (the client reconnects with its ``Last-Event-ID``)."""
-    key = turn_key(turn_id, "events")
+    key = AsyncTurnReads.events_key(turn_id)
     yield RETRY
 
     def wanted(ev: dict[str, Any]) -> bool:

@@ -28,8 +28,8 @@ from typing import Any
 import orjson
 import redis
 
+from worker.turn.keys import AGENT_FIELD, hash_key
 from worker.turn.request import is_valid_id
-from worker.turn.state import key as turn_key
 
 PREFIX = "atr_"
 TOKENS_KEY = "api:tokens"
@@ -92,8 +92,8 @@ class AuthResult:
     turn_agent: str | None = None
 
 
-# KEYS[1] token hash, KEYS[2] rate key, KEYS[3] (optional) turn hash.
-# ARGV[1] default rate (per second), ARGV[2] default burst.
+# KEYS[1] token hash, KEYS[2] rate key, KEYS[3] (optional) turn hash (``worker.turn.keys.hash_key``).
+# ARGV[1] default rate (per second), ARGV[2] default burst, ARGV[3] the turn hash's agent field.
 # GCRA: each request moves the theoretical arrival time (tat) on by 1/rate; a request is allowed
 # while tat - burst/rate <= now. Redis's clock (TIME) is the one clock of every API process.
 _AUTH_LUA = """
@@ -109,7 +109,7 @@ if tat < now then tat = now end
 local new_tat = tat + interval
 local allow_at = new_tat - burst * interval
 local owner = false
-if #KEYS > 2 then owner = redis.call('HGET', KEYS[3], 'agent_id') end
+if #KEYS > 2 then owner = redis.call('HGET', KEYS[3], ARGV[3]) end
 if allow_at > now then
   return {2, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', math.ceil(allow_at - now), owner}
 end
@@ -198,8 +198,8 @@ class TokenStore:
             return AuthResult(None)
         keys = [token_key(digest(token)), rate_key(parts[0])]
         if turn_id is not None:
-            keys.append(turn_key(turn_id))
-        res = await self._auth(keys=keys, args=[rate, burst])
+            keys.append(hash_key(turn_id))
+        res = await self._auth(keys=keys, args=[rate, burst, AGENT_FIELD])
         if not res or res[0] == 0:
             return AuthResult(None)
         tok = Token.from_fields(*(_s(x) for x in res[1:7]))

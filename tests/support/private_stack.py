@@ -81,7 +81,7 @@ class PrivateStack:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"worker exited early; see {proc.log}")
-            if self.control.store.r.exists(f"agent:alive:{HOST}:{proc.pid}"):
+            if self.control.redis.exists(f"agent:alive:{HOST}:{proc.pid}"):
                 time.sleep(0.5)  # consumers start right after worker_init
                 return proc
             time.sleep(0.1)
@@ -94,7 +94,7 @@ class PrivateStack:
         """celery beat (the Redis-restart-proof redbeat scheduler) on this Redis."""
         proc = self._spawn("beat", beat_command())
         deadline = time.monotonic() + START_TIMEOUT
-        while not self.control.store.r.exists("redbeat::lock"):  # taken once its scheduler runs
+        while not self.control.redis.exists("redbeat::lock"):  # taken once its scheduler runs
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"beat did not start; see {proc.log}")
             time.sleep(0.1)

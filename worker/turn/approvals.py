@@ -1,4 +1,5 @@
-"""Human approval of tool calls: the records in Redis, the decisions, the gates.
+"""Human approval of tool calls: the records in Redis (``ApprovalRecords``, a part of the turn
+store held as ``TurnStore.approvals``), the decisions, the gates.
 
 Who must approve is ``worker.turn.approval_policy``; how the turn loop parks and resumes is
 ``worker.turn.gate``. Rule (docs/architecture.md, "Approvals"): a wait for a person is state in
@@ -11,7 +12,7 @@ approval call in it is decided. Whoever makes the second of those true (the barr
 call, or the decision) opens the gate with ``SET NX`` and dispatches, so a batch is sent
 exactly once whatever the interleaving. Free calls before the first gated batch run at once.
 
-Keys (beside ``worker.turn.store``'s):
+Keys (beside ``worker.turn.store``'s; named in ``worker.turn.keys``, read and written only here):
 
 - ``turn:{id}:approvals:{n}`` hash ``call_id`` -> record JSON (``ApprovalRecord``).
 - ``turn:{id}:gate:{n}:{b}``: set once by whoever dispatches gated batch b.
@@ -26,19 +27,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import orjson
+import redis
 
 from worker.tooling.validators import FieldError, compile_validator
 from worker.turn.dispatch import Batch, PlannedCall
+from worker.turn.keys import PENDING_APPROVALS_KEY as PENDING_KEY
+from worker.turn.keys import WATCH_KEY
+from worker.turn.keys import key as _k
 from worker.turn.request import TurnStatus
-from worker.turn.state import CallResult
-from worker.turn.state import key as _k
-
-PENDING_KEY = "approvals:pending"
-EVENTS_MAXLEN = 10_000
-RETENTION_SECONDS = 7 * 24 * 3600
+from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, CallResult, event_json
 
 Decision = Literal["approved", "rejected"]
 
@@ -91,21 +91,6 @@ class ApprovalRecord:
         return d
 
 
-# ----- records -------------------------------------------------------------------
-
-
-def approvals_key(turn_id: str, step: int) -> str:
-    return _k(turn_id, "approvals", step)
-
-
-def gate_key(turn_id: str, step: int, batch_index: int) -> str:
-    return _k(turn_id, "gate", step, batch_index)
-
-
-def _event(kind: str, data: dict[str, Any]) -> bytes:
-    return orjson.dumps({"kind": kind, "at": round(time.time(), 3), **data})
-
-
 EVENT_ARGUMENTS_CHARS = 2_000  # bigger arguments (a whole file's content) stay in the record only
 
 
@@ -149,53 +134,6 @@ def new_records(
         for c in calls
         if c.needs_approval and c.runnable
     ]
-
-
-def write_requests(pipe: Any, turn_id: str, records: list[ApprovalRecord]) -> None:
-    """Inside ``begin_tools``'s MULTI: store the pending records, park the turn, announce them."""
-    if not records:
-        return
-    step = records[0].step
-    pipe.hset(approvals_key(turn_id, step), mapping={r.call_id: r.to_json() for r in records})
-    pipe.expire(approvals_key(turn_id, step), RETENTION_SECONDS)
-    pipe.hset(_k(turn_id), "status", TurnStatus.awaiting_approval.value)
-    pipe.zadd(PENDING_KEY, {turn_id: min(r.deadline for r in records)})
-    for rec in records:
-        pipe.xadd(
-            _k(turn_id, "events"),
-            {"e": _event("approval_requested", requested_event(rec))},
-            maxlen=EVENTS_MAXLEN,
-            approximate=True,
-        )
-
-
-def records(r: Any, turn_id: str, step: int) -> dict[str, ApprovalRecord]:
-    """The step's approval records by ``call_id``."""
-    return {k.decode(): ApprovalRecord.from_json(v) for k, v in r.hgetall(approvals_key(turn_id, step)).items()}
-
-
-def record(r: Any, turn_id: str, step: int, call_id: str) -> ApprovalRecord | None:
-    """One call's approval record, or None."""
-    raw = r.hget(approvals_key(turn_id, step), call_id)
-    return ApprovalRecord.from_json(raw) if raw else None
-
-
-def pending(r: Any, turn_id: str | None = None, agent_id: str | None = None) -> list[ApprovalRecord]:
-    """Undecided records of parked turns: of one turn, of one agent's turns, or all (oldest first)."""
-    ids = [turn_id] if turn_id else [x.decode() for x in r.zrange(PENDING_KEY, 0, -1)]
-    out: list[ApprovalRecord] = []
-    for tid in ids:
-        h = r.hmget(_k(tid), "status", "step", "phase", "agent_id")
-        if h[0] is None:
-            r.zrem(PENDING_KEY, tid)
-            continue
-        if agent_id and (h[3] or b"").decode() != agent_id:
-            continue
-        if TurnStatus(h[0].decode()).terminal or h[2] != b"tools":
-            r.zrem(PENDING_KEY, tid)  # ended or moved on: nothing waits anymore
-            continue
-        out.extend(rec for rec in records(r, tid, int(h[1])).values() if rec.status == "pending")
-    return sorted(out, key=lambda rec: (rec.requested_at, rec.turn_id, rec.call_id))
 
 
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "example"})
@@ -266,96 +204,6 @@ def check_params(rec: ApprovalRecord, params: dict[str, Any]) -> None:
         raise ApprovalError(f"edited params for {rec.name} are invalid (nothing was recorded): {detail}")
 
 
-def decide(
-    r: Any,
-    turn_id: str,
-    call_id: str,
-    decision: Decision,
-    *,
-    by: str,
-    reason: str | None = None,
-    params: dict[str, Any] | None = None,
-    progress_timeout: float = 600.0,
-) -> tuple[ApprovalRecord, bool]:
-    """Record a decision on a pending call of the turn's current step.
-
-    Returns ``(record, changed)``; ``changed`` is False when the same decision was already
-    recorded (idempotent). The last decision of the step sets the turn back to ``running``.
-    ``by`` (required, non-empty) names who decides. Raises ``ApprovalError`` (no ``by``, unknown
-    turn or call, turn ended, invalid edited params (``check_params``): nothing changes) and ``ApprovalConflict`` (decided otherwise before).
-    """
-    if decision not in ("approved", "rejected"):
-        raise ApprovalError(f"decision must be 'approved' or 'rejected', not {decision!r}")
-    if params is not None and decision != "approved":
-        raise ApprovalError("edited params go with an approval only")
-    if not isinstance(by, str) or not by.strip():
-        raise ApprovalError("a decision needs `by`: who decides (recorded with the time)")
-    key = _k(turn_id)
-    result: dict[str, Any] = {}
-
-    def txn(pipe: Any) -> None:
-        h = pipe.hgetall(key)
-        if not h:
-            raise ApprovalError(f"unknown turn {turn_id}")
-        status = TurnStatus(h[b"status"].decode())
-        step, raw = int(h[b"step"]), None
-        # The current step's records first; an older step's only to answer a repeated decision.
-        for n in range(int(h[b"step"]), -1, -1):
-            pipe.watch(approvals_key(turn_id, n))  # watched before read: a concurrent decision retries us
-            raw = pipe.hget(approvals_key(turn_id, n), call_id)
-            if raw is not None:
-                step = n
-                break
-        if raw is None:
-            raise ApprovalError(f"call {call_id} of turn {turn_id} is not waiting for approval")
-        akey = approvals_key(turn_id, step)
-        rec = ApprovalRecord.from_json(raw)
-        if rec.status != "pending":
-            same = rec.status == decision and (params is None or params == rec.params)
-            if same:
-                result.update(rec=rec, changed=False)
-                pipe.multi()
-                return
-            raise ApprovalConflict(
-                f"call {call_id} was already {rec.status} by {rec.by} at "
-                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(rec.decided_at or 0))}"
-            )
-        if status.terminal or h[b"phase"] != b"tools" or int(h[b"step"]) != step:
-            raise ApprovalError(f"turn {turn_id} is {status.value}: nothing waits for a decision")
-        if params is not None:
-            check_params(rec, params)
-        others = [ApprovalRecord.from_json(v) for k, v in pipe.hgetall(akey).items() if k.decode() != call_id]
-        rec.status, rec.by, rec.decided_at = decision, by, time.time()
-        rec.reason, rec.params = reason, params
-        last = all(o.status != "pending" for o in others)
-        pipe.multi()
-        pipe.hset(akey, call_id, rec.to_json())
-        event = {
-            "step": step,
-            "call_id": call_id,
-            "name": rec.name,
-            "activity": rec.activity,
-            "decision": decision,
-            "by": by,
-            "reason": reason,
-            "edited": params is not None,
-        }
-        pipe.xadd(
-            _k(turn_id, "events"), {"e": _event("approval_decided", event)}, maxlen=EVENTS_MAXLEN, approximate=True
-        )
-        now = time.time()
-        fields: dict[str, Any] = {"updated_at": now, "redrives": 0}
-        if last:
-            fields["status"] = TurnStatus.running.value
-            pipe.zrem(PENDING_KEY, turn_id)
-        pipe.hset(key, mapping=fields)
-        pipe.zadd("turns:watch", {turn_id: now + progress_timeout})
-        result.update(rec=rec, changed=True)
-
-    r.transaction(txn, key)
-    return result["rec"], result["changed"]
-
-
 def rejection_result(rec: ApprovalRecord) -> CallResult:
     """The stored result of a rejected call: its ``function_call_output`` carries the reason."""
     who = "the approval deadline" if rec.by == "deadline" else (rec.by or "a person")
@@ -412,32 +260,206 @@ def gated(batch: Batch, calls: list[PlannedCall]) -> bool:
     return any(cid in need for cid in batch.call_ids)
 
 
-def try_open(r: Any, turn_id: str, step: int, batch_index: int, batches: list[Batch], calls: list[PlannedCall]) -> bool:
-    """True exactly once, for the caller that finds gated batch ``batch_index`` ready to dispatch:
-    the batch before it passed its barrier and every approval call in it is decided."""
-    if batch_index > 0 and not r.exists(_k(turn_id, "adv", step, batch_index - 1)):
-        return False
-    need = {c.call_id for c in calls if c.needs_approval} & set(batches[batch_index].call_ids)
-    recs = records(r, turn_id, step)
-    if any(recs.get(cid) is None or recs[cid].status == "pending" for cid in need):
-        return False
-    return bool(r.set(gate_key(turn_id, step, batch_index), "1", nx=True, ex=RETENTION_SECONDS))
+# ----- the records in Redis ------------------------------------------------------------
 
 
-def next_gated(r: Any, turn_id: str, step: int, batches: list[Batch], calls: list[PlannedCall]) -> int | None:
-    """Index of the first gated batch not yet opened, or None."""
-    for i, b in enumerate(batches):
-        if gated(b, calls) and not r.exists(gate_key(turn_id, step, i)):
-            return i
-    return None
+def _approvals_key(turn_id: str, step: int) -> str:
+    return _k(turn_id, "approvals", step)
 
 
-def forget_turn(r: Any, turn_id: str) -> None:
-    """Drop an ended turn from the parked turns (``approvals:pending``)."""
-    r.zrem(PENDING_KEY, turn_id)
+def _gate_key(turn_id: str, step: int, batch_index: int) -> str:
+    return _k(turn_id, "gate", step, batch_index)
 
 
-def overdue_turns(r: Any, now: float | None = None, limit: int = 100) -> list[str]:
-    """Parked turns whose earliest approval deadline has passed (for the watchdog sweep)."""
-    now = time.time() if now is None else now
-    return [x.decode() for x in r.zrangebyscore(PENDING_KEY, "-inf", now, start=0, num=limit)]
+class ApprovalRecords:
+    """The approval records, gate keys and parked turns of turns in the Redis at ``client`` (the
+    module docstring's keys). A part of the turn store, held as ``TurnStore.approvals``;
+    ``progress_timeout``: seconds of the progress deadline a decision pushes."""
+
+    def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0):
+        # Bytes replies (``decode_responses`` off); the parsing below says what each reply is.
+        self._r: Any = client
+        self.progress_timeout = progress_timeout
+
+    def request_writes(self, turn_id: str, records: list[ApprovalRecord]) -> Callable[[Any], None]:
+        """The writes that store the pending ``records``, park the turn and announce them, for
+        ``TurnStore.begin_tools_writes(also=...)`` (the same transaction as the step's plan)."""
+
+        def write(pipe: Any) -> None:
+            if not records:
+                return
+            step = records[0].step
+            pipe.hset(_approvals_key(turn_id, step), mapping={r.call_id: r.to_json() for r in records})
+            pipe.expire(_approvals_key(turn_id, step), RETENTION_SECONDS)
+            pipe.hset(_k(turn_id), "status", TurnStatus.awaiting_approval.value)
+            pipe.zadd(PENDING_KEY, {turn_id: min(r.deadline for r in records)})
+            for rec in records:
+                pipe.xadd(
+                    _k(turn_id, "events"),
+                    {"e": event_json("approval_requested", requested_event(rec))},
+                    maxlen=EVENTS_MAXLEN,
+                    approximate=True,
+                )
+
+        return write
+
+    def records(self, turn_id: str, step: int) -> dict[str, ApprovalRecord]:
+        """The step's approval records by ``call_id``."""
+        raw = self._r.hgetall(_approvals_key(turn_id, step))
+        return {k.decode(): ApprovalRecord.from_json(v) for k, v in raw.items()}
+
+    def record(self, turn_id: str, step: int, call_id: str) -> ApprovalRecord | None:
+        """One call's approval record, or None."""
+        raw = self._r.hget(_approvals_key(turn_id, step), call_id)
+        return ApprovalRecord.from_json(raw) if raw else None
+
+    def pending(self, turn_id: str | None = None, agent_id: str | None = None) -> list[ApprovalRecord]:
+        """Undecided records of parked turns: of one turn, of one agent's turns, or all (oldest
+        first). A turn that ended or moved on leaves the parked turns as it is met."""
+        r = self._r
+        ids = [turn_id] if turn_id else [x.decode() for x in r.zrange(PENDING_KEY, 0, -1)]
+        out: list[ApprovalRecord] = []
+        for tid in ids:
+            h = r.hmget(_k(tid), "status", "step", "phase", "agent_id")
+            if h[0] is None:
+                r.zrem(PENDING_KEY, tid)
+                continue
+            if agent_id and (h[3] or b"").decode() != agent_id:
+                continue
+            if TurnStatus(h[0].decode()).terminal or h[2] != b"tools":
+                r.zrem(PENDING_KEY, tid)  # ended or moved on: nothing waits anymore
+                continue
+            out.extend(rec for rec in self.records(tid, int(h[1])).values() if rec.status == "pending")
+        return sorted(out, key=lambda rec: (rec.requested_at, rec.turn_id, rec.call_id))
+
+    def decide(
+        self,
+        turn_id: str,
+        call_id: str,
+        decision: Decision,
+        *,
+        by: str,
+        reason: str | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> tuple[ApprovalRecord, bool]:
+        """Record a decision on a pending call of the turn's current step.
+
+        Returns ``(record, changed)``; ``changed`` is False when the same decision was already
+        recorded (idempotent). The last decision of the step sets the turn back to ``running``.
+        ``by`` (required, non-empty) names who decides. Raises ``ApprovalError`` (no ``by``,
+        unknown turn or call, turn ended, invalid edited params (``check_params``): nothing
+        changes) and ``ApprovalConflict`` (decided otherwise before).
+        """
+        if decision not in ("approved", "rejected"):
+            raise ApprovalError(f"decision must be 'approved' or 'rejected', not {decision!r}")
+        if params is not None and decision != "approved":
+            raise ApprovalError("edited params go with an approval only")
+        if not isinstance(by, str) or not by.strip():
+            raise ApprovalError("a decision needs `by`: who decides (recorded with the time)")
+        result: list[tuple[ApprovalRecord, bool]] = []
+
+        def txn(pipe: Any) -> None:
+            result[:] = [self._decide(pipe, turn_id, call_id, decision, by, reason, params)]
+
+        self._r.transaction(txn, _k(turn_id))
+        return result[0]
+
+    def _decide(
+        self,
+        pipe: Any,
+        turn_id: str,
+        call_id: str,
+        decision: Decision,
+        by: str,
+        reason: str | None,
+        params: dict[str, Any] | None,
+    ) -> tuple[ApprovalRecord, bool]:
+        # One try of ``decide``'s transaction (WATCH on the turn's hash and the step's records).
+        h = pipe.hgetall(_k(turn_id))
+        if not h:
+            raise ApprovalError(f"unknown turn {turn_id}")
+        status = TurnStatus(h[b"status"].decode())
+        step, raw = int(h[b"step"]), None
+        # The current step's records first; an older step's only to answer a repeated decision.
+        for n in range(int(h[b"step"]), -1, -1):
+            pipe.watch(_approvals_key(turn_id, n))  # watched before read: a concurrent decision retries us
+            raw = pipe.hget(_approvals_key(turn_id, n), call_id)
+            if raw is not None:
+                step = n
+                break
+        if raw is None:
+            raise ApprovalError(f"call {call_id} of turn {turn_id} is not waiting for approval")
+        akey = _approvals_key(turn_id, step)
+        rec = ApprovalRecord.from_json(raw)
+        if rec.status != "pending":
+            if rec.status == decision and (params is None or params == rec.params):
+                pipe.multi()
+                return rec, False
+            raise ApprovalConflict(
+                f"call {call_id} was already {rec.status} by {rec.by} at "
+                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(rec.decided_at or 0))}"
+            )
+        if status.terminal or h[b"phase"] != b"tools" or int(h[b"step"]) != step:
+            raise ApprovalError(f"turn {turn_id} is {status.value}: nothing waits for a decision")
+        if params is not None:
+            check_params(rec, params)
+        others = [ApprovalRecord.from_json(v) for k, v in pipe.hgetall(akey).items() if k.decode() != call_id]
+        rec.status, rec.by, rec.decided_at = decision, by, time.time()
+        rec.reason, rec.params = reason, params
+        last = all(o.status != "pending" for o in others)
+        pipe.multi()
+        pipe.hset(akey, call_id, rec.to_json())
+        event = {
+            "step": step,
+            "call_id": call_id,
+            "name": rec.name,
+            "activity": rec.activity,
+            "decision": decision,
+            "by": by,
+            "reason": reason,
+            "edited": params is not None,
+        }
+        pipe.xadd(
+            _k(turn_id, "events"), {"e": event_json("approval_decided", event)}, maxlen=EVENTS_MAXLEN, approximate=True
+        )
+        now = time.time()
+        fields: dict[str, Any] = {"updated_at": now, "redrives": 0}
+        if last:
+            fields["status"] = TurnStatus.running.value
+            pipe.zrem(PENDING_KEY, turn_id)
+        pipe.hset(_k(turn_id), mapping=fields)
+        pipe.zadd(WATCH_KEY, {turn_id: now + self.progress_timeout})
+        return rec, True
+
+    def try_open(
+        self, turn_id: str, step: int, batch_index: int, batches: list[Batch], calls: list[PlannedCall]
+    ) -> bool:
+        """True exactly once, for the caller that finds gated batch ``batch_index`` ready to
+        dispatch: the batch before it passed its barrier and every approval call in it is decided."""
+        if batch_index > 0 and not self._r.exists(_k(turn_id, "adv", step, batch_index - 1)):
+            return False
+        need = {c.call_id for c in calls if c.needs_approval} & set(batches[batch_index].call_ids)
+        recs = self.records(turn_id, step)
+        if any(recs.get(cid) is None or recs[cid].status == "pending" for cid in need):
+            return False
+        return bool(self._r.set(_gate_key(turn_id, step, batch_index), "1", nx=True, ex=RETENTION_SECONDS))
+
+    def is_open(self, turn_id: str, step: int, batch_index: int) -> bool:
+        """True once gated batch ``batch_index`` was opened (``try_open``): it was dispatched."""
+        return bool(self._r.exists(_gate_key(turn_id, step, batch_index)))
+
+    def next_gated(self, turn_id: str, step: int, batches: list[Batch], calls: list[PlannedCall]) -> int | None:
+        """Index of the first gated batch not yet opened, or None."""
+        for i, b in enumerate(batches):
+            if gated(b, calls) and not self.is_open(turn_id, step, i):
+                return i
+        return None
+
+    def forget(self, turn_id: str) -> None:
+        """Drop an ended turn from the parked turns."""
+        self._r.zrem(PENDING_KEY, turn_id)
+
+    def overdue_turns(self, now: float | None = None, limit: int = 100) -> list[str]:
+        """Parked turns whose earliest approval deadline has passed (for the watchdog sweep)."""
+        now = time.time() if now is None else now
+        return [x.decode() for x in self._r.zrangebyscore(PENDING_KEY, "-inf", now, start=0, num=limit)]

@@ -16,6 +16,8 @@ import orjson
 import redis
 
 from worker.turn.guard import LUA_APPLY_WRITES, LUA_AT_STEP, LUA_TERMINAL, Writes, encode_writes
+from worker.turn.keys import WATCH_KEY
+from worker.turn.keys import key as _k
 from worker.turn.state import (
     EVENTS_MAXLEN,
     RETENTION_SECONDS,
@@ -28,7 +30,6 @@ from worker.turn.state import (
     event_json,
     parse_results,
 )
-from worker.turn.state import key as _k
 
 # Claim a call for execution and announce it in one round trip.
 _CLAIM_LUA = """
@@ -177,7 +178,7 @@ class Claims:
     ``progress_timeout``: seconds of the progress deadline a stored result pushes."""
 
     def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0):
-        self.r = client
+        self._r = client
         self.progress_timeout = progress_timeout
         self._claim = client.register_script(_CLAIM_LUA)
         self._record = client.register_script(_RECORD_LUA)
@@ -259,7 +260,7 @@ class Claims:
                 _k(turn_id, "reply", step),
                 _k(turn_id, "cancel"),
                 _k(turn_id, "stepclaim", step),
-                "turns:watch",
+                WATCH_KEY,
                 _k(turn_id, "events"),
                 held_key,
             ],
@@ -287,7 +288,7 @@ class Claims:
 
     def take_over_step(self, turn_id: str, step: int, owner: str, lease: float) -> None:
         """Replace a dead holder's step claim with ours."""
-        self.r.set(_k(turn_id, "stepclaim", step), owner, ex=max(1, int(lease)))
+        self._r.set(_k(turn_id, "stepclaim", step), owner, ex=max(1, int(lease)))
 
     def release_step(self, turn_id: str, step: int, owner: str) -> None:
         """Drop ``owner``'s step claim (the reply is stored, or the call failed and will be retried).
@@ -299,7 +300,7 @@ class Claims:
 
     def take_over_claim(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> None:
         """Replace an expired or dead owner's claim with ours (``lease`` seconds)."""
-        self.r.hset(
+        self._r.hset(
             _k(turn_id, "claims", step),
             call_id,
             orjson.dumps({"owner": owner, "lease_until": time.time() + lease, "takeover": True}),
@@ -365,7 +366,7 @@ class Claims:
             _k(turn_id, "events"),
             _k(turn_id, "adv", step, batch_index),
             _k(turn_id, "cancel"),
-            "turns:watch",
+            WATCH_KEY,
         ]
 
 

@@ -11,7 +11,7 @@ Each method returns the ``Ended`` record that the step's ``StepOutcome`` carries
 
 from __future__ import annotations
 
-from worker.turn import approvals, metrics, telemetry
+from worker.turn import metrics, telemetry
 from worker.turn.outcome import Ended
 from worker.turn.request import TurnStatus
 from worker.turn.runtime import TurnRuntime
@@ -99,5 +99,5 @@ class TurnEnd:
             self.fail(turn_id, TurnStatus.cancelled, CANCELLED)
         elif state.status == TurnStatus.awaiting_approval:
             self.fail(turn_id, TurnStatus.cancelled, CANCELLED + " while awaiting approval")
-            approvals.forget_turn(store.r, turn_id)
+            store.approvals.forget(turn_id)
         return True

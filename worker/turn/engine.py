@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from redis import Redis
+
 from worker.model.interface import ModelClient
 from worker.settings import Settings
 from worker.tooling.contract import AbortSignal, WorkerTool
@@ -45,7 +47,9 @@ from worker.turn.toolbox import Toolbox
 class TurnEngine:
     """Runs turn steps and tool calls against a ``TurnStore``.
 
-    ``resolve_toolset(name)`` returns the category assembly for a turn's ``toolset``; ``client`` is
+    ``redis``: the store's Redis client, for what is not a turn's state (the nodes' liveness
+    records, the tools' ``ToolServices.redis``, the records of jobs, schedules and workflows):
+    ``engine.redis``. ``resolve_toolset(name)`` returns the category assembly for a turn's ``toolset``; ``client`` is
     the model client (one per process); ``project_skills`` projects enabled skills into the
     instructions. A control plane passes neither toolsets nor a client: it only starts, cancels
     and decides on turns. ``async_calls``: make model calls on the process's event loop
@@ -62,9 +66,12 @@ class TurnEngine:
         project_skills: Callable[[tuple[Skill, ...]], str] | None = None,
         computers: Computers | None = None,
         async_calls: AsyncSetup | None = None,
+        *,
+        redis: Redis,
     ):
-        self.runtime = runtime = TurnRuntime.build(store, dispatcher, settings)
+        self.runtime = runtime = TurnRuntime.build(redis, store, dispatcher, settings)
         self.store, self.settings, self.dispatcher, self.client = store, settings, dispatcher, client
+        self.redis = redis
         self.liveness, self.usage = runtime.liveness, runtime.usage
         self.end = TurnEnd(runtime)
         self.intake = TurnIntake(runtime)

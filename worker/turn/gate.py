@@ -1,7 +1,7 @@
 """The approval gate: how the turn loop parks a turn on approvals and resumes it.
 
 Who must approve is ``worker.turn.approval_policy``; the records, decisions and gate keys are
-``worker.turn.approvals``. ``ApprovalGate`` is where the loop meets them:
+``worker.turn.approvals`` (held by the store as ``store.approvals``). ``ApprovalGate`` is where the loop meets them:
 
 - ``plan``: which calls of a step wait, recorded with its plan (the batches cut so that free calls
   run first);
@@ -65,20 +65,18 @@ class ApprovalGate:
             {t.name: source_schema(t) for t in tools if t.name in asked},
             approval_timeout(request, self.rt.settings),
         )
-        return approvals.split_for_approval(batches, planned), lambda pipe: approvals.write_requests(
-            pipe, turn_id, records
-        )
+        return approvals.split_for_approval(batches, planned), self.rt.store.approvals.request_writes(turn_id, records)
 
     def dispatch(self, turn_id: str, step: int, index: int, plan: Plan, agent_id: str | None = None) -> bool:
         """Send batch ``index`` unless it waits for a decision. Returns True when it was sent.
 
-        A gated batch is sent by whoever opens its gate (``approvals.try_open``: exactly once).
+        A gated batch is sent by whoever opens its gate (``ApprovalRecords.try_open``: exactly once).
         ``agent_id`` names the agent in the calls' monitor labels; without it (an approval decision,
         a re-drive) the turn is read, and the batch is sent inside the turn's trace.
         """
-        r = self.rt.store.r
         calls, batches = plan
-        if approvals.gated(batches[index], calls) and not approvals.try_open(r, turn_id, step, index, batches, calls):
+        records = self.rt.store.approvals
+        if approvals.gated(batches[index], calls) and not records.try_open(turn_id, step, index, batches, calls):
             return False  # parked: the decision (or the barrier before it) that completes the gate sends it
         within: ContextManager[None] = nullcontext()
         if agent_id is None:
@@ -116,7 +114,7 @@ class ApprovalGate:
         approver's edited params, if any), ``(None, rejection_result)`` when rejected, ``(None, None)``
         when still undecided (a forged or early message: nothing runs). Edited params that fail
         ``approvals.check_params`` run nothing either: their result says so."""
-        rec = approvals.record(self.rt.store.r, turn_id, step, call.call_id)
+        rec = self.rt.store.approvals.record(turn_id, step, call.call_id)
         if rec is None or rec.status == "pending":
             return None, None
         if rec.status == "rejected":
@@ -140,7 +138,7 @@ class ApprovalGate:
         plan = self.rt.store.plan(turn_id, step)
         if plan is None:
             return False
-        index = approvals.next_gated(self.rt.store.r, turn_id, step, plan.batches, plan.calls)
+        index = self.rt.store.approvals.next_gated(turn_id, step, plan.batches, plan.calls)
         if index is None:
             return False
         return self.dispatch(turn_id, step, index, plan)
@@ -155,21 +153,12 @@ class ApprovalGate:
         reason: str | None = None,
         params: dict[str, Any] | None = None,
     ) -> tuple[approvals.ApprovalRecord, bool]:
-        """Record a decision (``approvals.decide``) and resume the turn when its gate is complete.
+        """Record a decision (``ApprovalRecords.decide``) and resume the turn when its gate is complete.
 
         Idempotent: a repeated decision changes nothing, and the gate sends a batch once.
         Raises ``approvals.ApprovalError`` / ``ApprovalConflict``.
         """
-        rec, changed = approvals.decide(
-            self.rt.store.r,
-            turn_id,
-            call_id,
-            decision,
-            by=by,
-            reason=reason,
-            params=params,
-            progress_timeout=self.rt.store.progress_timeout,
-        )
+        rec, changed = self.rt.store.approvals.decide(turn_id, call_id, decision, by=by, reason=reason, params=params)
         self.resume(turn_id, rec.step)  # also after a repeat: a crash may have come between decide and send
         return rec, changed
 
@@ -180,10 +169,9 @@ class ApprovalGate:
         """
         now = self.rt.clock() if now is None else now
         done: dict[str, int] = {}
-        for turn_id in approvals.overdue_turns(self.rt.store.r, now):
-            done[turn_id] = sum(
-                self._expire_call(rec, now) for rec in approvals.pending(self.rt.store.r, turn_id=turn_id)
-            )
+        records = self.rt.store.approvals
+        for turn_id in records.overdue_turns(now):
+            done[turn_id] = sum(self._expire_call(rec, now) for rec in records.pending(turn_id=turn_id))
         return done
 
     def _expire_call(self, rec: approvals.ApprovalRecord, now: float) -> int:
@@ -212,13 +200,11 @@ class ApprovalGate:
         for i, batch in enumerate(plan.batches):
             if all(c in results for c in batch.call_ids):
                 continue
-            if not approvals.gated(batch, plan.calls) or store.r.exists(
-                approvals.gate_key(state.turn_id, state.step, i)
-            ):
+            if not approvals.gated(batch, plan.calls) or store.approvals.is_open(state.turn_id, state.step, i):
                 return None  # dispatched work: re-drive it as usual
             if self.dispatch(state.turn_id, state.step, i, plan):
                 return StepOutcome("redriven", f"gate {i}")
-            recs = approvals.pending(store.r, turn_id=state.turn_id)
+            recs = store.approvals.pending(turn_id=state.turn_id)
             deadline = min((r.deadline for r in recs), default=0.0)
             store.push_deadline(state.turn_id, max(0.0, deadline - self.rt.clock()) + 5)
             return StepOutcome("parked", f"batch {i} awaits approval")

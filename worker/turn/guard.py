@@ -25,8 +25,9 @@ from typing import Any
 import redis
 from redis.commands.core import CoreCommands
 
+from worker.turn.keys import key
 from worker.turn.request import TurnStatus
-from worker.turn.state import StaleStep, key
+from worker.turn.state import StaleStep
 
 # Write commands a transition may record: each takes its one key as the first argument.
 SINGLE_KEY_WRITES = frozenset(

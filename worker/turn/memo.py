@@ -17,8 +17,8 @@ import orjson
 import redis
 
 from worker.turn.guard import LUA_APPLY_WRITES, LUA_AT_STEP, LUA_TERMINAL, Writes, encode_writes
+from worker.turn.keys import key as _k
 from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, event_json
-from worker.turn.state import key as _k
 
 # Store a model step's reply (first write wins) with its events, read the cancel flag, record the
 # step's usage (first write wins) and read the turn's usage rows; when the reply was this caller's
@@ -71,7 +71,7 @@ class ReplyMemo:
     """Model replies of turns in the Redis at ``client`` (see the module docstring)."""
 
     def __init__(self, client: redis.Redis):
-        self.r: Any = client
+        self._r: Any = client
         self._save = client.register_script(_SAVE_REPLY_LUA)
 
     def save_and_check(
@@ -123,7 +123,7 @@ class ReplyMemo:
     def save(self, turn_id: str, step: int, reply: dict[str, Any]) -> dict[str, Any]:
         """Memoize the model reply of ``step`` (first one wins); returns the stored reply."""
         key = _k(turn_id, "reply", step)
-        if self.r.set(key, orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS):
+        if self._r.set(key, orjson.dumps(reply), nx=True, ex=RETENTION_SECONDS):
             return reply
-        stored: dict[str, Any] = orjson.loads(self.r.get(key))
+        stored: dict[str, Any] = orjson.loads(self._r.get(key))
         return stored

@@ -22,8 +22,6 @@ from worker.turn.request import TurnRequest, TurnStatus
 from worker.turn.runtime import TurnRuntime
 from worker.turn.state import TurnState
 
-WATCH_KEY = "turns:watch"
-
 
 class Redrive:
     """Re-drives turns of ``runtime``'s store (see the module docstring)."""
@@ -40,7 +38,7 @@ class Redrive:
         store = self.rt.store
         state = store.load(turn_id)
         if state is None or state.status.terminal:
-            store.r.zrem(WATCH_KEY, turn_id)
+            store.unwatch(turn_id)
             return StepOutcome("dropped", "not active")
         if state.redrives >= max_redrives:
             ended = self.end.fail(turn_id, TurnStatus.failed, f"{reason} after {state.redrives} re-drives")

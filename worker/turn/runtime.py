@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from redis import Redis
+
 from worker.settings import Settings
 from worker.turn.interfaces import Dispatcher
 from worker.turn.liveness import Liveness
@@ -20,17 +22,21 @@ from worker.turn.usage import UsageLedger
 
 @dataclass(frozen=True)
 class TurnRuntime:
-    """The store, the queue layer, the settings, the node liveness records, the usage ledger and the
-    clock (epoch seconds; a test may pass its own) of a process's turn loop."""
+    """What a process's turn loop shares: the turn ``store`` (every turn key), the queue layer, the
+    settings, the nodes' ``liveness`` records, the ``usage`` ledger (the store's), the clock
+    (epoch seconds; a test may pass its own), and ``redis``: the process's client for what is not
+    a turn's state (the tools' ``ToolServices.redis``, the records of jobs, schedules, workflows,
+    placement); a turn's keys are only ever reached through ``store``."""
 
     store: TurnStore
     dispatcher: Dispatcher
     settings: Settings
     liveness: Liveness
     usage: UsageLedger
+    redis: Redis
     clock: Callable[[], float] = field(default=time.time)
 
     @classmethod
-    def build(cls, store: TurnStore, dispatcher: Dispatcher, settings: Settings) -> TurnRuntime:
-        """The runtime of ``store`` (its Redis also holds the liveness records and usage ledger)."""
-        return cls(store, dispatcher, settings, Liveness(store.r, settings.liveness_ttl), UsageLedger(store.r))
+    def build(cls, client: Redis, store: TurnStore, dispatcher: Dispatcher, settings: Settings) -> TurnRuntime:
+        """The runtime of ``store``, whose Redis ``client`` also holds the liveness records."""
+        return cls(store, dispatcher, settings, Liveness(client, settings.liveness_ttl), store.usage, client)

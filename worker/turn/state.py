@@ -1,7 +1,8 @@
 """A turn's state as read from Redis (``TurnState``, the views a step or a call reads, a call's
-``CallResult``), its key scheme, the JSON of its events, and the fencing error.
+``CallResult``), the JSON of its events, and the fencing error.
 
-The keys themselves are listed in ``worker.turn.store``, which owns every write.
+The keys are named and listed in ``worker.turn.keys``; ``worker.turn.store`` owns every
+read and write of them.
 """
 
 from __future__ import annotations
@@ -127,11 +128,6 @@ class StepView:
     reply: dict[str, Any] | None
     cancelled: bool
     claim: StepClaim = field(default_factory=StepClaim)
-
-
-def key(turn_id: str, *parts: Any) -> str:
-    """A turn's Redis key: ``turn:{<id>}`` plus ``:``-joined parts (braces: one Cluster slot per turn)."""
-    return ":".join([f"turn:{{{turn_id}}}", *map(str, parts)])
 
 
 def event_json(kind: str, data: dict[str, Any]) -> bytes:

@@ -2,7 +2,8 @@
 
 One concept kept whole on purpose: every write to a turn's keys, so that the
 fencing rules (guards on ``step`` and ``phase``) can be read and checked in one place
-(claims and the barrier are their own part, ``worker.turn.claims``, held as ``store.claims``).
+(claims and the barrier, the reply memo, approvals and usage are parts built on the same client:
+``store.claims``, ``store.memo``, ``store.approvals``, ``store.usage``).
 
 A turn is a chain of steps over this state; no task waits on another. Every
 transition is guarded: one Lua script (``worker.turn.guard``) checks the
@@ -10,34 +11,10 @@ turn's current ``step`` and ``phase`` and only then applies the writes, so a
 duplicate or late message (``acks_late`` redelivery, watchdog re-drive)
 changes nothing: it is fenced out.
 
-Keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis
-Cluster slot):
-
-- ``turn:{id}`` hash: ``status``, ``step``, ``phase`` (``model`` | ``tools``),
-  ``model_calls``, ``request`` (JSON), ``agent_id``, ``final_output``,
-  ``error``, ``terminate``, ``invalid_counts`` (JSON), ``loaded_tools``
-  (JSON), ``created_at``/``updated_at`` (epoch seconds), ``redrives``,
-  ``traceparent`` (the turn's trace, ``worker.turn.telemetry``).
-- ``turn:{id}:usage`` hash step -> token usage of that model call (``worker.turn.usage``).
-- ``turn:{id}:items`` list: the Responses input items (JSON), in order.
-- ``turn:{id}:reply:{n}``: the memoized model reply of step n (a crash
-  never pays for the same tokens twice; written by ``worker.turn.memo``, held as ``store.memo``).
-- ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
-- ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
-- ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).
-- ``turn:{id}:start:{n}`` hash ``call_id`` -> the end of its ``call_started`` event, for each call
-  a tool-call task claims with its first read (``Claims.begin_call``: no approval, no computer).
-- ``turn:{id}:stepclaim:{n}``: the owner making step n's model call (one model call per step).
-- ``turn:{id}:adv:{n}:{b}``: set once by whoever completes batch b (the barrier).
-- ``turn:{id}:events`` stream: activity events for the control plane.
-- ``turn:{id}:cancel``: the cancel flag.
-- ``turns:watch`` sorted set: turn id scored by its progress deadline (watchdog).
-- ``turn:{id}:approvals:{n}``, ``turn:{id}:gate:{n}:{b}``, ``approvals:pending``: approvals,
-  written by ``worker.turn.approvals``.
-- ``turns:finishing`` sorted set: ended turns whose end hooks (workflow attempt, background job)
-  have not reported done.
-- ``turn-idem:<agent_id>:<key>``: an agent's idempotency key -> turn id (per agent: agent ids
-  cannot contain ``:``, so two agents never share a key).
+The keys are listed and named in ``worker.turn.keys``. No module outside the store (this module,
+``keys``, ``guard``, ``claims``, ``memo``, ``approvals``, ``usage``) reads or writes them, and the
+client is private: the parts and the Celery edge call the methods below
+(``tests/test_store_owns_keys.py``).
 """
 
 from __future__ import annotations
@@ -49,9 +26,12 @@ import orjson
 import redis
 
 from worker.model.items import unanswered_call_ids
+from worker.turn.approvals import ApprovalRecords
 from worker.turn.claims import Claims, started_rest
 from worker.turn.dispatch import Plan, PlannedCall
 from worker.turn.guard import CreateScript, GuardScript, Writes
+from worker.turn.keys import FINISHING_KEY, WATCH_KEY, agent_turns_key, idem_key
+from worker.turn.keys import key as _k
 from worker.turn.memo import ReplyMemo
 from worker.turn.request import END_HOOK_METADATA, TurnRefused, TurnStatus
 from worker.turn.state import (
@@ -64,10 +44,9 @@ from worker.turn.state import (
     event_json,
     parse_results,
 )
-from worker.turn.state import key as _k
+from worker.turn.usage import UsageLedger
 
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
-FINISHING_KEY = "turns:finishing"
 
 
 def _claimable_at_once(call: PlannedCall) -> bool:
@@ -84,35 +63,40 @@ def _interrupted(status: TurnStatus, started: bool) -> str:
 
 
 class TurnStore:
-    """Redis-backed turn state. ``client`` is a ``redis.Redis`` (bytes responses);
+    """Redis-backed turn state. ``client`` is a ``redis.Redis`` (bytes responses), held privately:
+    every read and write of a turn's keys is a method of the store or of one of its parts, built
+    here on the same client: ``claims`` (claims and the barrier), ``memo`` (model replies),
+    ``approvals`` (approval records and gates), ``usage`` (token usage per step).
     ``progress_timeout``: seconds a turn may go without progress before the watchdog re-drives it."""
 
     def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0):
         # redis-py types every reply as ``bytes | str``; this client answers bytes
         # (``decode_responses`` off), and the parsing below says what each reply is.
-        self.r: Any = client
+        self._r: Any = client
         self.progress_timeout = progress_timeout
         self.claims = Claims(client, progress_timeout=progress_timeout)
-        self._guard = GuardScript(self.r, FINISHING_KEY)
-        self._create = CreateScript(self.r)
         self.memo = ReplyMemo(client)
+        self.approvals = ApprovalRecords(client, progress_timeout=progress_timeout)
+        self.usage = UsageLedger(client)
+        self._guard = GuardScript(client, FINISHING_KEY)
+        self._create = CreateScript(client)
         self._plans: dict[tuple[str, int], Plan] = {}
 
     # ----- reading ---------------------------------------------------------
     def load(self, turn_id: str) -> TurnState | None:
         """The turn's state, or None for an unknown turn."""
-        h = self.r.hgetall(_k(turn_id))
+        h = self._r.hgetall(_k(turn_id))
         return TurnState.from_hash(turn_id, h) if h else None
 
     def items(self, turn_id: str) -> list[dict[str, Any]]:
         """The Responses input items recorded so far (user input, model output, outputs), in order."""
-        return [orjson.loads(x) for x in self.r.lrange(_k(turn_id, "items"), 0, -1)]
+        return [orjson.loads(x) for x in self._r.lrange(_k(turn_id, "items"), 0, -1)]
 
     def events(
         self, turn_id: str, after: str = "0-0", count: int = 1000, block_ms: int | None = None
     ) -> list[tuple[str, dict[str, Any]]]:
         """Events after stream id ``after``: ``[(id, event_dict)]``; ``block_ms`` waits for new ones."""
-        res = self.r.xread({_k(turn_id, "events"): after}, count=count, block=block_ms)
+        res = self._r.xread({_k(turn_id, "events"): after}, count=count, block=block_ms)
         out = []
         for _stream, entries in res or []:
             for eid, fields in entries:
@@ -122,7 +106,7 @@ class TurnStore:
     def plan(self, turn_id: str, step: int) -> Plan | None:
         """The dispatch plan of ``step``, or None before it is recorded."""
         cached = self._plans.get((turn_id, step))
-        return cached if cached is not None else self._parse_plan(turn_id, step, self.r.get(_k(turn_id, "plan", step)))
+        return cached if cached is not None else self._parse_plan(turn_id, step, self._r.get(_k(turn_id, "plan", step)))
 
     def _parse_plan(self, turn_id: str, step: int, raw: bytes | None) -> Plan | None:
         # A plan never changes once written: parse it once per process.
@@ -137,7 +121,7 @@ class TurnStore:
     def advance_view(self, turn_id: str, step: int) -> AdvanceView:
         """What closing a batch reads: state, cancel flag and the step's results, in one round trip
         (the barrier's winner gets it from ``record_and_check``; a re-drive reads it here)."""
-        with self.r.pipeline(transaction=False) as p:
+        with self._r.pipeline(transaction=False) as p:
             p.hgetall(_k(turn_id))
             p.exists(_k(turn_id, "cancel"))
             p.hgetall(_k(turn_id, "results", step))
@@ -156,40 +140,57 @@ class TurnStore:
 
     def results(self, turn_id: str, step: int) -> dict[str, CallResult]:
         """Results of ``step`` by ``call_id``."""
-        return parse_results(self.r.hgetall(_k(turn_id, "results", step)))
+        return parse_results(self._r.hgetall(_k(turn_id, "results", step)))
 
     def status(self, turn_id: str) -> TurnStatus | None:
         """The turn's status alone (one field read), or None for an unknown turn."""
-        raw = self.r.hget(_k(turn_id), "status")
+        raw = self._r.hget(_k(turn_id), "status")
         return TurnStatus(raw.decode() if isinstance(raw, bytes) else raw) if raw else None
 
     def is_cancelled(self, turn_id: str) -> bool:
         """True once the control plane asked to cancel the turn."""
-        return bool(self.r.exists(_k(turn_id, "cancel")))
+        return bool(self._r.exists(_k(turn_id, "cancel")))
 
     def cancelled_of(self, turn_ids: list[str]) -> set[str]:
         """Which of ``turn_ids`` the control plane asked to cancel: one round trip (a pipeline of
         ``EXISTS``), for a node's watch over its model calls in flight."""
         if not turn_ids:
             return set()
-        p = self.r.pipeline(transaction=False)
+        p = self._r.pipeline(transaction=False)
         for turn_id in turn_ids:
             p.exists(_k(turn_id, "cancel"))
         return {turn_id for turn_id, flag in zip(turn_ids, p.execute()) if flag}
 
     def find_by_idempotency_key(self, agent_id: str, key: str) -> str | None:
         """The turn id ``agent_id`` enqueued with this idempotency key, if any."""
-        v = self.r.get(f"turn-idem:{agent_id}:{key}")
+        v = self._r.get(idem_key(agent_id, key))
         return v.decode() if v else None
 
     def agent_turns(self, agent_id: str, limit: int = 50) -> list[str]:
         """The agent's most recent turn ids, newest first."""
-        return [x.decode() for x in self.r.lrange(f"agent:{agent_id}:turns", 0, limit - 1)]
+        return [x.decode() for x in self._r.lrange(agent_turns_key(agent_id), 0, limit - 1)]
 
     def overdue(self, now: float | None = None, limit: int = 100) -> list[str]:
         """Turn ids whose progress deadline has passed (for the watchdog)."""
         now = time.time() if now is None else now
-        return [x.decode() for x in self.r.zrangebyscore("turns:watch", "-inf", now, start=0, num=limit)]
+        return [x.decode() for x in self._r.zrangebyscore(WATCH_KEY, "-inf", now, start=0, num=limit)]
+
+    def watched_between(self, after: float, upto: float) -> list[str]:
+        """Turn ids whose progress deadline (epoch seconds) is after ``after`` and at most ``upto``
+        (the watchdog's reconciliation after a Redis restart)."""
+        return [x.decode() for x in self._r.zrangebyscore(WATCH_KEY, f"({after}", upto)]
+
+    def watched_count(self) -> int:
+        """How many turns have a progress deadline: the turns queued or running (a metric)."""
+        return int(self._r.zcard(WATCH_KEY))
+
+    def statuses(self, turn_ids: Sequence[str]) -> list[TurnStatus | None]:
+        """The status of each of ``turn_ids`` (None for an unknown turn), in one round trip."""
+        with self._r.pipeline(transaction=False) as p:
+            for turn_id in turn_ids:
+                p.hget(_k(turn_id), "status")
+            raw = p.execute()
+        return [TurnStatus(v.decode()) if v else None for v in raw]
 
     # ----- writing ---------------------------------------------------------
     def event(self, turn_id: str, kind: str, **data: Any) -> None:
@@ -200,7 +201,7 @@ class TurnStore:
         """Append ``[(kind, fields)]`` events to the turn's stream in one round trip."""
         if not events:
             return
-        with self.r.pipeline(transaction=False) as p:
+        with self._r.pipeline(transaction=False) as p:
             for kind, data in events:
                 self._xadd(p, turn_id, kind, data)
             p.execute()
@@ -224,9 +225,9 @@ class TurnStore:
         """
         agent_id = request.get("agent_id", "agent")
         now = time.time()
-        keys = [_k(turn_id), _k(turn_id, "items"), "turns:watch", f"agent:{agent_id}:turns", _k(turn_id, "events")]
+        keys = [_k(turn_id), _k(turn_id, "items"), WATCH_KEY, agent_turns_key(agent_id), _k(turn_id, "events")]
         if idempotency_key:
-            keys.append(f"turn-idem:{agent_id}:{idempotency_key}")
+            keys.append(idem_key(agent_id, idempotency_key))
         hash_fields: dict[str, Any] = {
             "status": TurnStatus.queued.value,
             "step": 0,
@@ -290,7 +291,7 @@ class TurnStore:
         # Progress: a new deadline, and the watchdog's re-drive count starts again.
         now = time.time()
         pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
-        pipe.zadd("turns:watch", {turn_id: now + self.progress_timeout})
+        pipe.zadd(WATCH_KEY, {turn_id: now + self.progress_timeout})
 
     def mark_running(self, turn_id: str, step: int, event: dict[str, Any] | None = None) -> None:
         """``queued`` -> ``running`` at the first step, with the ``turn_started`` event ``event``
@@ -497,46 +498,50 @@ class TurnStore:
                 pipe.zadd(FINISHING_KEY, {turn_id: time.time() + HOOK_TIMEOUT})
             ended = True
 
-        self.r.transaction(txn, key)
+        self._r.transaction(txn, key)
         return ended
 
     def _retire(self, pipe: Any, turn_id: str) -> None:
         """Queue the retirement of an ended turn in ``pipe``: no longer watched, its keys expire. (Its
         end hooks are scheduled by the caller: ``_guarded(ends=True)`` or ``fail``.)"""
-        pipe.zrem("turns:watch", turn_id)
+        pipe.zrem(WATCH_KEY, turn_id)
         for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events"), _k(turn_id, "cancel")):
             pipe.expire(key, RETENTION_SECONDS)
 
     def awaits_hooks(self, turn_id: str) -> bool:
         """True for an ended turn whose end hooks have not reported done (a workflow attempt or a
         background job: ``END_HOOK_METADATA``); other turns have none to run."""
-        return self.r.zscore(FINISHING_KEY, turn_id) is not None
+        return self._r.zscore(FINISHING_KEY, turn_id) is not None
 
     def hooks_done(self, turn_id: str) -> None:
         """The turn's end hooks ran: stop re-sending them."""
-        self.r.zrem(FINISHING_KEY, turn_id)
+        self._r.zrem(FINISHING_KEY, turn_id)
 
     def hooks_overdue(self, now: float | None = None, limit: int = 100) -> list[str]:
         """Ended turns whose hooks did not report done in time; their deadline is pushed as they are returned."""
         now = time.time() if now is None else now
-        ids = [x.decode() for x in self.r.zrangebyscore(FINISHING_KEY, "-inf", now, start=0, num=limit)]
+        ids = [x.decode() for x in self._r.zrangebyscore(FINISHING_KEY, "-inf", now, start=0, num=limit)]
         if ids:
-            self.r.zadd(FINISHING_KEY, {i: now + HOOK_TIMEOUT for i in ids})
+            self._r.zadd(FINISHING_KEY, {i: now + HOOK_TIMEOUT for i in ids})
         return ids
+
+    def unwatch(self, turn_id: str) -> None:
+        """Stop watching the progress of a turn that ended or is gone (the re-drive finds it so)."""
+        self._r.zrem(WATCH_KEY, turn_id)
 
     def push_deadline(self, turn_id: str, seconds: float) -> None:
         """Push the turn's progress deadline to at least ``seconds`` from now (a long model call, a retry)."""
-        self.r.zadd("turns:watch", {turn_id: time.time() + max(seconds, self.progress_timeout)}, xx=True, gt=True)
+        self._r.zadd(WATCH_KEY, {turn_id: time.time() + max(seconds, self.progress_timeout)}, xx=True, gt=True)
 
     def note_redrive(self, turn_id: str) -> int:
         """Count a watchdog re-drive and push the progress deadline; returns the count."""
-        n = self.r.hincrby(_k(turn_id), "redrives", 1)
-        self.r.zadd("turns:watch", {turn_id: time.time() + self.progress_timeout})
+        n = self._r.hincrby(_k(turn_id), "redrives", 1)
+        self._r.zadd(WATCH_KEY, {turn_id: time.time() + self.progress_timeout})
         return int(n)
 
     def request_cancel(self, turn_id: str, by: str = "control plane") -> None:
         """Set the cancel flag that steps and running tools observe, and note it in the event stream."""
-        p = self.r.pipeline(transaction=False)
+        p = self._r.pipeline(transaction=False)
         p.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
         p.xadd(
             _k(turn_id, "events"),

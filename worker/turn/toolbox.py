@@ -60,7 +60,7 @@ class Toolbox:
         """The turn's ``ToolServices``: the queue layer's, plus Redis, settings and the loop's own."""
         return replace(
             self.rt.dispatcher.services(request),
-            redis=self.rt.store.r,
+            redis=self.rt.redis,
             settings=self.rt.settings,
             enqueue_turn=self._enqueue_turn,
             cancel_turn=self._cancel_turn,
@@ -87,7 +87,7 @@ class Toolbox:
             settings=self.rt.settings,
             abort=abort or self.abort_signal(state.turn_id),
             supports=request.supports,
-            redis=self.rt.store.r,
+            redis=self.rt.redis,
             skills=tuple(request.skills),
             services=self.services(request),
             metadata=dict(request.metadata),

@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 import redis
 
+from worker.turn.keys import key as _k
 from worker.turn.request import TokenBudget
-from worker.turn.state import key as _k
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")
 RETENTION_SECONDS = 7 * 24 * 3600
@@ -72,7 +72,7 @@ class UsageLedger:
     """Per-step usage records of turns in Redis (``client``: a ``redis.Redis``, bytes responses)."""
 
     def __init__(self, client: redis.Redis):
-        self.r = client
+        self._r = client
 
     def record_and_total(
         self, turn_id: str, step: int, usage: dict[str, int], model: str = ""
@@ -80,7 +80,7 @@ class UsageLedger:
         """Record the usage of model step ``step`` once, and read the turn's totals after it (as
         ``totals``), in one round trip. Returns ``(stored, totals)``: ``stored`` is False for a
         redelivery, already counted."""
-        p = self.r.pipeline(transaction=False)
+        p = self._r.pipeline(transaction=False)
         self.queue_record(p, turn_id, step, usage, model)
         return self.recorded(p.execute())
 
@@ -113,7 +113,7 @@ class UsageLedger:
     def steps(self, turn_id: str) -> list[dict[str, Any]]:
         """``[{"step", "model", input_tokens, output_tokens, total_tokens, cached_tokens, reasoning_tokens}]``
         ordered by step."""
-        rows = [orjson.loads(v) for v in self.r.hvals(_k(turn_id, "usage"))]
+        rows = [orjson.loads(v) for v in self._r.hvals(_k(turn_id, "usage"))]
         return sorted(rows, key=lambda r: r["step"])
 
     def totals(self, turn_id: str) -> dict[str, int]:

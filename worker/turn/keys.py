@@ -1,0 +1,81 @@
+"""The turn key scheme: the name of every Redis key a turn's state lives in.
+
+Part of the store (``worker.turn.store`` and its parts ``claims``, ``memo``, ``approvals``,
+``usage``, ``guard``): only those modules read or write these keys, so a change to a key's layout
+touches the store and its tests only (``tests/test_store_owns_keys.py`` fails when another module
+names a turn key or reaches the store's client).
+
+The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cluster slot):
+
+- ``turn:{id}`` hash: ``status``, ``step``, ``phase`` (``model`` | ``tools``),
+  ``model_calls``, ``request`` (JSON), ``agent_id``, ``final_output``,
+  ``error``, ``terminate``, ``invalid_counts`` (JSON), ``loaded_tools``
+  (JSON), ``created_at``/``updated_at`` (epoch seconds), ``redrives``,
+  ``traceparent`` (the turn's trace, ``worker.turn.telemetry``).
+- ``turn:{id}:usage`` hash step -> token usage of that model call (``worker.turn.usage``,
+  ``UsageLedger``, held as ``store.usage``).
+- ``turn:{id}:items`` list: the Responses input items (JSON), in order.
+- ``turn:{id}:reply:{n}``: the memoized model reply of step n (a crash
+  never pays for the same tokens twice; written by ``worker.turn.memo``, held as ``store.memo``).
+- ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
+- ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
+- ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).
+- ``turn:{id}:start:{n}`` hash ``call_id`` -> the end of its ``call_started`` event, for each call
+  a tool-call task claims with its first read (``Claims.begin_call``: no approval, no computer).
+- ``turn:{id}:stepclaim:{n}``: the owner making step n's model call (one model call per step).
+- ``turn:{id}:adv:{n}:{b}``: set once by whoever completes batch b (the barrier).
+- ``turn:{id}:events`` stream: activity events for the control plane.
+- ``turn:{id}:cancel``: the cancel flag.
+- ``turns:watch`` sorted set: turn id scored by its progress deadline (watchdog).
+- ``turn:{id}:approvals:{n}``, ``turn:{id}:gate:{n}:{b}``, ``approvals:pending``: approvals,
+  written by ``worker.turn.approvals`` (``ApprovalRecords``, held as ``store.approvals``).
+- ``turns:finishing`` sorted set: ended turns whose end hooks (workflow attempt, background job)
+  have not reported done.
+- ``turn-idem:<agent_id>:<key>``: an agent's idempotency key -> turn id (per agent: agent ids
+  cannot contain ``:``, so two agents never share a key).
+- ``agent:<agent_id>:turns`` list: the agent's most recent turn ids, newest first.
+
+Readers outside the store that need a key as an opaque name (the HTTP control plane's asyncio
+client follows a turn's event stream; its token check reads a turn's owner in its own script) take
+it from the functions below marked "for readers", never by building it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+WATCH_KEY: Final = "turns:watch"
+"""Sorted set: turn id scored by its progress deadline (the watchdog's re-drives)."""
+FINISHING_KEY: Final = "turns:finishing"
+"""Sorted set: ended turns whose end hooks have not reported done, scored by their deadline."""
+PENDING_APPROVALS_KEY: Final = "approvals:pending"
+"""Sorted set: turns parked on approvals, scored by their earliest approval deadline. For readers
+(the approvals change feed)."""
+AGENT_FIELD: Final = "agent_id"
+"""The field of a turn's hash naming its agent. For readers (the HTTP API's token check)."""
+
+
+def key(turn_id: str, *parts: str | int) -> str:
+    """A turn's key: ``turn:{<id>}`` plus ``:``-joined parts (the braces keep a turn's keys in
+    one Redis Cluster slot). For the store's modules only."""
+    return ":".join([f"turn:{{{turn_id}}}", *map(str, parts)])
+
+
+def idem_key(agent_id: str, idempotency_key: str) -> str:
+    """An agent's idempotency key -> turn id (per agent: agent ids cannot contain ``:``)."""
+    return f"turn-idem:{agent_id}:{idempotency_key}"
+
+
+def agent_turns_key(agent_id: str) -> str:
+    """The list of an agent's most recent turn ids, newest first."""
+    return f"agent:{agent_id}:turns"
+
+
+def hash_key(turn_id: str) -> str:
+    """For readers: the turn's hash (``status``, ``step``, ``phase``, ``agent_id``...)."""
+    return key(turn_id)
+
+
+def events_key(turn_id: str) -> str:
+    """For readers: the turn's event stream (entries ``{"e": <event JSON>}``)."""
+    return key(turn_id, "events")
