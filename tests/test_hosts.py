@@ -43,7 +43,7 @@ def args(**over: object) -> argparse.Namespace:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, hosts_config.Secrets]:
     out = tmp_path_factory.mktemp("dep") / "deployment"
-    dep, keys = hosts_config.build_deployment(args())
+    dep, keys = hosts_config.build_deployment(args(home_quota_mb=64))
     secrets = hosts_config.write_deployment(dep, out, "sk-model-key", keys)
     return out, secrets
 
@@ -145,6 +145,7 @@ def test_each_process_gets_only_its_share_of_host_env(
     assert sorted(n for n in procs if holds(n, secrets.worker)) == ["beat", "flower", "worker-io", "worker-tools"]
     for name in ("redis", "sentinel", "prometheus"):
         assert not any(holds(name, s) for s in secrets.values()), name
+    assert procs["worker-tools"][1]["AGENT_HOME_QUOTA_MB"] == "64"  # --home-quota-mb reaches the tools node
     # Each pool serves its metrics on the machine's address; the tools pool on the next port.
     assert procs["worker-io"][1]["AGENT_METRICS_ADDR"] == MACHINES["m1"]
     assert int(procs["worker-tools"][1]["AGENT_METRICS_PORT"]) == int(procs["worker-io"][1]["AGENT_METRICS_PORT"]) + 1
