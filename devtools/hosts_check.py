@@ -375,7 +375,8 @@ def where_tasks_ran(run: Run, turns: dict[str, str]) -> dict[str, list[str]]:
         if name.endswith("turn_step"):
             rows[turn].append(f"step {step} on {host}")
         elif name.endswith("tool_call"):
-            rows[turn].append(f"{label.split()[0].strip('(')} (step {step}) on {host}")
+            tool = label.split()[0].strip("([',\"")
+            rows[turn].append(f"{tool} (step {step}) on {host}")
     return rows
 
 
