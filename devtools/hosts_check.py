@@ -446,7 +446,7 @@ def api_turn(run: Run) -> str:
     token = cli(run, "token", "create", "hosts-check", "--agent", "hosts-api").strip()
     api = run.operator["AGENT_API_URL"]
     headers = {"Authorization": f"Bearer {token}"}
-    body = {"agent_id": "hosts-api", "input": "read back", "model": "hosts-read", "approval": "off"}
+    body = {"agent_id": "hosts-api", "input": "read back", "model": "hosts-read", "approval": {"mode": "off"}}
     r = httpx.post(f"{api}/v1/turns", json=body, headers=headers, timeout=30)
     if r.status_code not in (200, 201, 202):
         raise CheckFailed(f"POST {api}/v1/turns: {r.status_code} {r.text[:200]}")
