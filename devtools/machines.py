@@ -12,6 +12,9 @@ A ``Machine`` has what makes hosts separate where the runtime can tell:
   device is released (autoclear), and ``kill`` then deletes the image: the disk is gone;
 - its own UTS namespace: its hostname is its name (Celery's ``%h``, the placement node's name).
 
+``/sys`` stays the host's (so does ``/sys/fs/cgroup``: a root tools node makes a memory cgroup per
+command there, as on a machine of its own); only the network is seen through the bridge.
+
 ``Network`` is the bridge (its first address is the host's own: the operator's machine).
 Everything is named with a prefix, so ``Network.remove_leftovers`` finds what a killed run left.
 Needs root, ``ip`` (iproute2), ``unshare``/``nsenter`` (util-linux) and ``mkfs.ext4``.
@@ -38,8 +41,6 @@ name, image, mount = sys.argv[1:4]
 def sh(*a):
     subprocess.run(a, check=True)
 sh("hostname", name)
-sh("umount", "-l", "/sys")
-sh("mount", "-t", "sysfs", "sysfs", "/sys")
 sh("mount", "-t", "tmpfs", "-o", "mode=0755,size=1g", "tmpfs", "/srv")
 os.makedirs(mount, exist_ok=True)
 sh("mount", "-o", "loop", image, mount)
