@@ -369,7 +369,8 @@ def where_tasks_ran(run: Run, turns: dict[str, str]) -> dict[str, list[str]]:
         turn = next((t for t in turns if t in label), None)
         if turn is None:
             continue
-        host = str(task.get("worker") or "?").split("@")[-1]
+        # No worker: sent to a dead machine's queue and never taken (the watchdog re-drove its turn).
+        host = str(task.get("worker") or "@nobody (a dead machine's queue)").split("@")[-1]
         step = label.split("step=")[1].split()[0].strip("'\"),") if "step=" in label else "?"
         name = str(task.get("name", ""))
         if name.endswith("turn_step"):
@@ -489,7 +490,7 @@ def after_kill(run: Run) -> str:
     rows = where_tasks_ran(run, turns)
     show(rows, turns)
     hosts = {row.rsplit(" on ", 1)[1] for r in rows.values() for row in r}
-    if VICTIM in hosts:
+    if VICTIM in hosts:  # a task the dead machine ran after its death
         raise CheckFailed(f"a task ran on {VICTIM} after its death: {rows}")
     return f"note and SHA-256 of blob.bin as written before the kill, model told: {'; '.join(checked)}"
 
