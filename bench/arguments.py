@@ -1,11 +1,11 @@
-"""Benchmark of argument validation (issue 3).
+"""Benchmark of argument validation (docs/arguments.md).
 
 1. Valid calls per second through ``validate_tool_arguments`` for a pydantic
    tool, against a floor measured in the same run: ``TypeAdapter(Model).validate_json``
    on the same inputs. Target: within 1.5x of the floor.
 2. Valid calls per second for a raw-schema tool (the same model's JSON Schema, with ``$defs``:
    orjson + the compiled ``jsonschema-rs`` validator), against the same floor, timed in
-   alternation with it. Target: within 3x of the floor (issue 10 item 7).
+   alternation with it. Target: within 3x of the floor.
 3. The repair path on truncated inputs of 1 KB, 100 KB and 1 MB (an array cut
    after a complete item, so the ladder closes the delimiters): time per call,
    and per KB, to show linear growth.

@@ -1,4 +1,4 @@
-"""Benchmark of the race-free file resolver (issue 9, finding 4).
+"""Benchmark of the race-free file resolver (docs/isolation.md, "Files").
 
 Reading a small file of the agent home, two ways, timed in alternation in
 the same run (paired samples, as in ``bench/arguments.py``):

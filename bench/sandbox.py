@@ -1,4 +1,4 @@
-"""Benchmark of the command sandbox (issue 9): the cost per command of running it in bubblewrap.
+"""Benchmark of the command sandbox (docs/isolation.md, "Commands"): the cost per command of running it in bubblewrap.
 
 Through ``run_command`` itself (the tool as a turn calls it), in the same run and in
 alternation (pairs, because this VM's speed drifts between samples):
@@ -9,7 +9,7 @@ alternation (pairs, because this VM's speed drifts between samples):
 
 Commands: ``true`` and a small pipeline (``seq 1 2000 | sort -r | head -3 | wc -l``).
 Printed: the median wall time of each, and the median of the paired ratios sandboxed / unsandboxed.
-Then the per-agent limits of issue 19 (the home's quota mount, the memory cgroup,
+Then the per-agent limits (docs/isolation.md, "Limits per agent": the home's quota mount, the memory cgroup,
 the seccomp filter), each against the sandbox without them, and a home's first use.
 A last line isolates bubblewrap itself: ``bash -c true`` spawned directly vs the same inside
 ``bwrap`` with the sandbox's mounts (no tool around either).
@@ -40,7 +40,7 @@ from worker.turn.context import TurnContext
 COMMANDS = {"true": "true", "pipeline": "seq 1 2000 | sort -r | head -3 | wc -l"}
 
 
-# Today's sandbox before the per-agent limits of issue 19, and each limit added on its own.
+# The sandbox without the per-agent limits, and each limit added on its own.
 LIMITS_OFF = {"home_quota_mb": 0, "command_memory_cgroup": False, "command_seccomp": False}
 VARIANTS = {
     "home mount": {**LIMITS_OFF, "home_quota_mb": 64},
@@ -123,7 +123,7 @@ def run_all(root: Path, args: argparse.Namespace) -> None:
 
 
 def limits_costs(root: Path, pairs: int) -> None:
-    """The per-agent limits of issue 19, each against today's sandbox without them, per command;
+    """The per-agent limits, each against today's sandbox without them, per command;
     and the one-time cost of a home's first use (image made, formatted, mounted)."""
     base = make_runner(root, "bwrap", agent="limits-base", **LIMITS_OFF)
     runners = {

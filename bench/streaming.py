@@ -1,4 +1,4 @@
-"""Streaming figures (issue 13), measured in one run against a floor from the same run.
+"""Streaming figures (docs/control-plane.md, "Streaming"), measured in one run against a floor from the same run.
 
 - **first token -> Redis**: wall time from the moment the scripted gateway writes a response's
   first ``response.output_text.delta`` to the moment a reader blocked on the turn's event stream

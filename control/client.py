@@ -4,6 +4,10 @@ and decide the tool calls that wait for a person's approval.
 Usable from any Python process that can reach the Redis broker; it never
 imports tool code. ``ControlPlane(redis_url)`` raises ``ControlPlaneError``
 with a clear message when Redis is unreachable.
+
+The public API for embedders is what ``__all__`` names (docs/control-plane.md, "The Python
+client"): the client, what it returns, the request it takes and the errors it raises (all of them
+``AgentRuntimeError``s). Tool authors import from ``worker.api``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import redis
 
 from control.errors import Conflict, ControlPlaneError, ControlPlaneUnavailable, NotFound, Refused
 from tasks.dispatcher import CeleryDispatcher
+from worker.errors import AgentRuntimeError
 from worker.placement.records import Placement
 from worker.settings import get_settings, redact_url
 from worker.tools.toolsets import toolset_names
@@ -29,6 +34,19 @@ from worker.turn.store import TurnStore
 
 if TYPE_CHECKING:
     from control.workflow import WorkflowClient
+
+__all__ = [
+    "AgentRuntimeError",
+    "Conflict",
+    "ControlPlane",
+    "ControlPlaneError",
+    "ControlPlaneUnavailable",
+    "NotFound",
+    "Refused",
+    "TurnRequest",
+    "TurnStatus",
+    "TurnView",
+]
 
 
 # Toolsets whose turns the runtime starts itself (they need more than a turn request): refused

@@ -1,8 +1,10 @@
 """The control plane's error types: one base (``ControlPlaneError``, what the CLI prints) and the
 kinds an HTTP front maps to a status code."""
 
+from worker.errors import AgentRuntimeError
 
-class ControlPlaneError(RuntimeError):
+
+class ControlPlaneError(AgentRuntimeError, RuntimeError):
     """Redis unreachable, unknown turn, a request this deployment refuses, or a wait that timed out."""
 
 

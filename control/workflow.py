@@ -32,6 +32,7 @@ from redis import Redis
 from control.errors import ControlPlaneError
 from worker.records.brain import BrainStore, Page
 from worker.records.workflow import TERMINAL, WorkflowService, WorkflowTask
+from worker.turn.request import TurnRequest
 
 
 class TurnControl(Protocol):
@@ -41,7 +42,7 @@ class TurnControl(Protocol):
 
     redis: Redis
 
-    def enqueue(self, request: Any, turn_id: str | None = None) -> str:
+    def enqueue(self, request: TurnRequest | dict[str, Any], turn_id: str | None = None) -> str:
         """Start a turn; its id. Raises ``ControlPlaneError``."""
         ...
 

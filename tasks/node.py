@@ -11,6 +11,7 @@ shutdown snapshots what changed since the last snapshot.
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 from typing import Any
 
@@ -22,6 +23,7 @@ from tasks.runtime import redis_client
 from worker.placement.homes import node_name
 from worker.placement.keeper import Keeper
 from worker.placement.records import node_queue
+from worker.placement.restorer import python_has_tarfile_fixes
 from worker.settings import get_settings
 
 log = logging.getLogger("agent.placement")
@@ -42,7 +44,12 @@ def _host_homes(sender: object = None, instance: Any = None, **_: object) -> Non
     set_hosted(node)
     homes = node_homes(redis_client(), settings)
     assert homes is not None
-    _keeper = Keeper(homes, settings.snapshot_interval, call_wait=settings.tool_time_limit + 30)
+    _keeper = Keeper(
+        homes,
+        settings.snapshot_interval,
+        call_wait=settings.tool_time_limit + 30,
+        concurrency=settings.snapshot_concurrency,
+    )
     beat = threading.Thread(
         target=_keeper.run_beats, args=(_stop, settings.liveness_ttl / 3), name="agent-home-beat", daemon=True
     )
@@ -50,6 +57,14 @@ def _host_homes(sender: object = None, instance: Any = None, **_: object) -> Non
     beat.start()
     chores.start()
     log.info("node %s: homes in %s, queue %s, snapshots %s", node, homes.root, queue, homes.store and homes.store.url)
+    if homes.store is not None and not python_has_tarfile_fixes():
+        log.warning(
+            "node %s: Python %s lacks the tarfile fixes of CVE-2025-4517 and its siblings; restores never extract "
+            "with tarfile (they are written member by member as the agent), but run the nodes on Python 3.11.13, "
+            "3.12.11, 3.13.4 or later as a second wall (docs/isolation.md)",
+            node,
+            platform.python_version(),
+        )
 
 
 @worker_shutdown.connect
@@ -61,3 +76,5 @@ def _last_snapshots(**_: object) -> None:
         _keeper.snapshot_all()
     except Exception:  # a shutdown goes on; the last periodic snapshot stays the restore point
         log.exception("snapshots at shutdown of %s failed", _keeper.node)
+    finally:
+        _keeper.scheduler.stop()

@@ -57,8 +57,9 @@ def node_homes(r: Any, settings: Settings) -> NodeHomes | None:
     if _hosted is None:
         return None
 
-    def prepare(home: Path) -> None:
-        computer_homes.provision(settings, home)  # its quota image mounted, owned by the agent's uid
+    def prepare(home: Path) -> tuple[int, int] | None:
+        ready = computer_homes.provision(settings, home)  # its quota image mounted, owned by the agent's uid
+        return (ready.uid, ready.gid) if ready.uid is not None and ready.gid is not None else None
 
     return NodeHomes(
         Placement(r, settings.liveness_ttl),

@@ -16,13 +16,14 @@ A retryable model-gateway error is retried with exponential backoff and jitter
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar, assert_never
 
 from celery import Task
 
 from tasks.app import app
 from tasks.placement import forward
 from tasks.runtime import get_engine
+from worker.errors import AgentRuntimeError
 from worker.model.interface import GatewayError
 from worker.settings import get_settings
 from worker.turn.outage import OUTAGE_ERRORS, until_redis_answers
@@ -34,15 +35,39 @@ log = logging.getLogger("agent.tasks")
 T = TypeVar("T")
 
 
-class TurnFailed(Exception):
+class TurnFailed(AgentRuntimeError):
     """The turn this task worked on ended with a failure status; the message names the status and reason."""
 
 
-def _report(turn_id: str, outcome: StepOutcome) -> dict[str, Any]:
-    """The task's result; raises ``TurnFailed`` when this very step or call ended the turn failed."""
-    if outcome.ended is not None and outcome.ended.status.failure:
-        _fail_task(turn_id, outcome.ended.status, outcome.ended.error)
-    return {"action": outcome.action, "detail": outcome.detail}
+def _report(task: Task[Any, Any], turn_id: str, outcome: StepOutcome) -> dict[str, Any]:
+    """What the task does with what the engine did (every ``Action``, matched exhaustively): a
+    forwarded call is sent to its node's queue; otherwise the task's result, and ``TurnFailed``
+    when this very work ended the turn with a failure status (whatever the action: a model step,
+    a call closing the last batch, a re-drive)."""
+    match outcome.action:
+        case "forwarded":  # the agent's home is on another node: the call runs there
+            forward(task, outcome.detail)  # replaces this task (Celery's Ignore ends it)
+            return {"action": outcome.action, "detail": outcome.detail}
+        case (
+            "dropped"
+            | "waiting"
+            | "dispatched"
+            | "parked"
+            | "repair_instruction"
+            | "completed"
+            | "incomplete"
+            | "ended"
+            | "cancelled"
+            | "ran"
+            | "advanced"
+            | "redriven"
+            | "failed"
+        ):
+            if outcome.ended is not None and outcome.ended.status.failure:
+                _fail_task(turn_id, outcome.ended.status, outcome.ended.error)
+            return {"action": outcome.action, "detail": outcome.detail}
+        case unknown:
+            assert_never(unknown)
 
 
 def _fail_task(turn_id: str, status: TurnStatus, error: str | None) -> None:
@@ -90,7 +115,7 @@ def turn_step(self: Any, turn_id: str, step: int) -> dict[str, Any]:
     except Exception as exc:  # never leave a turn hanging on a bug: end it with the reason
         log.exception("turn %s step %s crashed", turn_id, step)
         return _fail_turn(turn_id, f"internal error in step {step}: {exc.__class__.__name__}: {exc}")
-    return _report(turn_id, outcome)
+    return _report(self, turn_id, outcome)
 
 
 _limit = get_settings().tool_time_limit
@@ -111,9 +136,7 @@ def tool_call(self: Task[Any, Any], turn_id: str, step: int, call_id: str) -> di
     whose agent's home is on another node is forwarded there (``tasks.placement.forward``)."""
     engine = get_engine()
     outcome = _through_outages(lambda: engine.run_call(turn_id, step, call_id), f"call {call_id} of turn {turn_id}")
-    if outcome.action == "forwarded":
-        return forward(self, outcome.detail)  # type: ignore[no-any-return]
-    return _report(turn_id, outcome)
+    return _report(self, turn_id, outcome)
 
 
 @app.task(name="tasks.turns.turn_finished", acks_late=True)

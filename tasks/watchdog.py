@@ -104,7 +104,7 @@ def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
     # Held by a node, live or dead and not yet recovered: the dead-node path re-drives the latter
     # (with its own reason, after its grace); judged here they were re-driven twice.
     named |= set(engine.liveness.held_by_known_nodes().values())
-    done = {}
+    done: dict[str, str] = {}
     for turn_id in sorted(watched - named):
         state = engine.store.load(turn_id)
         if state is None or state.status.terminal or state.status == TurnStatus.awaiting_approval:

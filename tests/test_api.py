@@ -1,4 +1,4 @@
-"""The HTTP control plane (issue 22) as a real server process on the suite's Redis, with the
+"""The HTTP control plane as a real server process on the suite's Redis, with the
 suite's real worker running the turns: tokens, scopes (attack tests), limits, errors, enqueue
 checks, event streams resumed by ``Last-Event-ID``, approvals, and a real Redis outage.
 """
@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.support.api_server import ApiServer
+from tests.support.api_server import ApiServer, declared_routes
 from tests.support.private_stack import PrivateStack
 from tests.support.scripts import fc, msg, output_texts, wait_for
 
@@ -71,21 +71,45 @@ def _parked(client: httpx.Client, turn_id: str) -> dict:
 # ----- tokens and errors -----------------------------------------------------------
 
 
-def test_every_route_needs_a_valid_token(api):
-    anon = api.client()
-    for method, path in [
-        ("POST", "/v1/turns"),
-        ("GET", "/v1/turns/x"),
-        ("GET", "/v1/turns/x/events"),
-        ("GET", "/v1/approvals"),
-        ("GET", "/v1/approvals/events"),
-        ("POST", "/v1/turns/x/approvals/c/approve"),
-        ("GET", "/openapi.json"),
-    ]:
-        err = _error(anon.request(method, path), 401)
-        assert err["type"] == "authentication"
-        _error(api.client("atr_00000000_forged").request(method, path), 401)
-    assert anon.get("/healthz").status_code == 200  # the one open route (says nothing)
+# What answers without a token, and how: the health check (200 or 503, nothing else), the approvals
+# page's sign-in form and sign-out, its redirects to the sign-in form, and its static files. Every
+# other route the app declares needs a valid token.
+OPEN_ROUTES = {
+    ("GET", "/healthz"): 200,
+    ("GET", "/ui"): 303,
+    ("GET", "/ui/login"): 200,
+    ("POST", "/ui/session"): 422,  # the sign-in: the token comes in its body (none here; forged: 401 below)
+    ("POST", "/ui/logout"): 303,
+    ("GET", "/ui/approvals"): 303,  # to the sign-in form; the list itself needs the token
+    ("GET", "/ui/static"): 404,  # a mount: the files it serves (none is named "x")
+}
+
+
+def _concrete(path: str) -> str:
+    """A request path for a declared one: each path parameter (``{turn_id}``, ``{p:path}``) is ``x``."""
+    import re
+
+    return re.sub(r"\{[^}]+\}", "x", path) + ("/x" if path == "/ui/static" else "")
+
+
+def test_every_route_the_app_declares_needs_a_valid_token(api):
+    routes = [(r.method, r.path) for r in declared_routes()]
+    assert ("POST", "/v1/turns") in routes and ("GET", "/openapi.json") in routes  # the list is the app's
+    assert set(OPEN_ROUTES) <= set(routes), set(OPEN_ROUTES) - set(routes)  # no stale exception
+    anon, forged = api.client(), api.client("atr_00000000_forged")
+    for method, path in routes:
+        url = _concrete(path)
+        if (method, path) in OPEN_ROUTES:
+            resp = anon.request(method, url, follow_redirects=False)
+            assert resp.status_code == OPEN_ROUTES[(method, path)], (method, path, resp.status_code)
+            if resp.status_code == 303:
+                assert resp.headers["location"].startswith("/ui"), (method, path)
+            continue
+        err = _error(anon.request(method, url), 401)
+        assert err["type"] == "authentication", (method, path)
+        _error(forged.request(method, url), 401)
+    signed_in = anon.post("/ui/session", json={"token": "atr_00000000_forged"})
+    assert _error(signed_in, 401)["type"] == "authentication" and "set-cookie" not in signed_in.headers
 
 
 def test_revoked_token_is_refused_at_its_next_request(api):

@@ -53,18 +53,40 @@ def names(tools):
 
 
 def test_full_text_catalog_is_in_the_spec_order(ctx):
-    turn = ctx(web=True, spawn_jobs=True)
-    got = names(text_turn_tools(turn))
-    # The catalog is exactly its categories' tools, category by category (a new category is one
-    # entry of TEXT_TURN_CATEGORIES, and this test needs no change for it) ...
-    assert got == [t.name for create in TEXT_TURN_CATEGORIES for t in create(turn)]
+    got = names(text_turn_tools(ctx(web=True, spawn_jobs=True)))
     assert len(got) == len(set(got)), got
-    # ... and the built-in categories are all there, in their fixed order.
+    # The built-in categories are all there, in their fixed order (a new category adds its tools
+    # without changing this test: next test).
     order = [["todo_write"], COMPUTER, {"web_search", "web_fetch"}, SCHEDULES, JOBS, WORKFLOW]
     category = {n: i for i, group in enumerate(order) for n in group}
     assert set(category) <= set(got), set(category) - set(got)
     known = [n for n in got if n in category]
     assert [category[n] for n in known] == sorted(category[n] for n in known), got
+
+
+def test_a_category_is_one_entry_of_the_catalog(ctx, monkeypatch):
+    """docs/architecture.md, "Which files a change takes": a category registered by one entry of
+    ``TEXT_TURN_CATEGORIES`` (its module and its test being the other two files) is in the ``text``
+    toolset, at its place, with nothing else changed; it is also how a missing prerequisite leaves
+    it out (its creator returns nothing)."""
+    from worker.tooling.contract import ToolResult, define_worker_tool
+    from worker.tools import assembly
+    from worker.tools.toolsets import toolset_resolver
+
+    def create_planted_tools(turn: TurnContext):
+        if not turn.supports.brain:  # a prerequisite of its own
+            return []
+        return [
+            define_worker_tool(
+                name="planted", description="A planted category's tool.", execute=lambda p, c: ToolResult("ok")
+            )
+        ]
+
+    monkeypatch.setattr(assembly, "TEXT_TURN_CATEGORIES", (*TEXT_TURN_CATEGORIES, create_planted_tools))
+    text = toolset_resolver(Settings())("text")
+    with_it = names(text(ctx(web=True, spawn_jobs=True, brain=True)))
+    assert with_it[-1] == "planted" and with_it[:-1] == names(text_turn_tools(ctx(web=True, spawn_jobs=True)))
+    assert "planted" not in names(text(ctx(web=True, spawn_jobs=True)))
 
 
 def test_no_web_tools_without_a_provider_profile(ctx):

@@ -4,12 +4,16 @@ when the process that started it dies, and reports a worker that exits at start 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 from tests.support.scripts import wait_for
@@ -85,10 +89,17 @@ def test_sigterm_stops_everything_the_stack_started(tmp_path):
             "curl -s -H \"Authorization: Bearer $AGENT_API_TOKEN\" -H 'Content-Type: application/json' \\\n" in printed
         )
         assert '-d \'{"agent_id": "alice", "input": "list my files"}\' $AGENT_API_URL/v1/turns\n' in printed
+        # Snapshots are on: a real S3 server (SeaweedFS) the workers snapshot homes into.
+        store = re.search(r"snapshots: s3://homes/snapshots on SeaweedFS at http://127\.0\.0\.1:(\d+)", printed)
+        assert store, printed[-2000:]
+        with socket.create_connection(("127.0.0.1", int(store.group(1))), timeout=5):
+            pass
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         wait_for(lambda: not _marked(mark), timeout=30)
         assert "stopped everything this command started" in log.read_text()
+        with pytest.raises(OSError):  # the object store stopped too
+            socket.create_connection(("127.0.0.1", int(store.group(1))), timeout=5).close()
     finally:
         for pid in _marked(mark):
             os.kill(pid, signal.SIGKILL)

@@ -5,10 +5,14 @@
 - Every relative link in README.md and docs/*.md resolves to a file, and its #anchor to a heading.
 - No document cites one outside the repository.
 - docs/writing-a-tool.md: its first tool runs as written.
+- docs/architecture.md's checklist ("Which files a change takes"): each entry lists as many files
+  as it says, and the claims that can be read from the code are checked against it.
 - docs/layout.md lists every module of every package, in its package's section.
 - docs/operations.md documents every setting; every AGENT_* variable a document names exists.
 - docs/deployment.md names exactly compose.yaml's services and published ports.
 - docs/control-plane.md names every CLI command and every turn request field.
+- docs/placement.md's and docs/isolation.md's lists of what a snapshot can and cannot do name, on
+  every line, the tests that check it, and those tests exist.
 """
 
 from __future__ import annotations
@@ -143,18 +147,123 @@ def test_the_first_tool_runs_as_written(tmp_path):
 
 
 def test_the_category_checklist_names_the_files_a_category_takes():
-    """The checklist's files are where today's code adds a category: the creators are called in
-    ``assembly.text_turn_tools``, and the ``text`` toolset resolves to it."""
+    """The checklist's files are where today's code adds a category (the creators are called in
+    ``assembly.text_turn_tools``, and the ``text`` toolset resolves to it), as many as it says,
+    and as many as docs/architecture.md says."""
     doc = _section((DOCS / "writing-a-tool.md").read_text(), "## Adding a category: the checklist")
     assembly = (ROOT / "worker/tools/assembly.py").read_text()
     assert "def text_turn_tools(ctx: TurnContext)" in assembly and "def workflow_task_tools" in assembly
     assert "assembly.text_turn_tools" in (ROOT / "worker/tools/toolsets.py").read_text()
     assert "TEXT_TURN_CATEGORIES" in assembly
-    for path in ("worker/tools/<category>.py", "worker/tools/assembly.py", "tests/test_tools_<category>.py"):
-        assert f"**`{path}`**" in doc, path
-    # Three files: neither the catalog test nor the layout doc needs a change for a new category.
-    assert "three files" in doc.lower()
+    listed = re.findall(r"^\d+\. \*\*`([^`]+)`\*\*", doc, re.M)
+    assert listed == ["worker/tools/<category>.py", "worker/tools/assembly.py", "tests/test_tools_<category>.py"]
+    said = re.search(r"\b(\w+) files, and no other file of the project changes", doc)
+    assert said and NUMBERS[said.group(1).lower()] == len(listed), said
+    assert _checklist()["A new tool category"].files == listed
     assert "TEXT_TURN_CATEGORIES" in doc and "workflow_task_tools" in doc
+
+
+# docs/architecture.md, "Which files a change takes"
+
+NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+PATH = re.compile(r"`([\w.<>-]+(?:/[\w.<>-]+)+\.\w+)`")
+
+
+class Entry:
+    """One entry of the checklist: its title, the files listed before its count, and the count."""
+
+    def __init__(self, title: str, text: str):
+        self.title, self.text = title, text
+        said = re.search(r":\s+(\w+)\s+files?\b", text)
+        assert said and said.group(1).lower() in NUMBERS, f"{title!r} does not say how many files it takes"
+        self.count = NUMBERS[said.group(1).lower()]
+        self.files = list(dict.fromkeys(PATH.findall(text[: said.start()])))
+
+
+def _checklist() -> dict[str, Entry]:
+    body = _section((DOCS / "architecture.md").read_text(), "## Which files a change takes")
+    out = {}
+    for para in re.split(r"\n\s*\n", body):
+        m = re.match(r"\*\*([^*]+)\*\*", para.strip())
+        if m:
+            out[m.group(1).strip()] = Entry(m.group(1).strip(), " ".join(para.split()))
+    return out
+
+
+def test_each_checklist_entry_lists_as_many_files_as_it_says():
+    entries = _checklist()
+    assert {"A new tool category", "A change to one approval rule", "A new approval mode", "A new HTTP route"} <= set(
+        entries
+    )
+    for entry in entries.values():
+        assert len(entry.files) == entry.count, (entry.title, entry.files, entry.count)
+        for f in entry.files:  # a file that exists, or (a placeholder) one in a folder that does
+            target = ROOT / f
+            assert target.is_file() if "<" not in f else target.parent.is_dir(), (entry.title, f)
+
+
+def test_the_approval_rule_entry_names_the_rules_functions():
+    import worker.turn.approval_policy as policy
+
+    entry = _checklist()["A change to one approval rule"]
+    for name in re.findall(r"`(\w+)`", entry.text):
+        if name.startswith(("call_", "approval_")):
+            assert callable(getattr(policy, name, None)), name
+
+
+def _names_every(text: str, words: tuple[str, ...]) -> bool:
+    return all(re.search(rf"[\"`']{w}[\"`']", text) for w in words)
+
+
+def test_a_new_approval_mode_takes_the_files_the_entry_lists():
+    """The modes are named in the entry's files only (the product and its docs), and each of those
+    lists exactly ``ApprovalMode``'s modes."""
+    import json
+    import typing
+
+    from worker.settings import ApprovalMode
+
+    modes = typing.get_args(ApprovalMode)
+    entry = _checklist()["A new approval mode"]
+    naming = set()
+    for top in ("worker", "tasks", "control", "devtools", "bench", "docs"):
+        for path in (ROOT / top).rglob("*"):
+            if path.suffix in (".py", ".md", ".json") and _names_every(path.read_text(), modes):
+                naming.add(path.relative_to(ROOT).as_posix())
+    if _names_every(README.read_text(), modes):
+        naming.add("README.md")
+    assert naming <= set(entry.files), naming - set(entry.files)
+    schema = json.loads((DOCS / "turn-request.schema.json").read_text())
+    enums = [n.get("enum") for n in _walk_json(schema) if isinstance(n, dict) and "enum" in n]
+    assert list(modes) in enums
+    row = next(line for line in (DOCS / "control-plane.md").read_text().splitlines() if line.startswith("| `approval`"))
+    assert tuple(re.findall(r"`(\w+)`", row.split("`mode`", 1)[1].split(")", 1)[0])) == modes
+
+
+def _walk_json(node):
+    yield node
+    children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    for child in children:
+        yield from _walk_json(child)
+
+
+def test_a_new_http_route_takes_the_files_the_entry_lists():
+    """Every ``/v1`` route is defined in the entry's routes module and has its row in the route
+    table of docs/control-plane.md, and every row is a route (the auth test enumerates the app's
+    routes itself: ``tests/test_api.py``)."""
+    from tests.support.api_server import declared_routes
+
+    entry = _checklist()["A new HTTP route"]
+    assert entry.files[0] == "control/api/routes.py" and "docs/control-plane.md" in entry.files
+    v1 = [r for r in declared_routes() if r.path.startswith("/v1/")]
+    assert v1 and {r.module for r in v1} == {"control.api.routes"}
+
+    def shape(path: str) -> str:
+        return re.sub(r"\{[^}]+\}", "{}", path)
+
+    table = _section((DOCS / "control-plane.md").read_text(), "## The HTTP API")
+    rows = {(m, shape(p)) for m, p in re.findall(r"^\| `(GET|POST|PUT|PATCH|DELETE) (/v1/[^` ]+)`", table, re.M)}
+    assert rows == {(r.method, shape(r.path)) for r in v1}
 
 
 # docs/layout.md
@@ -274,3 +383,32 @@ def test_control_plane_lists_every_turn_request_field():
     section = _section((DOCS / "control-plane.md").read_text(), "## The turn request")
     documented = set(re.findall(r"^\| `(\w+)` \|", section, re.M))
     assert documented == set(TurnRequest.model_fields)
+
+
+SNAPSHOT_CLAIMS = (
+    (DOCS / "placement.md", "### What a snapshot can and cannot do"),
+    (DOCS / "isolation.md", "## Snapshots"),
+)
+
+
+def _test_functions(module: str) -> set[str]:
+    import ast
+
+    tree = ast.parse((ROOT / "tests" / module).read_text())
+    return {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+
+
+@pytest.mark.parametrize("doc,heading", SNAPSHOT_CLAIMS, ids=lambda x: getattr(x, "name", x))
+def test_every_snapshot_claim_names_a_test_that_exists(doc, heading):
+    claims: list[str] = []
+    for line in _section(doc.read_text(), heading).splitlines():
+        if line.startswith("- "):
+            claims.append(line)
+        elif line.startswith("  ") and claims:
+            claims[-1] += "\n" + line
+    assert len(claims) >= 5, claims
+    for claim in claims:
+        named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", claim)
+        assert named, f"{doc.name}: this claim names no test: {claim[:200]!r}"
+        for module, function in named:
+            assert function in _test_functions(module), f"{doc.name}: {module}::{function} does not exist"

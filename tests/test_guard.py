@@ -54,10 +54,10 @@ def test_stale_step_or_phase_writes_nothing(store):
 
 def test_ended_turn_is_fenced_out_and_unknown_turn_refused(store):
     tid = _new(store)
-    store.complete(tid, 0, [], TurnStatus.completed, final_output="done")
+    store.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done")
     before = _snapshot(store, tid)
     with pytest.raises(StaleStep, match="turn is completed"):
-        store.complete(tid, 0, [{"type": "message"}], TurnStatus.failed, error="again")
+        store.end_at_model_step(tid, 0, [{"type": "message"}], TurnStatus.failed, error="again")
     assert _snapshot(store, tid) == before
     with pytest.raises(StaleStep, match="does not exist"):
         store.mark_running(uuid.uuid4().hex, 0)
@@ -87,11 +87,11 @@ def test_mark_running_only_moves_a_queued_turn(store):
 
 def test_end_hooks_are_scheduled_only_for_turns_that_have_them(store):
     plain = _new(store)
-    assert store.complete(plain, 0, [], TurnStatus.completed) is False
+    assert store.end_at_model_step(plain, 0, [], TurnStatus.completed) is False
     assert store._r.zscore(FINISHING_KEY, plain) is None
     hooked = uuid.uuid4().hex
     store.create(hooked, {"agent_id": "guard-h", "input": "x", "metadata": {"background_job_id": "j1"}}, [])
-    assert store.complete(hooked, 0, [], TurnStatus.completed) is True
+    assert store.end_at_model_step(hooked, 0, [], TurnStatus.completed) is True
     assert store._r.zscore(FINISHING_KEY, hooked) is not None
     assert store._r.zscore("turns:watch", hooked) is None
 
@@ -167,7 +167,7 @@ def test_fail_reports_false_when_another_transition_ended_the_turn_first(redis_u
         def _touch(self, pipe, turn_id, fields):
             if not Racy.fired and fields.get("status") == TurnStatus.cancelled.value:
                 Racy.fired = True
-                other.complete(turn_id, 0, [], TurnStatus.completed, final_output="done")  # lands before EXEC
+                other.end_at_model_step(turn_id, 0, [], TurnStatus.completed, final_output="done")  # lands before EXEC
             return super()._touch(pipe, turn_id, fields)
 
     racy = Racy(redis.Redis.from_url(redis_url), progress_timeout=60)

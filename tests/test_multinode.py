@@ -2,7 +2,7 @@
 
 A private stack (its own Redis, beat with the watchdog), a turn pool (a threads worker on
 ``turns``), and three tools nodes, each a prefork worker on ``tools`` with its own homes root
-and node name: ``na`` and ``nb`` snapshot homes into a local S3 server (moto), ``nc`` has no
+and node name: ``na`` and ``nb`` snapshot homes into a real S3 server (SeaweedFS, ``devtools.object_store``), ``nc`` has no
 snapshot store. One agent's life across them:
 
 1. its files written in turn 1 are read in turn 2, from its node only (no other homes root holds
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.object_store import ObjectStore
+from devtools.object_store import ObjectStore
 from tests.support.private_stack import PrivateStack
 from tests.support.scripts import fc, msg, output_texts, wait_for
 from worker.placement.records import Placement, rendezvous
@@ -60,7 +60,7 @@ def cluster():
         for n in NODES:
             env = {"AGENT_HOMES_ROOT": str(roots[n]), "AGENT_NODE_NAME": n}
             if n != "nc":
-                env.update(store.env())
+                env.update(store.env(), AGENT_SNAPSHOT_KEY="multinode-test-key-" + "k" * 32)
             procs[n] = stack.start_worker(queues="tools", pool="prefork", concurrency=1, env=env)
         placement = Placement(stack.control.redis, ttl=2.0)
         wait_for(lambda: all(placement.nodes().get(n, {}).get("live") for n in NODES), timeout=30)

@@ -1,14 +1,13 @@
 """Placement without workers: the records and the rule (against a Redis of its own, so fake nodes
 never attract the suite's agents), a node's admission of calls (forward, refuse, materialize:
-restored from a snapshot in a local S3 server, or reset), fencing of stale nodes, the drain pass,
-and the snapshot archive's safety. The same paths with real worker processes:
+restored from a snapshot in a real S3 server (SeaweedFS, ``devtools.object_store``), or reset), fencing of stale nodes, the drain pass,
+(the snapshots themselves: ``tests/test_snapshots.py``). The same paths with real worker processes:
 ``tests/test_multinode.py``."""
 
 from __future__ import annotations
 
+import hashlib
 import os
-import stat
-import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -16,11 +15,11 @@ import pytest
 import redis
 
 from devtools.embedded_redis import EmbeddedRedis
-from tests.support.object_store import CREDENTIALS, ObjectStore
+from devtools.object_store import ObjectStore
 from worker.placement.homes import NodeHomes, node_name
 from worker.placement.keeper import Keeper
 from worker.placement.records import NODES_KEY, Placement, node_queue, rendezvous
-from worker.placement.snapshots import SnapshotError, SnapshotStore, pack_home, unpack_home
+from worker.placement.snapshots import SnapshotStore
 from worker.settings import Settings
 from worker.tooling.contract import define_worker_tool
 from worker.tools.assembly import text_turn_tools
@@ -48,9 +47,9 @@ def _clean(r):
 
 @pytest.fixture(scope="module")
 def store():
-    s = ObjectStore().start()
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
+    s = ObjectStore().start()  # SeaweedFS: a real S3 server
+    saved = {k: os.environ.get(k) for k in s.credentials}
+    os.environ.update(s.credentials)
     yield s
     for k, v in saved.items():
         if v is None:
@@ -66,8 +65,11 @@ def kill(r, node: str) -> None:
     r.zadd(NODES_KEY, {node: sec - 10 * TTL})
 
 
+KEY = "k" * 40  # AGENT_SNAPSHOT_KEY of the test's nodes
+
+
 def homes(r, tmp_path: Path, node: str, store: ObjectStore | None = None) -> NodeHomes:
-    settings = Settings(homes_root=tmp_path / node, node_name=node)
+    settings = Settings(homes_root=tmp_path / node, node_name=node, snapshot_key=KEY)
     snapshots = SnapshotStore(store.url(), store.endpoint) if store else None
     return NodeHomes(Placement(r, ttl=TTL), settings, node, snapshots)
 
@@ -208,12 +210,14 @@ def test_a_moved_home_is_restored_from_its_snapshot_and_the_model_is_told(r, tmp
     again = b.admit(agent, destructive=False)  # told once: the home now belongs to this epoch
     assert again.notice is None
     again.release()
-    # The next snapshot replaces the first object in the store.
+    # The next snapshot replaces the first manifest in the store, and the chunk only it referenced.
     (b.home(agent) / "notes/plan.md").write_text("step 2\n")
     b.placement.mark_dirty("nb", agent)
     assert Keeper(b, interval=1, call_wait=5).snapshot_changed() == {agent: "stored"}
-    assert store.objects(f"snapshots/{agent}/") == [b.placement.snapshot(agent).object]
+    assert store.objects(f"snapshots/{agent}/manifests/") == [b.placement.snapshot(agent).object]
     assert first.object not in store.objects()
+    step2 = hashlib.sha256(b"step 2\n").hexdigest()
+    assert store.objects(f"snapshots/{agent}/chunks/") == [f"snapshots/{agent}/chunks/{step2}"]
 
 
 def test_without_a_store_a_moved_home_is_reset_and_the_model_is_told(r, tmp_path):
@@ -289,47 +293,6 @@ def test_the_node_name_is_kept_in_the_homes_root(tmp_path):
         Settings(node_name="bad/name")
     with pytest.raises(ValueError, match="s3://"):
         Settings(snapshot_store="/tmp/x")
-
-
-# ----- the archive --------------------------------------------------------------
-
-
-def test_a_snapshot_keeps_files_dirs_and_links_and_restores_nothing_dangerous(tmp_path):
-    home = tmp_path / "home"
-    (home / "d").mkdir(parents=True)
-    (home / "d/f.txt").write_text("data")
-    (home / "tool").write_text("#!/bin/sh\n")
-    os.chmod(home / "tool", 0o4755)  # setuid: must not survive a restore
-    os.mkfifo(home / "pipe")
-    os.symlink("/etc/passwd", home / "abs-link")
-    archive = tmp_path / "a.tar.gz"
-    pack_home(home, archive)
-    names = tarfile.open(archive).getnames()
-    assert "pipe" not in names and "d/f.txt" in names
-    # An absolute link is archived as a link (never followed) and refused at restore.
-    target = tmp_path / "restored"
-    target.mkdir()
-    with pytest.raises(SnapshotError):
-        unpack_home(archive, target)
-    assert list(target.iterdir()) == []  # never half a home
-    os.unlink(home / "abs-link")
-    pack_home(home, archive)
-    unpack_home(archive, target)
-    assert (target / "d/f.txt").read_text() == "data"
-    assert not os.stat(target / "tool").st_mode & (stat.S_ISUID | stat.S_ISGID)
-
-
-def test_a_tampered_archive_cannot_write_outside_the_home(tmp_path):
-    evil = tmp_path / "evil.tar.gz"
-    payload = tmp_path / "payload"
-    payload.write_text("owned")
-    with tarfile.open(evil, "w:gz") as tar:
-        tar.add(payload, arcname="../escaped.txt")
-    target = tmp_path / "home"
-    target.mkdir()
-    with pytest.raises(SnapshotError):
-        unpack_home(evil, target)
-    assert not (tmp_path / "escaped.txt").exists()
 
 
 # ----- forwarding at the Celery edge ---------------------------------------------

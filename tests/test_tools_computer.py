@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -342,6 +343,50 @@ def test_edit_file_semantics(home):
     assert f.read_text() == "a := 1\nb := 5\nc := 2\n"
     r = call(e, home, path="nope.py", old_string="a", new_string="b")
     assert r.is_error and "no such file" in r.content
+
+
+def _fill(home: Path) -> None:
+    """Use up every free block of the home's file system (its quota): big writes, then small ones."""
+    fd = os.open(home / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 4096, 512):
+            try:
+                while True:
+                    os.write(fd, b"x" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_a_write_on_a_full_home_leaves_the_old_file_whole_and_names_the_quota(home):
+    """Issue 30: ``write_file`` over an existing file on a full home used to leave it at 0 bytes."""
+    tools = make_tools(home)
+    old = "the old content\n" * 100
+    assert not call(tools["write_file"], home, path="notes/keep.txt", content=old).is_error
+    os.chmod(home / "notes/keep.txt", 0o600)
+    _fill(home)
+    for name, params in (
+        ("write_file", {"path": "notes/keep.txt", "content": "new " * 300_000}),
+        (
+            "edit_file",
+            {"path": "notes/keep.txt", "old_string": "old", "new_string": "new " * 3000, "replace_all": True},
+        ),
+    ):
+        r = call(tools[name], home, **params)
+        assert r.is_error and "the agent home is full" in r.content and "AGENT_HOME_QUOTA_MB" in r.content, r.content
+        assert "the file is unchanged" in r.content, r.content
+        assert (home / "notes/keep.txt").read_text() == old
+    r = call(tools["write_file"], home, path="fresh.txt", content="y" * 1_000_000)
+    assert r.is_error and "AGENT_HOME_QUOTA_MB" in r.content and "nothing was written" in r.content
+    assert sorted(p.name for p in (home / "notes").iterdir()) == ["keep.txt"]  # no temporary file left
+    assert not (home / "fresh.txt").exists()
+    (home / "filler").unlink()
+    r = call(tools["write_file"], home, path="notes/keep.txt", content="replaced\n")
+    assert not r.is_error and r.content.startswith("Overwrote notes/keep.txt")
+    assert (home / "notes/keep.txt").read_text() == "replaced\n"
+    assert stat.S_IMODE((home / "notes/keep.txt").stat().st_mode) == 0o600  # the target's mode is kept
 
 
 def test_edit_keeps_crlf(home):

@@ -13,8 +13,12 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ApprovalMode = Literal["declared", "destructive", "off"]
+"""The approval modes (``AGENT_APPROVAL_MODE``, a turn request's ``approval.mode``): the one list of
+them; what each means is ``worker.turn.approval_policy``."""
 
 
 class Settings(BaseSettings):
@@ -112,11 +116,17 @@ class Settings(BaseSettings):
     # Snapshots of homes in an object store (S3 API): "s3://bucket/prefix". Unset: a re-placed
     # agent gets an empty home and is told its computer was reset.
     snapshot_store: str | None = None
-    # Endpoint of an S3-compatible server (MinIO, moto); unset: AWS. Credentials and region come
+    # Endpoint of an S3-compatible server (SeaweedFS, MinIO); unset: AWS. Credentials and region come
     # from the usual AWS_* variables (boto3's own lookup).
     snapshot_endpoint_url: str | None = None
     # A home changed by a destructive computer call is snapshotted within this many seconds.
     snapshot_interval: float = Field(5.0, gt=0)
+    # The key every tools node holds to sign (HMAC-SHA256) and verify snapshots; never in the bucket.
+    # Required with a store (at least 32 characters, e.g. `openssl rand -hex 32`): a store without it
+    # is a start-up error, there is no unsigned mode.
+    snapshot_key: SecretStr | None = None
+    # Snapshots a node takes at once (threads sharing its snapshot work round robin, docs/placement.md).
+    snapshot_concurrency: int = Field(4, ge=1, le=64)
 
     # Computer tools.
     command_timeout: float = 60.0
@@ -164,7 +174,7 @@ class Settings(BaseSettings):
 
     # Approvals (worker.turn.approvals): "declared" honours each tool's needs_approval,
     # "destructive" also asks for every destructive call, "off" waives approvals.
-    approval_mode: Literal["declared", "destructive", "off"] = "declared"
+    approval_mode: ApprovalMode = "declared"
     approval_timeout: float = Field(24 * 3600.0, gt=0)  # seconds a call may wait for a decision
 
     # Streaming (worker.model.streaming): ask the model to stream (server-sent events), and
@@ -236,6 +246,18 @@ class Settings(BaseSettings):
             raise ValueError("the snapshot store is s3://bucket[/prefix]")
         return v
 
+    @model_validator(mode="after")
+    def _snapshot_key_with_a_store(self) -> Settings:
+        key = self.snapshot_key.get_secret_value() if self.snapshot_key is not None else ""
+        if self.snapshot_store and not key:
+            raise ValueError(
+                "AGENT_SNAPSHOT_STORE is set but AGENT_SNAPSHOT_KEY is not: every tools node needs the key "
+                "that signs snapshots (at least 32 characters, the same on every node, never in the bucket)"
+            )
+        if key and len(key) < 32:
+            raise ValueError("AGENT_SNAPSHOT_KEY must have at least 32 characters")
+        return self
+
 
 def redact_url(url: str) -> str:
     """``url`` with its password (and query string, which may carry keys) replaced by ``***``;
@@ -266,7 +288,7 @@ class RedactUrls(logging.Filter):
     """A logging filter that redacts URL passwords and query strings in a record's message.
 
     httpx logs every request at INFO as ``HTTP Request: GET <full URL> ...``; a key sent as a
-    query parameter would land in the worker's logs (issue 9)."""
+    query parameter would land in the worker's logs (docs/isolation.md, "Redis and secrets")."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

@@ -9,6 +9,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
@@ -64,3 +65,38 @@ class ApiServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class DeclaredRoute(NamedTuple):
+    method: str
+    path: str
+    module: str
+    """Where its endpoint is defined (``control.api.routes``...; a mount: the app's module)."""
+
+
+def declared_routes() -> list[DeclaredRoute]:
+    """Every route the app declares (its routes and mounts), read from the app itself: a route
+    added later is in this list without any edit here."""
+    from fastapi.routing import APIRoute
+    from starlette.routing import Mount, Route
+
+    from control.api.app import create_app
+    from control.api.settings import ApiSettings
+
+    def walk(routes, prefix: str = ""):
+        for route in routes:
+            included = getattr(route, "original_router", None)  # FastAPI >= 0.165 keeps an included router whole
+            if included is not None:
+                yield from walk(included.routes, prefix + route.include_context.prefix)
+            elif isinstance(route, Mount):
+                yield DeclaredRoute("GET", prefix + route.path, type(route.app).__module__)
+            elif isinstance(route, APIRoute | Route):
+                module = route.endpoint.__module__
+                for method in sorted(route.methods or ()):
+                    if method not in ("HEAD", "OPTIONS"):
+                        yield DeclaredRoute(method, prefix + route.path, module)
+            else:
+                raise AssertionError(f"a route of a kind this test does not know: {route!r}")
+
+    app = create_app(ApiSettings(), url="redis://127.0.0.1:1/0").app  # not started: no Redis needed
+    return list(walk(app.routes))

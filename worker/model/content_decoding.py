@@ -2,8 +2,8 @@
 
 httpx decodes each network chunk in one call per encoding, without an output bound:
 with ``Content-Encoding: gzip, gzip`` a chunk of 1,827 bytes decodes to a megabyte of
-inner gzip, which decodes in one call to gigabytes, before any size cap can apply
-(issue 9). Here every stage is a ``zlib.decompressobj`` asked for at most ``BLOCK``
+inner gzip, which decodes in one call to gigabytes, before any size cap can apply (a
+decompression bomb: docs/isolation.md, "Web"). Here every stage is a ``zlib.decompressobj`` asked for at most ``BLOCK``
 bytes at a time (``decompress(data, max_length)``, the rest kept in
 ``unconsumed_tail``), and stages are pulled from the last one: a stage only decodes
 what the stage above asks for. So memory stays within a few ``BLOCK`` per stage

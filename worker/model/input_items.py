@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from worker.errors import AgentRuntimeError
+
 
 class _Item(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
@@ -146,7 +148,7 @@ PASSED = frozenset(
 _ADAPTERS: dict[str, TypeAdapter[_Item]] = {name: TypeAdapter(model) for name, model in CHECKED.items()}
 
 
-class InputItemError(ValueError):
+class InputItemError(AgentRuntimeError, ValueError):
     """An input item that is not a Responses input item: ``path`` (``input[2].content[0].text``)
     and ``detail`` (what is wrong)."""
 

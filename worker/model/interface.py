@@ -21,10 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
 
+from worker.errors import AgentRuntimeError
 from worker.model.items import assistant_text, function_calls
 
 
-class GatewayError(RuntimeError):
+class GatewayError(AgentRuntimeError, RuntimeError):
     """The model call failed.
 
     ``retryable`` is true for transport errors, timeouts, HTTP 408/409/429 and

@@ -19,8 +19,13 @@ import uuid
 from typing import Any, Awaitable, Callable
 
 from worker.model.interface import Delta, GatewayError, ModelClient, ModelReply, ModelRequest, OnDelta
+from worker.tooling.oversized import cut_call_id, cut_name
 
 log = logging.getLogger("agent.model")
+
+STREAMED_ARGUMENTS_CHARS = 2_000
+"""Characters of one call's arguments streamed as ``model_delta`` events (the same preview an
+``approval_requested`` event gives); the rest is in the call's ``function_call`` item."""
 
 Publish = Callable[[list[tuple[str, dict[str, Any]]]], None]
 # ``schedule(delay_s, fn)`` runs ``fn()`` after ``delay_s`` seconds; it returns the cancel.
@@ -55,7 +60,12 @@ class DeltaBatcher:
 
     Event fields: ``step``, ``attempt`` (one id per model call, so a reader can tell a retried
     call's deltas apart), ``seq`` (0, 1, ... per attempt), ``type`` (``text`` | ``arguments``),
-    ``output_index``, ``delta``, and for arguments ``call_id`` and ``name``.
+    ``output_index``, ``delta``, and for arguments ``call_id`` and ``name``, as the reply keeps
+    them (``worker.tooling.oversized``: an oversized one is its short placeholder).
+
+    A call's arguments are streamed up to ``STREAMED_ARGUMENTS_CHARS`` characters; the delta where
+    they stop is marked ``cut: true`` and the rest is not streamed: the events are a view of the reply,
+    and arguments can be megabytes (the call's arguments are in its ``function_call`` item).
     """
 
     def __init__(
@@ -80,20 +90,28 @@ class DeltaBatcher:
         self._cancel: Callable[[], Any] | None = None
         self._due = False  # a publish at 0 s is scheduled (``defer``)
         self._lock = threading.Lock()
+        self._streamed: dict[int, int] = {}  # output index -> argument characters streamed
+        self._names: dict[int, tuple[str | None, str | None]] = {}  # output index -> (call_id, name) as kept
 
     def add(self, delta: Delta) -> None:
         """Queue one delta; publishes when the interval has passed."""
         if not delta.text:
             return
         with self._lock:
+            text, cut = (delta.text, False) if delta.kind == "text" else self._argument_text(delta)
+            if text is None:
+                return
             last = self._pending[-1] if self._pending else None
             if last and last["type"] == delta.kind and last["output_index"] == delta.output_index:
-                last["delta"] += delta.text
+                last["delta"] += text
             else:
-                event: dict[str, Any] = {"type": delta.kind, "output_index": delta.output_index, "delta": delta.text}
+                event: dict[str, Any] = {"type": delta.kind, "output_index": delta.output_index, "delta": text}
                 if delta.kind == "arguments":
-                    event.update(call_id=delta.call_id, name=delta.name)
+                    call_id, name = self._kept_names(delta)
+                    event.update(call_id=call_id, name=name)
                 self._pending.append(event)
+            if cut:
+                self._pending[-1]["cut"] = True
             wait = self._last + self.interval - time.monotonic()
             if wait <= 0 and not self.defer:
                 self._flush_locked()
@@ -104,6 +122,29 @@ class DeltaBatcher:
                 self._cancel = self.schedule(0.0, self.flush)
             elif self._cancel is None:
                 self._cancel = self.schedule(max(wait, 0.0), self.flush)
+
+    def _argument_text(self, delta: Delta) -> tuple[str | None, bool]:
+        """What is streamed of an arguments delta, and whether the call's arguments are cut there:
+        all of it up to the call's ``STREAMED_ARGUMENTS_CHARS``; past them, the first piece left
+        out is an empty delta marked ``cut`` (or the piece's beginning that fits, marked), then
+        nothing (``(None, False)``)."""
+        done = self._streamed.get(delta.output_index, 0)
+        if done > STREAMED_ARGUMENTS_CHARS:  # marked cut already
+            return None, False
+        left = STREAMED_ARGUMENTS_CHARS - done
+        if len(delta.text) <= left:
+            self._streamed[delta.output_index] = done + len(delta.text)
+            return delta.text, False
+        self._streamed[delta.output_index] = STREAMED_ARGUMENTS_CHARS + 1
+        return delta.text[:left], True
+
+    def _kept_names(self, delta: Delta) -> tuple[str | None, str | None]:
+        """The delta's ``call_id`` and ``name`` as the reply keeps them (computed once per call)."""
+        kept = self._names.get(delta.output_index)
+        if kept is None or (kept[0] is None and delta.call_id is not None):
+            call_id = cut_call_id(delta.call_id) if delta.call_id is not None else None
+            kept = self._names[delta.output_index] = (call_id, cut_name(delta.name) if delta.name is not None else None)
+        return kept
 
     def flush(self) -> None:
         """Publish what is pending now."""

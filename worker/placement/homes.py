@@ -30,8 +30,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from worker.placement.entries import Chunk
+from worker.placement.home_writer import WriteRefused
 from worker.placement.records import Located, Placement, SnapshotInfo, node_queue
-from worker.placement.snapshots import SnapshotError, SnapshotStore, clear_dir
+from worker.placement.restorer import Restorer, Wanted, capacity, empty_home
+from worker.placement.scheduler import Steps
+from worker.placement.signing import SnapshotKey, SnapshotRefused
+from worker.placement.snapshots import SnapshotError, SnapshotStore
+from worker.placement.taker import FileState, SnapshotOverBound, Taken, Taker
 from worker.settings import Settings
 from worker.turn.interfaces import HomeAdmission
 
@@ -127,13 +133,34 @@ class _Lock:
         os.close(self.fd)  # releases the lock
 
 
+class _Known:
+    """What this process knows of an agent's snapshots: the ``object`` last recorded, the ``chunks``
+    it references (what the store holds for the agent), the ``files`` states to skip unchanged files,
+    and when its chunks were last swept."""
+
+    def __init__(self, obj: str, chunks: set[str], files: dict[str, tuple[FileState, tuple[Chunk, ...]]]):
+        self.object = obj
+        self.chunks = chunks
+        self.files = files
+        self.swept_at = 0.0
+
+
+# Chunks no manifest references are deleted when a snapshot replaces the one that referenced them,
+# and swept at most this often per agent (those of snapshots that failed or were refused), once they
+# are GC_GRACE old: a chunk another snapshot is still uploading is never that old.
+SWEEP_EVERY = 3600.0
+GC_GRACE = 3600.0
+
+
 class NodeHomes:
     """The homes of node ``node`` (its homes root is ``settings.homes_root``), against the placement
     records ``placement`` and the snapshot ``store`` (None: no snapshots, a moved home starts empty).
+    A store needs the nodes' key, ``settings.snapshot_key`` (``ValueError`` without it).
 
     ``prepare(home)`` makes a home's file system ready before it is emptied or restored (the
     quota image mounted: ``worker.tools.computer.homes.provision``, given by the Celery edge; raises
-    ``RuntimeError``/``OSError``); ``retire(home)`` undoes it once a drain let the agent go."""
+    ``RuntimeError``/``OSError``) and returns the agent's ``(uid, gid)`` (None: the worker's own), as
+    which a restore writes; ``retire(home)`` undoes it once a drain let the agent go."""
 
     def __init__(
         self,
@@ -141,21 +168,40 @@ class NodeHomes:
         settings: Settings,
         node: str,
         store: SnapshotStore | None,
-        prepare: Callable[[Path], None] | None = None,
+        prepare: Callable[[Path], tuple[int, int] | None] | None = None,
         retire: Callable[[Path], None] | None = None,
     ):
         self.placement = placement
         self.settings = settings
         self.node = node
-        self.store = store
         self.prepare = prepare
         self.retire = retire
         self.root = Path(settings.homes_root).resolve()
         self.meta = meta_dir(settings)
+        self.store = store
         # (agent, epoch) whose home this process saw materialized: the epoch file is then not read
         # again (a new placement always has a new epoch).
         self._ready: set[tuple[str, int]] = set()
         self._ready_lock = threading.Lock()
+        self._known: dict[str, _Known] = {}
+        # The last snapshot failure on this node, for operators (``describe``).
+        self.last_failure: dict[str, str] = {}
+
+    @property
+    def store(self) -> SnapshotStore | None:
+        """The snapshot store (None: none)."""
+        return self._store
+
+    @store.setter
+    def store(self, store: SnapshotStore | None) -> None:
+        self._store = store
+        self.taker: Taker | None = None
+        self.restorer: Restorer | None = None
+        if store is not None:
+            if self.settings.snapshot_key is None:
+                raise ValueError("a snapshot store needs AGENT_SNAPSHOT_KEY (the key every tools node holds)")
+            key = SnapshotKey(self.settings.snapshot_key.get_secret_value())
+            self.taker, self.restorer = Taker(store, key), Restorer(store, key)
 
     def home(self, agent_id: str) -> Path:
         """``<homes_root>/<agent_id>``."""
@@ -176,6 +222,15 @@ class NodeHomes:
         tmp = self.meta / f"{agent_id}.epoch.tmp"
         tmp.write_text(str(epoch))
         os.replace(tmp, self.meta / f"{agent_id}.epoch")
+
+    def _fail(self, agent_id: str, reason: str) -> None:
+        """Record a failed or refused snapshot for operators (the agent's record, the node's info, the log)."""
+        log.error("snapshot of %s on %s: %s", agent_id, self.node, reason)
+        self.last_failure = {"agent": agent_id, "reason": reason, "at": f"{time.time():.0f}"}
+        try:
+            self.placement.record_failure(agent_id, self.node, reason)
+        except Exception:  # Redis down: the log line stays
+            log.exception("snapshot failure of %s not recorded", agent_id)
 
     # ----- a call ------------------------------------------------------------
     def admit(self, agent_id: str, destructive: bool) -> HomeAdmission:
@@ -214,7 +269,7 @@ class NodeHomes:
                     "from its snapshot yet (the snapshot store did not answer); nothing ran. Try again shortly."
                 )
             )
-        except (RuntimeError, OSError) as exc:  # the home's file system could not be made ready
+        except (RuntimeError, OSError, WriteRefused) as exc:  # the home's file system could not be made ready
             lock.close()
             log.error("home of %s not made ready on %s: %s", agent_id, self.node, exc)
             return HomeAdmission(error=f"Error: your computer was moved to another node and {exc}; nothing ran.")
@@ -225,55 +280,98 @@ class NodeHomes:
 
     def _materialize(self, agent_id: str, loc: Located) -> str | None:
         """Make the home on this disk the one of epoch ``loc.epoch`` (caller holds the lock
-        exclusively). Returns what to tell the model, or None. Raises ``SnapshotError``."""
+        exclusively). Returns what to tell the model, or None. Raises ``SnapshotError`` (the store
+        did not answer: try again), ``WriteRefused``."""
         home = self.home(agent_id)
         home.mkdir(parents=True, exist_ok=True)
         if loc.reason == "new":  # a first placement: whatever is here is the agent's only home
             self._set_epoch(agent_id, loc.epoch)
             return None
         moved_at = time.time()
-        if self.prepare is not None:  # e.g. a quota image from an older epoch: mounted, then replaced
-            self.prepare(home)
+        owner = self.prepare(home) if self.prepare is not None else None  # e.g. a quota image, mounted
         snap = self.placement.snapshot(agent_id) if self.store is not None else None
-        if self.store is not None and snap is not None:
-            self.store.restore(snap.object, home, self.meta)
-            notice = restored_notice(loc, snap, moved_at)
+        if self.restorer is not None and snap is not None:
+            try:
+                wanted = Wanted(agent_id, snap.object, snap.epoch, snap.format)
+                self.restorer.restore(wanted, home, owner, capacity(home))
+                notice = restored_notice(loc, snap, moved_at)
+            except SnapshotRefused as exc:
+                self._fail(agent_id, f"restore refused: {exc.reason}")
+                empty_home(home, owner)
+                notice = reset_notice(loc, f"the snapshot was refused: {exc.reason}")
         else:
-            clear_dir(home)
+            empty_home(home, owner)
             why = (
                 "no snapshot store is configured (AGENT_SNAPSHOT_STORE)"
                 if self.store is None
                 else "no snapshot of its home had been taken yet"
             )
             notice = reset_notice(loc, why)
+        self._forget(agent_id)
         self._set_epoch(agent_id, loc.epoch)
         log.warning("home of %s placed on %s at epoch %s: %s", agent_id, self.node, loc.epoch, notice)
         return notice
 
     # ----- housekeeping (worker.placement.keeper) -----------------------------
     def snapshot(self, agent_id: str, release: bool = False, wait: float = 60.0) -> str:
+        """``snapshot_steps`` run to its end in this thread (tests, a shutdown). Raises ``SnapshotError``."""
+        steps = self.snapshot_steps(agent_id, release, wait)
+        try:
+            while True:
+                pause = next(steps)
+                if pause:
+                    time.sleep(pause)
+        except StopIteration as done:
+            return str(done.value)
+
+    def snapshot_steps(self, agent_id: str, release: bool = False, wait: float = 60.0) -> Steps:
         """Snapshot the agent's home if this node holds it (and with ``release``, let it go: a
-        drain). Waits up to ``wait`` s for its running calls to end. Returns what happened:
-        ``"stored"``, ``"released"``, ``"not here"``, ``"busy"``. Raises ``SnapshotError``."""
+        drain), as steps for the node's scheduler (``worker.placement.scheduler``): it yields after
+        each bounded piece of work, or a number of seconds to wait for the agent's running calls
+        (``wait`` s at most). Returns what happened: ``"stored"``, ``"released"``, ``"not here"``,
+        ``"busy"``, ``"over bound"`` (the home exceeds its bound: recorded, not stored). Raises
+        ``SnapshotError`` (the store did not answer)."""
         record = self.placement.record(agent_id)
         if record.get("node") != self.node:
             return "not here"
         epoch = int(record.get("epoch", "0"))
         lock = self.lock(agent_id)
         try:
-            if not lock.exclusive(timeout=wait):
-                return "busy"
-            obj, size = "", 0
-            if self.store is not None and self.epoch(agent_id) == epoch and self.home(agent_id).is_dir():
-                obj, size = self.store.put(self.home(agent_id), agent_id, epoch, self.meta)
-            accepted, old = self.placement.commit(agent_id, self.node, epoch, obj, size, release=release)
-            if not accepted:  # re-placed meanwhile: this node's copy is stale
-                if obj:
-                    self.store.delete(obj)  # type: ignore[union-attr]
+            deadline = time.monotonic() + wait
+            while not lock.exclusive(timeout=0):
+                if time.monotonic() >= deadline:
+                    return "busy"
+                yield 0.05
+            taken: Taken | None = None
+            known: _Known | None = None
+            if self.taker is not None and self.epoch(agent_id) == epoch and self.home(agent_id).is_dir():
+                known = self._known_for(agent_id)
+                try:
+                    taken = yield from self.taker.take(
+                        self.home(agent_id),
+                        agent_id,
+                        epoch,
+                        self.node,
+                        known=set(known.chunks),
+                        files=known.files,
+                        bound=self.settings.home_quota_mb * 1024**2 or None,
+                    )
+                except SnapshotOverBound as exc:
+                    self._fail(agent_id, exc.reason)
+                    return "over bound"
+            obj, size, sent = (taken.object, taken.data, taken.uploaded) if taken else ("", 0, 0)
+            accepted, old = self.placement.commit(agent_id, self.node, epoch, obj, size, release, sent)
+            if not accepted:  # re-placed meanwhile: this node's copy is stale (its chunks: the sweep's)
+                if taken is not None and self.store is not None:
+                    self.store.delete(taken.object)
+                self._forget(agent_id)
                 return "not here"
+            if taken is not None and known is not None:
+                self._collect(agent_id, known, taken)
             if old and self.store is not None:
                 self.store.delete(old)
             if release:
+                self._forget(agent_id)
                 with self._ready_lock:
                     self._ready.discard((agent_id, epoch))
                 if self.retire is not None:
@@ -285,6 +383,53 @@ class NodeHomes:
         finally:
             lock.close()
 
+    def _known_for(self, agent_id: str) -> _Known:
+        """What the store holds for the agent, as of its last recorded snapshot: this process's
+        memory, else that snapshot's manifest read back (verified); nothing when it cannot be read."""
+        snap = self.placement.snapshot(agent_id)
+        obj = snap.object if snap is not None else ""
+        known = self._known.get(agent_id)
+        if known is not None and known.object == obj:
+            return known
+        chunks: set[str] = set()
+        if snap is not None and snap.format == "manifest" and self.restorer is not None:
+            try:
+                chunks = self.restorer.chunks_of(Wanted(agent_id, snap.object, snap.epoch, snap.format))
+            except (SnapshotRefused, SnapshotError) as exc:  # uploaded again: same names, same bytes
+                log.warning("last snapshot of %s not read back (%s): its chunks are uploaded again", agent_id, exc)
+        known = self._known[agent_id] = _Known(obj, chunks, {})
+        return known
+
+    def _collect(self, agent_id: str, known: _Known, taken: Taken) -> None:
+        """After ``taken`` was recorded: delete the chunks only the snapshot it replaced referenced,
+        and now and then sweep chunks no snapshot references (failed or refused ones')."""
+        assert self.store is not None
+        dropped = known.chunks - taken.chunks
+        self.store.delete_many(self.store.chunk_key(agent_id, c) for c in dropped)
+        known.object, known.chunks, known.files = taken.object, set(taken.chunks), taken.files
+        now = time.time()
+        if now - known.swept_at < SWEEP_EVERY:
+            return
+        known.swept_at = now
+        try:
+            stored = self.store.chunks_of(agent_id)
+        except SnapshotError as exc:
+            log.warning("chunks of %s not swept: %s", agent_id, exc)
+            return
+        stale = [c for c, at in stored.items() if c not in taken.chunks and at < now - GC_GRACE]
+        if stale:
+            self.store.delete_many(self.store.chunk_key(agent_id, c) for c in stale)
+            log.info("swept %d unreferenced chunks of %s", len(stale), agent_id)
+
+    def _forget(self, agent_id: str) -> None:
+        self._known.pop(agent_id, None)
+
     def describe(self) -> dict[str, Any]:
-        """What this node tells operators (``Placement.beat``'s info)."""
-        return {"root": str(self.root), "store": self.store.url if self.store else ""}
+        """What this node tells operators (``Placement.beat``'s info): its root, its store, and its
+        last snapshot failure (``snapshot_failure``: agent, reason)."""
+        info: dict[str, Any] = {"root": str(self.root), "store": self.store.url if self.store else ""}
+        if self.last_failure:
+            info["snapshot_failure"] = (
+                f"{self.last_failure['agent']}: {self.last_failure['reason']} (at {self.last_failure['at']})"
+            )
+        return info

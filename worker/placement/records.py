@@ -26,7 +26,8 @@ Keys (times are the Redis server's clock, seconds):
 - ``agent:homes:node:<node>:dirty``: set of its agents whose home changed since their last snapshot;
 - ``agent:placement:<agent_id>``: hash ``node`` ('' once released by a drain), ``epoch``,
   ``reason`` (``new``, ``node_down``, ``drained``), ``prev`` (the node before), ``at``;
-- ``agent:snapshot:<agent_id>``: hash ``object``, ``epoch``, ``node``, ``taken_at``, ``bytes``.
+- ``agent:snapshot:<agent_id>``: hash ``object``, ``epoch``, ``node``, ``taken_at``, ``bytes``,
+  ``uploaded``, ``format``; ``failure``, ``failed_at``, ``failed_node`` while the last attempt failed.
 """
 
 from __future__ import annotations
@@ -123,8 +124,8 @@ return {node, epoch, rec[3] or '', rec[4] or '', placed}
 _BEAT_LUA = _LUA_NOW + "redis.call('ZADD', KEYS[1], now, ARGV[1])\nreturn tostring(now)\n"
 
 # KEYS: placement record, snapshot record. ARGV: node, epoch, object, bytes, 1 to release the agent
-# (a drain), node key prefix, agent id. Accepted only from the node and epoch the record names;
-# returns {1, the object it replaces ('' if none)} or {0, ''}.
+# (a drain), node key prefix, agent id, bytes uploaded, format. Accepted only from the node and epoch
+# the record names; returns {1, the object it replaces ('' if none)} or {0, ''}.
 _COMMIT_LUA = (
     _LUA_NOW
     + """
@@ -134,7 +135,8 @@ local old = ''
 if ARGV[3] ~= '' then
   old = redis.call('HGET', KEYS[2], 'object') or ''
   redis.call('HSET', KEYS[2], 'object', ARGV[3], 'epoch', ARGV[2], 'node', ARGV[1],
-    'taken_at', tostring(now), 'bytes', ARGV[4])
+    'taken_at', tostring(now), 'bytes', ARGV[4], 'uploaded', ARGV[8], 'format', ARGV[9])
+  redis.call('HDEL', KEYS[2], 'failure', 'failed_at', 'failed_node')
 end
 if ARGV[5] == '1' then
   redis.call('HSET', KEYS[1], 'node', '', 'prev', ARGV[1], 'reason', 'drained', 'at', tostring(now))
@@ -161,13 +163,18 @@ class Located:
 @dataclass(frozen=True)
 class SnapshotInfo:
     """The last accepted snapshot of a home: its ``object`` key in the store, the placement
-    ``epoch`` and ``node`` that took it, when (``taken_at``, Unix seconds) and its size (``bytes``)."""
+    ``epoch`` and ``node`` that took it, when (``taken_at``, Unix seconds), the data it holds
+    (``bytes``), what was uploaded for it (``uploaded``), its ``format`` (``manifest``; '' for one
+    taken by a version that did not sign snapshots), and the last ``failure`` since ('' if none)."""
 
     object: str
     epoch: int
     node: str
     taken_at: float
     bytes: int
+    uploaded: int = 0
+    format: str = ""
+    failure: str = ""
 
 
 def _text(value: Any) -> str:
@@ -239,11 +246,6 @@ class Placement:
         now = self._now()
         return [_text(n) for n in self.r.zrangebyscore(NODES_KEY, now - since, now - self.ttl)]
 
-    def forget_nodes_older_than(self, seconds: float) -> int:
-        """Drop nodes silent for ``seconds`` from the node set (their agents are re-placed on their
-        next call anyway). Returns how many."""
-        return int(self.r.zremrangebyscore(NODES_KEY, "-inf", self._now() - seconds))
-
     def drain(self, node: str, on: bool = True) -> None:
         """Mark ``node`` draining (it takes no new placement and releases its agents) or not."""
         if on:
@@ -276,20 +278,51 @@ class Placement:
 
     # ----- snapshots ---------------------------------------------------------
     def commit(
-        self, agent_id: str, node: str, epoch: int, obj: str = "", size: int = 0, release: bool = False
+        self,
+        agent_id: str,
+        node: str,
+        epoch: int,
+        obj: str = "",
+        size: int = 0,
+        release: bool = False,
+        uploaded: int = 0,
+        fmt: str = "manifest",
     ) -> tuple[bool, str]:
-        """Record snapshot ``obj`` (``size`` bytes; '' for none) of ``agent_id``'s home, taken by
-        ``node`` at ``epoch``, and with ``release`` let the agent go (a drain). Accepted only if the
-        record still names that node and epoch. Returns ``(accepted, object it replaces or '')``."""
+        """Record snapshot ``obj`` ('' for none; ``size`` data bytes, ``uploaded`` bytes sent, format
+        ``fmt``) of ``agent_id``'s home, taken by ``node`` at ``epoch`` (and forget a failure recorded
+        before), and with ``release`` let the agent go (a drain). Accepted only if the record still
+        names that node and epoch. Returns ``(accepted, object it replaces or '')``."""
         ok, old = self._commit(
             keys=[placement_key(agent_id), snapshot_key(agent_id)],
-            args=[node, epoch, obj, size, 1 if release else 0, NODE_PREFIX, agent_id],
+            args=[node, epoch, obj, size, 1 if release else 0, NODE_PREFIX, agent_id, uploaded, fmt],
         )
         return bool(ok), _text(old)
+
+    def record_failure(self, agent_id: str, node: str, reason: str) -> None:
+        """Record why a snapshot of ``agent_id``'s home failed or was refused (``failure``, ``failed_at``,
+        ``failed_node`` in its snapshot record; cleared by the next accepted snapshot), for operators."""
+        self.r.hset(
+            snapshot_key(agent_id),
+            mapping={"failure": reason[:1000], "failed_at": f"{self._now():.3f}", "failed_node": node},
+        )
 
     def snapshot(self, agent_id: str) -> SnapshotInfo | None:
         """The last accepted snapshot of ``agent_id``'s home, or None."""
         h = {_text(k): _text(v) for k, v in self.r.hgetall(snapshot_key(agent_id)).items()}
         if not h.get("object"):
             return None
-        return SnapshotInfo(h["object"], int(h["epoch"]), h["node"], float(h["taken_at"]), int(h.get("bytes", 0)))
+        return SnapshotInfo(
+            h["object"],
+            int(h["epoch"]),
+            h["node"],
+            float(h["taken_at"]),
+            int(h.get("bytes", 0)),
+            int(h.get("uploaded", 0)),
+            h.get("format", ""),
+            h.get("failure", ""),
+        )
+
+    def snapshot_record(self, agent_id: str) -> dict[str, str]:
+        """The raw snapshot record (with ``failure``/``failed_at``/``failed_node`` when the last
+        attempt failed), empty when none."""
+        return {_text(k): _text(v) for k, v in self.r.hgetall(snapshot_key(agent_id)).items()}

@@ -42,6 +42,8 @@ from typing import Any
 
 import orjson
 
+from worker.errors import AgentRuntimeError
+
 MAX_PAGES = 2_000
 MAX_PAGE_CHARS = 1_000_000
 MAX_TITLE_CHARS = 300
@@ -57,7 +59,7 @@ STOP_WORDS = frozenset(
 )
 
 
-class BrainError(ValueError):
+class BrainError(AgentRuntimeError, ValueError):
     """A bad page (id, title or size) or a store over its page limit."""
 
 

@@ -36,13 +36,14 @@ import hashlib
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from worker.errors import AgentRuntimeError
 from worker.records.agent_records import AT_CAP, EXISTED, AgentRecords
 
 MAX_ACTIVE_JOBS_PER_AGENT = 5
 FINISHED = ("completed", "terminated", "failed", "cancelled", "max_model_calls", "invalid_arguments")
 
 
-class JobError(ValueError):
+class JobError(AgentRuntimeError, ValueError):
     """A job request that cannot be honoured; the message is shown to the model as is."""
 
 

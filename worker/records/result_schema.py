@@ -19,13 +19,14 @@ import referencing.exceptions
 import referencing.jsonschema
 from referencing import Registry
 
+from worker.errors import AgentRuntimeError
 from worker.tooling.errors import ToolDefinitionError
 
 FINISH_TOOL = "submit_result"
 MAX_SCHEMA_CHARS = 50_000
 
 
-class WorkflowError(ValueError):
+class WorkflowError(AgentRuntimeError, ValueError):
     """A refused workflow operation: bad schema or parameters, unknown task, wrong status for the operation."""
 
 

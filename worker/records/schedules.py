@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
+from worker.errors import AgentRuntimeError
 from worker.records.agent_records import AT_CAP, EXISTED, AgentRecords
 
 MAX_ACTIVE_PER_AGENT = 20
@@ -73,7 +74,7 @@ _CRON_NUMERIC = re.compile(r"^[0-9*/,\-]+$")  # minute, hour, day-of-month
 _CRON_NAMED = re.compile(r"^(?:[0-9*/,\-]|[A-Za-z]{3})+$")  # month, day-of-week: also 'jan', 'mon-fri'
 
 
-class ScheduleError(ValueError):
+class ScheduleError(AgentRuntimeError, ValueError):
     """A schedule request that cannot be honoured; the message is shown to the model as is."""
 
 

@@ -46,7 +46,7 @@ failure (a broken tool schema, a bug) becomes an error output.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import ValidationError
@@ -58,6 +58,7 @@ from worker.tooling.keys import name_sent_keys, near_miss_error
 from worker.tooling.markup import markup_hinted, markup_key_error, markup_value_error, value_markup_hinted
 from worker.tooling.model_flags import accepted_names, fast_path_eligible
 from worker.tooling.object_rungs import decode_encoded_fields, unwrap_candidate, unwrap_envelope
+from worker.tooling.oversized import held_arguments, too_large_reason, utf8_size
 from worker.tooling.param_validation import params_to_data, validate_params
 from worker.tooling.repair import repair_arguments
 from worker.tooling.schemas import validation_info
@@ -68,11 +69,15 @@ __all__ = [
     "DEFAULT_MAX_ARGUMENTS_BYTES",
     "DEFAULT_MAX_RAW_ECHO",
     "ArgumentsOutcome",
+    "ErrorKind",
     "FieldError",
     "params_to_data",
     "validate_params",
     "validate_tool_arguments",
 ]
+
+ErrorKind = Literal["cut_off", "too_large", "parse", "validation"]
+"""Why arguments were refused (``ArgumentsOutcome.error_kind``; a label of ``agent_invalid_calls_total``)."""
 
 MAX_UNWRAP = 2
 """Wrapper keys unwrapped at most, one inside the other (``{"input": {"arguments": ...}}``)."""
@@ -107,8 +112,8 @@ def _hinted(raw: str) -> bool:
 
 DEFAULT_MAX_ARGUMENTS_BYTES = 1_048_576
 """Default cap (UTF-8 bytes) on one call's arguments (``settings.max_arguments_bytes``): a bigger
-call is refused before it is parsed, stored or run (issue 19: a 20 MB ``write_file`` cost Redis
-about 105 MB). 1 MiB holds about twice the longest output a model's token limit allows today."""
+call is refused before it is parsed, stored or run (a 20 MB ``write_file`` argument once cost Redis
+about 105 MB: docs/arguments.md, "Order", 0). 1 MiB holds about twice the longest output a model's token limit allows today."""
 
 DEFAULT_MAX_RAW_ECHO = 2_000
 """Default cap (characters) of the raw arguments echoed back in an error (``settings.max_raw_arguments_echo``)."""
@@ -125,23 +130,26 @@ class ArgumentsOutcome:
     - ``error``: when not ok, the text sent back to the model (failing fields,
       the capped raw arguments, and a request for a corrected call).
     - ``errors``: when validation failed, each failing field.
-    - ``error_kind``: ``None`` when ok, else ``"cut_off"`` (response incomplete),
-      ``"too_large"`` (over the arguments cap), ``"parse"`` (not a usable JSON object)
-      or ``"validation"`` (schema rejected the object). The loop's per-tool retry budget
+    - ``error_kind``: ``None`` when ok, else an ``ErrorKind``: ``"cut_off"`` (response
+      incomplete), ``"too_large"`` (over the arguments cap), ``"parse"`` (not a usable JSON
+      object) or ``"validation"`` (schema rejected the object). The loop's per-tool retry budget
       can count these.
+
+    Built with keywords only (``validated`` for the happy path).
     """
 
     __slots__ = ("ok", "params", "_data", "repairs", "error", "errors", "error_kind", "_tool")
 
     def __init__(
         self,
+        *,
         ok: bool,
         params: Any = None,
         data: dict[str, Any] | None = None,
         repairs: list[str] | None = None,
         error: str | None = None,
         errors: list[FieldError] | None = None,
-        error_kind: str | None = None,
+        error_kind: ErrorKind | None = None,
         tool: WorkerTool[Any] | None = None,
     ):
         self.ok = ok
@@ -152,6 +160,11 @@ class ArgumentsOutcome:
         self.errors = errors if errors is not None else []
         self.error_kind = error_kind
         self._tool = tool
+
+    @classmethod
+    def validated(cls, tool: WorkerTool[Any], params: Any) -> ArgumentsOutcome:
+        """Params of ``tool`` that validated as sent, without a repair (``data`` computed when read)."""
+        return cls(ok=True, params=params, tool=tool)
 
     @property
     def data(self) -> dict[str, Any] | None:
@@ -181,7 +194,7 @@ def _echo(raw: str, cap: int) -> str:
 def _failure(
     tool: WorkerTool[Any],
     raw: str,
-    kind: str,
+    kind: ErrorKind,
     reason: str,
     cap: int,
     *,
@@ -266,15 +279,8 @@ def validate_tool_arguments(
         # markup key and every envelope) to the checked path, and a model with open maps is only
         # taken without any markup hint; 4 bytes per character bound the size.
         try:
-            return ArgumentsOutcome(
-                True,
-                model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid"),
-                None,
-                None,
-                None,
-                None,
-                None,
-                tool,
+            return ArgumentsOutcome.validated(
+                tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid")
             )
         except ValidationError:
             pass
@@ -283,9 +289,11 @@ def validate_tool_arguments(
             raw = orjson.dumps(raw).decode()
     except Exception:
         raw = repr(raw)
-    too_large = _too_large(raw, max_arguments_bytes)
-    if too_large:
-        return _failure(tool, raw, "too_large", too_large, max_raw_echo)
+    held = held_arguments(raw)  # arguments refused before they were stored: their placeholder
+    size = held.size if held is not None else utf8_size(raw, max_arguments_bytes)
+    if size is not None:
+        cap = held.cap if held is not None else max_arguments_bytes
+        return _failure(tool, raw, "too_large", too_large_reason(size, cap), max_raw_echo)
     try:
         return _validate_tool_arguments(tool, raw, response_status, max_raw_echo)
     except RecursionError:
@@ -302,21 +310,6 @@ def validate_tool_arguments(
 
 
 _UNPARSED = object()
-
-
-def _too_large(raw: str, cap: int) -> str | None:
-    """The refusal for arguments over ``cap`` UTF-8 bytes, else ``None`` (the byte count is only
-    computed when the character count could exceed the cap)."""
-    if len(raw) <= cap // 4:
-        return None
-    size = len(raw.encode("utf-8", "surrogatepass"))
-    if size <= cap:
-        return None
-    return (
-        f"your arguments are {size:,} bytes; this runtime takes at most {cap:,} bytes of arguments in one call "
-        "(setting AGENT_MAX_ARGUMENTS_BYTES); nothing was run: do the work in smaller calls (for example, "
-        "write a long file in parts)"
-    )
 
 
 def _validate_tool_arguments(
@@ -337,15 +330,8 @@ def _validate_tool_arguments(
     hinted = _hinted(raw)
     if type(parsed) is dict and model is not None and not hinted:
         try:
-            return ArgumentsOutcome(
-                True,
-                model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid"),
-                None,
-                None,
-                None,
-                None,
-                None,
-                tool,
+            return ArgumentsOutcome.validated(
+                tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid")
             )
         except ValidationError:
             pass
@@ -358,8 +344,8 @@ def _validate_tool_arguments(
         # not JSON, or a JSON string (double encoded): the ladder
         rep = repair_arguments(raw, response_status=response_status)
         if not rep.ok:
-            kind = "cut_off" if rep.error == CUT_OFF_ERROR else "parse"
-            return _failure(tool, raw, kind, rep.error or "not valid JSON", max_raw_echo)
+            refused: ErrorKind = "cut_off" if rep.error == CUT_OFF_ERROR else "parse"
+            return _failure(tool, raw, refused, rep.error or "not valid JSON", max_raw_echo)
         data, repairs = rep.value, rep.repairs
     elif not isinstance(parsed, dict):
         kind = {type(None): "null", list: "an array", bool: "a boolean"}.get(type(parsed), "a number")

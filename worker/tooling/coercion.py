@@ -18,7 +18,7 @@ only to the JSON value the text spells, and each coercion is recorded as
 Nothing else: no ``"yes"``/``1`` to booleans, no numbers to strings, no
 ``"null"`` to null, no trimming. Pydantic tools validate in strict mode
 (``worker.tooling.param_validation``), so lax-mode conversions do not apply to
-them either: this rule is the only one. Source: issue 10 item 5; the
+them either: this rule is the only one (docs/arguments.md, "The coercion rule"). Source: the
 ``get_pull_request`` ``"890"`` case (``tests/fixtures/cases/malformed-arguments-2.json``, B09).
 """
 

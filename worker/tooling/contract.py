@@ -25,6 +25,7 @@ import redis
 from pydantic import BaseModel
 from redis import Redis
 
+from worker.errors import AgentRuntimeError
 from worker.settings import Settings
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.schemas import current_provider, function_definition
@@ -44,7 +45,7 @@ MAX_DESCRIPTION_CHARS = 1024
 P = TypeVar("P")
 
 
-class TurnAborted(Exception):
+class TurnAborted(AgentRuntimeError):
     """Raised by ``AbortSignal.raise_if_aborted`` when the turn was cancelled."""
 
 
@@ -192,6 +193,14 @@ class ToolContext:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+MAX_LABEL_CHARS = 300
+"""An activity label longer than this is cut (with ``...``)."""
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= MAX_LABEL_CHARS else label[: MAX_LABEL_CHARS - 3] + "..."
+
+
 def _default_describe(name: str) -> Callable[[Any], str]:
     return lambda params: f"Running {name}"
 
@@ -243,19 +252,21 @@ class WorkerTool(Generic[P]):
         return inspect.iscoroutinefunction(self.execute)
 
     def activity(self, params: P) -> str:
-        """Short label for progress, e.g. ``"Reading src/app.py"``. Never raises."""
+        """Short label for progress, e.g. ``"Reading src/app.py"``, at most ``MAX_LABEL_CHARS``
+        (a label quotes model-chosen params, and goes into the plan and several events). Never raises."""
         fn = self.describe_activity or _default_describe(self.name)
         try:
-            return str(fn(params))
+            return _short(str(fn(params)))
         except Exception:  # a label must never break a call
             return f"Running {self.name}"
 
     def completed_activity(self, params: P, result: ToolResult) -> str:
-        """Label after completion, e.g. ``"Read 120 lines of src/app.py"``. Never raises."""
+        """Label after completion, e.g. ``"Read 120 lines of src/app.py"``, capped as ``activity``.
+        Never raises."""
         if self.describe_completed_activity is None:
             return self.activity(params)
         try:
-            return str(self.describe_completed_activity(params, result))
+            return _short(str(self.describe_completed_activity(params, result)))
         except Exception:
             return self.activity(params)
 

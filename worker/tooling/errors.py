@@ -1,7 +1,9 @@
 """The tool runtime's definition error (at the bottom of ``worker.tooling``: every module may raise it)."""
 
+from worker.errors import AgentRuntimeError
 
-class ToolDefinitionError(ValueError):
+
+class ToolDefinitionError(AgentRuntimeError, ValueError):
     """A tool definition the runtime cannot offer to a model.
 
     Raised at definition time (``define_worker_tool``), naming the tool and,

@@ -136,99 +136,131 @@ def repair_arguments(raw: str, *, response_status: str = "completed") -> RepairO
                 f"limit {MAX_REPAIR_CHARS}); send valid JSON"
             ),
         )
-    repairs: list[str] = []
+    ladder = _Ladder(raw)
     try:
-        value = _ladder(raw, repairs)
+        value = ladder.climb()
     except Refused as exc:
-        return RepairOutcome(ok=False, error=str(exc), repairs=repairs)
+        return RepairOutcome(ok=False, error=str(exc), repairs=ladder.repairs)
     except NotJson:
-        return RepairOutcome(ok=False, error=not_json_error(raw), repairs=repairs)
+        return RepairOutcome(ok=False, error=not_json_error(raw), repairs=ladder.repairs)
     except RecursionError:  # defence in depth: check_depth runs before every recursive decoder
-        return RepairOutcome(ok=False, error=too_deep_error(), repairs=repairs)
+        return RepairOutcome(ok=False, error=too_deep_error(), repairs=ladder.repairs)
     if not isinstance(value, dict):
-        return RepairOutcome(ok=False, error=non_object_error(value), repairs=repairs)
+        return RepairOutcome(ok=False, error=non_object_error(value), repairs=ladder.repairs)
     bad = check_values(value)
     if bad:
-        return RepairOutcome(ok=False, error=bad, repairs=repairs)
-    return RepairOutcome(ok=True, value=value, repairs=repairs)
+        return RepairOutcome(ok=False, error=bad, repairs=ladder.repairs)
+    return RepairOutcome(ok=True, value=value, repairs=ladder.repairs)
 
 
-def _ladder(raw: str, repairs: list[str]) -> Any:
-    text = raw
-    depth = check_depth(raw)
+def _refuse_too_deep(text: str) -> None:
+    depth = check_depth(text)
     if depth:
         raise Refused(depth)
-    fenced = strip_fence(text)
-    if fenced is not None:
-        text = fenced
-        repairs.append("code_fence")
-    else:
-        h = JSON_HEADER.match(text)
-        if h:
-            text = text[h.end() :]
-            repairs.append("json_header")
-    text = drop_leading_empty(text.strip(), repairs)
-    if not text:
-        return {}
-    if text != raw:
+
+
+class _Ladder:
+    """One climb of the text ladder (the module docstring's rungs 1 to 4) over ``raw``: ``text`` is
+    the text as the rungs so far left it, ``repairs`` the rungs applied, in order (also after a
+    refusal, for the error's record). Each step either answers the value or hands a text on."""
+
+    def __init__(self, raw: str):
+        self.raw = raw
+        self.text = raw
+        self.repairs: list[str] = []
+
+    def climb(self) -> Any:
+        """The value read out of the text (any JSON value: the caller refuses a non-object).
+        Raises ``Refused`` (with the reason for the model) or ``NotJson``."""
+        _refuse_too_deep(self.raw)
+        self._unwrap()
+        if not self.text:
+            return {}
+        if self.text != self.raw:  # the wrapping was all that was wrong
+            try:
+                return loads_once(self.text)
+            except orjson.JSONDecodeError:
+                pass
+        if self.text[0] == '"':
+            return self._double_encoded()
+        if self.text.startswith('{\\"'):
+            value = self._escaped_object()
+            if value is not None:
+                return value
+        if self.text[0] != "{":
+            return self._not_an_object()
+        return self._object()
+
+    def _unwrap(self) -> None:
+        """Rung 1 (a fence or a leaked ``json`` header) and the stream's leading empty objects."""
+        fenced = strip_fence(self.text)
+        if fenced is not None:
+            self.text = fenced
+            self.repairs.append("code_fence")
+        elif h := JSON_HEADER.match(self.text):
+            self.text = self.text[h.end() :]
+            self.repairs.append("json_header")
+        self.text = drop_leading_empty(self.text.strip(), self.repairs)
+
+    def _double_encoded(self) -> Any:
+        """Rung 2, a JSON string holding an object: decoded once; when the content needs repair
+        itself, it climbs the object rungs (composes once: never decoded twice)."""
         try:
-            return loads_once(text)
-        except orjson.JSONDecodeError:
-            pass
-    first = text[0]
-    if first == '"':
+            return double_encoded(self.text, self.repairs)
+        except EncodedObjectText as exc:
+            self.repairs.append("double_encoded")
+            self.text = exc.inner
+            return self._object()
+
+    def _escaped_object(self) -> dict[str, Any] | None:
+        """Rung 2, an object with every quote escaped one level; None when that reading fails."""
         try:
-            return double_encoded(text, repairs)
-        except EncodedObjectText as exc:  # composes once: the decoded text climbs the rest of the ladder
-            repairs.append("double_encoded")
-            text = first_text = exc.inner
-            first = "{"
-    else:
-        first_text = None
-    if first_text is None and text.startswith('{\\"'):
-        try:
-            inner = json.loads('"' + text + '"')
-            depth = check_depth(inner)
-            if depth:
-                raise Refused(depth)
-            value = loads_once(inner)
+            inner = json.loads('"' + self.text + '"')
+            _refuse_too_deep(inner)
+            value: dict[str, Any] = loads_once(inner)  # it starts with "{": an object or an error
         except (json.JSONDecodeError, orjson.JSONDecodeError):
-            pass
-        else:
-            repairs.append("escaped_object")
-            return value
-    if first != "{":
-        # A lone Python literal or JSON scalar is still a non-object; anything else is not JSON.
-        if text in PY_LITERALS:
-            return None if text == "None" else text == "True"
+            return None
+        self.repairs.append("escaped_object")
+        return value
+
+    def _not_an_object(self) -> Any:
+        """A lone Python literal or JSON scalar is still a value (refused as a non-object by the
+        caller); anything else is not JSON."""
+        if self.text in PY_LITERALS:
+            return None if self.text == "None" else self.text == "True"
         try:
-            return loads_once(text)
+            return loads_once(self.text)
         except orjson.JSONDecodeError:
             raise NotJson("not an object") from None
-    copies = cumulative_copies(text)
-    if copies is not None:
-        repairs.extend(copies[1])
-        return copies[0]
-    scratch: list[str] = []
-    try:
-        normalized, end, balanced = normalize(text, 0, scratch)
-    except Mismatch as exc:
-        value, names = _mismatched_closer(text, exc)
-        repairs.extend(names)
+
+    def _object(self) -> Any:
+        """Text that starts an object: cut copies before it, else rung 3 (``normalize``, or the
+        ``mismatched_closer`` rung), else rung 4 (``json_repair``) when its delimiters balance;
+        then what follows the first object (``handle_tail``)."""
+        text = self.text
+        copies = cumulative_copies(text)
+        if copies is not None:
+            value, names = copies
+            self.repairs.extend(names)
+            return value
+        scratch: list[str] = []
+        try:
+            normalized, end, balanced = normalize(text, 0, scratch)
+        except Mismatch as exc:
+            value, names = _mismatched_closer(text, exc)
+            self.repairs.extend(names)
+            return value
+        try:
+            value = DECODER.decode(normalized)
+        except json.JSONDecodeError:
+            if not balanced:
+                raise NotJson("not JSON after closing delimiters") from None
+            value = json_repair_rung(text[:end])  # its delimiters balance: nothing was cut
+            self.repairs.append("json_repair")
+        else:
+            self.repairs.extend(scratch)
+        handle_tail(text, end, value, self.repairs)
         return value
-    try:
-        value = DECODER.decode(normalized)
-    except json.JSONDecodeError:
-        if not balanced:
-            raise NotJson("not JSON after closing delimiters") from None
-        # Rung 4: json-repair on the first value, only when its delimiters balance (no truncation).
-        value = json_repair_rung(text[:end])
-        repairs.append("json_repair")
-        handle_tail(text, end, value, repairs)
-        return value
-    repairs.extend(scratch)
-    handle_tail(text, end, value, repairs)
-    return value
 
 
 def _mismatched_closer(text: str, exc: Mismatch) -> tuple[Any, list[str]]:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
+from worker.errors import AgentRuntimeError
 from worker.settings import Settings
 from worker.turn.interfaces import Toolset
 
 
-class UnknownToolset(LookupError):
+class UnknownToolset(AgentRuntimeError, LookupError):
     """The turn names a toolset this worker does not have."""
 
 

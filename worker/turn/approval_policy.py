@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from worker.settings import Settings, get_settings
+from worker.settings import ApprovalMode, Settings, get_settings
 from worker.tooling.contract import WorkerTool
 from worker.turn.context import TurnContext
 from worker.turn.request import ApprovalPolicy, TurnRequest
@@ -31,7 +31,7 @@ ApprovalRule = Callable[[WorkerTool[Any], Any], bool]
 """``(tool, validated_params) -> needs approval``, as ``worker.turn.planning.plan_calls`` takes it."""
 
 
-def approval_mode(request: TurnRequest, settings: Settings) -> str:
+def approval_mode(request: TurnRequest, settings: Settings) -> ApprovalMode:
     """The turn's approval mode: the request's, else ``AGENT_APPROVAL_MODE``."""
     return request.approval.mode or settings.approval_mode
 
@@ -41,7 +41,7 @@ def approval_timeout(request: TurnRequest, settings: Settings) -> float:
     return request.approval.timeout or settings.approval_timeout
 
 
-def call_needs_approval(tool: WorkerTool[Any], params: Any, ctx: TurnContext, mode: str) -> bool:
+def call_needs_approval(tool: WorkerTool[Any], params: Any, ctx: TurnContext, mode: ApprovalMode) -> bool:
     """Whether this validated call waits for a person under ``mode`` (see the module docstring)."""
     if mode == "off":
         return False

@@ -32,6 +32,7 @@ from typing import Any, Callable, Literal
 import orjson
 import redis
 
+from worker.errors import AgentRuntimeError
 from worker.tooling.validators import FieldError, compile_validator
 from worker.turn.dispatch import Batch, PlannedCall
 from worker.turn.keys import PENDING_APPROVALS_KEY as PENDING_KEY
@@ -43,7 +44,7 @@ from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, CallResult, even
 Decision = Literal["approved", "rejected"]
 
 
-class ApprovalError(ValueError):
+class ApprovalError(AgentRuntimeError, ValueError):
     """A decision that cannot apply: unknown turn or call, turn ended or moved on, invalid edited params."""
 
 
@@ -285,7 +286,7 @@ class ApprovalRecords:
         """The writes that store the pending ``records``, park the turn and announce them, for
         ``TurnStore.begin_tools_writes(also=...)`` (the same transaction as the step's plan)."""
 
-        def write(pipe: Any) -> None:
+        def write(pipe: Any) -> None:  # a ``guard.Writes``: redis-py's stubs type its commands for a client only
             if not records:
                 return
             step = records[0].step

@@ -11,7 +11,7 @@ calls off the worker's threads").
    in order);
 3. ``start`` returns ``StepOutcome("waiting")``: the worker thread is free.
 
-When the call ends, a finisher thread runs ``complete`` (``ModelStep.complete``: the reply stored
+When the call ends, a finisher thread runs ``complete`` (``ModelStep.finish_call``: the reply stored
 once with its usage, then ``ReplyHandler.handle``). A retryable ``GatewayError`` frees the step's
 claim and publishes the step again after the backoff (``CallEdge.retry``, ``worker.turn.retries``);
 after ``MAX_MODEL_RETRIES``, or for an unexpected error, the turn ends ``failed`` with the reason.

@@ -32,6 +32,7 @@ from typing import Any
 from worker.model.items import cap_output, output_text, storable
 from worker.tooling.arguments import validate_params
 from worker.tooling.contract import ToolContext, ToolResult, TurnAborted, WorkerTool
+from worker.tooling.oversized import kept_json
 from worker.turn import metrics, telemetry
 from worker.turn.claims import Closed
 from worker.turn.completion import BatchCompletion
@@ -237,7 +238,7 @@ class CallRunner:
         )
         result = _run_tool(tool, params, tctx, call)
         text, cut = cap_output(output_text(result.content), self.rt.settings.max_output_chars)
-        details = dict(result.details)
+        details = dict(kept_json(result.details))  # never stored whole over its cap
         if cut:
             details["output_cut_chars"] = cut
         if call.repairs:
@@ -247,10 +248,18 @@ class CallRunner:
             details=details,
             is_error=result.is_error,
             terminate=result.terminate,
-            presentation_events=[{"kind": e.kind, "data": e.data} for e in result.presentation_events],
+            presentation_events=_kept_events(result),
             activity=tool.completed_activity(params, result),
             ms=round((time.perf_counter() - started) * 1000, 1),
         )
+
+
+def _kept_events(result: ToolResult) -> list[dict[str, Any]]:
+    """The result's presentation events as stored: one placeholder event when they are over
+    ``MAX_RESULT_JSON_BYTES`` as JSON (``worker.tooling.oversized``)."""
+    events = [{"kind": e.kind, "data": e.data} for e in result.presentation_events]
+    kept = kept_json(events)
+    return events if kept is events else [{"kind": "not_kept", "data": kept["not_kept"]}]
 
 
 def _run_tool(tool: WorkerTool[Any], params: Any, tctx: ToolContext, call: PlannedCall) -> ToolResult:

@@ -10,7 +10,7 @@ on its Redis client, as ``store.claims``.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import redis
@@ -173,6 +173,18 @@ return 0
 """
 
 
+class CallRead(NamedTuple):
+    """What ``Claims.begin_call`` read and did, raw (``TurnStore.call_view`` parses it)."""
+
+    turn_hash: dict[bytes, bytes]
+    """The turn's hash (empty: unknown turn)."""
+    raw_plan: bytes
+    """The step's plan as stored (``b""``: none)."""
+    has_result: bool
+    cancelled: bool
+    claim: CallClaim
+
+
 class Claims:
     """Claims and the barrier in the Redis at ``client`` (see the module docstring);
     ``progress_timeout``: seconds of the progress deadline a stored result pushes."""
@@ -214,13 +226,10 @@ class Claims:
             return True, None
         return False, orjson.loads(raw) if raw else None
 
-    def begin_call(
-        self, turn_id: str, step: int, call_id: str, owner: str, lease: float
-    ) -> tuple[dict[bytes, bytes], bytes, bool, bool, CallClaim]:
+    def begin_call(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> CallRead:
         """Read call ``call_id``'s view and, when it can be claimed at once (see the script), claim
         it for ``owner`` (``lease`` seconds) with its ``call_started`` event: one round trip.
-        Returns ``(turn hash, raw plan or b"", has result, cancelled, claim)``. Raises redis-py's
-        errors as they come (callers wait an outage out: ``worker.turn.outage``)."""
+        Raises redis-py's errors as they come (callers wait an outage out: ``worker.turn.outage``)."""
         claim = {"owner": owner, "lease_until": time.time() + lease}
         h, plan, has, cancelled, tried, existing = self._begin_call(
             keys=[
@@ -244,7 +253,7 @@ class Claims:
         outcome = CallClaim(
             tried=tried != 0, won=tried == 1, existing=orjson.loads(existing) if tried == 2 and existing else None
         )
-        return _pairs(h), plan, bool(has), bool(cancelled), outcome
+        return CallRead(_pairs(h), plan, bool(has), bool(cancelled), outcome)
 
     def begin_step(self, turn_id: str, step: int, owner: str, lease: float, held_key: str) -> StepView:
         """Read model step ``step``'s view and, if it is runnable and not memoized, take its model

@@ -38,7 +38,7 @@ class TurnEnd:
     ) -> Ended:
         """What follows every terminal transition (see the module docstring). ``hooks``: whether the
         turn has end hooks (read from the store when None). ``usage``: the turn's totals, when the
-        transition already wrote the ``turn_finished`` event with them (``TurnStore.complete``)."""
+        transition already wrote the ``turn_finished`` event with them (``TurnStore.end_at_model_step``)."""
         store = self.rt.store
         if usage is None:
             usage = self.rt.usage.totals(turn_id)
@@ -78,7 +78,7 @@ class TurnEnd:
         """End the turn at model step ``step`` without a reply to record (a cap, a refused request);
         None when the step was fenced out (another delivery moved the turn on)."""
         try:
-            self.rt.store.complete(turn_id, step, [], status, error=error, count_model_call=False)
+            self.rt.store.end_at_model_step(turn_id, step, [], status, error=error, count_model_call=False)
         except StaleStep:
             return None
         return self.finished(turn_id, status, error=error)

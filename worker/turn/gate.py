@@ -37,8 +37,9 @@ from worker.turn.state import CallResult, TurnState
 
 log = logging.getLogger("agent.approvals")
 
-Writes = Callable[[Any], None]
-"""Commands queued in a transition's pipeline (``TurnStore.begin_tools_writes(also=...)``)."""
+ApprovalWrites = Callable[[Any], None]
+"""The writes of a step's approval requests, in its move to the tools phase
+(``TurnStore.begin_tools_writes(also=...)``)."""
 
 
 class ApprovalGate:
@@ -49,7 +50,7 @@ class ApprovalGate:
 
     def plan(
         self, turn_id: str, step: int, request: TurnRequest, planned: list[PlannedCall], tools: list[WorkerTool[Any]]
-    ) -> tuple[list[Batch], Writes | None]:
+    ) -> tuple[list[Batch], ApprovalWrites | None]:
         """The step's batches (``plan_batches``) cut for approvals (``approvals.split_for_approval``),
         and the writes that record its approval requests in ``begin_tools``'s transaction (None when
         no call needs one)."""

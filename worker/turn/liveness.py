@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Any
 
+import redis
+
 HOST = socket.gethostname()
 NODES_KEY = "agent:nodes"
 
@@ -75,15 +77,18 @@ def _pid_gone(pid: int) -> bool:
 
 
 class Liveness:
-    """Heartbeats and held tasks of nodes, in the Redis at ``r``. ``ttl`` in seconds."""
+    """Heartbeats and held tasks of nodes, in the Redis at ``client`` (bytes replies); its keys
+    (``agent:nodes``, ``agent:alive:*``, ``agent:node:*:tasks``, ``agent:suspect:*``,
+    ``agent:dead:*``) are read and written here only. ``ttl`` in seconds."""
 
-    def __init__(self, r: Any, ttl: float):
-        self.r = r
+    def __init__(self, client: redis.Redis, ttl: float):
+        # redis-py types every reply as ``bytes | str``; the parsing below says what each reply is.
+        self._r: Any = client
         self.ttl = ttl
 
     def beat(self, node_id: str) -> None:
         """Refresh ``node_id``'s heartbeat (call every ``ttl / 3``). Raises redis errors."""
-        with self.r.pipeline(transaction=False) as p:
+        with self._r.pipeline(transaction=False) as p:
             p.set(_alive_key(node_id), time.time(), px=int(self.ttl * 1000))
             p.sadd(NODES_KEY, node_id)
             p.delete(f"agent:suspect:{node_id}")
@@ -91,19 +96,19 @@ class Liveness:
 
     def retire(self, node_id: str) -> None:
         """A clean shutdown: forget the node (its held tasks go back to the broker unacked)."""
-        with self.r.pipeline(transaction=False) as p:
+        with self._r.pipeline(transaction=False) as p:
             p.delete(_alive_key(node_id))
             p.srem(NODES_KEY, node_id)
             p.execute()
 
     def hold(self, node_id: str, task_id: str, turn_id: str) -> None:
         """Record that ``node_id`` holds a task of ``turn_id`` (received, reserved or running)."""
-        self.r.hset(held_key(node_id), task_id, turn_id)
+        self._r.hset(held_key(node_id), task_id, turn_id)
 
     def replace_held(self, node_id: str, held: dict[str, str]) -> None:
         """Write the node's whole held set (``task_id`` -> ``turn_id``) in one round trip."""
         key = held_key(node_id)
-        with self.r.pipeline() as p:
+        with self._r.pipeline() as p:
             p.delete(key)
             if held:
                 p.hset(key, mapping=held)
@@ -112,11 +117,11 @@ class Liveness:
     def release(self, node_id: str, *task_ids: str) -> None:
         """The tasks ended (ran or were dropped): the node no longer holds them. One round trip."""
         if task_ids:
-            self.r.hdel(held_key(node_id), *task_ids)
+            self._r.hdel(held_key(node_id), *task_ids)
 
     def is_alive(self, node_id: str) -> bool:
         """True while ``node_id``'s heartbeat key exists."""
-        return bool(self.r.exists(_alive_key(node_id)))
+        return bool(self._r.exists(_alive_key(node_id)))
 
     def owner_is_dead(self, claim_owner: str) -> bool:
         """True when a claim's owner (``host:node_pid:pid:thread``, or a bare ``host:pid``) is gone:
@@ -137,7 +142,7 @@ class Liveness:
         if node_id is None or self.is_alive(node_id):
             return False
         # A node is judged only once it was known: registered, or declared dead by the watchdog.
-        return bool(self.r.sismember(NODES_KEY, node_id) or self.r.exists(f"agent:dead:{node_id}"))
+        return bool(self._r.sismember(NODES_KEY, node_id) or self._r.exists(f"agent:dead:{node_id}"))
 
     def dead_nodes(self) -> list[str]:
         """Nodes whose heartbeat has been missing for at least ``ttl`` (seen by two sweeps).
@@ -147,13 +152,13 @@ class Liveness:
         """
         now = time.time()
         dead = []
-        for raw in self.r.smembers(NODES_KEY):
+        for raw in self._r.smembers(NODES_KEY):
             node_id = raw.decode() if isinstance(raw, bytes) else raw
             if self.is_alive(node_id):
                 continue
             key = f"agent:suspect:{node_id}"
-            self.r.set(key, now, nx=True, ex=int(self.ttl * 10) + 60)
-            since = float(self.r.get(key) or now)
+            self._r.set(key, now, nx=True, ex=int(self.ttl * 10) + 60)
+            since = float(self._r.get(key) or now)
             if now - since >= self.ttl:
                 dead.append(node_id)
         return dead
@@ -162,7 +167,7 @@ class Liveness:
         """A node known dead (its supervisor saw its process exit): drop its heartbeat and take what
         it held (``task_id`` -> ``turn_id``), without waiting for the heartbeat to expire."""
         key = held_key(node_id)
-        with self.r.pipeline() as p:
+        with self._r.pipeline() as p:
             p.hgetall(key)
             p.delete(key, _alive_key(node_id), f"agent:suspect:{node_id}")
             p.srem(NODES_KEY, node_id)
@@ -180,8 +185,8 @@ class Liveness:
         return self._held(live_only=False)
 
     def _held(self, *, live_only: bool) -> dict[str, str]:
-        nodes = [_text(n) for n in self.r.smembers(NODES_KEY)]
-        with self.r.pipeline(transaction=False) as p:
+        nodes = [_text(n) for n in self._r.smembers(NODES_KEY)]
+        with self._r.pipeline(transaction=False) as p:
             for n in nodes:
                 p.exists(_alive_key(n))
                 p.hgetall(held_key(n))
@@ -195,7 +200,7 @@ class Liveness:
     def take_held_turns(self, node_id: str) -> set[str]:
         """The turns a dead node held; forgets the node. Each turn id once."""
         key = held_key(node_id)
-        with self.r.pipeline() as p:
+        with self._r.pipeline() as p:
             p.hvals(key)
             p.delete(key)
             p.srem(NODES_KEY, node_id)

@@ -13,7 +13,7 @@ reply to ``worker.turn.replies``.
 With ``calls`` (``worker.turn.async_calls.AsyncModelCalls``), a step does not hold its thread
 while the model answers (docs/architecture.md, "Model calls off the worker's threads"): ``run``
 hands the prepared step to the process's event loop and returns ``waiting``; when the call ends,
-``complete`` stores the reply and hands it to ``ReplyHandler.handle``, on a thread of ``calls``.
+``finish_call`` stores the reply and hands it to ``ReplyHandler.handle``, on a thread of ``calls``.
 Each such call claims the step under its own owner id (``call_owner``), so a redelivery that
 lands on the thread that started the call does not take it for its own.
 """
@@ -24,12 +24,14 @@ import itertools
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import Any, Sequence
 
 from opentelemetry import trace
 
 from worker.model.interface import GatewayError, ModelClient, ModelReply, ModelRequest
 from worker.model.streaming import stream_reply
+from worker.tooling.oversized import MAX_ITEM_ID_CHARS, compact_output
 from worker.tooling.schemas import collect_tool_definitions
 from worker.turn import metrics, telemetry
 from worker.turn.async_calls import AsyncModelCalls
@@ -90,7 +92,7 @@ class ModelStep:
         if isinstance(prepared, StepOutcome):
             return prepared
         if prepared.memo is None and self.calls is not None:
-            return self.calls.start(prepared, self.complete)
+            return self.calls.start(prepared, self.finish_call)
         stored = StoredReply(prepared.memo) if prepared.memo is not None else self.call(prepared)
         if isinstance(stored, StepOutcome):
             return stored
@@ -205,12 +207,13 @@ class ModelStep:
                 reply = self._create(prepared.turn_id, prepared.step, prepared.model_request)
             except GatewayError as exc:
                 return self._refused(prepared, exc, time.perf_counter() - started)
+            reply = within_caps(reply, self.rt.settings.max_arguments_bytes, prepared)
             event = self._noted(prepared, reply, time.perf_counter() - started, span)
         # Stored outside the call's span: the first batch's messages, which the store may queue
         # (``ReplyHandler.plan_tools``), belong to the step's task, as when they are sent later.
         return self._store(prepared, reply, event)
 
-    def complete(
+    def finish_call(
         self,
         prepared: PreparedStep,
         result: ModelReply | BaseException,
@@ -232,6 +235,7 @@ class ModelStep:
                 metrics.model_call_finished(prepared.model, None, failed=True)
                 raise result
             try:
+                result = within_caps(result, self.rt.settings.max_arguments_bytes, prepared)
                 stored = self._paid(prepared, result, elapsed, span, deltas)
             finally:
                 telemetry.end_model_call_span(span)
@@ -317,6 +321,20 @@ class ModelStep:
         return StoredReply(
             saved.reply, saved.cancelled, UsageLedger.totals_of(*saved.usage), began=planned if saved.began else None
         )
+
+
+def within_caps(reply: ModelReply, max_arguments_bytes: int, prepared: PreparedStep) -> ModelReply:
+    """``reply`` with every model-chosen value over its cap replaced by its placeholder
+    (``worker.tooling.oversized``), before anything of it is stored, planned or traced: what is
+    memoized is what every later read of the step plans (docs/arguments.md, "Size")."""
+    output = compact_output(reply.output, max_arguments_bytes)
+    reply_id = reply.id if len(reply.id) <= MAX_ITEM_ID_CHARS else ""
+    if output is None and reply_id == reply.id:
+        return reply
+    log.warning(
+        "turn %s step %s: the reply held values over their caps; placeholders are kept", prepared.turn_id, prepared.step
+    )
+    return replace(reply, id=reply_id, output=reply.output if output is None else output)
 
 
 def _stale(state: TurnState, step: int) -> StepOutcome | None:

@@ -5,16 +5,29 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import orjson
 
 from worker.tooling.arguments import DEFAULT_MAX_ARGUMENTS_BYTES, ArgumentsOutcome, validate_tool_arguments
 from worker.tooling.contract import WorkerTool
+from worker.tooling.oversized import MAX_CALL_ID_CHARS, cut_call_id_length
 from worker.turn.dispatch import PlannedCall
 from worker.turn.state import CallResult
 
 log = logging.getLogger("agent.loop")
+
+
+class PlannedCalls(NamedTuple):
+    """What ``plan_calls`` made of a reply's calls."""
+
+    planned: list[PlannedCall]
+    """A ``PlannedCall`` per call, in emitted order (runnable ones carry validated ``data``)."""
+    known: dict[str, CallResult]
+    """The outputs already known for the calls that will not run (duplicate ``call_id``, unknown
+    tool, invalid arguments), by ``call_id``."""
+    invalid_counts: dict[str, int]
+    """The per-tool invalid-call counts including this reply (the retry budget)."""
 
 
 def plan_calls(
@@ -26,13 +39,9 @@ def plan_calls(
     max_raw_echo: int,
     approval: Callable[[WorkerTool[Any], Any], bool] | None = None,
     max_arguments_bytes: int = DEFAULT_MAX_ARGUMENTS_BYTES,
-) -> tuple[list[PlannedCall], dict[str, CallResult], dict[str, int]]:
-    """Validate each ``function_call`` of a reply against the turn's tools, in emitted order.
-
-    Returns ``(planned, pre, invalid_counts)``: a ``PlannedCall`` per call (runnable ones carry
-    validated ``data``), the outputs already known for calls that will not run (duplicate
-    ``call_id``, unknown tool, invalid arguments; keyed by ``call_id``), and the per-tool
-    invalid-call counts including this reply (the retry budget, docs/architecture.md, "Invalid calls").
+) -> PlannedCalls:
+    """Validate each ``function_call`` of a reply against the turn's tools, in emitted order: a
+    ``PlannedCalls`` (the retry budget it counts: docs/architecture.md, "Invalid calls").
     ``approval(tool, params)`` marks a runnable call ``needs_approval`` (``worker.turn.approvals``);
     ``max_arguments_bytes`` caps one call's arguments (``settings.max_arguments_bytes``).
     Never raises for bad model output.
@@ -43,6 +52,21 @@ def plan_calls(
     pre: dict[str, CallResult] = {}
     for i, fc in enumerate(calls):
         call_id, name = fc["call_id"], fc["name"]
+        cut = cut_call_id_length(call_id)
+        if cut is not None:  # cut at the edge (worker.tooling.oversized): kept short, never run
+            out = (
+                f"Error: the call_id of this call was {cut:,} characters long; call_ids are at most "
+                f"{MAX_CALL_ID_CHARS} characters. It did not run (it is recorded as {call_id}). "
+                "Send the call again with a short call_id."
+            )
+            invalid_counts[name] = invalid_counts.get(name, 0) + 1
+            planned.append(
+                PlannedCall(
+                    call_id, name, i, output=out, activity=f"Refused call of {name}", error_kind="oversized_call_id"
+                )
+            )
+            pre[call_id] = CallResult.error(out, "oversized_call_id", length=cut)
+            continue
         if fc.get("duplicate_of"):
             # Cases E06/E07: a repeated call_id would rebind outputs; the copy gets its own id and does not run.
             out = (
@@ -123,4 +147,4 @@ def plan_calls(
                 needs_approval=bool(approval and approval(tool, outcome.params)),
             )
         )
-    return planned, pre, invalid_counts
+    return PlannedCalls(planned, pre, invalid_counts)

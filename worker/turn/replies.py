@@ -28,7 +28,7 @@ from worker.turn.ending import CANCELLED, TurnEnd
 from worker.turn.events import CallPlanned, TurnFinished
 from worker.turn.gate import ApprovalGate
 from worker.turn.interfaces import step_label
-from worker.turn.outcome import StepOutcome
+from worker.turn.outcome import Action, StepOutcome
 from worker.turn.planning import plan_calls
 from worker.turn.prepared import PreparedStep, StoredReply, ToolsPlan
 from worker.turn.request import TurnStatus
@@ -79,16 +79,17 @@ class ReplyHandler:
     def _answer(self, prepared: PreparedStep, reply: ModelReply, items: Items, totals: dict[str, int]) -> StepOutcome:
         """A reply without calls completes the turn; one cut at the output-token limit is not a
         completed turn: it ends ``incomplete`` and says so."""
+        action: Action
         if reply.status == "incomplete":
-            status = TurnStatus.incomplete
+            action, status = "incomplete", TurnStatus.incomplete
             error: str | None = (
                 f"the model's answer stopped at the output-token limit ({reply.incomplete_reason or 'incomplete'})"
             )
         else:
-            status, error = TurnStatus.completed, None
+            action, status, error = "completed", TurnStatus.completed, None
         finished = TurnFinished(status.value, error, reply.text, totals)
         try:
-            hooks = self.rt.store.complete(
+            hooks = self.rt.store.end_at_model_step(
                 prepared.turn_id,
                 prepared.step,
                 items,
@@ -102,7 +103,7 @@ class ReplyHandler:
         ended = self.end.finished(
             prepared.turn_id, status, final_output=reply.text, error=error, hooks=hooks, usage=totals
         )
-        return StepOutcome(status.value, ended=ended)
+        return StepOutcome(action, ended=ended)
 
     def _prose_without_finish(self, prepared: PreparedStep, items: Items) -> StepOutcome:
         """A turn that must end through its finish tool answered in prose: one bounded repair
@@ -112,7 +113,7 @@ class ReplyHandler:
         if prepared.state.finish_misses >= 1:
             error = f"the model replied without calling {tool} twice; the task must end through {tool}"
             try:
-                store.complete(turn_id, step, items, TurnStatus.failed, error=error)
+                store.end_at_model_step(turn_id, step, items, TurnStatus.failed, error=error)
             except StaleStep:
                 return StepOutcome("dropped", "already ended")
             return StepOutcome(
@@ -162,7 +163,7 @@ class ReplyHandler:
     def _tools_plan(self, prepared: PreparedStep, reply: ModelReply, items: Items, calls: Items) -> ToolsPlan:
         """Validate the reply's calls and plan them (``plan_calls``, the approval gate's batches)."""
         turn_id, step, request, settings = prepared.turn_id, prepared.step, prepared.request, self.rt.settings
-        planned, pre_results, invalid_counts = plan_calls(
+        planned, known_outputs, invalid_counts = plan_calls(
             turn_id,
             prepared.state.invalid_counts,
             prepared.tools,
@@ -180,7 +181,7 @@ class ReplyHandler:
         batch_of = plan.batch_indexes()
         events = [CallPlanned.of(step, call, batch_of.get(call.call_id)).event() for call in planned]
         writes = self.rt.store.begin_tools_writes(
-            turn_id, step, items, plan, pre_results, invalid_counts, also=asks, events=events
+            turn_id, step, items, plan, known_outputs, invalid_counts, also=asks, events=events
         )
         # The first batch's messages go with the move when they can (then ``_dispatch`` sends
         # nothing): the script that moves the step to its tools phase also queues its calls.

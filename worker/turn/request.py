@@ -10,7 +10,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from worker.errors import AgentRuntimeError
 from worker.model.input_items import InputItemError, check_input_items
+from worker.settings import ApprovalMode
 
 # Agent ids name a directory (the agent's home) and Redis keys; turn ids name Redis keys.
 # Published in the JSON Schema as ``ID_PATTERN`` (ECMA-262 and pydantic-core's Rust regex: ``$``
@@ -25,7 +27,7 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 END_HOOK_METADATA = ("workflow_task_id", "background_job_id")
 
 
-class TurnRefused(ValueError):
+class TurnRefused(AgentRuntimeError, ValueError):
     """A turn that cannot be created: a bad or foreign turn id, or a request over the size cap.
     The message says which rule and setting; nothing was stored."""
 
@@ -110,14 +112,11 @@ class TokenBudget(BaseModel):
     total_tokens: int | None = Field(default=None, ge=1)
 
 
-ApprovalMode = Literal["declared", "destructive", "off"]
-
-
 class ApprovalPolicy(BaseModel):
     """Which calls of the turn wait for a person (``worker.turn.approvals``).
 
-    - ``mode``: ``declared`` (each tool's own ``needs_approval``), ``destructive`` (also every
-      destructive call), ``off`` (waived: nothing waits); ``None`` takes ``AGENT_APPROVAL_MODE``.
+    - ``mode``: which calls wait, one of the modes this field's values list (what each means:
+      docs/control-plane.md, "Approvals"); ``None`` takes ``AGENT_APPROVAL_MODE``.
     - ``timeout``: seconds a call may wait for a decision before it is rejected
       (``None``: ``AGENT_APPROVAL_TIMEOUT``).
     """

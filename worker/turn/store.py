@@ -133,10 +133,10 @@ class TurnStore:
         """State, plan, whether the call has a result, and the cancel flag, in one round trip,
         with the call's claim for ``owner`` (``lease`` seconds) when it can be taken at once
         (``Claims.begin_call``)."""
-        h, raw_plan, has_result, cancelled, claim = self.claims.begin_call(turn_id, step, call_id, owner, lease)
-        state = TurnState.from_hash(turn_id, h) if h else None
-        plan = self._plans.get((turn_id, step)) or self._parse_plan(turn_id, step, raw_plan)
-        return CallView(state, plan, has_result, cancelled, claim)
+        read = self.claims.begin_call(turn_id, step, call_id, owner, lease)
+        state = TurnState.from_hash(turn_id, read.turn_hash) if read.turn_hash else None
+        plan = self._plans.get((turn_id, step)) or self._parse_plan(turn_id, step, read.raw_plan)
+        return CallView(state, plan, read.has_result, read.cancelled, read.claim)
 
     def results(self, turn_id: str, step: int) -> dict[str, CallResult]:
         """Results of ``step`` by ``call_id``."""
@@ -425,7 +425,7 @@ class TurnStore:
 
         self._guarded(turn_id, step, "model", w)
 
-    def complete(
+    def end_at_model_step(
         self,
         turn_id: str,
         step: int,

@@ -2,7 +2,7 @@
 
 - pids: the whole command tree's processes and threads (``pids.max``), beside
   RLIMIT_NPROC;
-- memory (issue 19: four processes of one command reached 4.36 GiB while the
+- memory (four processes of one command once reached 4.36 GiB while the
   limit was RLIMIT_AS per process): the whole command tree's memory, killed
   as one when it passes the limit (``MemoryCgroup``).
 

@@ -38,6 +38,7 @@ ERRNO_PHRASES = {
     errno.ENOENT: "no such file or directory",
     errno.EISDIR: "is a directory",
     errno.ENOSPC: "no space left: the agent home is full (its disk quota, AGENT_HOME_QUOTA_MB, is used up)",
+    errno.EDQUOT: "no space left: the agent home is full (its disk quota, AGENT_HOME_QUOTA_MB, is used up)",
     errno.EROFS: "read-only file system",
     errno.EEXIST: "already exists",
     errno.ENXIO: "not a regular file (no such device or address)",

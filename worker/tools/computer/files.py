@@ -2,12 +2,13 @@
 
 Every path is opened through ``home_fs.HomeDir`` (component by component from
 a descriptor of the home, symlinks followed only while they stay inside) and
-the tools act on that descriptor only: read and edit through it, write
-through it after ``fstat`` says it is a regular file with one link, list
-with ``os.scandir(fd)`` and ``home_fs.walk``. ``write_file`` writes in place
-(truncate, then write); ``read_file`` and ``edit_file`` stream
-(``worker.tools.computer.streams``): their memory does not grow with the
-file, and an edit goes to a temporary file renamed over the original.
+the tools act on that descriptor only: read and edit through it, list with
+``os.scandir(fd)`` and ``home_fs.walk``. ``write_file`` and ``edit_file``
+write a temporary file in the target's directory and rename it over the
+target (``HomeDir.write_atomic``, by directory descriptors): a write either
+happens whole or not at all, so a full home (its quota) leaves the old file
+as it was. ``read_file`` and ``edit_file`` stream
+(``worker.tools.computer.streams``): their memory does not grow with the file.
 """
 
 from __future__ import annotations
@@ -142,15 +143,6 @@ def _describe_read_done(p: ReadFileParams, r: ToolResult) -> str:
 # --------------------------------------------------------------------------- write_file / edit_file
 
 
-def _replace_content(fd: int, data: bytes) -> None:
-    """Replace the whole content of the (checked, regular) file open on ``fd`` with ``data``."""
-    os.ftruncate(fd, 0)
-    view = memoryview(data)
-    offset = 0
-    while offset < len(view):
-        offset += os.pwrite(fd, view[offset:], offset)
-
-
 class WriteFileParams(BaseModel):
     """Input of ``write_file``."""
 
@@ -159,31 +151,57 @@ class WriteFileParams(BaseModel):
 
 
 def _write_file(params: WriteFileParams, ctx: ToolContext) -> ToolResult:
+    """Replace (or create) a file whole: the content goes to a temporary file in the same directory,
+    renamed over the name (``HomeDir.write_atomic``), so a write that fails (the home's quota) leaves
+    the file as it was. An existing file keeps its permission bits; a FIFO, device or hard-linked
+    file at the name is refused, as it is for reading."""
+    data = params.content.encode("utf-8")
     try:
-        opened = _open(ctx.home, params.path, "written", "no such file", os.O_WRONLY | os.O_CREAT, create_dirs=True)
-    except IsADirectoryError as exc:
-        return fail(f"{exc.filename} is a directory")
-    except NotADirectoryError as exc:
-        return fail(f"{exc.filename}: a parent of the path is not a directory")
-    if isinstance(opened, ToolResult):
-        return opened
-    with opened:
-        shown = opened.rel
-        existed = not opened.created
+        hd = HomeDir(ctx.home)
+    except ConfinementError as exc:
+        return fail(str(exc))
+    with hd:
+        mode = 0o644
+        existed = False
         try:
-            # Checked before truncating: a special or hard-linked file is left as it was.
-            require_lone_regular(opened.st, shown)
-            _replace_content(opened.fd, params.content.encode("utf-8"))
+            current = hd.open(params.path)
+        except FileNotFoundError:
+            current = None
+        except IsADirectoryError as exc:
+            return fail(f"{exc.filename} is a directory")
+        except NotADirectoryError as exc:
+            return fail(f"{exc.filename}: a parent of the path is not a directory")
+        except ConfinementError as exc:
+            return fail(str(exc))
         except NotRegularFile as exc:
-            return fail(f"{shown} is {exc.strerror}; not written")
+            return fail(f"{exc.filename} is {exc.strerror}; not written")
+        if current is not None:
+            with current:
+                if stat.S_ISDIR(current.st.st_mode):
+                    return fail(f"{current.rel} is a directory")
+                try:
+                    require_lone_regular(current.st, current.rel)
+                except NotRegularFile as exc:
+                    return fail(f"{current.rel} is {exc.strerror}; not written")
+                mode, existed, target = stat.S_IMODE(current.st.st_mode), True, current.rel
+        else:
+            target = params.path
+        try:
+            shown = hd.write_atomic(target, data, mode=mode)
+        except ConfinementError as exc:
+            return fail(str(exc))
+        except IsADirectoryError as exc:
+            return fail(f"{exc.filename} is a directory")
+        except NotADirectoryError as exc:
+            return fail(f"{exc.filename}: a parent of the path is not a directory")
         except OSError as exc:
-            return fail(f"{shown}: cannot write ({os_reason(exc)})")
+            unchanged = "; the file is unchanged" if existed else "; nothing was written"
+            return fail(f"{hd.rel(target)}: cannot write ({os_reason(exc)}){unchanged}")
     lines = count_lines(params.content)
-    size = len(params.content.encode("utf-8"))
     verb = "Overwrote" if existed else "Created"
     return ToolResult(
-        content=f"{verb} {shown} ({plural(lines, 'line')}, {size:,} bytes)",
-        details={"path": shown, "lines": lines, "bytes": size, "created": not existed},
+        content=f"{verb} {shown} ({plural(lines, 'line')}, {len(data):,} bytes)",
+        details={"path": shown, "lines": lines, "bytes": len(data), "created": not existed},
     )
 
 

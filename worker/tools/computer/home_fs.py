@@ -2,7 +2,7 @@
 
 Checking a path and then opening it by name can be raced: between the two,
 a parent directory is swapped for a symlink to elsewhere and the open follows
-it (issue 9, finding 4: 708 outside reads in 3,000 calls). Here nothing is
+it (an attack once got 708 reads outside the home in 3,000 calls: docs/isolation.md, "Files"). Here nothing is
 ever opened by a path that the kernel resolves on its own:
 
 - the home is opened once (``O_DIRECTORY | O_NOFOLLOW``); every component is

@@ -4,8 +4,8 @@ A home is ``<homes_root>/<agent_id>``. ``provision(settings, home)`` makes it
 ready for the computer tools and returns an ``AgentHome``; ``release`` undoes
 it (placement calls these when a node takes or gives up an agent).
 
-Disk quota (``AGENT_HOME_QUOTA_MB``, issue 19: one agent filled the disk
-Redis shared and every turn failed). Each home is its own ext4 file system:
+Disk quota (``AGENT_HOME_QUOTA_MB``; docs/isolation.md, "Limits per agent": without it one agent
+filled the disk Redis shared and every turn failed). Each home is its own ext4 file system:
 an image file ``<images_root>/<agent_id>.img`` of the quota's size, loop-
 mounted on the home with ``nosuid,nodev,noatime``. A full home fails the
 agent's own writes with ``ENOSPC`` and touches nothing else. Why an image per
@@ -25,7 +25,7 @@ root, with a quota set, gets ``HomeUnavailable`` naming the setting: no silent
 fallback. ``AGENT_HOME_QUOTA_MB=0`` turns the quota off for development (a
 WARNING, once): homes are then plain directories.
 
-Host uid (issue 19: a root worker's sandbox mapped to root, and a setuid copy
+Host uid (without it a root worker's sandbox mapped to root, and a setuid copy
 of bash left on the host gave ``nobody`` euid 0). A root worker gives each
 agent its own unprivileged uid (= gid) from ``AGENT_UID_BASE`` ..
 ``+AGENT_UID_COUNT``: a hash of the agent id, probed linearly past uids that

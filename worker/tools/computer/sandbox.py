@@ -1,6 +1,6 @@
 """The command sandbox: every ``run_command`` runs inside bubblewrap (``bwrap``).
 
-What a sandboxed command gets (issue 9, "each agent's computer is isolated"):
+What a sandboxed command gets (each agent's computer is isolated: docs/isolation.md, "Commands"):
 
 - new user, PID, mount, IPC, UTS, cgroup and network namespaces
   (``--unshare-all --unshare-user``; no nested user namespaces: ``--disable-userns``),

@@ -1,4 +1,4 @@
-"""The sandbox's seccomp filter: system calls a command never needs fail (issue 19, low finding).
+"""The sandbox's seccomp filter: system calls a command never needs fail (docs/isolation.md, "Limits per agent").
 
 Compiled once per process with libseccomp (the C library Docker, systemd and
 Flatpak use; Debian's ``libseccomp2``) through the ``pyseccomp`` binding, and

@@ -6,7 +6,7 @@ list is explicit (``SPECIAL_PURPOSE_V4`` / ``SPECIAL_PURPOSE_V6``): every block
 of the IANA IPv4 and IPv6 Special-Purpose Address Registries, plus multicast,
 IPv6 site-local and everything outside IPv6 global unicast ``2000::/3``;
 Python's ``ipaddress`` flags stay as a last net only (they miss ``fec0::/10``,
-``192.0.0.8`` and ``192.88.99.0/24``, issue 9). The cloud metadata addresses
+``192.0.0.8`` and ``192.88.99.0/24``: docs/isolation.md, "Web"). The cloud metadata addresses
 ``169.254.169.254``, ``fd00:ec2::254`` and ``100.100.100.200`` get their own
 reason. IPv4 embedded in IPv6 (mapped ``::ffff:0:0/96``, NAT64 ``64:ff9b::/96``,
 6to4 ``2002::/16``) is judged by the embedded IPv4 address; Teredo

@@ -102,7 +102,7 @@ class _FetchRun:
 def _read_body(run: _FetchRun, resp: httpx.Response, decoder: BoundedDecoder, cap: int) -> None:
     """Append the decoded body to ``run.body`` up to ``cap`` bytes (then ``run.truncated``), or
     until the watchdog sets ``run.stop``. Raw bytes, decoded here with a bound per stage: httpx's
-    own decoding of stacked encodings is unbounded per chunk (decompression bomb, issue 9)."""
+    own decoding of stacked encodings is unbounded per chunk (a decompression bomb: docs/isolation.md, "Web")."""
     raw_seen = 0
     for raw in resp.iter_raw():
         raw_seen += len(raw)
