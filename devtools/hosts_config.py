@@ -30,8 +30,6 @@ folder on each machine and runs its roles.
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
 import ipaddress
 import os
 import re
@@ -40,38 +38,28 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-from devtools.embedded_redis import USER_RULES
+from devtools.host_certificates import make_ca, make_server_cert
+from devtools.redis_configs import (
+    MASTER_NAME,
+    REDIS_PORT,
+    SENTINEL_PORT,
+    RedisMachine,
+    acl_text,
+    redis_conf,
+    sentinel_conf,
+)
 
 DEFAULT_DIR = Path("/srv/agent")
-REDIS_PORT = 6379
-SENTINEL_PORT = 26379
 METRICS_PORT = 9808  # the threads pool; the tools pool serves on the next port (devtools.workers.pool_env)
 API_PORT = 8700
 FLOWER_PORT = 5555
 PROMETHEUS_PORT = 9090
 S3_PORT = 8333
-MASTER_NAME = "agent"
-QUORUM = 2
-# Sentinel's timing: a primary unreachable for DOWN_AFTER_MS is failed over (docs/deployment.md).
-DOWN_AFTER_MS = 5000
-FAILOVER_TIMEOUT_MS = 60000
 ROLES = ("redis", "sentinel", "worker", "beat", "api", "flower", "prometheus", "objectstore")
 DEFAULT_ROLES = ("redis", "sentinel", "worker", "beat")
 OPS_ROLES = ("api", "flower", "prometheus")
 BUCKET = "agent-snapshots"
-CERT_DAYS = 825  # server certificates; the CA lives ten years
 
-# Redis ACL (redis.io "ACL" and "Sentinel" docs): what replication and Sentinel need, nothing more.
-REPLICA_RULES = "+psync +replconf +ping"
-SENTINEL_RULES = (
-    "allchannels +multi +slaveof +ping +exec +subscribe +config|rewrite +role +publish +info "
-    "+client|setname +client|kill +script|kill"
-)
 _NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
 
 
@@ -188,172 +176,7 @@ def parse_machine(text: str, roles: tuple[str, ...] = DEFAULT_ROLES) -> MachineS
     return MachineSpec(name, str(ip), roles)
 
 
-# -- certificates ------------------------------------------------------------------------------
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def make_ca(common_name: str = "agent-runtime deployment CA") -> tuple[bytes, bytes]:
-    """A new CA: ``(key PEM, certificate PEM)``, EC P-256, valid ten years."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - datetime.timedelta(minutes=5))
-        .not_valid_after(_now() + datetime.timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return _pem_key(key), cert.public_bytes(serialization.Encoding.PEM)
-
-
-def make_server_cert(ca_key_pem: bytes, ca_cert_pem: bytes, name: str, address: str) -> tuple[bytes, bytes]:
-    """A certificate for machine ``name`` signed by the CA: ``(key PEM, certificate PEM)``. Its names:
-    ``address`` and ``name`` (what clients and Sentinels dial), 127.0.0.1 and ``localhost`` (tools on
-    the machine itself). Server and client use: Redis presents it to its primary and Sentinel to Redis."""
-    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
-    ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise ConfigError("the CA key is not an EC key made by make_ca")
-    key = ec.generate_private_key(ec.SECP256R1())
-    san = x509.SubjectAlternativeName(
-        [
-            x509.IPAddress(ipaddress.ip_address(address)),
-            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-            x509.DNSName(name),
-            x509.DNSName("localhost"),
-        ]
-    )
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - datetime.timedelta(minutes=5))
-        .not_valid_after(_now() + datetime.timedelta(days=CERT_DAYS))
-        .add_extension(san, critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-        )
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return _pem_key(key), cert.public_bytes(serialization.Encoding.PEM)
-
-
 # -- the files ---------------------------------------------------------------------------------
-
-
-def _sha(password: str) -> str:
-    return hashlib.sha256(password.encode()).hexdigest()
-
-
-def acl_text(s: Secrets) -> str:
-    """Redis's ACL file: ``worker`` (workers, beat, Flower) and ``control`` (the control plane) as in
-    ``devtools.embedded_redis``; ``replica`` (replication) and ``sentinel`` (Sentinel's commands)
-    with only what they need; ``default`` with a password nobody is given (so anonymous clients get
-    NOAUTH; not ``off``: Redis 7.0 replays its append-only file as ``default``). Passwords as
-    SHA-256 hashes only."""
-    lines = [
-        f"user default on #{_sha(secrets.token_hex(32))} {USER_RULES}",
-        f"user worker on #{_sha(s.worker)} {USER_RULES}",
-        f"user control on #{_sha(s.control)} {USER_RULES}",
-        f"user replica on #{_sha(s.replica)} {REPLICA_RULES}",
-        f"user sentinel on #{_sha(s.sentinel_user)} {SENTINEL_RULES}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _tls_lines(conf: Path) -> list[str]:
-    return [
-        f"tls-cert-file {conf / 'server.crt'}",
-        f"tls-key-file {conf / 'server.key'}",
-        f"tls-ca-cert-file {conf / 'ca.crt'}",
-        # Clients prove who they are with their ACL password over TLS, not a client certificate.
-        "tls-auth-clients no",
-        "tls-replication yes",
-    ]
-
-
-def redis_conf(dep: Deployment, m: MachineSpec, s: Secrets) -> str:
-    """redis.conf of machine ``m``: TLS only on its address and loopback, ACL users, replication
-    as ``replica``, an append-only file, never evicting; a replica of the primary unless ``m`` is it.
-    ``devtools.host`` copies it into the data directory at the first start: Sentinel rewrites
-    that copy (``replicaof``) when it fails over."""
-    conf = dep.config_dir
-    lines = [
-        f"# Redis of the agent runtime on {m.name} ({m.address}): python -m devtools.hosts_config",
-        f"bind {m.address} 127.0.0.1",
-        "port 0",
-        f"tls-port {REDIS_PORT}",
-        *_tls_lines(conf),
-        f"aclfile {conf / 'users.acl'}",
-        "masteruser replica",
-        f"masterauth {s.replica}",
-        f"replica-announce-ip {m.address}",
-        f"replica-announce-port {REDIS_PORT}",
-        f"dir {dep.base / 'redis'}",
-        "appendonly yes",
-        "appendfsync everysec",
-        "maxmemory-policy noeviction",
-    ]
-    if m != dep.primary:
-        lines.append(f"replicaof {dep.primary.address} {REDIS_PORT}")
-    return "\n".join(lines) + "\n"
-
-
-def sentinel_conf(dep: Deployment, m: MachineSpec, s: Secrets) -> str:
-    """sentinel.conf of machine ``m``: TLS only, a password (``requirepass``, the same on every
-    Sentinel: they use it with each other), monitoring the primary as ``MASTER_NAME`` with quorum
-    2 through the ``sentinel`` ACL user. Sentinel rewrites its own copy (``devtools.host``)."""
-    conf = dep.config_dir
-    lines = [
-        f"# Sentinel of the agent runtime on {m.name} ({m.address}): python -m devtools.hosts_config",
-        f"bind {m.address} 127.0.0.1",
-        "port 0",
-        f"tls-port {SENTINEL_PORT}",
-        *_tls_lines(conf),
-        f"dir {dep.base / 'sentinel'}",
-        f"sentinel announce-ip {m.address}",
-        f"sentinel announce-port {SENTINEL_PORT}",
-        f"requirepass {s.sentinel}",
-        f"sentinel monitor {MASTER_NAME} {dep.primary.address} {REDIS_PORT} {QUORUM}",
-        f"sentinel auth-user {MASTER_NAME} sentinel",
-        f"sentinel auth-pass {MASTER_NAME} {s.sentinel_user}",
-        f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}",
-        f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}",
-        f"sentinel parallel-syncs {MASTER_NAME} 1",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def prometheus_yml(dep: Deployment) -> str:
@@ -506,11 +329,12 @@ def write_deployment(
             _write(folder / "server.crt", cert, 0o644)
             _write(folder / "server.key", key)
         _write(folder / "host.env", env_text(host_env(dep, m, s, model_key, keys), f"{m.name}: devtools.host reads it"))
+        files = RedisMachine(m.name, m.address, dep.config_dir, dep.base, dep.primary.address)
         if m.has("redis"):
-            _write(folder / "redis.conf", redis_conf(dep, m, s))
-            _write(folder / "users.acl", acl_text(s))
+            _write(folder / "redis.conf", redis_conf(files, s.replica))
+            _write(folder / "users.acl", acl_text(s.worker, s.control, s.replica, s.sentinel_user))
         if m.has("sentinel"):
-            _write(folder / "sentinel.conf", sentinel_conf(dep, m, s))
+            _write(folder / "sentinel.conf", sentinel_conf(files, s.sentinel, s.sentinel_user))
         if m.has("prometheus"):
             _write(folder / "prometheus.yml", prometheus_yml(dep), 0o644)
             _write(folder / "alerts.yml", alerts, 0o644)
