@@ -12,10 +12,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+from urllib.parse import quote
 
 from devtools.deploy_stack import CheckFailed, redact
 from devtools.machines import Machine, Network
 from devtools.redis_configs import REDIS_PORT, SENTINEL_PORT
+from worker.redis_connection import RedisEndpoint, Sentinels, TLSFiles
+from worker.settings import parse_host_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "var" / "hosts-check"
@@ -84,43 +87,31 @@ def sh(
 # -- Redis and Sentinel from the operator -----------------------------------------------------
 
 
-def _tls(run: Run) -> dict[str, Any]:
-    return {"ssl": True, "ssl_ca_certs": run.operator["AGENT_REDIS_TLS_CA_FILE"], "ssl_check_hostname": True}
+def _endpoint(url: str, run: Run, ca_file: str | None = None, sentinels: bool = False) -> RedisEndpoint:
+    """``url`` as the operator's clients reach it: TLS verified against the deployment's CA (or
+    ``ca_file``), through the Sentinels of ``operator.env`` when ``sentinels``."""
+    found = None
+    if sentinels:
+        found = Sentinels(
+            parse_host_ports(run.operator["AGENT_REDIS_SENTINELS"]),
+            run.operator.get("AGENT_REDIS_SENTINEL_MASTER", "agent"),
+            run.operator["AGENT_REDIS_SENTINEL_PASSWORD"],
+        )
+    tls = TLSFiles(ca_file=ca_file or run.operator["AGENT_REDIS_TLS_CA_FILE"])
+    return RedisEndpoint.parse(url, tls=tls, sentinels=found)
 
 
 def sentinel(run: Run, name: str) -> Any:
-    import redis
-
-    return redis.Redis(
-        host=run.address(name),
-        port=SENTINEL_PORT,
-        password=run.operator["AGENT_REDIS_SENTINEL_PASSWORD"],
-        socket_timeout=3,
-        decode_responses=True,
-        **_tls(run),
-    )
+    """A client of one machine's Sentinel itself (its password, TLS)."""
+    password = quote(run.operator["AGENT_REDIS_SENTINEL_PASSWORD"], safe="")
+    url = f"rediss://:{password}@{run.address(name)}:{SENTINEL_PORT}"
+    return _endpoint(url, run).client(socket_timeout=3, socket_connect_timeout=3, decode_responses=True)
 
 
 def control_redis(run: Run) -> Any:
-    """The control user's client on the primary, found through the Sentinels (redis-py's Sentinel)."""
-    from urllib.parse import urlsplit
-
-    from redis.sentinel import Sentinel
-
-    url = urlsplit(run.operator["CONTROL_REDIS_URL"])
-    hosts = [(h.split(":")[0], int(h.split(":")[1])) for h in run.operator["AGENT_REDIS_SENTINELS"].split(",")]
-    pool = Sentinel(
-        hosts,
-        socket_timeout=3,
-        sentinel_kwargs={"password": run.operator["AGENT_REDIS_SENTINEL_PASSWORD"], "socket_timeout": 3, **_tls(run)},
-        **_tls(run),
-    )
-    return pool.master_for(
-        run.operator.get("AGENT_REDIS_SENTINEL_MASTER", "agent"),
-        username=url.username,
-        password=url.password,
-        decode_responses=True,
-    )
+    """The control user's client on the primary, found through the Sentinels."""
+    endpoint = _endpoint(run.operator["CONTROL_REDIS_URL"], run, sentinels=True)
+    return endpoint.client(socket_timeout=3, socket_connect_timeout=3, decode_responses=True)
 
 
 def redis_agrees(run: Run) -> str:
@@ -140,31 +131,30 @@ def redis_agrees(run: Run) -> str:
 def tls_and_acl(run: Run) -> str:
     """From the operator: the ports refuse plaintext, an unknown CA and anonymous clients."""
     import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    once: dict[str, Any] = {"socket_timeout": 3, "retry": Retry(NoBackoff(), 0)}  # a refusal is the answer: no retries
 
     from devtools.host_certificates import make_ca
+
+    def once(url: str, ca_file: str | None = None) -> Any:
+        return _endpoint(url, run, ca_file).client(socket_timeout=3, socket_connect_timeout=3)
 
     seen = []
     host = run.address("m2")
     try:
-        redis.Redis(host=host, port=REDIS_PORT, **once).ping()
+        once(f"redis://{host}:{REDIS_PORT}").ping()
         raise CheckFailed("Redis answered a plaintext PING")
     except redis.ConnectionError:
         seen.append("plaintext refused")
     other_ca = WORK / "other-ca.crt"
     other_ca.write_bytes(make_ca("not the deployment's CA")[1])
     try:
-        redis.Redis(host=host, port=REDIS_PORT, ssl=True, ssl_ca_certs=str(other_ca), **once).ping()
+        once(f"rediss://{host}:{REDIS_PORT}", str(other_ca)).ping()
         raise CheckFailed("a client trusting another CA connected")
     except redis.ConnectionError as exc:
         if "certificate" not in str(exc).lower():
             raise
         seen.append("unknown CA refused")
     try:
-        redis.Redis(host=host, port=REDIS_PORT, **once, **_tls(run)).ping()
+        once(f"rediss://{host}:{REDIS_PORT}").ping()
         raise CheckFailed("an anonymous client ran PING")
     except redis.AuthenticationError:
         seen.append("anonymous NOAUTH")
