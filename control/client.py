@@ -25,9 +25,11 @@ from control.errors import Conflict, ControlPlaneError, ControlPlaneUnavailable,
 from tasks.dispatcher import CeleryDispatcher
 from worker.errors import AgentRuntimeError
 from worker.placement.records import Placement
-from worker.settings import get_settings, redact_url
+from worker.redis_connection import RedisEndpoint, redis_endpoint
+from worker.settings import get_settings
 from worker.tools.toolsets import toolset_names
 from worker.turn import approvals
+from worker.turn.durability import ReplicaAck
 from worker.turn.engine import TurnEngine
 from worker.turn.request import TurnRefused, TurnRequest, TurnStatus
 from worker.turn.store import TurnStore
@@ -90,7 +92,7 @@ def _redis_errors(url: str) -> Iterator[None]:
     try:
         yield
     except (redis.RedisError, kombu.exceptions.OperationalError) as exc:
-        raise ControlPlaneUnavailable(f"Redis at {redact_url(url)} failed: {exc.__class__.__name__}: {exc}") from exc
+        raise ControlPlaneUnavailable(f"Redis at {url} failed: {exc.__class__.__name__}: {exc}") from exc
 
 
 class ControlPlane:
@@ -101,35 +103,37 @@ class ControlPlane:
     Every method raises ``ControlPlaneError`` when Redis is unreachable or fails.
     """
 
-    def __init__(self, redis_url: str | None = None):
+    def __init__(self, redis_url: str | RedisEndpoint | None = None):
         settings = get_settings()
-        self.url = redis_url or settings.control_redis_url or settings.redis_url
-        try:
-            client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=30)
-        except ValueError as exc:  # a malformed URL (scheme, port): say so in one line, naming its variable
-            source = (
-                "the given URL" if redis_url else "CONTROL_REDIS_URL" if settings.control_redis_url else "REDIS_URL"
-            )
-            raise ControlPlaneError(f"{source} {redact_url(self.url)!r} is not a Redis URL: {exc}") from exc
+        if isinstance(redis_url, RedisEndpoint):
+            self.endpoint = redis_url
+        else:
+            try:  # through the settings' Sentinels and TLS files (worker.redis_connection)
+                self.endpoint = redis_endpoint(settings, control=True, url=redis_url)
+            except ValueError as exc:  # a malformed URL (scheme, port): one line, naming its variable
+                raise ControlPlaneError(str(exc)) from exc
+        self.url = self.endpoint.display
+        client = self.endpoint.client(socket_connect_timeout=5, socket_timeout=30)
         # The control plane's Redis connection: the turn store holds it privately (every turn key is
         # the store's); ``redis`` is for the other records (placement, jobs, workflows, schedules).
         self.redis: redis.Redis = client
-        self.store = TurnStore(client, progress_timeout=settings.progress_timeout)
+        durability = ReplicaAck(settings.replica_acks, settings.redis_replica_ack_timeout)
+        self.store = TurnStore(client, progress_timeout=settings.progress_timeout, durability=durability)
         try:
             client.ping()
         except redis.RedisError as exc:
-            raise ControlPlaneUnavailable(f"cannot reach Redis at {redact_url(self.url)}: {exc}") from exc
+            raise ControlPlaneUnavailable(f"cannot reach Redis at {self.url}: {exc}") from exc
         self._toolsets = toolset_names(settings)
         # Enqueueing and ending turns only: this engine never calls a model nor imports tool code.
         self.placement = Placement(client, settings.liveness_ttl)
         self._engine = TurnEngine(
-            self.store, settings, CeleryDispatcher(broker_url=self.url, placement=self.placement), redis=client
+            self.store, settings, CeleryDispatcher(broker=self.endpoint, placement=self.placement), redis=client
         )
 
     @property
     def display_url(self) -> str:
-        """The Redis URL with its password redacted (for messages and logs)."""
-        return redact_url(self.url)
+        """Where the Redis is, without its password (for messages and logs)."""
+        return self.url
 
     def enqueue(self, request: TurnRequest | dict[str, Any], turn_id: str | None = None) -> str:
         """Validate the request, store the turn and enqueue its first step. Returns the turn id

@@ -23,14 +23,17 @@ err = Console(stderr=True, soft_wrap=True)
 def _store() -> TokenStore:
     from control.api.app import redis_url
     from control.api.tokens import TokenStore, sync_client
-    from worker.settings import redact_url
 
-    url = redis_url()
     try:
-        client = sync_client(url)
+        endpoint = redis_url()
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    try:
+        client = sync_client(endpoint)
         client.ping()
-    except (redis.RedisError, ValueError) as exc:
-        err.print(f"[red]error:[/] cannot reach Redis at {redact_url(url)}: {exc}")
+    except redis.RedisError as exc:
+        err.print(f"[red]error:[/] cannot reach Redis at {endpoint.display}: {exc}")
         raise typer.Exit(2) from exc
     return TokenStore(client)
 

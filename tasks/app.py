@@ -17,14 +17,16 @@ keyed by ``call_id``.
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import beat_init, worker_init
 from kombu.entity import Queue
 
 from tasks import telemetry  # noqa: F401  (signal handlers: trace context in headers, SDK setup)
 from tasks.metrics import prepare_multiprocess_dir
 from tasks.serialization import SERIALIZER, register_json_encoder, register_orjson
+from worker.redis_connection import RedisEndpoint, redis_endpoint
 from worker.settings import get_settings
 
 # Before any task module imports prometheus_client (worker.turn.metrics): see tasks.metrics.
@@ -43,11 +45,11 @@ def make_app() -> Celery:
         include=["tasks.turns", "tasks.watchdog", "tasks.health", "tasks.scheduler", "tasks.liveness", "tasks.node"],
     )
     longest_task = settings.tool_time_limit + 60
+    try:
+        app.conf.update(**redis_conf(redis_endpoint(settings), settings.redis_max_connections, longest_task))
+    except ValueError:  # a bad REDIS_URL: a worker or beat stops at start naming it (check_redis_url);
+        pass  # a control plane that imports this app says so itself (control.client)
     app.conf.update(
-        broker_url=settings.redis_url,
-        # kombu's Redis transport, but a malformed message on a queue is dropped, not fatal (tasks.broker).
-        broker_transport="tasks.broker:Transport",
-        result_backend=settings.redis_url,
         task_serializer=SERIALIZER,
         result_serializer=SERIALIZER,
         event_serializer="json",
@@ -57,18 +59,8 @@ def make_app() -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        # Connection pools sized for an I/O pool's concurrency (kombu's default is 10 per channel:
-        # a threads pool of 256 ran out with "Too many connections").
-        broker_transport_options={
-            "visibility_timeout": max(3600, int(longest_task * 4)),
-            "max_connections": settings.redis_max_connections,
-            "socket_timeout": 30,
-            "socket_connect_timeout": 5,
-            "health_check_interval": 30,
-        },
         broker_pool_limit=settings.redis_max_connections,
         redis_max_connections=settings.redis_max_connections,
-        result_backend_transport_options={"visibility_timeout": max(3600, int(longest_task * 4))},
         broker_connection_retry_on_startup=True,
         broker_connection_retry=True,
         broker_connection_max_retries=None,  # a Redis restart is waited out, never fatal
@@ -84,11 +76,11 @@ def make_app() -> Celery:
         task_send_sent_event=True,
         task_track_started=True,
         worker_hijack_root_logger=False,
+        # Reconnects to the broker every 0.5-2 s instead of kombu's 2-30 s (tasks.reconnect).
+        worker_consumer="tasks.reconnect:Consumer",
         # Schedules (tasks.scheduler): celery-redbeat keeps beat entries in this Redis, as JSON.
         beat_scheduler="tasks.beat:ResilientRedBeatScheduler",
         beat_max_loop_interval=min(5, settings.watchdog_interval),  # seconds: schedules fire at most this late
-        redbeat_redis_url=settings.redis_url,
-        redbeat_redis_options={"socket_connect_timeout": 5, "socket_timeout": 30},
         beat_schedule={
             "watchdog-sweep": {
                 "task": "tasks.watchdog.sweep",
@@ -101,7 +93,71 @@ def make_app() -> Celery:
     return app
 
 
+def redis_conf(endpoint: RedisEndpoint, max_connections: int, longest_task: float) -> dict[str, Any]:
+    """Celery's Redis settings for ``endpoint`` (``worker.redis_connection``): the broker, the
+    result backend and redbeat on the same Redis, through Sentinel when it has Sentinels, over
+    verified TLS for ``rediss://``.
+
+    - The broker: our hardened kombu transport (``tasks.broker``: a malformed message is dropped,
+      not fatal; acks that fail while Redis is away are retried), its Sentinel variant with
+      Sentinels (``master_name``, ``sentinel_kwargs``). The transport is named explicitly, so a
+      ``rediss://`` URL's scheme does not turn TLS on by itself: ``broker_use_ssl`` does.
+    - The result backend: Celery's ``SentinelBackend`` for ``sentinel://``; ``redis_backend_use_ssl``
+      gives ``rediss://`` the ``ssl_cert_reqs`` it insists on (the server verified).
+    - redbeat: its own URL and options, Sentinel-aware; TLS through ``redbeat_redis_use_ssl``.
+    Connection pools are sized for an I/O pool's concurrency (kombu's default is 10 per channel: a
+    threads pool of 256 ran out with "Too many connections")."""
+    visibility = max(3600, int(longest_task * 4))
+    sentinel = endpoint.celery_transport_options()
+    ssl_options = endpoint.celery_ssl()
+    redbeat_url, redbeat_options = endpoint.redbeat()
+    return {
+        "broker_url": endpoint.celery_url(),
+        "broker_transport": broker_transport(endpoint),
+        "broker_transport_options": {
+            "visibility_timeout": visibility,
+            "max_connections": max_connections,
+            "socket_timeout": 30,
+            "socket_connect_timeout": 5,
+            "health_check_interval": 30,
+            **sentinel,
+        },
+        "broker_use_ssl": ssl_options,
+        "result_backend": endpoint.celery_url(),
+        "result_backend_transport_options": {"visibility_timeout": visibility, **sentinel},
+        "redis_backend_use_ssl": ssl_options,
+        "redbeat_redis_url": redbeat_url,
+        "redbeat_redis_options": redbeat_options,
+        "redbeat_redis_use_ssl": ssl_options,
+    }
+
+
+def broker_transport(endpoint: RedisEndpoint) -> str:
+    """The kombu transport for ``endpoint``: ours (``tasks.broker``), through Sentinel when it has them."""
+    return "tasks.broker:SentinelTransport" if endpoint.sentinels else "tasks.broker:Transport"
+
+
+def broker_connection(celery_app: Celery, endpoint: RedisEndpoint) -> Any:
+    """A kombu connection of ``celery_app`` to the broker at ``endpoint`` (not the app's own: a
+    control plane with its own user): its transport, Sentinel options and TLS, whatever the app's."""
+    return celery_app.connection_for_write(
+        endpoint.celery_url(),
+        transport=broker_transport(endpoint),
+        transport_options=endpoint.celery_transport_options(),
+        ssl=endpoint.celery_ssl() or False,
+    )
+
+
 app = make_app()
+
+
+@beat_init.connect
+def check_redis_url(**_: object) -> None:
+    """Stop the process at start, naming the variable, when ``REDIS_URL`` is not a Redis URL."""
+    try:
+        redis_endpoint(get_settings())
+    except ValueError as exc:
+        raise SystemExit(f"not started: {exc}") from exc
 
 
 @worker_init.connect
@@ -110,6 +166,7 @@ def _check_configuration(**_: object) -> None:
     # Celery logs and swallows ordinary exceptions raised by signal handlers.
     from worker.tools.toolsets import check_toolsets
 
+    check_redis_url()
     try:
         check_toolsets(get_settings())
     except ValueError as exc:

@@ -263,6 +263,21 @@ class Transport(kombu_redis.Transport):
                 channel.qos.ack(delivery_tag)
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """``Channel``'s hardening on kombu's Sentinel channel: the primary is found through the
+    Sentinels (``master_name``, ``sentinel_kwargs`` in ``broker_transport_options``), and a
+    connection to a primary that was demoted (``READONLY``) or that broke is closed and made again to
+    the one the Sentinels name now (redis-py's ``SentinelManagedConnection``): kombu's consumer
+    reconnects as after a Redis restart."""
+
+
+class SentinelTransport(Transport):
+    """``Transport`` through Sentinel (``broker_transport`` with ``AGENT_REDIS_SENTINELS``)."""
+
+    Channel = SentinelChannel
+    default_port = kombu_redis.SentinelTransport.default_port
+
+
 def orphaned_deliveries(
     client: Any, *, before: float, held: set[str], tasks: Iterable[str], key: str = "unacked"
 ) -> list[tuple[str, str]]:

@@ -15,10 +15,11 @@ from typing import Any, Callable
 
 from kombu.exceptions import BatchPublishError, OperationalError  # type: ignore[attr-defined]  # kombu 5.7; not in the stubs yet
 
-from tasks.app import app
+from tasks.app import app, broker_connection
 from tasks.recorded_publish import RecordingProducer, Unrecordable
 from tasks.services import turn_services
 from worker.placement.records import Placement, node_queue
+from worker.redis_connection import RedisEndpoint, redis_endpoint
 from worker.settings import get_settings
 from worker.tooling.contract import ToolServices
 from worker.turn.dispatch import Batch
@@ -113,20 +114,25 @@ class CeleryDispatcher:
     No chord: the barrier is the turn store's (docs/architecture.md, "Batches").
     """
 
-    def __init__(self, broker_url: str | None = None, placement: Placement | None = None):
-        # A control plane may name its own Redis; workers use the app's broker.
-        self._broker_url = broker_url
+    def __init__(self, broker: RedisEndpoint | None = None, placement: Placement | None = None):
+        # A control plane names its own Redis endpoint (its own user); workers use the app's broker.
+        self._broker = broker
+        self._broker_url = broker.celery_url() if broker is not None else None
         self._conn: Any = None
         # A worker waits a broker outage out (its step's state is already stored); a control
-        # plane (its own broker URL) fails fast and lets its caller decide.
-        self._wait = broker_url is None
+        # plane (its own broker) fails fast and lets its caller decide.
+        self._wait = broker is None
+        # The turn store's Redis as the broker would name it: a message may ride in a store
+        # script only when the app's broker is that Redis (the same primary, whatever failover).
+        self._store_broker_url = redis_endpoint().celery_url() if broker is None else None
         self.placement = placement
 
     def _options(self) -> dict[str, Any]:
         if not self._broker_url or self._broker_url == app.conf.broker_url:
             return {}
         if self._conn is None:
-            self._conn = app.connection_for_write(self._broker_url)
+            assert self._broker is not None
+            self._conn = broker_connection(app, self._broker)
         return {"connection": self._conn}
 
     def enqueue_step(self, turn_id: str, step: int, *, queue: str, label: str = "") -> None:
@@ -163,7 +169,7 @@ class CeleryDispatcher:
         """What ``send`` publishes, recorded on a ``RecordingProducer`` (``tasks.recorded_publish``)
         instead of sent; None when this dispatcher may not record (see ``step_message``) or the
         publish cannot be recorded (``Unrecordable``)."""
-        if not self._wait or app.conf.broker_url != get_settings().redis_url:
+        if not self._wait or app.conf.broker_url != self._store_broker_url:
             return None
         try:
             routes = _broker_routes()

@@ -33,12 +33,27 @@ def protect_open_routes() -> list[str]:
     return wrapped
 
 
+def broker_page_through_the_endpoint() -> None:
+    """Have Flower's broker page (queue lengths) reach Redis as the broker does. Flower picks its
+    client by the broker URI's scheme, and the app's explicit transport (``tasks.broker:Transport``)
+    made that ``tasks.broker``, which it does not know ("'redis' broker is not supported"). The URI
+    is now the endpoint's (``redis``, ``rediss``, or ``sentinel``: Flower's Sentinel client takes
+    one Sentinel's URL and asks it for the primary); Flower adds the transport options (the
+    primary's name, how to talk to the Sentinels) and ``broker_use_ssl`` itself."""
+    from flower.app import Flower
+
+    from worker.redis_connection import redis_endpoint
+
+    Flower.broker_uri_with_password = property(lambda self: redis_endpoint().celery_url().split(";")[0])
+
+
 def main(argv: list[str] | None = None) -> None:
     """Start Flower for ``tasks.app`` with every route authenticated. Exits with an error
     when ``FLOWER_BASIC_AUTH`` is not set."""
     if not os.environ.get("FLOWER_BASIC_AUTH"):
         sys.exit("FLOWER_BASIC_AUTH=user:password must be set in the environment (never on the command line)")
     protect_open_routes()
+    broker_page_through_the_endpoint()
     from celery.bin.celery import main as celery_main
 
     args = list(sys.argv[1:] if argv is None else argv)

@@ -89,9 +89,9 @@ def start_metrics_server(port: int, addr: str | None = None, queues: tuple[str, 
     backlog of ``queues``; returns the port.
 
     Raises ``OSError`` when the address is taken (two workers given one port)."""
-    import redis
     from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
+    from worker.redis_connection import redis_endpoint
     from worker.settings import get_settings
 
     registry = CollectorRegistry()
@@ -103,7 +103,7 @@ def start_metrics_server(port: int, addr: str | None = None, queues: tuple[str, 
         registry = REGISTRY
     settings = get_settings()
     addr = addr or settings.metrics_addr
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
+    client = redis_endpoint(settings).client(socket_timeout=5, socket_connect_timeout=2)
     registry.register(TurnsInFlight(client))
     registry.register(QueueBacklog(client, queues))
     registry.register(ApprovalsWaiting(client))

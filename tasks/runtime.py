@@ -21,9 +21,11 @@ from tasks.model_calls import async_setup
 from tasks.placement import node_homes
 from worker.model.clients import model_client
 from worker.placement.records import Placement
+from worker.redis_connection import redis_endpoint
 from worker.settings import get_settings
 from worker.tools.skills import skills_instructions
 from worker.tools.toolsets import toolset_resolver
+from worker.turn.durability import ReplicaAck
 from worker.turn.engine import TurnEngine
 from worker.turn.store import TurnStore
 
@@ -34,19 +36,12 @@ _pid: int | None = None
 
 
 def redis_client() -> redis.Redis:
-    """A Redis client for ``REDIS_URL`` with connect/read timeouts (seconds) and health checks."""
+    """A Redis client for ``REDIS_URL`` (``worker.redis_connection``: through Sentinel and TLS as
+    the settings say) with connect/read timeouts (seconds) and health checks."""
     settings = get_settings()
     # A blocking pool: under a threads pool of hundreds, a burst waits for a connection
     # instead of failing with "Too many connections".
-    pool = redis.BlockingConnectionPool.from_url(
-        settings.redis_url,
-        max_connections=settings.redis_max_connections,
-        timeout=30,
-        socket_timeout=30,
-        socket_connect_timeout=5,
-        health_check_interval=30,
-    )
-    return redis.Redis(connection_pool=pool)
+    return redis_endpoint(settings).client(max_connections=settings.redis_max_connections, wait_for_connection=30)
 
 
 def get_engine() -> TurnEngine:
@@ -56,8 +51,9 @@ def get_engine() -> TurnEngine:
         if _engine is None or _pid != os.getpid():
             settings = get_settings()
             r = redis_client()
+            durability = ReplicaAck(settings.replica_acks, settings.redis_replica_ack_timeout)
             _engine = TurnEngine(
-                TurnStore(r, progress_timeout=settings.progress_timeout),
+                TurnStore(r, progress_timeout=settings.progress_timeout, durability=durability),
                 settings,
                 CeleryDispatcher(placement=Placement(r, settings.liveness_ttl)),
                 toolset_resolver(settings),

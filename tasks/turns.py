@@ -26,6 +26,7 @@ from tasks.runtime import get_engine
 from worker.errors import AgentRuntimeError
 from worker.model.interface import GatewayError
 from worker.settings import get_settings
+from worker.turn.call_runner import DEFERRALS
 from worker.turn.outage import OUTAGE_ERRORS, until_redis_answers
 from worker.turn.outcome import StepOutcome
 from worker.turn.request import TurnStatus
@@ -48,6 +49,8 @@ def _report(task: Task[Any, Any], turn_id: str, outcome: StepOutcome) -> dict[st
         case "forwarded":  # the agent's home is on another node: the call runs there
             forward(task, outcome.detail)  # replaces this task (Celery's Ignore ends it)
             return {"action": outcome.action, "detail": outcome.detail}
+        case "deferred":  # a destructive call's claim reached no replica: sent again later, holding nothing
+            raise task.retry(countdown=DEFERRALS[task.request.retries], max_retries=len(DEFERRALS))
         case (
             "dropped"
             | "waiting"
@@ -133,9 +136,13 @@ _limit = get_settings().tool_time_limit
 def tool_call(self: Task[Any, Any], turn_id: str, step: int, call_id: str) -> dict[str, Any]:
     """Run one tool call of step ``step``; the last call of a batch advances the turn. A Redis
     outage is waited out (the call's result is kept until stored: ``worker.turn.outage``). A call
-    whose agent's home is on another node is forwarded there (``tasks.placement.forward``)."""
+    whose agent's home is on another node is forwarded there (``tasks.placement.forward``). A
+    destructive call whose claim no replica acknowledged in time is sent again later (the task
+    retried with a countdown: no thread waits; docs/failover.md)."""
     engine = get_engine()
-    outcome = _through_outages(lambda: engine.run_call(turn_id, step, call_id), f"call {call_id} of turn {turn_id}")
+    outcome = _through_outages(
+        lambda: engine.run_call(turn_id, step, call_id, self.request.retries), f"call {call_id} of turn {turn_id}"
+    )
     return _report(self, turn_id, outcome)
 
 

@@ -6,8 +6,8 @@
   killed worker's turns recover within about ``2 * liveness_ttl``, not after the broker's
   ``visibility_timeout``; a node's supervisor that sees its process exit calls ``recover_node``
   itself, at once (``devtools.node_recovery``);
-- once after each Redis restart, re-drives the active turns no message names and no node holds
-  (``reconcile_after_restart``: a message lost with the crash);
+- once after each Redis restart or failover, re-drives the active turns no message names and no
+  node holds (``reconcile_after_restart``: a message lost with the crash or the failover);
 - re-drives the turns whose tool calls wait in the queue of a node that died holding homes
   (``tasks.placement.rescue_dead_queues``): their calls are re-sent through placement;
 - re-drives turns whose progress deadline passed (a lost message, a crash between barrier and
@@ -26,6 +26,7 @@ as failures like the ones a step ends (``tasks.turns``).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from tasks.app import QUEUES, app
 from tasks.broker import orphaned_deliveries, restore, turns_named_by_messages
@@ -71,29 +72,50 @@ def restore_orphans(engine: TurnEngine, *, before: float, skip: frozenset[str] |
         return restore(conn.default_channel, [tag for tag, _ in found])
 
 
-# After a Redis restart: wait this long (reconnects, held tasks written again), then compare once.
+# After a Redis restart or a failover: wait this long (reconnects, held tasks written again), then
+# compare once.
 SETTLE_AFTER_RESTART = 3.0
 # A turn that progressed this recently may be between two messages: not judged.
 QUIET_FOR = 3.0
+# When the watchdog first saw a Redis run (``redis_run``), and whether it reconciled after it.
+RUN_SEEN_KEY = "agent:run-seen:{}"
+RECONCILED_KEY = "agent:reconciled:{}"
+
+
+def redis_run(r: Any) -> tuple[str, float]:
+    """The primary's run, as ``(id, uptime seconds)``: the id changes when the server restarts
+    (``run_id``) and when a replica is promoted (``master_replid``: a new replication history;
+    its ``run_id`` is older than the failover). Raises redis errors."""
+    with r.pipeline(transaction=False) as p:
+        p.info("server")
+        p.info("replication")
+        server, replication = p.execute()
+    return f"{server.get('run_id')}:{replication.get('master_replid')}", float(server.get("uptime_in_seconds", 0))
 
 
 def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
-    """Once per Redis server run (``run_id``), ``SETTLE_AFTER_RESTART`` s after it started: re-drive
-    every active turn that no message names (queued or fetched) and no node holds (a dead node's
-    held turns are the dead-node path's).
+    """Once per Redis run (``redis_run``: a restart, or a failover to a promoted replica), once it
+    has run ``SETTLE_AFTER_RESTART`` s and the watchdog first saw it that long ago: re-drive every
+    active turn that no message names (queued or fetched) and no node holds (a dead node's held
+    turns are the dead-node path's).
 
     A Redis crash can take a message with it: popped by a consumer (``BRPOP``) whose next command,
-    recording it as fetched, found Redis gone. Nothing else would name that turn before its
-    progress deadline. A turn parked on approvals, that progressed in the last ``QUIET_FOR`` s, or
-    whose deadline already passed (the progress deadline re-drives it in the same sweep), is left
-    alone. Returns ``{turn_id: action}``. Raises redis errors."""
+    recording it as fetched, found Redis gone; a failover also loses what the replica had not
+    received yet (a message pushed in the last milliseconds: docs/failover.md). Nothing else would
+    name that turn before its progress deadline. A turn parked on approvals, that progressed in the
+    last ``QUIET_FOR`` s, or whose deadline already passed (the progress deadline re-drives it in
+    the same sweep), is left alone. Returns ``{turn_id: action}``. Raises redis errors."""
     r = engine.redis
-    info = r.info("server")
-    if float(info.get("uptime_in_seconds", 0)) < SETTLE_AFTER_RESTART:
-        return {}
-    if not r.set(f"agent:reconciled:{info.get('run_id')}", time.time(), nx=True, ex=86400):
-        return {}
+    run, uptime = redis_run(r)
     now = time.time()
+    with r.pipeline(transaction=False) as p:
+        p.set(RUN_SEEN_KEY.format(run), now, nx=True, ex=86400)
+        p.get(RUN_SEEN_KEY.format(run))
+        _, seen = p.execute()
+    if uptime < SETTLE_AFTER_RESTART or now - float(seen or now) < SETTLE_AFTER_RESTART:
+        return {}
+    if not r.set(RECONCILED_KEY.format(run), now, nx=True, ex=86400):
+        return {}
     quiet_since = now + engine.settings.progress_timeout - QUIET_FOR
     # Overdue turns are left to the progress deadline, in this same sweep.
     watched = set(engine.store.watched_between(now, quiet_since))
@@ -110,7 +132,7 @@ def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
         if state is None or state.status.terminal or state.status == TurnStatus.awaiting_approval:
             continue
         done[turn_id] = engine.redrive(
-            turn_id, engine.settings.max_redrives, reason="no message after a Redis restart"
+            turn_id, engine.settings.max_redrives, reason="no message after a Redis restart or failover"
         ).action
     return done
 

@@ -39,6 +39,7 @@ FAST_MODULES = frozenset(
         "test_citations.py",
         "test_layout.py",
         "test_real_model_setup.py",
+        "test_redis_clients.py",
         "test_repair_cases.py",
         "test_schemas.py",
         "test_store_owns_keys.py",

@@ -164,3 +164,94 @@ def test_a_worker_that_exits_at_start_is_reported_at_once_with_its_log(tmp_path)
         time.sleep(0.5)
         for pid in _marked(mark):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_make_stack_with_sentinel_follows_a_failover(tmp_path):
+    """``make stack SENTINEL=1``: Redis as a primary, a replica and three Sentinels; the stack's
+    environment (``var/stack.env``) names the Sentinels; a turn runs, the primary is SIGKILLed, the
+    Sentinels promote the replica, the stack starts the killed server again (a replica now), and
+    the next turn runs; SIGTERM stops all five servers."""
+    dry = subprocess.run(["make", "-n", "stack", "SENTINEL=1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "devtools.devstack --serve --sentinel" in dry.stdout, dry.stdout + dry.stderr
+    mark = uuid.uuid4().hex
+    log = tmp_path / "stack.log"
+    env = {k: v for k, v in _env(mark).items() if not k.startswith(("REDIS_", "CONTROL_REDIS_", "OPENAI_"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devtools.devstack", "--serve", "--sentinel"],
+        cwd=ROOT,
+        env=env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        _stack_up(proc, log)
+        printed = log.read_text()
+        assert "embedded Redis with Sentinel" in printed, printed
+        stack_env = _read_env(ROOT / "var" / "stack.env")
+        assert len(stack_env["AGENT_REDIS_SENTINELS"].split(",")) == 3 and stack_env["AGENT_REDIS_SENTINEL_PASSWORD"]
+        control = _control_plane(stack_env)
+        assert control.wait(control.enqueue({"agent_id": "alice", "input": "list my files"}), 120).done
+        servers = _redis_children(proc.pid)
+        assert len(servers) == 5, servers  # two servers, three Sentinels
+        primary = int(printed.split("primary 127.0.0.1:", 1)[1].split(",", 1)[0])
+        killed = next(p for p in servers if f"127.0.0.1:{primary}".encode() in _cmdline(p))
+        os.kill(killed, signal.SIGKILL)
+        view = wait_for(lambda: _enqueued(control), timeout=60, poll=1)
+        assert control.wait(view, 120).status.value == "completed"
+        assert f"Redis 127.0.0.1:{primary} exited; started again" in log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        wait_for(lambda: not [p for p in servers if _cmdline(p)], timeout=30)
+    finally:
+        servers = _redis_children(proc.pid)  # before the stack goes: then they are no longer its children
+        if proc.poll() is None:
+            proc.kill()
+        for pid in [*_marked(mark), *servers]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    pairs = (line.removeprefix("export ").split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {name: value.strip("'") for name, value in pairs}
+
+
+def _control_plane(stack_env: dict[str, str]):
+    from control.client import ControlPlane
+    from worker.redis_connection import redis_endpoint
+    from worker.settings import Settings
+
+    settings = Settings(**{k: v for k, v in stack_env.items() if k.startswith("AGENT_REDIS_")})
+    return ControlPlane(redis_endpoint(settings, url=stack_env["CONTROL_REDIS_URL"]))
+
+
+def _enqueued(control) -> str | None:
+    from control.errors import ControlPlaneError
+
+    try:
+        return control.enqueue({"agent_id": "alice", "input": "list my files"})
+    except ControlPlaneError:  # no primary for a moment
+        return None
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _redis_children(parent: int) -> list[int]:
+    """The redis-server processes ``parent`` started (their environment is not readable: Redis
+    writes its process title over it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                if b"redis-server" in _cmdline(int(proc.name)):
+                    found.append(int(proc.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found

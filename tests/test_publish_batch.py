@@ -132,7 +132,8 @@ recorded = [
     d.batch_message("cap-turn", 4, group, queue="tools"),
     d.batch_message("cap-turn", 5, chain, queue="tools"),
 ]
-control = CeleryDispatcher(broker_url=app.conf.broker_url)  # a control plane's: it publishes itself
+from worker.redis_connection import redis_endpoint
+control = CeleryDispatcher(broker=redis_endpoint())  # a control plane's: it publishes itself
 print(json.dumps({
     "recorded": [[n, k, p.decode()] for commands in recorded for n, k, p in commands],
     "control": control.step_message("cap-turn", 4, queue="turns"),

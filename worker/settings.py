@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -28,12 +29,34 @@ class Settings(BaseSettings):
     Units: seconds for timeouts, bytes for sizes.
     """
 
-    model_config = SettingsConfigDict(env_prefix="AGENT_", extra="ignore", populate_by_name=True)
+    # Errors never echo a value: a URL carries a password.
+    model_config = SettingsConfigDict(
+        env_prefix="AGENT_", extra="ignore", populate_by_name=True, hide_input_in_errors=True
+    )
 
     # Workers and beat authenticate with REDIS_URL (redis://user:password@host:port/db); the
     # control plane with CONTROL_REDIS_URL when set (its own ACL user), else REDIS_URL.
     redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
     control_redis_url: str | None = Field(None, validation_alias="CONTROL_REDIS_URL")
+    # Redis through Sentinel (worker.redis_connection, docs/failover.md): "host:port,host:port,..."
+    # of the Sentinels; every client then finds the primary named ``redis_sentinel_master`` through
+    # them (the URLs' host:port are not used; their user, password, db and scheme are).
+    redis_sentinels: str | None = Field(None, validation_alias="AGENT_REDIS_SENTINELS")
+    redis_sentinel_master: str = Field(
+        "agent", pattern=r"^[A-Za-z0-9_.-]{1,64}$", validation_alias="AGENT_REDIS_SENTINEL_MASTER"
+    )
+    # The Sentinels' own requirepass.
+    redis_sentinel_password: SecretStr | None = Field(None, validation_alias="AGENT_REDIS_SENTINEL_PASSWORD")
+    # TLS (a rediss:// URL): the CA bundle that verifies the server (default: the system's) and an
+    # optional client certificate. The server is always verified; there is no switch to turn it off.
+    redis_tls_ca_file: str | None = Field(None, validation_alias="AGENT_REDIS_TLS_CA_FILE")
+    redis_tls_cert_file: str | None = Field(None, validation_alias="AGENT_REDIS_TLS_CERT_FILE")
+    redis_tls_key_file: str | None = Field(None, validation_alias="AGENT_REDIS_TLS_KEY_FILE")
+    # Writes that fence side effects or money (worker.turn.durability) wait for this many replicas
+    # to acknowledge them (Redis WAIT); None: 1 with Sentinels, 0 (no WAIT) without.
+    redis_replica_acks: int | None = Field(None, ge=0, le=8, validation_alias="AGENT_REDIS_REPLICA_ACKS")
+    # How long (s) such a write waits for its acknowledgement (docs/failover.md says what follows).
+    redis_replica_ack_timeout: float = Field(1.0, gt=0, le=60, validation_alias="AGENT_REDIS_REPLICA_ACK_TIMEOUT")
     # Model gateway (OpenAI Responses API or the scripted gateway).
     openai_base_url: str = Field("https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")
     openai_api_key: SecretStr = Field(SecretStr(""), validation_alias="OPENAI_API_KEY")
@@ -213,6 +236,39 @@ class Settings(BaseSettings):
         whose heartbeat stopped are re-driven sooner, within about ``2 * liveness_ttl``."""
         return max(self.tool_time_limit, self.model_timeout) + self.progress_slack
 
+    @property
+    def replica_acks(self) -> int:
+        """Replicas a fencing write waits for (``redis_replica_acks``; default 1 with Sentinels, else 0)."""
+        if self.redis_replica_acks is not None:
+            return self.redis_replica_acks
+        return 1 if self.redis_sentinels else 0
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels(cls, v: str | None) -> str | None:
+        if not v or not v.strip():
+            return None
+        parse_host_ports(v)
+        return v
+
+    @field_validator("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")
+    @classmethod
+    def _readable_file(cls, v: str | None) -> str | None:
+        if not v:
+            return None
+        path = Path(v)
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ValueError(f"{v!r} is not a readable file")
+        return str(path)
+
+    @model_validator(mode="after")
+    def _client_certificate(self) -> Settings:
+        if bool(self.redis_tls_cert_file) != bool(self.redis_tls_key_file):
+            raise ValueError(
+                "AGENT_REDIS_TLS_CERT_FILE and AGENT_REDIS_TLS_KEY_FILE go together (a client certificate and its key)"
+            )
+        return self
+
     @field_validator("metrics_addr")
     @classmethod
     def _ip_address(cls, v: str) -> str:
@@ -257,6 +313,19 @@ class Settings(BaseSettings):
         if key and len(key) < 32:
             raise ValueError("AGENT_SNAPSHOT_KEY must have at least 32 characters")
         return self
+
+
+def parse_host_ports(value: str) -> tuple[tuple[str, int], ...]:
+    """``host:port,host:port`` (an IPv6 host in brackets, ``[::1]:26379``) as ``(host, port)``
+    pairs. Raises ``ValueError`` naming the item that is not ``host:port``."""
+    pairs = []
+    for item in value.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{item.strip()!r} is not host:port")
+        pairs.append((host, int(port)))
+    return tuple(pairs)
 
 
 def redact_url(url: str) -> str:

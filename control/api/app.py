@@ -16,7 +16,6 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 import redis
-import redis.asyncio
 from fastapi import Depends, FastAPI, Request
 
 from control.api import errors, page, routes
@@ -28,7 +27,8 @@ from control.api.settings import ApiSettings
 from control.api.tokens import TokenStore
 from control.client import ControlPlane
 from control.errors import ControlPlaneUnavailable
-from worker.settings import get_settings, redact_url
+from worker.redis_connection import RedisEndpoint, redis_endpoint
+from worker.settings import get_settings
 
 log = logging.getLogger("agent.api")
 
@@ -43,48 +43,45 @@ to agents or to all agents. Errors have one shape: `{"error": {"type", "message"
 """
 
 
-def redis_url() -> str:
-    """The control plane's Redis URL: ``CONTROL_REDIS_URL``, else ``REDIS_URL``."""
-    s = get_settings()
-    return s.control_redis_url or s.redis_url
+def redis_url() -> RedisEndpoint:
+    """The control plane's Redis: ``CONTROL_REDIS_URL``, else ``REDIS_URL``, through the settings'
+    Sentinels and TLS files (``worker.redis_connection``). Raises ``ValueError`` for a bad URL."""
+    return redis_endpoint(get_settings(), control=True)
 
 
-async def _connect(url: str) -> ControlPlane:
+async def _connect(endpoint: RedisEndpoint) -> ControlPlane:
     """A ``ControlPlane`` once Redis answers (a briefly missing Redis at start is waited for)."""
     waited = 0.0
     while True:
         try:
-            return await asyncio.to_thread(ControlPlane, url)
+            return await asyncio.to_thread(ControlPlane, endpoint)
         except ControlPlaneUnavailable as exc:
             if waited == 0.0 or waited % 10 < 1:
-                log.warning("waiting for Redis at %s: %s", redact_url(url), exc)
+                log.warning("waiting for Redis at %s: %s", endpoint.display, exc)
             await asyncio.sleep(1.0)
             waited += 1.0
 
 
 def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -> FastAPI:
-    """The app, on the Redis at ``url`` (default: ``redis_url()``)."""
+    """The app, on the Redis at ``url`` (default: ``redis_url()``'s)."""
     settings = settings or ApiSettings()
-    url = url or redis_url()
+    endpoint = redis_endpoint(get_settings(), url=url) if url else redis_url()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.control = await _connect(url)
+        app.state.control = await _connect(endpoint)
         # A bounded pool: a burst of requests waits for a connection (up to 10 s) instead of
-        # opening hundreds of Redis connections at once.
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            url, max_connections=REDIS_CONNECTIONS, timeout=10, socket_connect_timeout=5, socket_timeout=10
+        # opening hundreds of Redis connections at once. Both clients follow a Sentinel failover.
+        app.state.aredis = endpoint.async_client(
+            max_connections=REDIS_CONNECTIONS, wait_for_connection=10, socket_timeout=10
         )
-        app.state.aredis = redis.asyncio.Redis(connection_pool=pool)
-        hub_client = redis.asyncio.Redis.from_url(
-            url, socket_connect_timeout=5, socket_timeout=HUB_BLOCK_MS / 1000 + 10
-        )
+        hub_client = endpoint.async_client(socket_timeout=HUB_BLOCK_MS / 1000 + 10)
         app.state.tokens = TokenStore(app.state.aredis)
         app.state.hub = StreamHub(hub_client, block_ms=HUB_BLOCK_MS)
         app.state.hub.start()
         app.state.streams = {}
         app.state.started = time.time()
-        log.info("control-plane API on Redis %s", redact_url(url))
+        log.info("control-plane API on Redis %s", endpoint.display)
         try:
             yield
         finally:

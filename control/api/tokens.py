@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 import redis
 
+from worker.redis_connection import RedisEndpoint, redis_endpoint
 from worker.turn.keys import AGENT_FIELD, hash_key
 from worker.turn.request import is_valid_id
 
@@ -207,6 +208,9 @@ class TokenStore:
         return AuthResult(tok, int(res[7]) if res[0] == 2 else 0, owner)
 
 
-def sync_client(url: str) -> redis.Redis:
-    """A Redis client for the operator side (the CLI)."""
-    return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+def sync_client(endpoint: RedisEndpoint | str) -> redis.Redis:
+    """A Redis client for the operator side (the CLI), on ``endpoint`` (a URL: through the settings'
+    Sentinels and TLS files, ``worker.redis_connection``). Raises ``ValueError`` for a bad URL."""
+    if isinstance(endpoint, str):
+        endpoint = redis_endpoint(url=endpoint)
+    return endpoint.client(socket_connect_timeout=5, socket_timeout=30)

@@ -22,7 +22,9 @@ class ApiServer:
     """``ApiServer(redis_url, **env).start()``; ``base_url``; ``tokens`` (a sync ``TokenStore``);
     ``token(agents)`` makes one; ``stop()``."""
 
-    def __init__(self, redis_url: str, **env: str):
+    def __init__(self, redis_url: str, endpoint: object = None, **env: str):
+        """``endpoint``: the ``RedisEndpoint`` the test process reaches ``redis_url`` with, when the
+        settings the server gets in ``env`` are not the session's (TLS, Sentinels)."""
         self.redis_url = redis_url
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -31,7 +33,7 @@ class ApiServer:
         self.log = Path(tempfile.gettempdir()) / f"api-{uuid.uuid4().hex[:6]}.log"
         from control.api.tokens import TokenStore, sync_client
 
-        self.tokens = TokenStore(sync_client(redis_url))
+        self.tokens = TokenStore(sync_client(endpoint or redis_url))
 
     def start(self, timeout: float = 60) -> "ApiServer":
         argv = [sys.executable, "-m", "control.api", "--port", str(self.port), "--log-level", "warning"]

@@ -24,23 +24,47 @@ START_TIMEOUT = 90
 
 class PrivateStack:
     """``start_worker(...)`` / ``start_beat()`` / ``redis`` (an ``EmbeddedRedis`` with persistence) /
-    ``control`` (a ``ControlPlane`` on this Redis). ``env`` holds the extra environment of every process."""
+    ``control`` (a ``ControlPlane`` on this Redis). ``env`` holds the extra environment of every process.
 
-    def __init__(self, **env: Any):
-        self.redis = EmbeddedRedis(persist=True)
-        self.url = self.redis.start()
+    ``redis_set``: the Redis to start and use instead of a plain persistent one: an
+    ``EmbeddedRedis`` of the caller's (e.g. TLS), or an ``EmbeddedSentinelSet``, whose primary every
+    process then reaches through its Sentinels (``sentinels`` is the set; ``redis`` is None)."""
+
+    def __init__(self, redis_set: Any = None, **env: Any):
+        from control.client import ControlPlane
+
+        server = redis_set or EmbeddedRedis(persist=True)
+        self.redis: EmbeddedRedis | None = server if isinstance(server, EmbeddedRedis) else None
+        self.sentinels = None if self.redis is not None else server
+        server.start()
+        self.url, control_url = server.url, server.control_url
+        extra = {k: v for k, v in server.env.items() if k != "CONTROL_REDIS_URL"}
         self.env = {
             **{k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"},
             "REDIS_URL": self.url,
             "AGENT_LIVENESS_TTL": "2",
             "AGENT_WATCHDOG_INTERVAL": "0.5",
+            **extra,
             **{k: str(v) for k, v in env.items()},
         }
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
-        from control.client import ControlPlane
+        self.control_url = control_url
+        self.endpoint = self._endpoint(control_url)
+        self.control = ControlPlane(self.endpoint)
 
-        self.control = ControlPlane(self.redis.control_url)
+    def _endpoint(self, url: str) -> Any:
+        """``url`` through this stack's Sentinels and TLS files (the test process's own settings
+        name the session's Redis)."""
+        from worker.redis_connection import redis_endpoint
+        from worker.settings import Settings
+
+        return redis_endpoint(Settings(**{k: v for k, v in self.env.items() if k.startswith("AGENT_REDIS_")}), url=url)
+
+    def client(self, user: str = "worker") -> Any:
+        """A redis-py client of this stack's primary (through its Sentinels), as ``user``."""
+        url = self.url if user == "worker" else self.control_url
+        return self._endpoint(url).client(socket_timeout=10)
 
     def _spawn(self, kind: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = Path(tempfile.gettempdir()) / f"private-{kind}-{uuid.uuid4().hex[:6]}.log"
@@ -122,7 +146,10 @@ class PrivateStack:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill(proc)
-        self.redis.stop()
+        if self.redis is not None:
+            self.redis.stop()
+        if self.sentinels is not None:
+            self.sentinels.stop()
 
 
 # The progress deadline set far out (seconds of slack): a turn a test sees recovered was recovered

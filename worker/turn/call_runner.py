@@ -37,6 +37,7 @@ from worker.turn import metrics, telemetry
 from worker.turn.claims import Closed
 from worker.turn.completion import BatchCompletion
 from worker.turn.dispatch import Plan, PlannedCall
+from worker.turn.durability import NotDurable
 from worker.turn.events import CallCompleted, CallStarted
 from worker.turn.gate import ApprovalGate
 from worker.turn.interfaces import Computers, HomeAdmission
@@ -52,6 +53,12 @@ log = logging.getLogger("agent.loop")
 
 # Tool results this process paid for but could not store yet (a Redis outage).
 _UNSAVED_RESULTS = Unsaved()
+# Calls whose tool this process started: a claim of ours on one of them is not "an earlier attempt
+# that never ran" (a result lost with a failed-over primary leaves our claim behind).
+_STARTED = Unsaved(limit=100_000)
+# How often a destructive call whose claim reached no replica in time is sent again (its task
+# retried with these countdowns, seconds) before it is reported not run (docs/failover.md).
+DEFERRALS = (1.0, 2.0, 4.0, 8.0, 15.0, 15.0, 15.0)
 
 
 class CallRunner:
@@ -71,8 +78,11 @@ class CallRunner:
         self.completion = completion
         self.computers = computers
 
-    def run(self, turn_id: str, step: int, call_id: str) -> StepOutcome:
-        """Run one planned call, store its result, and close the batch if it is the batch's last."""
+    def run(self, turn_id: str, step: int, call_id: str, deferrals: int = 0) -> StepOutcome:
+        """Run one planned call, store its result, and close the batch if it is the batch's last.
+        ``deferrals``: how often this call was deferred already (its destructive claim reached no
+        replica in time): ``deferred`` asks the caller to send it again in ``DEFERRALS[deferrals]``
+        seconds; after the last, the call is reported not run."""
         view = self.rt.store.call_view(turn_id, step, call_id, owner(), self._lease())
         state, plan = view.state, view.plan
         if state is None or state.status.terminal or state.step != step or state.phase != "tools":
@@ -83,7 +93,7 @@ class CallRunner:
         if call is None or batch_index is None:
             return StepOutcome("dropped", "unknown call")
         request = state.turn_request()
-        closing = self._closing(view, plan, call, batch_index, request)
+        closing = self._closing(view, plan, call, batch_index, request, deferrals)
         if isinstance(closing, StepOutcome):
             return closing
         if closing is None:
@@ -96,7 +106,7 @@ class CallRunner:
         return StepOutcome("advanced", f"batch {batch_index} done", ended=ended)
 
     def _closing(
-        self, view: CallView, plan: Plan, call: PlannedCall, batch_index: int, request: TurnRequest
+        self, view: CallView, plan: Plan, call: PlannedCall, batch_index: int, request: TurnRequest, deferrals: int
     ) -> AdvanceView | Closed | StepOutcome | None:
         """Record the call's result (running it if it must run) and pass the barrier: what closing
         the batch reads when this call completed it (``Closed`` when its round trip also closed a
@@ -127,6 +137,12 @@ class CallRunner:
                     result: CallResult | None = CallResult.error(admission.error, "no_computer")
                 else:
                     result = self._execute_once(call, state, request, batch_index, view)
+            except NotDurable as exc:  # the tool did not run: free the call for a later attempt
+                claims.release_claim(turn_id, step, call.call_id, owner())
+                if deferrals < len(DEFERRALS):
+                    log.warning("call %s of turn %s deferred: %s", call.call_id, turn_id, exc)
+                    return StepOutcome("deferred", str(exc))
+                result = _unfenced(call)
             finally:
                 admission.release()
             if result is None:
@@ -169,21 +185,27 @@ class CallRunner:
         turn_id, step, cancelled = state.turn_id, state.step, view.cancelled
         lease = self._lease()
         claims = self.rt.store.claims
+        fenced = call.destructive  # its claim must reach a replica before it runs (worker.turn.durability)
         if view.claim.tried:
             won, claim = view.claim.won, view.claim.existing
+            if won and fenced and claims.durability.enabled:  # claimed at once by a plan made unfenced
+                claims.take_over_claim(turn_id, step, call.call_id, owner(), lease, durable=True)
         else:
             started = CallStarted(step, call.call_id, call.name, call.activity).fields()
-            won, claim = claims.claim(turn_id, step, call.call_id, owner(), lease, started_event=started)
+            won, claim = claims.claim(
+                turn_id, step, call.call_id, owner(), lease, started_event=started, durable=fenced
+            )
         if not won:
-            run_here, held = self._held_elsewhere(call, claim or {})
+            run_here, held = self._held_elsewhere(call, claim or {}, (turn_id, step, call.call_id))
             if not run_here:
                 return held
-            claims.take_over_claim(turn_id, step, call.call_id, owner(), lease)
+            claims.take_over_claim(turn_id, step, call.call_id, owner(), lease, durable=fenced)
         # A terminating result earlier in this step stops later batches (docs/architecture.md, "Batches").
         if cancelled or (state.terminate and batch_index > 0):
             reason = "the turn was cancelled" if cancelled else "the turn was terminated"
             return CallResult.error(f"Interrupted: the call did not run because {reason}.", "interrupted")
         record = self.rt.settings.otel_record_content
+        _STARTED.put((turn_id, step, call.call_id), True)
         started_at = time.perf_counter()
         with telemetry.tool_call_span(call, turn_id, request.agent_id, step, batch_index, record) as span:
             try:
@@ -196,15 +218,19 @@ class CallRunner:
         metrics.tool_call_finished(call.name, result.is_error, result.details)
         return result
 
-    def _held_elsewhere(self, call: PlannedCall, claim: dict[str, Any]) -> tuple[bool, CallResult | None]:
+    def _held_elsewhere(
+        self, call: PlannedCall, claim: dict[str, Any], key: tuple[str, int, str]
+    ) -> tuple[bool, CallResult | None]:
         """A call claimed by someone else: ``(True, None)`` to take the claim over and run it;
         ``(False, None)`` while its holder is alive and its lease runs (do not run it); ``(False,
-        "outcome unknown" result)`` for a destructive call whose holder is gone (never run a
-        destructive tool twice for one call)."""
+        "outcome unknown" result)`` for a destructive call whose holder is gone, or that this very
+        thread ran already (its result lost with a failed-over primary): never run a destructive
+        tool twice for one call."""
         holder = claim.get("owner", "")
-        if holder == owner():  # our own earlier attempt (a Redis outage): it never ran the tool
+        ours = holder == owner()
+        if ours and _STARTED.get(key) is None:  # our own earlier attempt (a Redis outage): it never ran the tool
             return True, None
-        if claim.get("lease_until", 0) > time.time() and not self.rt.liveness.owner_is_dead(holder):
+        if not ours and claim.get("lease_until", 0) > time.time() and not self.rt.liveness.owner_is_dead(holder):
             return False, None
         if call.destructive:
             return False, CallResult.error(
@@ -285,6 +311,16 @@ def _run_tool(tool: WorkerTool[Any], params: Any, tctx: ToolContext, call: Plann
             is_error=True,
             details={"error": "exception", "type": exc.__class__.__name__},
         )
+
+
+def _unfenced(call: PlannedCall) -> CallResult:
+    """The result of a destructive call never run: its claim reached no Redis replica in time,
+    after every deferral (docs/failover.md)."""
+    return CallResult.error(
+        f"Error: {call.name} did not run: its claim could not be made safe against a Redis failover (no "
+        "replica acknowledged it, also after retries for about a minute). Nothing was done; try again later.",
+        "unfenced",
+    )
 
 
 def _noted(result: CallResult, notice: str) -> CallResult:

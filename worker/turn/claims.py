@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import orjson
 import redis
 
+from worker.turn.durability import NO_REPLICAS, NotDurable, ReplicaAck, run_script
 from worker.turn.guard import LUA_APPLY_WRITES, LUA_AT_STEP, LUA_TERMINAL, Writes, encode_writes
 from worker.turn.keys import WATCH_KEY
 from worker.turn.keys import key as _k
@@ -172,6 +173,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# Delete a call's claim only if ``ARGV[2]`` still holds it (one round trip).
+_RELEASE_CALL_LUA = """
+local claim = redis.call('HGET', KEYS[1], ARGV[1])
+if claim and cjson.decode(claim)['owner'] == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0
+"""
+
 
 class CallRead(NamedTuple):
     """What ``Claims.begin_call`` read and did, raw (``TurnStore.call_view`` parses it)."""
@@ -189,9 +197,12 @@ class Claims:
     """Claims and the barrier in the Redis at ``client`` (see the module docstring);
     ``progress_timeout``: seconds of the progress deadline a stored result pushes."""
 
-    def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0):
+    def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0, durability: ReplicaAck = NO_REPLICAS):
         self._r = client
         self.progress_timeout = progress_timeout
+        # A destructive call's claim waits for a replica before its tool runs (worker.turn.durability).
+        self.durability = durability
+        self._release_call = client.register_script(_RELEASE_CALL_LUA)
         self._claim = client.register_script(_CLAIM_LUA)
         self._record = client.register_script(_RECORD_LUA)
         self._release = client.register_script(_RELEASE_LUA)
@@ -206,22 +217,33 @@ class Claims:
         owner: str,
         lease: float,
         started_event: dict[str, Any] | None = None,
+        *,
+        durable: bool = False,
     ) -> tuple[bool, dict[str, Any] | None]:
         """Claim a call for execution (``lease`` seconds) and, if won, append ``call_started``.
+        ``durable`` (a destructive call): a won claim must reach a replica (``ReplicaAck``) before
+        the tool may run, else ``NotDurable`` is raised (the claim stays, ours: release it).
 
         Returns ``(won, existing_claim)``.
         """
         claim = {"owner": owner, "lease_until": time.time() + lease}
-        won, raw = self._claim(
-            keys=[_k(turn_id, "claims", step), _k(turn_id, "events")],
-            args=[
-                call_id,
-                orjson.dumps(claim),
-                RETENTION_SECONDS,
-                event_json("call_started", started_event or {"call_id": call_id}),
-                EVENTS_MAXLEN,
-            ],
-        )
+        keys = [_k(turn_id, "claims", step), _k(turn_id, "events")]
+        args: list[Any] = [
+            call_id,
+            orjson.dumps(claim),
+            RETENTION_SECONDS,
+            event_json("call_started", started_event or {"call_id": call_id}),
+            EVENTS_MAXLEN,
+        ]
+        if durable and self.durability.enabled:
+            (reply,), acked = self.durability.write(
+                self._r, "claim", lambda p: run_script(p, self._claim, keys, args), required=True, scripts=[self._claim]
+            )
+            won, raw = reply
+            if won and not acked:
+                raise NotDurable(f"the claim of call {call_id} of turn {turn_id} reached no replica in time")
+        else:
+            won, raw = self._claim(keys=keys, args=args)
         if won:
             return True, None
         return False, orjson.loads(raw) if raw else None
@@ -307,13 +329,24 @@ class Claims:
         except (redis.ConnectionError, redis.TimeoutError):
             pass
 
-    def take_over_claim(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> None:
-        """Replace an expired or dead owner's claim with ours (``lease`` seconds)."""
-        self._r.hset(
-            _k(turn_id, "claims", step),
-            call_id,
-            orjson.dumps({"owner": owner, "lease_until": time.time() + lease, "takeover": True}),
-        )
+    def take_over_claim(
+        self, turn_id: str, step: int, call_id: str, owner: str, lease: float, *, durable: bool = False
+    ) -> None:
+        """Replace an expired or dead owner's claim with ours (``lease`` seconds); ``durable`` as
+        for ``claim`` (raises ``NotDurable``)."""
+        claim = orjson.dumps({"owner": owner, "lease_until": time.time() + lease, "takeover": True})
+        key = _k(turn_id, "claims", step)
+        if not (durable and self.durability.enabled):
+            self._r.hset(key, call_id, claim)
+            return
+        _, acked = self.durability.write(self._r, "claim", lambda p: p.hset(key, call_id, claim), required=True)
+        if not acked:
+            raise NotDurable(f"the claim of call {call_id} of turn {turn_id} reached no replica in time")
+
+    def release_claim(self, turn_id: str, step: int, call_id: str, owner: str) -> bool:
+        """Drop ``owner``'s claim on a call that did not run (its claim reached no replica in time),
+        so that a later delivery can claim it. Returns False when ``owner`` no longer held it."""
+        return bool(self._release_call(keys=[_k(turn_id, "claims", step)], args=[call_id, owner]))
 
     def record_and_check(
         self,

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import orjson
 import redis
 
+from worker.turn.durability import NO_REPLICAS, ReplicaAck, run_script
 from worker.turn.guard import LUA_APPLY_WRITES, LUA_AT_STEP, LUA_TERMINAL, Writes, encode_writes
 from worker.turn.keys import key as _k
 from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, event_json
@@ -65,14 +66,18 @@ class SavedReply:
     cancelled: bool
     usage: tuple[bool, list[bytes]]
     began: bool
+    # A replica acknowledged the memo in time (``worker.turn.durability``; True without replicas).
+    durable: bool = True
 
 
 class ReplyMemo:
     """Model replies of turns in the Redis at ``client`` (see the module docstring)."""
 
-    def __init__(self, client: redis.Redis):
+    def __init__(self, client: redis.Redis, durability: ReplicaAck = NO_REPLICAS):
         self._r: Any = client
         self._save = client.register_script(_SAVE_REPLY_LUA)
+        # The memo is followed by a WAIT for a replica (best effort: the reply is paid for already).
+        self.durability = durability
 
     def save_and_check(
         self,
@@ -95,30 +100,16 @@ class ReplyMemo:
         field, row = usage
         events = [event_json(kind, data) for kind, data in deltas] + [event_json("model_reply", event)]
         write_keys, write_args = encode_writes(then) if then is not None else ([], [])
-        won, raw, cancelled, usage_stored, rows, began = self._save(
-            keys=[
-                _k(turn_id, "reply", step),
-                _k(turn_id, "cancel"),
-                _k(turn_id, "usage"),
-                _k(turn_id, "events"),
-                _k(turn_id),
-                *write_keys,
-            ],
-            args=[
-                orjson.dumps(reply),
-                RETENTION_SECONDS,
-                EVENTS_MAXLEN,
-                field,
-                row,
-                RETENTION_SECONDS,
-                step,
-                len(events),
-                *events,
-                *write_args,
-            ],
+        keys = [_k(turn_id, "reply", step), _k(turn_id, "cancel"), _k(turn_id, "usage"), _k(turn_id, "events")]
+        keys += [_k(turn_id), *write_keys]
+        args = [orjson.dumps(reply), RETENTION_SECONDS, EVENTS_MAXLEN, field, row, RETENTION_SECONDS, step]
+        args += [len(events), *events, *write_args]
+        (saved,), durable = self.durability.write(
+            self._r, "memo", lambda p: run_script(p, self._save, keys, args), required=False, scripts=[self._save]
         )
+        won, raw, cancelled, usage_stored, rows, began = saved
         stored = reply if won else (orjson.loads(raw) if raw else reply)
-        return SavedReply(stored, bool(cancelled), (bool(usage_stored), list(rows)), bool(began))
+        return SavedReply(stored, bool(cancelled), (bool(usage_stored), list(rows)), bool(began), durable)
 
     def save(self, turn_id: str, step: int, reply: dict[str, Any]) -> dict[str, Any]:
         """Memoize the model reply of ``step`` (first one wins); returns the stored reply."""

@@ -11,6 +11,7 @@ Names and labels (docs/operations.md, "Metrics"):
 - ``agent_argument_repairs_total{kind}``, ``agent_invalid_calls_total{tool,kind}``;
 - ``agent_tokens_total{model,kind}`` (kind: input, output, cached, reasoning);
 - ``agent_watchdog_redrives_total``;
+- ``agent_replica_ack_misses_total{write}`` (``worker.turn.durability``: ``claim``, ``memo``);
 - ``agent_turns_in_flight`` (served by ``tasks.metrics`` from Redis at scrape time).
 
 Label values are bounded: a tool name the turn does not offer is counted as ``(unknown)``;
@@ -50,6 +51,11 @@ INVALID_CALLS = Counter(
 )
 TOKENS = Counter("agent_tokens", "Tokens reported in the Responses usage of model calls.", ["model", "kind"])
 REDRIVES = Counter("agent_watchdog_redrives", "Turns re-driven by the watchdog.")
+REPLICA_ACK_MISSES = Counter(
+    "agent_replica_ack_misses",
+    "Fencing writes no replica acknowledged in time (WAIT), by write: claim, memo (docs/failover.md).",
+    ["write"],
+)
 
 
 def calls_planned(calls: list[Any], known_tools: set[str]) -> None:
@@ -73,7 +79,17 @@ def tokens_used(model: str, usage: dict[str, int]) -> None:
 # A tool result's ``details.error`` kinds (``worker.turn.state.CallResult``) kept as error classes;
 # a tool's own error result without one is ``tool_error``.
 _TOOL_ERROR_CLASSES = frozenset(
-    {"exception", "interrupted", "outcome_unknown", "rejected", "expired", "timeout", "invalid_edit", "moved"}
+    {
+        "exception",
+        "interrupted",
+        "outcome_unknown",
+        "rejected",
+        "expired",
+        "timeout",
+        "invalid_edit",
+        "moved",
+        "unfenced",
+    }
 )
 
 

@@ -1,8 +1,8 @@
 """Riding out a Redis outage without losing what was paid for.
 
 A model reply or a tool result exists only in this process until the turn store has it.
-If Redis fails at that moment, the step keeps the value (``Unsaved``) and saves it again
-with backoff (``until_redis_answers``) until Redis answers, bounded by
+If Redis fails at that moment (a restart, a failover), the step keeps the value (``Unsaved``) and
+saves it again with backoff (``until_redis_answers``) until Redis answers, bounded by
 ``Settings.redis_outage_timeout``. The wait happens in the step itself, so it does not depend
 on the broker (the same Redis) being up to queue a retry; and a redelivered step or call in
 this process finds the value in ``Unsaved`` instead of paying the model or running the tool
@@ -29,8 +29,12 @@ class BrokerUnavailable(ConnectionError):
     connection errors into this: ``worker/`` knows no broker library)."""
 
 
-# What counts as "Redis is not answering" (a reply from Redis, even an error, is not an outage).
-OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError, BrokerUnavailable)
+# What counts as "Redis is not answering" (a reply from Redis, even an error, is not an outage),
+# and a demoted primary's READONLY (a failover under way: docs/failover.md; a Sentinel-managed
+# client turns it into a ConnectionError itself and asks the Sentinels again).
+OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError, BrokerUnavailable)
+# The longest wait between two attempts (seconds): a failover takes 2-5 s, a restart a few.
+LONGEST_RETRY = 1.0
 
 
 class Unsaved:
@@ -62,7 +66,8 @@ class Unsaved:
 def until_redis_answers(
     run: Callable[[], T], *, what: str, timeout: float, sleep: Callable[[float], None] = time.sleep
 ) -> T:
-    """Call ``run()`` until it returns, retrying Redis outages with backoff (0.2 s doubling to 5 s).
+    """Call ``run()`` until it returns, retrying Redis outages with backoff (0.2 s doubling to
+    ``LONGEST_RETRY``: the step waits in place, so a short wait brings it back soon after Redis).
 
     Used to store what was paid for (a reply, a result) and, in ``tasks.turns``, to run a whole
     step or call again (fenced and claimed, so safe to repeat). ``what`` names it in the log.
@@ -79,4 +84,4 @@ def until_redis_answers(
                 raise
             log.warning("%s: Redis did not answer (%s); again in %.1fs", what, exc, delay)
             sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, LONGEST_RETRY)

@@ -23,6 +23,7 @@ Action = Literal[
     "ended",
     "cancelled",
     "forwarded",
+    "deferred",
     "ran",
     "advanced",
     "redriven",
@@ -39,8 +40,10 @@ Action = Literal[
   (the reply ended the turn with that status), ``ended`` (a cap, a budget, a refused request, a
   second miss of the finish tool), ``cancelled`` (the cancel flag was seen);
 - a tool call (``CallRunner``): ``forwarded`` (the agent's home is on another node: ``detail`` is
-  that node's queue, where the Celery edge sends the message), ``ran`` (its result is stored, the
-  batch goes on), ``advanced`` (its result closed the batch: the next batch, step or end);
+  that node's queue, where the Celery edge sends the message), ``deferred`` (a destructive call
+  whose claim no Redis replica acknowledged in time: not run, to be sent again later;
+  docs/failover.md), ``ran`` (its result is stored, the batch goes on), ``advanced`` (its result
+  closed the batch: the next batch, step or end);
 - a re-drive (``Redrive``, ``ApprovalGate.redrive_parked``): ``redriven`` (work re-sent),
   ``parked`` (it waits for a person: left alone), ``failed`` (too many re-drives: the turn failed).
 

@@ -29,6 +29,7 @@ from worker.model.items import unanswered_call_ids
 from worker.turn.approvals import ApprovalRecords
 from worker.turn.claims import Claims, started_rest
 from worker.turn.dispatch import Plan, PlannedCall
+from worker.turn.durability import NO_REPLICAS, ReplicaAck
 from worker.turn.guard import CreateScript, GuardScript, Writes
 from worker.turn.keys import FINISHING_KEY, WATCH_KEY, agent_turns_key, idem_key
 from worker.turn.keys import key as _k
@@ -49,10 +50,11 @@ from worker.turn.usage import UsageLedger
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
 
 
-def _claimable_at_once(call: PlannedCall) -> bool:
+def _claimable_at_once(call: PlannedCall, fenced: bool) -> bool:
     # A call that awaits a person's decision, or the node holding the agent's home, is claimed
-    # only once admitted (worker.turn.call_runner).
-    return call.runnable and not call.needs_approval and not call.computer
+    # only once admitted (worker.turn.call_runner); a destructive one, when its claim must reach a
+    # replica first (``fenced``), by a claim of its own followed by WAIT (worker.turn.durability).
+    return call.runnable and not call.needs_approval and not call.computer and not (fenced and call.destructive)
 
 
 def _interrupted(status: TurnStatus, started: bool) -> str:
@@ -69,13 +71,15 @@ class TurnStore:
     ``approvals`` (approval records and gates), ``usage`` (token usage per step).
     ``progress_timeout``: seconds a turn may go without progress before the watchdog re-drives it."""
 
-    def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0):
+    def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0, durability: ReplicaAck = NO_REPLICAS):
         # redis-py types every reply as ``bytes | str``; this client answers bytes
         # (``decode_responses`` off), and the parsing below says what each reply is.
         self._r: Any = client
         self.progress_timeout = progress_timeout
-        self.claims = Claims(client, progress_timeout=progress_timeout)
-        self.memo = ReplyMemo(client)
+        # The writes that fence side effects or money wait for replicas (worker.turn.durability).
+        self.durability = durability
+        self.claims = Claims(client, progress_timeout=progress_timeout, durability=durability)
+        self.memo = ReplyMemo(client, durability)
         self.approvals = ApprovalRecords(client, progress_timeout=progress_timeout)
         self.usage = UsageLedger(client)
         self._guard = GuardScript(client, FINISHING_KEY)
@@ -334,11 +338,12 @@ class TurnStore:
             pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
             # A call_id that any planned call not claimable at once shares is not either: the
             # runner reads the first planned call of an id (Plan.call), which may be gated.
-            gated = {c.call_id for c in plan.calls if not _claimable_at_once(c)}
+            fenced = self.durability.enabled
+            gated = {c.call_id for c in plan.calls if not _claimable_at_once(c, fenced)}
             at_once = {
                 c.call_id: started_rest(c.name, c.activity)
                 for c in plan.calls
-                if _claimable_at_once(c) and c.call_id not in gated
+                if _claimable_at_once(c, fenced) and c.call_id not in gated
             }
             if at_once:  # the calls a tool-call task claims with its first read (Claims.begin_call)
                 pipe.hset(_k(turn_id, "start", step), mapping=at_once)
