@@ -43,22 +43,19 @@ import argparse
 import base64
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
+from devtools.deploy_attacks import disk_fill, memory_attack, sandbox_turn
+from devtools.deploy_failover import failover
 from devtools.deploy_stack import (
-    COMMAND_MEMORY_BYTES,
-    HOME_QUOTA_MB,
     PROJECT,
     REDIS_SERVERS,
-    SENTINELS,
     TURN_TIMEOUT,
     CheckFailed,
     Deployment,
@@ -66,11 +63,9 @@ from devtools.deploy_stack import (
     bring_up,
     cli,
     compose_cmd,
-    container,
     containers,
     control_python,
     down,
-    in_container,
     podman,
     remove_leftovers,
     set_secrets,
@@ -78,103 +73,8 @@ from devtools.deploy_stack import (
     wait_healthy,
     workflow_cli,
 )
+from devtools.deploy_turns import enqueue, home_file, run_turn, tools_containers, wait_turn
 from devtools.podman import PodmanError, build_images, require_tools, write_config
-
-# -- the turns ---------------------------------------------------------------------------------
-
-
-def enqueue(dep: Deployment, text: str, agent: str, model: str, *extra: str) -> str:
-    out: str = cli(dep, "enqueue", text, "--agent", agent, "--model", model, *extra).stdout
-    return out.strip()
-
-
-def wait_turn(dep: Deployment, turn_id: str, timeout: float = TURN_TIMEOUT) -> dict[str, Any]:
-    run = cli(dep, "wait", turn_id, "--timeout", str(timeout), check=False, timeout=timeout + 30)
-    if run.returncode != 0:
-        raise CheckFailed(f"turn {turn_id} did not complete: {(run.stdout or run.stderr).strip()[:400]}")
-    status: dict[str, Any] = json.loads(run.stdout)
-    return status
-
-
-def tool_outputs(dep: Deployment, turn_id: str) -> list[str]:
-    items = [json.loads(line) for line in cli(dep, "items", turn_id).stdout.splitlines() if line.strip()]
-    return [str(i.get("output", "")) for i in items if i.get("type") == "function_call_output"]
-
-
-def run_turn(dep: Deployment, agent: str, model: str, text: str = "go") -> tuple[str, list[str]]:
-    """One turn of ``model`` (a script of ``scripts/``) for ``agent``, waited for; its tool outputs."""
-    turn = enqueue(dep, text, agent, model, "--approval", "off")
-    wait_turn(dep, turn)
-    return turn, tool_outputs(dep, turn)
-
-
-def tools_containers() -> list[str]:
-    return sorted(n for n, c in containers().items() if c["service"] == "worker-tools" and c["state"] == "running")
-
-
-def home_file(agent: str, path: str) -> str | None:
-    """The content of ``path`` in ``agent``'s home, read inside the tools containers (each home is an
-    image mounted in its node's container), or None where no node has it."""
-    for name in tools_containers():
-        run = podman("exec", name, "sh", "-c", 'cat /homes/node-*/"$0"/"$1" 2>/dev/null', agent, path, check=False)
-        if run.returncode == 0:
-            return run.stdout
-    return None
-
-
-def _report(text: str) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for line in _lines(text):
-        key, _, value = line.partition(": ") if ": " in line else line.partition("=")
-        found[key.strip()] = value.strip()
-    return found
-
-
-def _lines(text: str) -> Iterator[str]:
-    """The report lines of a run_command output (its JSON or plain form)."""
-    try:
-        data = json.loads(text)
-        text = data.get("stdout") or data.get("output") or text if isinstance(data, dict) else text
-    except ValueError:
-        pass
-    keys = ("uid=", "interfaces:", "redis:", "home file:", "secrets in", "processes:", "homes visible:", "other home:")
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith((*keys, "setuid ")):
-            yield line
-
-
-def sandbox_turn(dep: Deployment) -> str:
-    """The sandbox report and its attacks, run in the tools container with the per-agent limits on."""
-    run_turn(dep, "deploy-b", "deploy-write")  # another agent's file, to be out of reach
-    turn, (out,) = run_turn(dep, "deploy-a", "deploy-sandbox", "report on your sandbox")
-    report = _report(out)
-    uid = report.get("uid", "")
-    expected = {
-        "interfaces": "lo",
-        "redis": "unreachable",
-        "secrets in env": "0",
-        "secrets in /proc": "0",
-        "homes visible": "deploy-a",
-        "other home": "unreadable",
-        "home file": f"{uid}: written in the sandbox",
-        "setuid bits": "755",
-        "setuid euid": uid,
-    }
-    wrong = {k: report.get(k) for k, v in expected.items() if (report.get(k) or "").strip() != v}
-    if not uid.isdigit() or int(uid) < 1000:
-        wrong["uid"] = uid  # the agent's own host uid, never root's
-    if wrong:
-        raise CheckFailed(f"the sandbox let the command see or do {wrong} (expected {expected})")
-    if any(s in out for s in dep.secrets()):
-        raise CheckFailed("a password appeared in the command's output")
-    if (home_file("deploy-a", "deploy-check.txt") or "").strip() != "written in the sandbox":
-        raise CheckFailed("deploy-a's home does not hold what the command wrote")
-    return (
-        f"turn {turn}: agent uid {uid}, interfaces [lo], Redis and Sentinels unreachable, 0 secrets in env "
-        f"and /proc, only its own home (another agent's file unreadable), setuid refused (mode 755, "
-        f"euid {uid}), {report.get('processes')} processes visible, file written in the home"
-    )
 
 
 def approval_turn(dep: Deployment) -> str:
@@ -224,33 +124,6 @@ def workflow_task(dep: Deployment) -> str:
     if task["status"] != "succeeded" or task.get("result") != {"answer": "deployed", "checks": 3}:
         raise CheckFailed(f"workflow task ended {task['status']} with {task.get('result')}")
     return f"task {task['task_id']} succeeded with {json.dumps(task['result'])}"
-
-
-def disk_fill(dep: Deployment) -> str:
-    """An agent writes past its quota: only its own write fails (the home is an image of
-    ``HOME_QUOTA_MB``); the homes' disk keeps its room and another agent's turn completes."""
-    turn, (out,) = run_turn(dep, "deploy-fill", "deploy-fill", "fill the disk")
-    size = next((line.split(":")[1].split()[0] for line in out.splitlines() if line.startswith("home size:")), "")
-    if "AGENT_HOME_QUOTA_MB" not in out or not size.isdigit() or int(size) > HOME_QUOTA_MB * 1024:
-        raise CheckFailed(f"the write past the quota was not contained: {out[:300]!r}")
-    free_mb = shutil.disk_usage(dep.homes).free // 2**20
-    if free_mb < 200:
-        raise CheckFailed(f"the homes' disk has only {free_mb} MiB free after one agent filled its home")
-    after, _ = run_turn(dep, "deploy-a", "deploy-steps", "list your files")
-    redis_free = shutil.disk_usage(dep.redis_data).free // 2**20
-    return (
-        f"turn {turn}: its home ({int(size) // 1024} MiB) full, the output names AGENT_HOME_QUOTA_MB; the homes' disk "
-        f"has {free_mb} MiB free; turn {after} completed after it; Redis's disk has {redis_free} MiB free"
-    )
-
-
-def memory_attack(dep: Deployment) -> str:
-    """Four processes of one command, each far under RLIMIT_AS, together over the command's memory cgroup."""
-    turn, (out,) = run_turn(dep, "deploy-mem", "deploy-memory", "use memory")
-    limit = f"memory limit of {COMMAND_MEMORY_BYTES // 2**20} MiB"
-    if limit not in out or "all-survived" in out:
-        raise CheckFailed(f"four processes of one command were not stopped at {limit}: {out[:300]!r}")
-    return f"turn {turn}: 4 x 200 MiB processes killed together at the command's {limit} (a memory cgroup)"
 
 
 def drain_node(dep: Deployment, turns: int = 8) -> str:
@@ -348,202 +221,6 @@ def kill_home_node(dep: Deployment) -> str:
         f"{victim} (node {node}) killed; turn {turn}: [computer moved] to {moved.get('node')} "
         f"(epoch {moved.get('epoch')}, {moved.get('reason')}), kept.txt restored from the object store"
     )
-
-
-# -- Redis failover ----------------------------------------------------------------------------
-
-
-def sentinel(*args: str) -> str:
-    """A Sentinel command, asked of each Sentinel in turn until one answers within 10 s (with its
-    password from its own environment); ``""`` when none did."""
-    for name in SENTINELS:
-        try:
-            run = in_container(
-                name,
-                "bash",
-                "-c",
-                'REDISCLI_AUTH="$SENTINEL_PASSWORD" exec redis-cli --no-auth-warning -p 26379 "$@"',
-                "redis-cli",
-                *args,
-                check=False,
-                timeout=10,
-            )
-        except subprocess.TimeoutExpired:
-            print(f"           {name} did not answer {' '.join(args)} within 10 s", flush=True)
-            continue
-        if run.returncode == 0 and run.stdout.strip():
-            return run.stdout
-    return ""
-
-
-def primary() -> str:
-    """The primary the Sentinels name now (``""`` if none answered)."""
-    return (sentinel("sentinel", "get-master-addr-by-name", "agent").split() or [""])[0]
-
-
-def replica_in_sync(server: str) -> bool:
-    out = sentinel("sentinel", "replicas", "agent").split()
-    entries: list[dict[str, str]] = []
-    for i, word in enumerate(out):
-        if word == "name":
-            entries.append({})
-        if entries and i + 1 < len(out) and i % 2 == 0:
-            entries[-1][word] = out[i + 1]
-    for e in entries:
-        if e.get("ip") == server:
-            return e.get("flags") == "slave" and e.get("master-link-status") == "ok"
-    return False
-
-
-def gateway_requests() -> int:
-    run = in_container(
-        "worker-turns",
-        "python",
-        "-c",
-        "import json, urllib.request; print(json.load(urllib.request.urlopen('http://gateway:8089/stats', timeout=10))['requests'])",
-    )
-    return int(run.stdout.strip())
-
-
-@dataclass
-class FailoverReport:
-    kills: list[dict[str, Any]] = field(default_factory=list)
-    turns: int = 0
-    completed: int = 0
-    failed: list[str] = field(default_factory=list)
-    stuck: list[str] = field(default_factory=list)
-    duplicated: list[str] = field(default_factory=list)
-    repaid: int = 0
-
-
-def _first_step_after(t0: float, ids: list[str]) -> float | None:
-    """Seconds from ``t0`` to the first turn progress the control plane reads (through the Sentinels)."""
-    run = control_python(
-        "import json, sys, time\n"
-        "from control.client import ControlPlane\n"
-        "t0, ids = float(sys.argv[1]), sys.argv[2:]\n"
-        "control = None\n"
-        "deadline = time.time() + 120\n"
-        "while time.time() < deadline:\n"
-        "    try:\n"
-        "        control = control or ControlPlane()\n"
-        "        views = [control.status(t) for t in ids]\n"
-        "    except Exception:\n"
-        "        time.sleep(0.1)\n"
-        "        continue\n"
-        "    after = [v.updated_at for v in views if v.updated_at > t0]\n"
-        "    if after:\n"
-        "        print(min(after) - t0)\n"
-        "        sys.exit(0)\n"
-        "    time.sleep(0.1)\n"
-        "print('none')\n",
-        str(t0),
-        *ids,
-        timeout=180,
-    )
-    value = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else "none"
-    return None if value == "none" else float(value)
-
-
-def nodes_reconnected(dep: Deployment) -> str:
-    """Every node back on the new primary: each tools node's heartbeat fresh, and every worker
-    answering Flower's ping (a broadcast through the broker, so through the Sentinels both ways)."""
-    deadline = time.monotonic() + 60
-    auth = {"Authorization": "Basic " + base64.b64encode(dep.flower_auth.encode()).decode()}
-    workers = {n for n, c in containers().items() if c["service"].startswith("worker-") and c["state"] == "running"}
-    while True:
-        nodes = json.loads(cli(dep, "nodes", "--json").stdout)
-        live = [n for n, v in nodes.items() if v["live"]]
-        online = httpx.get(
-            "http://127.0.0.1:5555/api/workers", params={"refresh": "true", "status": "true"}, headers=auth, timeout=30
-        ).json()
-        answering = [w for w, up in online.items() if up]
-        if (len(live) >= 2 and len(answering) >= len(workers)) or time.monotonic() > deadline:
-            break
-        time.sleep(2)
-    if len(live) < 2 or len(answering) < len(workers):
-        raise CheckFailed(
-            f"after the failovers: tools nodes live {live}; workers answering {answering} of {len(workers)}"
-        )
-    return f"{len(live)} tools nodes beating, {len(answering)}/{len(workers)} workers answering Flower's ping"
-
-
-def failover(dep: Deployment, kills: int = 3, turns: int = 6) -> str:
-    """The Redis primary killed (SIGKILL) ``kills`` times while ``turns`` two-call turns run each
-    time; after each, the old primary is started again and waits as a replica in sync."""
-    report = FailoverReport()
-    paid_before = gateway_requests()
-    agents: list[tuple[str, str]] = []
-    for k in range(kills):
-        old = primary()
-        if old not in REDIS_SERVERS:
-            raise CheckFailed(f"the Sentinels name {old!r} as the primary")
-        ids = []
-        for i in range(turns):
-            agent = f"deploy-f{k}-{i}"
-            ids.append(enqueue(dep, "log twice", agent, "deploy-failover", "--approval", "off"))
-            agents.append((agent, ids[-1]))
-        time.sleep(1.5)  # turns in flight: model calls, commands, records
-        # SIGKILL at once (no grace: Redis saves nothing), and marked stopped so that the restart policy
-        # does not bring it back as a primary before the Sentinels agree it is down (`podman kill` did).
-        podman("stop", "-t", "0", container(old))
-        t0 = time.time()  # dead from here: a step written after this is on the new primary
-        promoted_after = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            now = primary()
-            if now and now != old:
-                promoted_after = time.time() - t0
-                break
-            time.sleep(0.2)
-        if promoted_after is None:
-            raise CheckFailed(f"no Sentinel promoted a replica within 60 s of killing {old}")
-        first_step = _first_step_after(t0, ids)
-        for turn_id in ids:
-            run = cli(dep, "wait", turn_id, "--timeout", str(TURN_TIMEOUT), check=False, timeout=TURN_TIMEOUT + 30)
-            report.turns += 1
-            if run.returncode == 0:
-                view = json.loads(run.stdout)
-                if view.get("status") == "completed":
-                    report.completed += 1
-                else:
-                    report.failed.append(f"{turn_id} {view.get('status')}: {str(view.get('error'))[:120]}")
-            else:
-                report.stuck.append(turn_id)
-        podman("start", container(old))
-        deadline = time.monotonic() + 90
-        while not replica_in_sync(old):
-            if time.monotonic() > deadline:
-                raise CheckFailed(f"{old} did not come back as a replica in sync within 90 s")
-            time.sleep(1)
-        report.kills.append(
-            {"killed": old, "promoted": primary(), "promoted_after": promoted_after, "first_step_after": first_step}
-        )
-        print(
-            f"           kill {k + 1}: {old} SIGKILLed; {primary()} promoted after {promoted_after:.1f} s; first step "
-            f"on it {'never' if first_step is None else f'after {first_step:.1f} s'}; {turns} turns ended; "
-            f"{old} back as a replica",
-            flush=True,
-        )
-    for agent, _turn in agents:
-        log = home_file(agent, "log.txt") or ""
-        lines = [x for x in log.splitlines() if x.strip()]
-        if len(lines) > len(set(lines)):
-            report.duplicated.append(f"{agent}: {lines}")
-    report.repaid = max(0, gateway_requests() - paid_before - 3 * report.turns)
-    reconnected = nodes_reconnected(dep)
-    summary = (
-        f"{kills} kills, {report.turns} turns: {report.completed} completed, lost {len(report.failed)}, "
-        f"stuck {len(report.stuck)}, duplicated destructive calls {len(report.duplicated)}, re-paid model calls "
-        f"{report.repaid}; kill -> promoted "
-        + ", ".join(f"{k['promoted_after']:.1f}" for k in report.kills)
-        + " s; kill -> first step on the new primary "
-        + ", ".join("never" if k["first_step_after"] is None else f"{k['first_step_after']:.1f}" for k in report.kills)
-        + f" s; after the kills: {reconnected}"
-    )
-    if report.failed or report.stuck or report.duplicated or any(k["first_step_after"] is None for k in report.kills):
-        raise CheckFailed(f"{summary}; {report.failed + report.stuck + report.duplicated}")
-    return summary
 
 
 # -- what operators see ------------------------------------------------------------------------

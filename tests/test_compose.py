@@ -343,10 +343,11 @@ def test_each_tools_replica_is_a_node_with_its_own_homes():
         first = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True)
         second = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True)
         try:
-            roots = {first.stdout.readline().strip(), second.stdout.readline().strip()}
-            assert roots == {f"{homes}/node-1", f"{homes}/node-2"}
-            first.kill()
-            first.wait()
+            roots = {first.stdout.readline().strip(): first, second.stdout.readline().strip(): second}
+            assert set(roots) == {f"{homes}/node-1", f"{homes}/node-2"}
+            holder = roots[f"{homes}/node-1"]  # either may have started first
+            holder.kill()
+            holder.wait()
             third = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True)
             assert third.stdout.readline().strip() == f"{homes}/node-1"  # a dead replica's slot is taken again
             third.kill()
