@@ -203,6 +203,10 @@ class Settings(BaseSettings):
     # Streaming (worker.model.streaming): ask the model to stream (server-sent events), and
     # append text / argument deltas to the turn's event stream at most every this many ms.
     model_stream: bool = True
+    # Read tool calls that a reply wrote as text (Hermes/Qwen <tool_call> tags, call objects,
+    # fenced JSON; worker.model.text_calls) when it has no function_call: open models' servers
+    # return what their own parser could not read as text.
+    model_text_calls: bool = True
     stream_flush_ms: float = Field(40.0, ge=0, le=2000)
 
     # Extra named toolsets "name=module:function,..." allowed for turns (tests, plugins).
