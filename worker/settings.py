@@ -87,7 +87,9 @@ class Settings(BaseSettings):
     max_output_tokens: int | None = None
     # The provider the model requests reach (worker.tooling.wire_profiles): the wire copy of every
     # tool keeps its rules; "any" (several, or one behind an OpenAI-compatible proxy) keeps all of them.
-    model_provider: Literal["any", "openai", "anthropic", "gemini"] = "any"
+    # Unset: the Responses API's own rules ("openai"), or the profile of a known provider's endpoint
+    # (worker.tooling.provider_choice, which says which one is in force and why).
+    model_provider: Literal["any", "openai", "anthropic", "gemini"] | None = None
 
     # Turn loop limits.
     max_model_calls: int = 16
