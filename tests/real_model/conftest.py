@@ -14,6 +14,9 @@ import pytest
 from devtools.real_model import MODEL_NAME, LlamaServer, model_file, server_binary, tool_template
 from tests.conftest import API_STYLES
 from tests.support.private_stack import PrivateStack
+from worker.settings import get_settings
+
+EXTRA_TOOLSETS = "weather=tests.real_model.toolset:weather_tools,plain=tests.real_model.toolset:no_tools"
 
 
 @pytest.fixture(scope="session")
@@ -21,34 +24,36 @@ def llama_server():
     """One ``llama-server`` for the session (one slot: the tier's turns run one at a time)."""
     binary, model = server_binary(), model_file()
     server = LlamaServer(binary, model, tool_template(binary, model))
-    server.start()
-    yield server
-    server.stop()
+    with pytest.MonkeyPatch.context() as env:
+        # The control planes (made in this process, settings read once) check a turn's toolset
+        # against the same list as the workers.
+        env.setenv("AGENT_EXTRA_TOOLSETS", EXTRA_TOOLSETS)
+        get_settings.cache_clear()
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+    get_settings.cache_clear()
 
 
 @pytest.fixture(scope="module", params=API_STYLES)
 def real_stack(request, llama_server):
     """A private stack (its own Redis, one ``--pool solo -c 1`` worker) speaking
     ``OPENAI_API_STYLE=request.param`` to ``llama_server``; ``real_stack.style`` names the style."""
-    with pytest.MonkeyPatch.context() as env:
-        # The control plane (made in this process) checks a turn's toolset against the same list.
-        env.setenv(
-            "AGENT_EXTRA_TOOLSETS",
-            "weather=tests.real_model.toolset:weather_tools,plain=tests.real_model.toolset:no_tools",
-        )
-        stack = PrivateStack(
-            OPENAI_API_STYLE=request.param,
-            OPENAI_BASE_URL=llama_server.base_url,
-            OPENAI_MODEL=MODEL_NAME,
-            AGENT_MAX_MODEL_CALLS="4",
-            AGENT_MODEL_TIMEOUT="300",  # a loaded 2-core machine generates slowly
-        )
-        stack.style = request.param
-        try:
-            stack.start_worker(pool="solo", concurrency=1)
-            yield stack
-        finally:
-            stack.close()
+    stack = PrivateStack(
+        OPENAI_API_STYLE=request.param,
+        OPENAI_BASE_URL=llama_server.base_url,
+        OPENAI_MODEL=MODEL_NAME,
+        AGENT_MAX_MODEL_CALLS="4",
+        AGENT_MODEL_TIMEOUT="300",  # a loaded 2-core machine generates slowly
+    )
+    stack.style = request.param
+    try:
+        stack.start_worker(pool="solo", concurrency=1)
+        yield stack
+    finally:
+        stack.close()
 
 
 CATALOG_DEFERRED = "*,!run_command,!read_file,!write_file"
