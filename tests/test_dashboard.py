@@ -126,8 +126,7 @@ def monitored(gateway, tmp_path_factory):
 def _park(http, gateway, agent: str, timeout: float | None = None) -> str:
     name = f"dash-{uuid.uuid4().hex[:8]}"
     gateway.add_script(
-        name,
-        [{"output": [msg("I will write it."), fc("guarded_write", {"label": "x"})]}, {"output": [msg("ok")]}],
+        name, [{"output": [msg("I will write it."), fc("guarded_write", {"label": "x"})]}, {"output": [msg("ok")]}]
     )
     approval: dict = {"mode": "declared", **({"timeout": timeout} if timeout else {})}
     body = {"agent_id": agent, "input": "write x", "model": name, "toolset": "testing", "approval": approval}
@@ -192,7 +191,9 @@ def test_every_turn_is_counted_once_and_every_panel_has_data(monitored, gateway)
         by_status[status] = by_status.get(status, 0) + 1
 
     def counted() -> dict[str, float]:
-        return {r["metric"]["status"]: float(r["value"][1]) for r in prom.query("sum by (status) (agent_turns_ended_total)")}
+        return {
+            r["metric"]["status"]: float(r["value"][1]) for r in prom.query("sum by (status) (agent_turns_ended_total)")
+        }
 
     wait_for(lambda: counted() == by_status, timeout=30, poll=0.5)
     time.sleep(2.5)  # later scrapes: still exactly once (nothing counted twice later)

@@ -139,6 +139,8 @@ def enqueue_turn(
         raise ApiError(400, f"metadata.{reserved[0]} is set by the runtime only", param=f"metadata.{reserved[0]}")
     if body.toolset in INTERNAL_TOOLSETS:
         raise ApiError(400, f"toolset {body.toolset!r}: {INTERNAL_TOOLSETS[body.toolset]}", param="toolset")
+    # Who enqueued it, for the pages (set here: a client's own value is replaced).
+    body = body.model_copy(update={"metadata": {**body.metadata, "enqueued_by": f"token {c.token.name}"}})
     control = _control(request)
     turn_id, created = control.create(body)
     status = "queued" if created else control.status(turn_id).status.value
