@@ -208,3 +208,35 @@ def test_every_turn_is_counted_once_and_every_panel_has_data(monitored, gateway)
     assert decisions == {"approved", "rejected", "expired"}
     empty = [(title, expr) for title, expr in dashboard.queries("2m") if not prom.query(expr)]
     assert not empty, f"panels without data: {empty}"
+
+
+def test_the_operations_doc_names_exactly_the_metrics_exported():
+    """docs/operations.md, "Metrics": every series a worker or the API exports is named there, and
+    nothing else is (the gauges read from Redis at scrape time are ``tasks/metrics.py``'s and
+    ``tasks/queue_metrics.py``'s collectors)."""
+    import re
+
+    from prometheus_client import REGISTRY
+
+    from control.api import metrics as api_metrics
+    from worker.turn import metrics  # noqa: F401  (registers the turn loop's metrics)
+
+    def names(registry) -> set[str]:
+        out = set()
+        for family in registry.collect():
+            if family.name.startswith("agent_"):
+                out.add(family.name + ("_total" if family.type == "counter" else ""))
+        return out
+
+    scraped = {
+        "agent_turns_in_flight",
+        "agent_queue_backlog",
+        "agent_queue_oldest_age_seconds",
+        "agent_approvals_waiting",
+        "agent_approval_oldest_wait_seconds",
+    }
+    exported = names(REGISTRY) | names(api_metrics.REGISTRY) | scraped
+    text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    section = text.split("## Metrics (Prometheus)", 1)[1].split("\n## Dashboard", 1)[0]
+    documented = set(re.findall(r"`(agent_[a-z_]+)", section))
+    assert documented == exported, (documented - exported, exported - documented)
