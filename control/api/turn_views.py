@@ -140,9 +140,10 @@ def approval_card(control: ControlPlane, rec: dict[str, Any], cache: dict[str, A
 
 def transcript(control: ControlPlane, turn_id: str) -> dict[str, Any]:
     """A turn for the transcript page: ``state`` (``TurnState``), ``input``, ``entries`` (items in
-    order: ``{"kind": "message"|"call", ...}``, a call with its output), ``current`` (the current
-    step's calls without an output item yet: ``batch_of``), ``approvals`` (the records of every
-    step decided or pending), ``usage`` (totals and per model call)."""
+    order: ``{"kind": "message"|"call", ...}``, a call with its output; a call of the current step
+    without its output item yet also has ``state``, ``activity`` and any output from ``batch_of``),
+    ``approvals`` (the records of every step, decided or pending), ``usage`` (totals and per model
+    call). The last message is left out when it is the final answer (shown as such)."""
     state = control.store.load(turn_id)
     items = control.items(turn_id)
     outputs = {i.get("call_id"): i.get("output") for i in items if i.get("type") == "function_call_output"}
@@ -162,17 +163,22 @@ def transcript(control: ControlPlane, turn_id: str) -> dict[str, Any]:
                     "output": None if output is None else text_of(output)[:OUTPUT_SHOWN],
                 }
             )
-    current = []
     approvals: list[dict[str, Any]] = []
     if state is not None:
-        current = [c for c in batch_of(control, turn_id, state.step, items) if c["call_id"] not in outputs]
+        live = {c["call_id"]: c for c in batch_of(control, turn_id, state.step, items)}
+        for entry in entries:  # a call of the current step without its output item yet: its state now
+            if entry["kind"] == "call" and entry["output"] is None and entry["call_id"] in live:
+                row = live[entry["call_id"]]
+                entry.update(state=row["state"], activity=row["activity"], output=row["output"] or None)
         for step in range(state.step + 1):
             approvals += [r.public() for r in control.store.approvals.records(turn_id, step).values()]
+        last = entries[-1] if entries else None
+        if state.final_output and last and last["kind"] == "message" and last["text"] == state.final_output:
+            entries.pop()  # shown as the final answer
     return {
         "state": state,
         "input": turn_input(state.request) if state else "",
         "entries": entries,
-        "current": current,
         "approvals": sorted(approvals, key=lambda r: r["requested_at"]),
         "usage": control.usage(turn_id) if state else {},
     }

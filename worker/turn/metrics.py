@@ -100,9 +100,10 @@ def tokens_used(model: str, usage: dict[str, int]) -> None:
 
 
 # A tool result's ``details.error`` kinds (``worker.turn.state.CallResult``) kept as error classes;
-# a tool's own error result without one is ``tool_error``.
+# a tool's own error result without one, or naming ``tool_error`` (the computer tools'), is ``tool_error``.
 _TOOL_ERROR_CLASSES = frozenset(
     {
+        "tool_error",
         "exception",
         "interrupted",
         "outcome_unknown",

@@ -121,10 +121,12 @@ async function decide(card, action, body) {
   const by = (document.getElementById("by") || {}).value || undefined;
   if (by) localStorage.setItem("approvals.by", by);
   card.querySelectorAll("button").forEach((b) => (b.disabled = true));
+  card.classList.add("deciding");  // kept by refresh() while the answer is on its way
   const url = `/v1/turns/${encodeURIComponent(card.dataset.turn)}/approvals/${encodeURIComponent(card.dataset.call)}/${action}`;
   const resp = await fetch(url, { method: "POST", headers: HEADERS, body: JSON.stringify({ ...body, by }) });
   if (!resp.ok) {
     const message = await apiError(resp);
+    card.classList.remove("deciding");
     card.querySelectorAll("button").forEach((b) => (b.disabled = false));
     showDiff(card);
     err.textContent = message;
@@ -181,11 +183,11 @@ async function refresh() {
     tpl.innerHTML = await resp.text();
     const fresh = new Map([...tpl.content.querySelectorAll(".card")].map((c) => [c.dataset.key, c]));
     for (const old of cards.querySelectorAll(".card")) {
-      if (!fresh.has(old.dataset.key) && !old.classList.contains("decided")) old.remove();  // expired, or its turn ended
+      if (!fresh.has(old.dataset.key) && !old.matches(".decided, .deciding")) old.remove();  // expired, or its turn ended
     }
     for (const [key, card] of fresh) {
       const old = cards.querySelector(`.card[data-key="${CSS.escape(key)}"]`);
-      if (old && (old.dataset.dirty || old.classList.contains("decided"))) continue;  // being edited, or decided here
+      if (old && (old.dataset.dirty || old.matches(".decided, .deciding"))) continue;  // being edited, or decided here
       if (old) old.replaceWith(card); else cards.append(card);
       wire(card);
     }
