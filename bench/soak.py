@@ -232,7 +232,8 @@ def _deferred_and_unfenced(logs: Path, control: Any, ids: list[str]) -> tuple[in
 
 def _redriven_without_a_holder(control: Any, ids: list[str]) -> tuple[set[str], set[str]]:
     """Turns re-driven by the progress deadline (nobody knew they had stopped), and turns re-driven
-    because no message named them after a Redis restart (``tasks.watchdog.reconcile_after_restart``)."""
+    because no message named them after a Redis restart or a node's death
+    (``tasks.watchdog.unnamed_turns_redriven``)."""
     by_deadline: set[str] = set()
     after_restart: set[str] = set()
     for tid in ids:
@@ -240,7 +241,7 @@ def _redriven_without_a_holder(control: Any, ids: list[str]) -> tuple[set[str], 
             reason = str(e.get("reason", "")) if e.get("kind") == "turn_redriven" else ""
             if reason.startswith("no progress"):
                 by_deadline.add(tid)
-            elif "Redis restart" in reason:  # "after a Redis restart or failover"
+            elif "Redis restart" in reason or "after the death of node" in reason:  # no message named it
                 after_restart.add(tid)
     return by_deadline, after_restart
 
@@ -301,7 +302,7 @@ def _report(
     print(f"destructive calls deferred (claim not acknowledged by a replica in time): {deferred}; "
           f"reported not run after every deferral: {unfenced}")  # fmt: skip
     print(f"turns re-driven by the progress deadline: {len(by_deadline)} {sorted(by_deadline)}; "
-          f"re-driven because no message named them after a Redis restart or failover: {len(after_restart)}")  # fmt: skip
+          f"re-driven because no message named them after a Redis restart, failover or node death: {len(after_restart)}")  # fmt: skip
     _print_histories(control, sorted(by_deadline), events, time.time() - (time.monotonic() - started))
     print(f"alive at the end: {alive_at_end}")
     repaid = repaid_other + (repaid_kill if background else 0)  # without background mode, a kill may re-pay
