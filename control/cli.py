@@ -1,5 +1,5 @@
 """``agent-runtime``: the control-plane CLI (enqueue, wait, status, usage, trace, items, transcript,
-cancel, schema, approvals, approve, reject, token, nodes, drain).
+cancel, schema, approvals, approve, reject, token, turns, nodes, drain).
 
 Reads ``CONTROL_REDIS_URL`` (the control plane's ACL user), else ``REDIS_URL``. Exit codes: 0
 success, 1 turn ended without completing, 2 bad input or unreachable Redis.
@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from control.token_cli import app as token_app
+from control.turns_cli import app as turns_app
 
 if TYPE_CHECKING:  # imported where used: a CLI start does not load the client before it needs it
     from control.client import ControlPlane
@@ -370,6 +371,7 @@ def schema() -> None:
 
 
 app.add_typer(token_app, name="token", help="Create, list and revoke the HTTP API's tokens.")
+app.add_typer(turns_app, name="turns", help="Find turns: by agent, status and time, newest first.")
 
 if __name__ == "__main__":
     app()

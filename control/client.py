@@ -16,7 +16,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import kombu.exceptions
 import redis
@@ -71,6 +71,7 @@ class TurnView:
     agent_id: str = ""
     created_at: float = 0.0  # epoch seconds
     updated_at: float = 0.0
+    title: str = ""  # the start of the user's message (listings)
 
     @property
     def done(self) -> bool:
@@ -183,6 +184,60 @@ class ControlPlane:
             state.created_at,
             state.updated_at,
         )
+
+    def list_turns(
+        self,
+        *,
+        agents: Sequence[str] | None = None,
+        statuses: Sequence[TurnStatus | str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+        cursor: str | None = None,
+        limit: int = 20,
+    ) -> tuple[list[TurnView], str | None]:
+        """Turns newest first, a page at a time: of ``agents`` (None: every agent's), in
+        ``statuses`` (None: any), created after ``created_after`` / before ``created_before``
+        (epoch seconds, exclusive), continuing after ``cursor`` (the previous page's). Returns
+        ``(turns, next_cursor)``; ``next_cursor`` is None when nothing is left. A page may hold
+        fewer than ``limit`` (1-200) turns and still have a cursor: a status filter examines a
+        bounded part of the index per page (``worker.turn.listing``).
+
+        Raises ``Refused`` for a bad cursor, status or limit; ``ControlPlaneError`` when Redis fails."""
+        if not 1 <= limit <= 200:
+            raise Refused(f"limit must be 1-200, not {limit}")
+        known = {s.value for s in TurnStatus}
+        unknown = [s for s in statuses or () if str(getattr(s, "value", s)) not in known]
+        if unknown:
+            raise Refused(f"unknown status {unknown[0]!r} (one of {', '.join(sorted(known))})")
+        try:
+            wanted = None if statuses is None else frozenset(TurnStatus(s) for s in statuses)
+            with _redis_errors(self.url):
+                page = self.store.listing.page(
+                    agents=agents,
+                    statuses=wanted,
+                    created_after=created_after,
+                    created_before=created_before,
+                    cursor=cursor,
+                    limit=limit,
+                )
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+        views = [
+            TurnView(
+                t.turn_id,
+                t.status,
+                t.step,
+                t.model_calls,
+                t.final_output,
+                t.error,
+                t.agent_id,
+                t.created_at,
+                t.updated_at,
+                t.title,
+            )
+            for t in page.turns
+        ]
+        return views, page.next_cursor
 
     def wait(self, turn_id: str, timeout: float = 60.0) -> TurnView:
         """Block until the turn ends (tails its event stream). Raises ``ControlPlaneError`` on timeout."""

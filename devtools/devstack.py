@@ -262,9 +262,14 @@ def start_stack(stack: Stack, demo: str, snapshots: bool = False, sentinel: bool
     if snapshots:
         start_object_store(stack)
     stack.spans = _enable_demo_traces(stack)
+    from worker.records.result_schema import FINISH_TOOL
     from worker.settings import get_settings
+    from worker.tooling.provider_choice import current_choice, describe
+    from worker.tooling.tool_search import TOOL_SEARCH_NAME
 
     get_settings.cache_clear()
+    for line in describe(current_choice(), (FINISH_TOOL, TOOL_SEARCH_NAME)):
+        console.print(line, markup=False)
     stack.supervisor.on_restart = lambda name, code: console.print(
         f"[yellow]{name} exited (code {code}); restarting it[/] (see var/logs/{name}.log)"
     )

@@ -17,10 +17,11 @@ keyed by ``call_id``.
 from __future__ import annotations
 
 import gc
+import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, worker_init
+from celery.signals import beat_init, worker_init, worker_ready
 from kombu.entity import Queue
 
 from tasks import telemetry  # noqa: F401  (signal handlers: trace context in headers, SDK setup)
@@ -164,16 +165,33 @@ def check_redis_url(**_: object) -> None:
 def _check_configuration(**_: object) -> None:
     # Fail at start, naming the variable, rather than on every turn. SystemExit, because
     # Celery logs and swallows ordinary exceptions raised by signal handlers.
+    from worker.model.wire_styles import wire_format
     from worker.tools.toolsets import check_toolsets
 
     check_redis_url()
     try:
         check_toolsets(get_settings())
+        wire_format(get_settings().openai_api_style)
     except ValueError as exc:
         raise SystemExit(f"worker not started: {exc}") from exc
     from worker.tools.computer.launch import startup_check
 
     startup_check(get_settings())  # logs the sandbox's state; AGENT_COMMAND_SANDBOX=off is a WARNING
+
+
+@worker_ready.connect
+def _report_provider_profile(**_: object) -> None:
+    """Once, at start (logging is set up by then): the provider profile in force and why, and, when
+    it carries no strict mode, which built-in tools are sent without it (a WARNING)."""
+    from worker.records.result_schema import FINISH_TOOL
+    from worker.tooling.provider_choice import current_choice, describe
+    from worker.tooling.tool_search import TOOL_SEARCH_NAME
+
+    log = logging.getLogger("agent.worker")
+    first, *rest = describe(current_choice(), (FINISH_TOOL, TOOL_SEARCH_NAME))
+    log.info("%s", first)
+    for line in rest:
+        log.warning("%s", line)
 
 
 def init_broker_pools(celery_app: Celery) -> None:

@@ -89,6 +89,8 @@ def test_sigterm_stops_everything_the_stack_started(tmp_path):
             "curl -s -H \"Authorization: Bearer $AGENT_API_TOKEN\" -H 'Content-Type: application/json' \\\n" in printed
         )
         assert '-d \'{"agent_id": "alice", "input": "list my files"}\' $AGENT_API_URL/v1/turns\n' in printed
+        # The provider profile in force, and why (no AGENT_MODEL_PROVIDER: the Responses API's own rules).
+        assert "model provider profile openai (the default: the OpenAI Responses API's own rules" in printed
         # Snapshots are on: a real S3 server (SeaweedFS) the workers snapshot homes into.
         store = re.search(r"snapshots: s3://homes/snapshots on SeaweedFS at http://127\.0\.0\.1:(\d+)", printed)
         assert store, printed[-2000:]

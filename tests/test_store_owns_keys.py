@@ -29,6 +29,7 @@ STORE_MODULES = frozenset(
         "worker/turn/approvals.py",
         "worker/turn/usage.py",
         "worker/turn/async_reads.py",
+        "worker/turn/listing.py",
     }
 )
 """The store: ``TurnStore`` and the parts it builds on its client, the key scheme, and the asyncio
@@ -39,7 +40,7 @@ READER_NAMES = frozenset({"hash_key", "events_key", "AGENT_FIELD", "PENDING_APPR
 to pass to a script, never a layout to build on."""
 
 # A turn key's text as the store writes it: ``turn:{<id>}...``, the turn-wide sets, idempotency keys.
-TURN_KEY = re.compile(r"turn:\{|turns:(watch|finishing)\b|approvals:pending|turn-idem:")
+TURN_KEY = re.compile(r"turn:\{|turns:(watch|finishing|index)\b|approvals:pending|turn-idem:")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -118,6 +119,7 @@ def test_the_store_modules_exist():
         ("x = self.rt.store.r", "reaches the store's client (.r)"),
         ("x = store.claims._r", "reaches the store's client (._r)"),
         ("K = 'turns:watch'", "names a turn key"),
+        ("K = 'turns:index'", "names a turn key"),
         ("def f(t):\n    return f'turn:{{{t}}}:items'", "names a turn key"),
         ("def f(a):\n    return f'agent:{a}:turns'", "names an agent's turn list"),
         ("from worker.turn.keys import key", "from the key scheme"),

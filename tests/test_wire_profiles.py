@@ -17,7 +17,7 @@ import pytest
 import redis as redis_lib
 
 from tests.support import toolsets
-from tests.support.profiles import openai_profile  # noqa: F401 (a fixture)
+from tests.support.profiles import any_profile, default_profile, openai_profile  # noqa: F401 (fixtures)
 from tests.support.provider_rules import violations
 from worker.settings import Settings
 from worker.tooling.arguments import validate_tool_arguments
@@ -142,9 +142,10 @@ def test_provider_rejections_through_each_profile(case, provider):
 
 
 @pytest.mark.parametrize("case", [c for c in REJECTIONS if c["id"].startswith(("C13", "C15"))])
-def test_round2_rejections_are_fixed_in_the_default_copy(case):
+@pytest.mark.usefixtures("any_profile")
+def test_round2_rejections_are_fixed_in_the_copy_for_several_providers(case):
     """C13 (const in anyOf) and C15 (a root $schema): Gemini refused both behind an OpenAI-compatible
-    proxy; the default profile (any) sends a copy without the keyword, and validation still holds."""
+    proxy; the profile any sends a copy without the keyword, and validation still holds."""
     tool = define_worker_tool(
         name=case["tool"], description="d", execute=lambda p, c: ToolResult("ok"), json_schema=case["schema"]
     )
@@ -182,7 +183,8 @@ def test_every_rule_has_a_case():
     assert {c["rule"] for c in OURS} >= {"G2", "G3", "G4", "G5", "G6", "G7", "G8", "G9", "G10", "G11", "A1"}
 
 
-def test_the_default_profile_refuses_at_definition_naming_path_and_rule():
+@pytest.mark.usefixtures("any_profile")
+def test_the_profile_any_refuses_at_definition_naming_path_and_rule():
     schema = next(c for c in OURS if c["id"].startswith("G06"))["schema"]
     with pytest.raises(ToolDefinitionError) as err:
         define_worker_tool(name="tree_tool", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema)
@@ -202,9 +204,10 @@ def test_submit_result_falls_back_to_not_strict_under_gemini(tmp_path, monkeypat
         get_settings.cache_clear()
 
 
+@pytest.mark.usefixtures("any_profile")
 def test_a_strict_tool_is_refused_under_gemini_and_any_and_kept_under_openai_and_anthropic():
     """Strict mode closes every object (additionalProperties: false), which Gemini refuses (G4); the
-    default profile keeps Gemini's rules too, so it refuses strict tools, naming the path and the rule."""
+    profile any keeps Gemini's rules too, so it refuses strict tools, naming the path and the rule."""
     schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
     tool = define_worker_tool(
         name="s", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema, strict=False
@@ -217,12 +220,13 @@ def test_a_strict_tool_is_refused_under_gemini_and_any_and_kept_under_openai_and
         assert f"AGENT_MODEL_PROVIDER={provider}" in str(err.value)
     for provider in ("openai", "anthropic"):
         assert parameters_schema(strict, provider)["additionalProperties"] is False
-    with pytest.raises(ToolDefinitionError, match="AGENT_MODEL_PROVIDER=any"):  # the default profile
+    with pytest.raises(ToolDefinitionError, match="AGENT_MODEL_PROVIDER=any"):  # the profile in force
         define_worker_tool(name="s2", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema,
                            strict=True)  # fmt: skip
 
 
-def test_tool_search_and_submit_result_fall_back_to_not_strict_under_the_default_profile(tmp_path):
+@pytest.mark.usefixtures("any_profile")
+def test_tool_search_and_submit_result_fall_back_to_not_strict_under_the_profile_any(tmp_path):
     from worker.records.result_schema import strict_plan
     from worker.tooling.tool_search import make_tool_search_tool
 
@@ -250,3 +254,48 @@ def test_an_acceptable_schema_is_sent_as_the_same_object_under_every_profile():
     )
     for provider in PROVIDERS:
         assert parameters_schema(tool, provider) is schema
+
+
+@pytest.mark.usefixtures("default_profile")
+def test_the_default_profile_is_openai_and_sends_strict_tools_strict(tmp_path):
+    """Unset, the profile is the Responses API's own rules (the wire the runtime speaks): a strict
+    tool is sent strict, and so are tool_search and submit_result."""
+    from worker.records.result_schema import strict_plan
+    from worker.tooling.provider_choice import current_choice
+
+    assert current_choice().provider == "openai" and "default" in current_choice().why
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    tool = define_worker_tool(
+        name="s3", description="d", execute=lambda p, c: ToolResult("ok"), json_schema=schema, strict=True
+    )
+    definition = function_definition(tool)
+    assert definition["strict"] is True and definition["parameters"]["additionalProperties"] is False
+    deferred = [dataclasses.replace(t, defer_loading=True) for t in _catalogs(tmp_path)[:2]]
+    assert make_tool_search_tool(deferred).strict is True
+    assert next(t for t in _catalogs(tmp_path) if t.name == "submit_result").strict is True
+    assert strict_plan(RESULT_SCHEMA) == (True, None)
+
+
+@pytest.mark.parametrize(
+    ("url", "provider"),
+    [
+        ("https://api.openai.com/v1", "openai"),
+        ("http://127.0.0.1:8080/v1", "openai"),
+        ("https://generativelanguage.googleapis.com/v1beta/openai/", "gemini"),
+        ("https://us-central1-aiplatform.googleapis.com/v1/projects/p/locations/l/endpoints/openapi", "gemini"),
+        ("https://api.anthropic.com/v1/", "anthropic"),
+        ("https://evil-generativelanguage.googleapis.com.example/v1", "openai"),
+    ],
+)
+def test_a_guess_from_the_endpoint_is_said_with_its_reason(url, provider):
+    from worker.tooling.provider_choice import choose, describe
+
+    choice = choose(Settings(openai_base_url=url))
+    assert choice.provider == provider
+    assert ("guessed" in choice.why) is (provider != "openai")
+    lines = describe(choice, ("submit_result", "tool_search"))
+    assert lines[0].startswith(f"model provider profile {provider} (")
+    assert (len(lines) == 2) is (provider == "gemini")  # only a profile without strict mode names the tools
+    explicit = choose(Settings(openai_base_url=url, model_provider="any"))
+    assert explicit.provider == "any" and explicit.why == "AGENT_MODEL_PROVIDER=any"
+    assert "submit_result, tool_search" in describe(explicit, ("submit_result", "tool_search"))[1]

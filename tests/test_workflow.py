@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.support.profiles import openai_profile  # noqa: F401 (a fixture)
+from tests.support.profiles import any_profile, openai_profile  # noqa: F401 (fixtures)
 from tests.support.scripts import fc, msg
 from tests.support.scripts import output_texts as outputs
 from worker.turn.request import TurnStatus
@@ -40,12 +40,13 @@ def client(control):
 
 
 @pytest.fixture(scope="module")
-def openai_stack():
-    """A worker with ``AGENT_MODEL_PROVIDER=openai`` (``--pool solo -c 1``) on a Redis of its own: strict
-    mode end to end. The default profile (any) sends no strict tool (rule G4, worker.tooling.wire_profiles)."""
+def any_stack():
+    """A worker with ``AGENT_MODEL_PROVIDER=any`` (``--pool solo -c 1``) on a Redis of its own: one copy
+    for several providers, which carries no strict mode (Gemini refuses it, rule G4). The suite's
+    worker runs with the defaults (the Responses API's own rules: strict mode end to end)."""
     from tests.support.private_stack import PrivateStack
 
-    stack = PrivateStack(AGENT_MODEL_PROVIDER="openai")
+    stack = PrivateStack(AGENT_MODEL_PROVIDER="any")
     try:
         stack.start_worker(pool="solo", concurrency=1)
         yield stack
@@ -54,13 +55,13 @@ def openai_stack():
 
 
 @pytest.fixture
-def strict_client(openai_stack, request):
-    """A workflow client whose tasks run on ``openai_stack``; this process plans them under openai too."""
+def any_client(any_stack, request):
+    """A workflow client whose tasks run on ``any_stack``; this process plans them under any too."""
     from control.workflow import WorkflowClient
 
-    request.getfixturevalue("openai_profile")
+    request.getfixturevalue("any_profile")
 
-    return WorkflowClient(openai_stack.control)
+    return WorkflowClient(any_stack.control)
 
 
 @pytest.fixture
@@ -85,8 +86,9 @@ def requests_for(gateway, model):
     return [r for r in gateway.requests if r["model"] == model]
 
 
-def test_accepted_submission_commits_the_result(openai_stack, gateway, strict_client, script_name, agent):
-    control, client = openai_stack.control, strict_client
+def test_accepted_submission_commits_the_result(control, gateway, client, script_name, agent):
+    """With the defaults (no AGENT_MODEL_PROVIDER), submit_result goes to the model strict: the request
+    body the gateway received carries strict: true and the strict copy of the schema."""
     task = start(client, gateway, script_name, [submit(GOOD), {"output": [msg("never asked")]}], agent)
     assert task.status == "queued" and len(task.attempts) == 1
     done = client.wait(task.task_id)
@@ -110,10 +112,13 @@ def test_accepted_submission_commits_the_result(openai_stack, gateway, strict_cl
     assert outputs(control, att["turn_id"]) == ["Result accepted. The task is complete; no further action is needed."]
 
 
-def test_the_default_profile_sends_submit_result_not_strict_and_says_why(control, gateway, client, script_name, agent):
-    """Under the default profile (any) strict mode cannot be sent (Gemini refuses its closed objects,
-    rule G4): the task records why, the model gets the copy every provider takes, and the submission
-    is still validated against the task's schema."""
+def test_the_profile_any_sends_submit_result_not_strict_and_says_why(
+    any_stack, gateway, any_client, script_name, agent
+):
+    """Under the profile any strict mode cannot be sent (Gemini refuses its closed objects, rule G4):
+    the task records why, the model gets the copy every provider takes, the submission is still
+    validated against the task's schema, and the worker said at start which tools lost strict mode."""
+    control, client = any_stack.control, any_client
     task = start(client, gateway, script_name, [submit({"city": "Lyon"}), submit(GOOD)], agent)
     assert task.strict is False and "AGENT_MODEL_PROVIDER=any" in task.strict_note and "G4" in task.strict_note
     done = client.wait(task.task_id)
@@ -122,6 +127,8 @@ def test_the_default_profile_sends_submit_result_not_strict_and_says_why(control
     sub = requests_for(gateway, script_name)[0]["tools"][-1]
     assert sub["name"] == "submit_result" and sub["strict"] is False
     assert "additionalProperties" not in json.dumps(sub["parameters"])
+    log = any_stack.logs[-1].read_text()
+    assert "strict mode is off under profile any" in log and "submit_result, tool_search" in log
 
 
 def test_schema_rejection_names_fields_then_corrected_submission(control, gateway, client, script_name, agent):
@@ -267,9 +274,10 @@ def test_start_refuses_bad_schemas(client, agent):
     assert client.list(agent) == []
 
 
+@pytest.mark.usefixtures("any_profile")
 def test_start_refuses_a_schema_the_profile_cannot_send(client, agent):
-    """A recursive result schema under the default profile (any): no strict mode (G4), and Gemini has
-    no $ref (G3), so the task is refused at start, naming the rule, not at its first step."""
+    """A recursive result schema under the profile any: no strict mode (G4), and Gemini has no $ref
+    (G3), so the task is refused at start, naming the rule, not at its first step."""
     from worker.records.workflow import WorkflowError
 
     with pytest.raises(WorkflowError, match="cannot be sent to the model.*G3.*AGENT_MODEL_PROVIDER"):
@@ -277,10 +285,9 @@ def test_start_refuses_a_schema_the_profile_cannot_send(client, agent):
     assert client.list(agent) == []
 
 
-def test_recursive_result_schema_commits(openai_stack, gateway, strict_client, script_name, agent):
+def test_recursive_result_schema_commits(control, gateway, client, script_name, agent):
     """A root self-reference ({"$ref": "#"}) survives the wrapper: strict submit_result, accepted, committed
-    (under openai: Gemini, so the default profile, has no recursive schema, rule G3)."""
-    control, client = openai_stack.control, strict_client
+    (under the default profile, openai: Gemini has no recursive schema, rule G3)."""
     steps = [submit({"name": "root", "children": [{"name": 7, "children": []}]}), submit(TREE_VALUE)]
     task = start(client, gateway, script_name, steps, agent, result_schema=TREE)
     assert task.strict is True and task.strict_note is None
@@ -318,7 +325,7 @@ def test_defs_are_hoisted_so_refs_keep_resolving(control, gateway, client, scrip
     }
     steps = [submit({"items": [{"n": "x"}]}), submit({"items": [{"n": 1}]})]
     done = client.wait(start(client, gateway, script_name, steps, agent, result_schema=schema).task_id)
-    assert done.status == "succeeded" and done.strict is False  # the default profile (any): rule G4
+    assert done.status == "succeeded" and done.strict is True  # the default profile (openai) carries strict mode
     assert "result.items[0].n" in outputs(control, done.attempts[0]["turn_id"])[0]
 
 

@@ -61,9 +61,11 @@ class Settings(BaseSettings):
     openai_base_url: str = Field("https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")
     openai_api_key: SecretStr = Field(SecretStr(""), validation_alias="OPENAI_API_KEY")
     model: str = Field("gpt-4.1-mini", validation_alias="OPENAI_MODEL")
-    # Which wire API the model server speaks: the Responses API, or Chat Completions (servers for
-    # open models: llama.cpp, vLLM, LM Studio, Ollama); history is kept as Responses items either way.
-    openai_api_style: Literal["responses", "chat"] = Field("responses", validation_alias="OPENAI_API_STYLE")
+    # Which wire API the model server speaks: a name of worker.model.wire_styles.WIRE_STYLES (the
+    # Responses API, "responses", or Chat Completions, "chat", for servers of open models); history
+    # is kept as Responses items either way. That table sits above the settings, so it checks the
+    # name (wire_format: where clients are built, and at a worker's start), naming its entries.
+    openai_api_style: str = Field("responses", validation_alias="OPENAI_API_STYLE")
     model_timeout: float = 120.0
     model_connect_timeout: float = 10.0
     # Cap on one model answer as read from the wire, in bytes (the JSON body, or the whole event
@@ -95,7 +97,9 @@ class Settings(BaseSettings):
     max_output_tokens: int | None = None
     # The provider the model requests reach (worker.tooling.wire_profiles): the wire copy of every
     # tool keeps its rules; "any" (several, or one behind an OpenAI-compatible proxy) keeps all of them.
-    model_provider: Literal["any", "openai", "anthropic", "gemini"] = "any"
+    # Unset: the Responses API's own rules ("openai"), or the profile of a known provider's endpoint
+    # (worker.tooling.provider_choice, which says which one is in force and why).
+    model_provider: Literal["any", "openai", "anthropic", "gemini"] | None = None
 
     # Turn loop limits.
     max_model_calls: int = 16
@@ -213,6 +217,10 @@ class Settings(BaseSettings):
     # Streaming (worker.model.streaming): ask the model to stream (server-sent events), and
     # append text / argument deltas to the turn's event stream at most every this many ms.
     model_stream: bool = True
+    # Read tool calls that a reply wrote as text (Hermes/Qwen <tool_call> tags, call objects,
+    # fenced JSON; worker.model.text_calls) when it has no function_call: open models' servers
+    # return what their own parser could not read as text.
+    model_text_calls: bool = True
     stream_flush_ms: float = Field(40.0, ge=0, le=2000)
 
     # Extra named toolsets "name=module:function,..." allowed for turns (tests, plugins).

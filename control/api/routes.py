@@ -4,6 +4,7 @@ approve, reject, change feed). Each route is a thin front of ``control.client.Co
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -15,7 +16,8 @@ from control.api.errors import ApiError
 from control.api.feed import approvals_feed
 from control.api.sse import turn_events, valid_event_id
 from control.client import INTERNAL_TOOLSETS, ControlPlane
-from worker.turn.request import END_HOOK_METADATA, TurnRequest
+from worker.turn.listing import decode_cursor
+from worker.turn.request import END_HOOK_METADATA, TurnRequest, TurnStatus
 
 router = APIRouter(prefix="/v1")
 
@@ -49,6 +51,16 @@ class TurnOut(BaseModel):
     error: str | None
     created_at: float = Field(description="epoch seconds")
     updated_at: float
+
+
+class TurnListed(TurnOut):
+    title: str = Field(description="The start of the user's message (up to 200 characters)")
+
+
+class TurnList(BaseModel):
+    object: str = "list"
+    data: list[TurnListed] = Field(description="Newest first")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null: nothing is left")
 
 
 class ItemList(BaseModel):
@@ -139,6 +151,63 @@ def enqueue_turn(
         created=created,
         events_url=f"/v1/turns/{turn_id}/events",
     )
+
+
+@router.get("/turns", response_model=TurnList, responses=ERRORS)
+def list_turns(
+    request: Request,
+    c: Caller = Depends(caller),
+    agent_id: str | None = Query(None, max_length=64, description="Only this agent's turns"),
+    status: list[str] | None = Query(None, description="Only turns in these statuses (repeat, or comma-separated)"),
+    created_after: float | None = Query(None, description="Only turns created after this time (epoch seconds)"),
+    created_before: float | None = Query(None, description="Only turns created before this time (epoch seconds)"),
+    cursor: str | None = Query(None, max_length=200, description="The previous page's `next_cursor`"),
+    limit: int = Query(20, ge=1, le=200, description="Turns per page"),
+) -> TurnList:
+    """The turns of the agents the token covers, newest first, a page at a time. A status filter
+    examines a bounded part of the index per page: a page may be short, or empty, and still have a
+    ``next_cursor``; the listing ends when ``next_cursor`` is null."""
+    statuses = [s for v in status or () for s in v.split(",") if s] or None
+    for name, value in (("created_after", created_after), ("created_before", created_before)):
+        if value is not None and not math.isfinite(value):
+            raise ApiError(400, f"{name} must be a finite number of epoch seconds", param=name)
+    if agent_id is not None:
+        agents: list[str] | None = [agent_id] if c.token.covers(agent_id) else []
+    else:
+        agents = None if c.token.agents is None else sorted(c.token.agents)
+    try:
+        decode_cursor(cursor) if cursor else None
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="cursor") from None
+    known = {s.value for s in TurnStatus}
+    for s in statuses or ():
+        if s not in known:
+            raise ApiError(400, f"unknown status {s[:40]!r} (one of {', '.join(sorted(known))})", param="status")
+    turns, next_cursor = _control(request).list_turns(
+        agents=agents,
+        statuses=statuses,
+        created_after=created_after,
+        created_before=created_before,
+        cursor=cursor,
+        limit=limit,
+    )
+    data = [
+        TurnListed(
+            turn_id=v.turn_id,
+            agent_id=v.agent_id,
+            status=v.status.value,
+            done=v.done,
+            step=v.step,
+            model_calls=v.model_calls,
+            final_output=v.final_output,
+            error=v.error,
+            created_at=v.created_at,
+            updated_at=v.updated_at,
+            title=v.title,
+        )
+        for v in turns
+    ]
+    return TurnList(data=data, next_cursor=next_cursor)
 
 
 @router.get("/turns/{turn_id}", response_model=TurnOut, responses=ERRORS)

@@ -20,3 +20,21 @@ def openai_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()
+
+
+@pytest.fixture
+def any_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``AGENT_MODEL_PROVIDER=any`` for the test: one copy for several providers (Gemini's rules too)."""
+    monkeypatch.setenv("AGENT_MODEL_PROVIDER", "any")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def default_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No ``AGENT_MODEL_PROVIDER`` for the test: the profile the runtime chooses by itself."""
+    monkeypatch.delenv("AGENT_MODEL_PROVIDER", raising=False)
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()

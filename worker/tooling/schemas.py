@@ -28,8 +28,8 @@ import jsonschema
 import orjson
 from pydantic import BaseModel
 
-from worker.settings import get_settings
 from worker.tooling.errors import ToolDefinitionError
+from worker.tooling.provider_choice import current_choice
 from worker.tooling.strict import field_name, to_strict_schema
 from worker.tooling.validators import compile_validator
 from worker.tooling.wire import check_root, pointer, wire_copy
@@ -245,8 +245,9 @@ def _check_refs(schema: dict[str, Any], tool_name: str) -> None:
 
 
 def current_provider() -> str:
-    """The provider profile in use (``settings.model_provider``, ``AGENT_MODEL_PROVIDER``)."""
-    return get_settings().model_provider
+    """The provider profile in use (``AGENT_MODEL_PROVIDER``, else ``worker.tooling.provider_choice``'s
+    guess: ``openai`` unless the endpoint is a known provider's)."""
+    return current_choice().provider
 
 
 def parameters_schema(tool: ToolSpec, provider: str | None = None) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """Provider wire profiles: the rules a tool's wire copy keeps at each provider, and the copy.
 
 ``AGENT_MODEL_PROVIDER`` (``settings.model_provider``) says which provider the deployment's
-model requests reach: ``openai``, ``anthropic``, ``gemini``, or ``any`` (the default: several,
-or one behind an OpenAI-compatible proxy such as LiteLLM or OpenRouter, where the same copy may
-reach any of them). The name says what the setting is about (the provider in use), not how the
+model requests reach: ``openai`` (the default, ``worker.tooling.provider_choice``), ``anthropic``,
+``gemini``, or ``any`` (several, or one behind an OpenAI-compatible proxy such as LiteLLM or
+OpenRouter, where the same copy may reach any of them). The name says what the setting is about (the provider in use), not how the
 runtime reacts to it. The copy keeps the rules of that provider (``any``: of all of them at
 once), changing the schema only where the tool's meaning stays the same; where a rule would
 change the meaning, the definition is refused naming the field's path and the rule. Arguments

@@ -2,7 +2,7 @@
 returns; the reply, once stored, is handled on a finisher thread (docs/architecture.md, "Model
 calls off the worker's threads").
 
-``AsyncModelCalls.start(prepared, complete)`` (from ``ModelStep.run``, on a worker thread):
+``AsyncModelCalls.start(prepared, finish)`` (from ``ModelStep.run``, on a worker thread):
 
 1. ``CallEdge.begin`` records the turn as held by this node, so a node that dies mid-call has its
    turn re-driven (``worker.turn.liveness``), and says how many retries the step already had;
@@ -11,7 +11,7 @@ calls off the worker's threads").
    in order);
 3. ``start`` returns ``StepOutcome("waiting")``: the worker thread is free.
 
-When the call ends, a finisher thread runs ``complete`` (``ModelStep.finish_call``: the reply stored
+When the call ends, a finisher thread runs ``finish`` (``ModelStep.finish_call``: the reply stored
 once with its usage, then ``ReplyHandler.handle``). A retryable ``GatewayError`` frees the step's
 claim and publishes the step again after the backoff (``CallEdge.retry``, ``worker.turn.retries``);
 after ``MAX_MODEL_RETRIES``, or for an unexpected error, the turn ends ``failed`` with the reason.
@@ -60,8 +60,8 @@ from worker.turn.runtime import TurnRuntime
 
 log = logging.getLogger("agent.model")
 
-# ``complete(prepared, reply or exception, elapsed s, span, deltas to append before the reply)``
-Complete = Callable[
+# ``finish(prepared, reply or exception, elapsed s, span, deltas to append before the reply)``
+Finish = Callable[
     [PreparedStep, "ModelReply | BaseException", float, trace.Span, list[tuple[str, dict[str, Any]]]], StepOutcome
 ]
 
@@ -97,7 +97,7 @@ class AsyncSetup:
 @dataclass(eq=False)
 class _InFlight:
     prepared: PreparedStep
-    complete: Complete
+    finish: Finish
     span: trace.Span
     retries: int
     context: otel_context.Context = field(default_factory=telemetry.current_context)  # the step task's span
@@ -131,14 +131,14 @@ class AsyncModelCalls:
         with self._lock:
             return len(self._in_flight)
 
-    def start(self, prepared: PreparedStep, complete: Complete) -> StepOutcome:
-        """Hand the step's call to the loop; ``complete`` finishes it. Returns ``waiting`` at once."""
+    def start(self, prepared: PreparedStep, finish: Finish) -> StepOutcome:
+        """Hand the step's call to the loop; ``finish`` (``ModelStep.finish_call``) takes its result. Returns ``waiting`` at once."""
         assert prepared.model_request is not None
         retries = self.edge.begin(prepared.turn_id, prepared.step)
         span = telemetry.start_model_call_span(
             prepared.model, prepared.turn_id, prepared.request.agent_id, prepared.step
         )
-        call = _InFlight(prepared, complete, span, retries, response_id=prepared.response_id)
+        call = _InFlight(prepared, finish, span, retries, response_id=prepared.response_id)
         with self._lock:
             self._in_flight.add(call)
             if self._watch is None:
@@ -261,7 +261,7 @@ class AsyncModelCalls:
         error = future.exception()
         result: ModelReply | BaseException = error if error is not None else future.result()
         try:
-            call.complete(prepared, result, time.perf_counter() - call.started, call.span, call.rest)
+            call.finish(prepared, result, time.perf_counter() - call.started, call.span, call.rest)
         except GatewayError as exc:  # retryable; the claim is free
             self._retry(call, exc)
         except OUTAGE_ERRORS as exc:

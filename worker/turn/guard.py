@@ -206,14 +206,16 @@ class GuardScript:
         return bool(detail)
 
 
-# KEYS: turn hash, items, watch zset, agent's turn list, events, [idempotency key]. ARGV: agent id,
-# turn id, retention s, watch deadline, last index kept in the agent's list, turn_queued event,
-# events maxlen, hash argument count, hash field/value pairs..., the initial items...
+# KEYS: turn hash, items, watch zset, agent's turn list, events, the index of every turn, the
+# agent's index (``keys.index_key``), [idempotency key]. ARGV: agent id, turn id, retention s, watch
+# deadline, last index kept in the agent's list, turn_queued event, events maxlen, hash argument
+# count, hash field/value pairs..., the initial items... The indexes are scored by ``created_at``;
+# their entries older than twice the retention are pruned, and the sets expire as long after.
 # Returns {1, turn id} (created), {0, existing turn id} (the key or the id of this agent was used),
 # or {-1, ''} (the id belongs to another agent).
 _CREATE_LUA = """
-if KEYS[6] then
-  local existing = redis.call('GET', KEYS[6])
+if KEYS[8] then
+  local existing = redis.call('GET', KEYS[8])
   if existing then return {0, existing} end
 end
 local owner = redis.call('HGET', KEYS[1], 'agent_id')
@@ -221,7 +223,7 @@ if owner then
   if owner ~= ARGV[1] then return {-1, ''} end
   return {0, ARGV[2]}
 end
-if KEYS[6] then redis.call('SET', KEYS[6], ARGV[2], 'EX', ARGV[3]) end
+if KEYS[8] then redis.call('SET', KEYS[8], ARGV[2], 'EX', ARGV[3]) end
 local nh = tonumber(ARGV[8])
 redis.call('HSET', KEYS[1], unpack(ARGV, 9, 8 + nh))
 for i = 9 + nh, #ARGV, 1000 do  -- unpack is limited to a few thousand values: push in chunks
@@ -231,6 +233,12 @@ redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
 redis.call('LPUSH', KEYS[4], ARGV[2])
 redis.call('LTRIM', KEYS[4], 0, ARGV[5])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[6])
+local created = tonumber(redis.call('HGET', KEYS[1], 'created_at'))
+for k = 6, 7 do
+  redis.call('ZADD', KEYS[k], created, ARGV[2])
+  redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. (created - 2 * tonumber(ARGV[3])))
+  redis.call('EXPIRE', KEYS[k], 2 * tonumber(ARGV[3]))
+end
 return {1, ARGV[2]}
 """
 
@@ -255,8 +263,8 @@ class CreateScript:
         event: bytes,
         events_maxlen: int,
     ) -> tuple[int, str]:
-        """Store the turn (``keys``: turn hash, items, watch set, agent's list, events, and the
-        idempotency key if any). Returns ``(1, turn_id)`` when created, ``(0, existing_id)`` when the
+        """Store the turn (``keys``: turn hash, items, watch set, agent's list, events, the two
+        indexes, and the idempotency key if any). Returns ``(1, turn_id)`` when created, ``(0, existing_id)`` when the
         key or the id was already used by this agent, ``(-1, "")`` when the id is another agent's."""
         pairs: list[Any] = [x for kv in fields.items() for x in kv]
         args = [agent_id, turn_id, retention, deadline, keep - 1, event, events_maxlen, len(pairs), *pairs, *items]

@@ -37,6 +37,9 @@ The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cl
 - ``turn-idem:<agent_id>:<key>``: an agent's idempotency key -> turn id (per agent: agent ids
   cannot contain ``:``, so two agents never share a key).
 - ``agent:<agent_id>:turns`` list: the agent's most recent turn ids, newest first.
+- ``turns:index`` and ``turns:index:<agent_id>`` sorted sets: every turn id (of every agent, of
+  one agent) scored by its ``created_at``, for listing turns (``worker.turn.listing``); added at
+  creation, entries older than twice the retention pruned there, the sets expiring with it.
 
 Readers outside the store that need a key as an opaque name (the HTTP control plane's asyncio
 client follows a turn's event stream; its token check reads a turn's owner in its own script) take
@@ -72,6 +75,11 @@ def idem_key(agent_id: str, idempotency_key: str) -> str:
 def agent_turns_key(agent_id: str) -> str:
     """The list of an agent's most recent turn ids, newest first."""
     return f"agent:{agent_id}:turns"
+
+
+def index_key(agent_id: str | None) -> str:
+    """The index of turns by creation time: of one agent, or (None) of every agent."""
+    return "turns:index" if agent_id is None else f"turns:index:{agent_id}"
 
 
 def hash_key(turn_id: str) -> str:

@@ -31,8 +31,9 @@ from worker.turn.claims import Claims, started_rest
 from worker.turn.dispatch import Plan, PlannedCall
 from worker.turn.durability import NO_REPLICAS, ReplicaAck
 from worker.turn.guard import CreateScript, GuardScript, Writes
-from worker.turn.keys import FINISHING_KEY, WATCH_KEY, agent_turns_key, idem_key
+from worker.turn.keys import FINISHING_KEY, WATCH_KEY, agent_turns_key, idem_key, index_key
 from worker.turn.keys import key as _k
+from worker.turn.listing import TurnListing, title_of
 from worker.turn.memo import ReplyMemo
 from worker.turn.request import END_HOOK_METADATA, TurnRefused, TurnStatus
 from worker.turn.state import (
@@ -82,6 +83,7 @@ class TurnStore:
         self.memo = ReplyMemo(client, durability)
         self.approvals = ApprovalRecords(client, progress_timeout=progress_timeout)
         self.usage = UsageLedger(client)
+        self.listing = TurnListing(client)
         self._guard = GuardScript(client, FINISHING_KEY)
         self._create = CreateScript(client)
         self._plans: dict[tuple[str, int], Plan] = {}
@@ -230,6 +232,7 @@ class TurnStore:
         agent_id = request.get("agent_id", "agent")
         now = time.time()
         keys = [_k(turn_id), _k(turn_id, "items"), WATCH_KEY, agent_turns_key(agent_id), _k(turn_id, "events")]
+        keys += [index_key(None), index_key(agent_id)]  # listing turns (worker.turn.listing)
         if idempotency_key:
             keys.append(idem_key(agent_id, idempotency_key))
         hash_fields: dict[str, Any] = {
@@ -241,6 +244,7 @@ class TurnStore:
             # Read by every guarded transition, so the (possibly large) request need not be.
             "end_hooks": int(any((request.get("metadata") or {}).get(k) for k in END_HOOK_METADATA)),
             "agent_id": agent_id,
+            "title": title_of(request),
             "terminate": "0",
             "invalid_counts": "{}",
             "loaded_tools": "[]",
@@ -548,10 +552,5 @@ class TurnStore:
         """Set the cancel flag that steps and running tools observe, and note it in the event stream."""
         p = self._r.pipeline(transaction=False)
         p.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
-        p.xadd(
-            _k(turn_id, "events"),
-            {"e": event_json("cancel_requested", {"by": by})},
-            maxlen=EVENTS_MAXLEN,
-            approximate=True,
-        )
+        self._xadd(p, turn_id, "cancel_requested", {"by": by})
         p.execute()
