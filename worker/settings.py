@@ -89,7 +89,8 @@ class Settings(BaseSettings):
     # stream names it, and a re-driven step fetches that response instead of paying for a new one.
     # Off by default: it needs an endpoint that implements it (api.openai.com does; most servers
     # for open models do not) and ``store: true`` keeps the answer at the provider for a while (a
-    # data-retention choice). Responses style only; calls made inline do not use it.
+    # data-retention choice). Responses style only (worker.model.clients.check_background refuses
+    # it for another at a worker's start); calls made inline do not use it.
     model_background: bool = False
     # How often (s) a node checks the cancel flags of its asynchronous model calls in flight (one
     # round trip for all of them): a cancelled turn's call is aborted, not waited for and paid in full.
@@ -286,14 +287,6 @@ class Settings(BaseSettings):
         if not path.is_file() or not os.access(path, os.R_OK):
             raise ValueError(f"{v!r} is not a readable file")
         return str(path)
-
-    @model_validator(mode="after")
-    def _background_on_responses(self) -> Settings:
-        if self.model_background and self.openai_api_style != "responses":
-            raise ValueError(
-                "AGENT_MODEL_BACKGROUND needs OPENAI_API_STYLE=responses (Chat Completions has no background mode)"
-            )
-        return self
 
     @model_validator(mode="after")
     def _client_certificate(self) -> Settings:
