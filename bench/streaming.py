@@ -61,7 +61,8 @@ def main() -> None:
 
     from devtools.embedded_redis import EmbeddedRedis
     from devtools.scripted_gateway import ScriptedGateway
-    from worker.model.responses import ResponsesClient
+    from worker.model.responses import RESPONSES
+    from worker.model.sync_client import SyncModelClient
     from worker.settings import Settings
     from worker.turn.engine import TurnEngine
     from worker.turn.request import TurnRequest
@@ -74,7 +75,7 @@ def main() -> None:
     text = ("streamed words " * (args.chars // 15 + 1))[: args.chars]
     r = redis.Redis.from_url(url)
     store = TurnStore(r, progress_timeout=600)
-    client = ResponsesClient(gw.base_url)
+    client = SyncModelClient(RESPONSES, gw.base_url)
     reader = TurnStore(redis.Redis.from_url(url))
 
     def engine(stream: bool) -> TurnEngine:

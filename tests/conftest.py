@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from devtools.workers import worker_argv
+from worker.model.wire_styles import WIRE_STYLES, UnknownWireStyle, wire_format
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_MODEL_TESTS = ROOT / "tests" / "real_model"
@@ -48,6 +49,7 @@ FAST_MODULES = frozenset(
         "test_turn_request.py",
         "test_wire_conformance.py",
         "test_wire_rules.py",
+        "test_wire_styles.py",
     }
 )
 """The pure-Python modules (``--fast``). Their tests that take a service fixture or carry the
@@ -319,48 +321,57 @@ def homes_root() -> Path:
     return _state["homes"]
 
 
-API_STYLES = ("responses", "chat")
+API_STYLES = tuple(WIRE_STYLES)
 
 
 def session_api_style() -> str:
     """The wire API the session's worker speaks: ``OPENAI_API_STYLE`` as the suite was started with
     (``responses`` when unset), so ``OPENAI_API_STYLE=chat make test`` runs the end-to-end tests
-    through ``/chat/completions``. ``worker.settings`` refuses any other value; so does this."""
+    through ``/chat/completions``. A worker refuses a name ``WIRE_STYLES`` does not have; so does
+    this, before anything starts."""
     style = os.environ.get("OPENAI_API_STYLE") or "responses"
-    if style not in API_STYLES:
-        raise pytest.UsageError(f"OPENAI_API_STYLE={style!r}: use one of {', '.join(API_STYLES)}")
+    try:
+        wire_format(style)
+    except UnknownWireStyle as exc:
+        raise pytest.UsageError(str(exc)) from None
     return style
 
 
 @pytest.fixture(scope="session")
-def other_style_stack():
-    """A worker (``--pool solo -c 1``) speaking the wire API the session's worker does not, on a
-    Redis of its own, so no step of its turns is taken by the session's worker; the same scripted
-    gateway."""
+def other_style_stacks():
+    """For each wire style the session's worker does not speak, on first use: a worker (``--pool
+    solo -c 1``) speaking it, on a Redis of its own, so no step of its turns is taken by the
+    session's worker; the same scripted gateway. A mapping style -> ``PrivateStack``."""
     from tests.support.private_stack import PrivateStack
 
-    other = next(style for style in API_STYLES if style != session_api_style())
-    stack = PrivateStack(OPENAI_API_STYLE=other)
+    class Stacks(dict):
+        def __missing__(self, style: str) -> PrivateStack:
+            stack = self[style] = PrivateStack(OPENAI_API_STYLE=style)  # closed at the end, also if it fails now
+            stack.start_worker(pool="solo", concurrency=1)
+            return stack
+
+    stacks = Stacks()
     try:
-        stack.start_worker(pool="solo", concurrency=1)
-        yield stack
+        yield stacks
     finally:
-        stack.close()
+        for stack in stacks.values():
+            stack.close()
 
 
 @pytest.fixture(params=API_STYLES)
 def api_style(request) -> str:
-    """Each wire API the workers can speak (``OPENAI_API_STYLE``)."""
+    """Each wire style the workers can speak (``OPENAI_API_STYLE``: a name of ``WIRE_STYLES``)."""
     return request.param
 
 
 @pytest.fixture
 def styled_control(request, api_style):
     """A control plane whose turns run on a worker speaking ``api_style``: the session's worker
-    when it speaks that style (``session_api_style``), else ``other_style_stack``'s. A module runs
-    its end-to-end tests in both styles with ``control = styled_control`` (a fixture of that name)."""
+    when it speaks that style (``session_api_style``), else ``other_style_stacks``' one. A module runs
+    its end-to-end tests in every style of ``WIRE_STYLES`` with ``control = styled_control`` (a
+    fixture of that name)."""
     if api_style != session_api_style():
-        return request.getfixturevalue("other_style_stack").control
+        return request.getfixturevalue("other_style_stacks")[api_style].control
     request.getfixturevalue("solo_worker")
     from control.client import ControlPlane
 

@@ -240,7 +240,8 @@ def test_forged_tool_call_message_never_runs_an_undecided_call(control, gateway,
     """Attack: a tool_call message for a call that awaits approval (forged, or a stale
     redelivery) must not run it. Staged in-process with the real engine and Redis."""
     from tests.test_idempotency import RecordingDispatcher
-    from worker.model.responses import ResponsesClient
+    from worker.model.responses import RESPONSES
+    from worker.model.sync_client import SyncModelClient
     from worker.settings import Settings
     from worker.tools.toolsets import toolset_resolver
     from worker.turn.engine import TurnEngine
@@ -256,7 +257,7 @@ def test_forged_tool_call_message_never_runs_an_undecided_call(control, gateway,
         settings,
         RecordingDispatcher(),
         toolset_resolver(settings),
-        ResponsesClient(gateway.base_url),
+        SyncModelClient(RESPONSES, gateway.base_url),
         redis=r,
     )
     outcome = engine.run_call(turn_id, 0, pending["call_id"])
@@ -488,7 +489,8 @@ def test_an_approved_record_with_an_unknown_key_written_past_decide_runs_nothing
     """Defense in depth: edited params reach the tool only through ``check_params``, also when a
     record was written without ``decide`` (staged in-process with the real engine and Redis)."""
     from tests.test_idempotency import RecordingDispatcher
-    from worker.model.responses import ResponsesClient
+    from worker.model.responses import RESPONSES
+    from worker.model.sync_client import SyncModelClient
     from worker.settings import Settings
     from worker.tools.toolsets import toolset_resolver
     from worker.turn.engine import TurnEngine
@@ -508,7 +510,7 @@ def test_an_approved_record_with_an_unknown_key_written_past_decide_runs_nothing
         settings,
         RecordingDispatcher(),
         toolset_resolver(settings),
-        ResponsesClient(gateway.base_url),
+        SyncModelClient(RESPONSES, gateway.base_url),
         redis=r,
     )
     assert engine.run_call(turn_id, 0, pending["call_id"]).action == "advanced"

@@ -34,7 +34,8 @@ from tests.support.private_stack import PrivateStack
 from tests.support.scripts import fc, msg
 from worker.model.async_client import AsyncModelClient
 from worker.model.interface import GatewayError, ModelRequest
-from worker.model.responses import RESPONSES, ResponsesClient
+from worker.model.responses import RESPONSES
+from worker.model.sync_client import SyncModelClient
 
 Writer = asyncio.StreamWriter
 # (request body, its writer, how many requests this model had before it) -> the exchange written
@@ -293,14 +294,14 @@ def test_the_reply_survives_what_follows_its_terminal_event(hostile, model):
 
 @pytest.mark.parametrize("model", ["silent", "pings", "reset-after"])
 def test_the_synchronous_client_keeps_its_reply_too(hostile, model):
-    """The same through ``ResponsesClient`` (``wire_format.read_events``): before, a read timeout or
+    """The same through ``SyncModelClient`` (``wire_format.read_events``): before, a read timeout or
     a reset after the reply raised a retryable error, and keep-alive comments held the thread forever."""
     got: list[Any] = []
 
     def call() -> None:
         try:
             got.append(
-                ResponsesClient(hostile.base_url, timeout=1.0).stream(
+                SyncModelClient(RESPONSES, hostile.base_url, timeout=1.0).stream(
                     ModelRequest(model=model, input=[]), lambda d: None
                 )
             )
@@ -329,7 +330,7 @@ def test_unicode_line_separators_inside_an_event(hostile, synchronous):
     seen: list[str] = []
     request = ModelRequest(model="separators", input=[])
     if synchronous:
-        reply = ResponsesClient(hostile.base_url, timeout=5.0).stream(request, lambda d: seen.append(d.text))
+        reply = SyncModelClient(RESPONSES, hostile.base_url, timeout=5.0).stream(request, lambda d: seen.append(d.text))
     else:
         reply = _stream(hostile.base_url, "separators", lambda d: seen.append(d.text), timeout=5.0)
     assert reply.text == SEPARATORS and seen == [SEPARATORS]

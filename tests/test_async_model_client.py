@@ -14,15 +14,15 @@ from devtools.hosted_endpoint import HostedEndpoint
 from devtools.ports import free_port
 from devtools.scripted_gateway import ScriptedGateway
 from worker.model.async_client import AsyncModelClient
-from worker.model.chat import CHAT, ChatClient
 from worker.model.interface import Delta, GatewayError, ModelRequest
-from worker.model.responses import RESPONSES, ResponsesClient
+from worker.model.responses import RESPONSES
+from worker.model.sync_client import SyncModelClient
+from worker.model.wire_styles import WIRE_STYLES
 
 BIG = "x" * 200_000  # one streamed event (response.completed) far above aiohttp's 64 KiB line limit
 STEP = {
     "output": [{"type": "message", "text": "hello"}, {"type": "function_call", "name": "f", "arguments": '{"a": 1}'}]
 }
-STYLES = {"responses": (RESPONSES, ResponsesClient), "chat": (CHAT, ChatClient)}
 
 
 SCRIPTS = {
@@ -63,11 +63,11 @@ async def _with(client: AsyncModelClient, coro_fn):
         await client.aclose()
 
 
-@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("style", WIRE_STYLES)
 def test_create_and_stream_match_the_synchronous_client(gateway, style):
-    wire, sync_cls = STYLES[style]
+    wire = WIRE_STYLES[style]
     base = gateway.base_url
-    expected = sync_cls(base).create(_request())
+    expected = SyncModelClient(wire, base).create(_request())
     deltas: list[Delta] = []
 
     async def both(client):
@@ -81,9 +81,9 @@ def test_create_and_stream_match_the_synchronous_client(gateway, style):
     assert streamed.usage and streamed.usage.get("output_tokens")
 
 
-@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("style", WIRE_STYLES)
 def test_an_event_bigger_than_a_line_buffer_arrives_whole(gateway, endpoint, style):
-    wire, _ = STYLES[style]
+    wire = WIRE_STYLES[style]
     for base in (gateway.base_url, endpoint.base_url) if style == "responses" else (gateway.base_url,):
         reply = _run(_with(AsyncModelClient(wire, base), lambda c: c.stream(_request("big"), lambda d: None)))
         assert reply.text == BIG
@@ -119,9 +119,9 @@ def test_failures_map_to_gateway_errors(endpoint):
         assert slow.value.retryable and "timed out" in str(slow.value)
 
 
-@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("style", WIRE_STYLES)
 def test_a_stream_cut_midway_is_retryable(gateway, style):
-    wire, _ = STYLES[style]
+    wire = WIRE_STYLES[style]
     seen: list[Delta] = []
     with pytest.raises(GatewayError) as cut:
         _run(_with(AsyncModelClient(wire, gateway.base_url), lambda c: c.stream(_request("cut"), seen.append)))

@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 from devtools.chat_wire import chat_chunks, chat_completion
 from tests.support.scripts import fc, msg
 from worker.model.chat import (
-    ChatClient,
+    CHAT,
     ChatMappingError,
     _StreamAssembly,
     chat_body,
@@ -26,7 +26,8 @@ from worker.model.chat import (
 )
 from worker.model.clients import model_client
 from worker.model.interface import Delta, GatewayError, ModelRequest
-from worker.model.responses import ResponsesClient
+from worker.model.responses import RESPONSES
+from worker.model.sync_client import SyncModelClient
 from worker.settings import Settings
 
 READ = {
@@ -140,7 +141,9 @@ def test_what_chat_cannot_carry_is_refused_by_name():
     with pytest.raises(ChatMappingError, match="'computer_call' input item"):
         chat_messages([{"type": "computer_call", "call_id": "x"}])
     with pytest.raises(GatewayError, match="cannot be sent as Chat Completions") as err:
-        ChatClient("http://127.0.0.1:9/v1").create(ModelRequest(model="m", input=[], tools=[{"type": "file_search"}]))
+        SyncModelClient(CHAT, "http://127.0.0.1:9/v1").create(
+            ModelRequest(model="m", input=[], tools=[{"type": "file_search"}])
+        )
     assert err.value.retryable is False
 
 
@@ -266,7 +269,7 @@ def test_streamed_parallel_calls_through_the_gateway(gateway, script_name):
         script_name,
         [{"output": [msg("Reading."), fc("read_file", args_a), fc("read_file", args_b)], "stream_chunk": 3}],
     )
-    client = ChatClient(gateway.base_url)
+    client = SyncModelClient(CHAT, gateway.base_url)
     request = ModelRequest(
         model=script_name, input=[{"type": "message", "role": "user", "content": "go"}], tools=[READ]
     )
@@ -286,18 +289,15 @@ def test_gateway_refuses_an_unanswered_tool_call_like_a_real_server(gateway, scr
     history = [{"type": "message", "role": "user", "content": "go"},
                {"type": "function_call", "call_id": "call_z", "name": "read_file", "arguments": "{}"}]  # fmt: skip
     with pytest.raises(GatewayError, match="HTTP 400.*call_z") as err:
-        ChatClient(gateway.base_url).create(ModelRequest(model=script_name, input=history))
+        SyncModelClient(CHAT, gateway.base_url).create(ModelRequest(model=script_name, input=history))
     assert not err.value.retryable
 
 
-def test_the_setting_picks_the_client(monkeypatch):
+def test_the_setting_picks_the_wire(monkeypatch):
     monkeypatch.setenv("OPENAI_API_STYLE", "chat")
-    assert isinstance(model_client(Settings()), ChatClient)
+    assert model_client(Settings()).wire is CHAT
     monkeypatch.setenv("OPENAI_API_STYLE", "responses")
-    assert isinstance(model_client(Settings()), ResponsesClient)
-    monkeypatch.setenv("OPENAI_API_STYLE", "completions")
-    with pytest.raises(ValidationError, match="OPENAI_API_STYLE"):
-        Settings()
+    assert model_client(Settings()).wire is RESPONSES
 
 
 def test_the_suites_worker_speaks_the_style_the_environment_names(monkeypatch):

@@ -192,9 +192,8 @@ def _checklist() -> dict[str, Entry]:
 
 def test_each_checklist_entry_lists_as_many_files_as_it_says():
     entries = _checklist()
-    assert {"A new tool category", "A change to one approval rule", "A new approval mode", "A new HTTP route"} <= set(
-        entries
-    )
+    titles = {"A new tool category", "A change to one approval rule", "A new approval mode", "A new HTTP route"}
+    assert titles | {"A new wire style"} <= set(entries)
     for entry in entries.values():
         assert len(entry.files) == entry.count, (entry.title, entry.files, entry.count)
         for f in entry.files:  # a file that exists, or (a placeholder) one in a folder that does
@@ -264,6 +263,28 @@ def test_a_new_http_route_takes_the_files_the_entry_lists():
     table = _section((DOCS / "control-plane.md").read_text(), "## The HTTP API")
     rows = {(m, shape(p)) for m, p in re.findall(r"^\| `(GET|POST|PUT|PATCH|DELETE) (/v1/[^` ]+)`", table, re.M)}
     assert rows == {(r.method, shape(r.path)) for r in v1}
+
+
+def test_a_new_wire_style_takes_the_files_the_entry_lists():
+    """The styles are the entries of ``WIRE_STYLES`` (the entry's table), the setting is read by
+    ``worker/model/clients.py`` only (no other module chooses a wire by the style's name; the
+    settings declare it, a worker's start checks it), and the ``OPENAI_API_STYLE`` row of
+    docs/operations.md names exactly the table's styles."""
+    from worker.model.wire_styles import WIRE_STYLES
+
+    entry = _checklist()["A new wire style"]
+    assert entry.files[:2] == ["worker/model/<style>.py", "worker/model/wire_styles.py"], entry.files
+    assert {"devtools/scripted_gateway.py", "docs/operations.md"} <= set(entry.files)
+    reading = set()
+    for top in ("worker", "tasks", "control", "devtools", "bench"):
+        for path in (ROOT / top).rglob("*.py"):
+            if re.search(r"\.openai_api_style\b", path.read_text()):
+                reading.add(path.relative_to(ROOT).as_posix())
+    assert reading == {"worker/model/clients.py", "tasks/app.py"}, reading
+    row = next(
+        line for line in (DOCS / "operations.md").read_text().splitlines() if line.startswith("| `OPENAI_API_STYLE`")
+    )
+    assert re.findall(r"`(\w+)` \(`POST /", row) == list(WIRE_STYLES), row
 
 
 # docs/layout.md

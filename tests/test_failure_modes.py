@@ -86,7 +86,8 @@ def test_give_up_answers_every_call_and_hooks_are_resent(redis_url, gateway, scr
     import redis as redis_lib
 
     from tests.test_idempotency import RecordingDispatcher
-    from worker.model.responses import ResponsesClient
+    from worker.model.responses import RESPONSES
+    from worker.model.sync_client import SyncModelClient
     from worker.settings import Settings
     from worker.tools.toolsets import toolset_resolver
     from worker.turn.engine import TurnEngine
@@ -100,7 +101,7 @@ def test_give_up_answers_every_call_and_hooks_are_resent(redis_url, gateway, scr
         settings,
         RecordingDispatcher(),
         toolset_resolver(settings),
-        ResponsesClient(gateway.base_url),
+        SyncModelClient(RESPONSES, gateway.base_url),
         redis=store._r,
     )
     gateway.add_script(
@@ -135,7 +136,8 @@ def test_plain_turn_sends_no_end_hooks(redis_url, gateway, script_name):
     import redis as redis_lib
 
     from tests.test_idempotency import RecordingDispatcher
-    from worker.model.responses import ResponsesClient
+    from worker.model.responses import RESPONSES
+    from worker.model.sync_client import SyncModelClient
     from worker.settings import Settings
     from worker.tools.toolsets import toolset_resolver
     from worker.turn.engine import TurnEngine
@@ -149,7 +151,7 @@ def test_plain_turn_sends_no_end_hooks(redis_url, gateway, script_name):
         settings,
         RecordingDispatcher(),
         toolset_resolver(settings),
-        ResponsesClient(gateway.base_url),
+        SyncModelClient(RESPONSES, gateway.base_url),
         redis=store._r,
     )
     gateway.add_script(script_name, [{"output": [{"type": "message", "text": "hi"}]}])

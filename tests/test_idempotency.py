@@ -15,7 +15,8 @@ import redis
 
 from tests.support.scripts import fc
 from worker.model.interface import ModelRequest
-from worker.model.responses import ResponsesClient
+from worker.model.responses import RESPONSES
+from worker.model.sync_client import SyncModelClient
 from worker.settings import Settings
 from worker.tooling.contract import ToolServices
 from worker.tools.toolsets import toolset_resolver
@@ -51,7 +52,7 @@ class RecordingDispatcher:
 def engine(redis_url, gateway):
     settings = Settings()
     store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=1.0)
-    client = ResponsesClient(gateway.base_url)
+    client = SyncModelClient(RESPONSES, gateway.base_url)
     return TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client, redis=store._r)
 
 
@@ -184,7 +185,7 @@ def test_messages_sent_by_the_scripts_are_sent_once_and_not_published_again(redi
     settings, d = Settings(), CapturingDispatcher()
     store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=1.0)
     engine = TurnEngine(
-        store, settings, d, toolset_resolver(settings), ResponsesClient(gateway.base_url), redis=store._r
+        store, settings, d, toolset_resolver(settings), SyncModelClient(RESPONSES, gateway.base_url), redis=store._r
     )
     turn_id = start(engine, gateway, script_name, [{"output": [fc("read_thing", '{"label": "a"}')]}, {"output": []}])
     assert engine.run_step(turn_id, 0).action == "dispatched"

@@ -155,11 +155,12 @@ def test_search_key_never_appears_in_logs(web_server, debug_logs, as_param):
 
 def test_openai_key_never_appears_in_model_client_logs(gateway, debug_logs, script_name):
     from worker.model.interface import ModelRequest
-    from worker.model.responses import ResponsesClient
+    from worker.model.responses import RESPONSES
+    from worker.model.sync_client import SyncModelClient
 
     key = "sk-must-not-be-logged-4242"
     gateway.add_script(script_name, [{"output": [msg("hi")]}])
-    client = ResponsesClient(gateway.base_url, key)
+    client = SyncModelClient(RESPONSES, gateway.base_url, key)
     try:
         reply = client.create(ModelRequest(model=script_name, input=[]))
     finally:

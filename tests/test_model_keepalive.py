@@ -4,8 +4,8 @@ httpcore's sync connection pool, shared by hundreds of threads, closes connectio
 thread has been handed or is already using (surplus keep-alive and keep-alive expiry passes;
 encode/httpcore#1110): that thread fails with EBADF, or sits in a poll() nothing wakes until its
 read timeout (a 120 s stall of one turn in the concurrency bench). The client keeps one pool per
-thread, so no pool ever serves two threads. These tests go through ``ResponsesClient.create`` and
-the streaming path (``ResponsesClient.stream``) against ``devtools.hosted_endpoint`` (HTTP/1.1,
+thread, so no pool ever serves two threads. These tests go through ``SyncModelClient.create`` and
+the streaming path (``SyncModelClient.stream``) against ``devtools.hosted_endpoint`` (HTTP/1.1,
 keep-alive, chunked streams), with a short read timeout.
 """
 
@@ -19,15 +19,16 @@ import pytest
 
 from devtools.hosted_endpoint import HostedEndpoint
 from devtools.scripted_gateway import ScriptedGateway
-from worker.model.chat import ChatClient
+from worker.model.chat import CHAT
 from worker.model.interface import GatewayError, ModelRequest
-from worker.model.responses import ResponsesClient
+from worker.model.responses import RESPONSES
+from worker.model.sync_client import SyncModelClient
 
 THREADS = 256  # the steps worker's threads pool
 READ_TIMEOUT = 3.0
 
 
-def _hammer(client: ResponsesClient, *, rounds: int, pause: tuple[float, float]) -> tuple[int, list[tuple[float, str]]]:
+def _hammer(client: SyncModelClient, *, rounds: int, pause: tuple[float, float]) -> tuple[int, list[tuple[float, str]]]:
     """Every thread makes ``rounds`` calls, JSON and streamed in turn, pausing ``pause`` seconds
     (uniform) between them. Returns (calls answered, [(seconds, error) of the others])."""
     done, bad, lock = [0], [], threading.Lock()
@@ -68,10 +69,11 @@ def _endpoint(**kw: float) -> HostedEndpoint:
     return HostedEndpoint(gateway, **kw).start()
 
 
-@pytest.mark.parametrize("client_class", [ResponsesClient, ChatClient], ids=["responses", "chat"])
-def test_each_thread_has_its_own_pool_in_both_wire_apis(client_class):
-    """Both model clients take their connections from worker.model.http_pool: one client per thread."""
-    client = client_class("http://127.0.0.1:9/v1", "k")
+@pytest.mark.parametrize("wire", [RESPONSES, CHAT], ids=["responses", "chat"])
+def test_each_thread_has_its_own_pool_in_both_wire_apis(wire):
+    """The model client takes its connections from worker.model.http_pool in every wire API: one
+    client per thread."""
+    client = SyncModelClient(wire, "http://127.0.0.1:9/v1", "k")
     seen: dict[int, list[object]] = {}
     together = threading.Barrier(8)  # all alive at once: no thread id is reused
 
@@ -94,7 +96,7 @@ def test_no_connection_serves_two_threads_and_no_call_waits_for_its_timeout():
     # Rounds straddle httpx's 5 s keep-alive expiry, where the shared pool's clean-up pass closes
     # connections other threads were just handed.
     endpoint = _endpoint(latency=0.05)
-    client = ResponsesClient(endpoint.base_url, "k", timeout=READ_TIMEOUT, connect_timeout=READ_TIMEOUT)
+    client = SyncModelClient(RESPONSES, endpoint.base_url, "k", timeout=READ_TIMEOUT, connect_timeout=READ_TIMEOUT)
     try:
         done, bad = _hammer(client, rounds=4, pause=(1.0, 2.2))
     finally:
@@ -115,7 +117,7 @@ def test_connections_the_server_closed_while_idle_do_not_fail_calls():
     # connection was closed before it is picked (a close racing the request itself is another case:
     # seen here at load average 10 with only 0.1 s between them).
     endpoint = _endpoint(latency=0.02, idle_timeout=0.3)
-    client = ResponsesClient(endpoint.base_url, "k", timeout=READ_TIMEOUT, connect_timeout=READ_TIMEOUT)
+    client = SyncModelClient(RESPONSES, endpoint.base_url, "k", timeout=READ_TIMEOUT, connect_timeout=READ_TIMEOUT)
     try:
         done, bad = _hammer(client, rounds=3, pause=(1.0, 1.5))
     finally:

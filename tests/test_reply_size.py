@@ -15,15 +15,16 @@ import pytest
 from devtools.scripted_gateway import ScriptedGateway
 from tests.support.loopback import LoopbackServer
 from worker.model.async_client import AsyncModelClient
-from worker.model.chat import CHAT, ChatClient
+from worker.model.chat import CHAT
 from worker.model.interface import GatewayError, ModelRequest
-from worker.model.responses import RESPONSES, ResponsesClient
+from worker.model.responses import RESPONSES
+from worker.model.sync_client import SyncModelClient
 
 BIG = "x" * 300_000
 SCRIPTS = {"big": [{"output": [{"type": "message", "text": BIG}]}] * 20}
 CLIENTS = {
-    "responses-sync": lambda url, cap: ResponsesClient(url, max_reply_bytes=cap, timeout=10),
-    "chat-sync": lambda url, cap: ChatClient(url, max_reply_bytes=cap, timeout=10),
+    "responses-sync": lambda url, cap: SyncModelClient(RESPONSES, url, max_reply_bytes=cap, timeout=10),
+    "chat-sync": lambda url, cap: SyncModelClient(CHAT, url, max_reply_bytes=cap, timeout=10),
     "responses-async": lambda url, cap: AsyncModelClient(RESPONSES, url, max_reply_bytes=cap, timeout=10),
     "chat-async": lambda url, cap: AsyncModelClient(CHAT, url, max_reply_bytes=cap, timeout=10),
 }

@@ -15,13 +15,14 @@ import zlib
 import pytest
 
 from tests.support.loopback import LoopbackServer
-from worker.model.chat import ChatClient
+from worker.model.chat import CHAT
 from worker.model.interface import GatewayError, ModelRequest
-from worker.model.responses import ResponsesClient
+from worker.model.responses import RESPONSES
+from worker.model.sync_client import SyncModelClient
 
 CLIENTS = {
-    "responses": lambda url, cap: ResponsesClient(url, max_reply_bytes=cap, timeout=10),
-    "chat": lambda url, cap: ChatClient(url, max_reply_bytes=cap, timeout=10),
+    "responses": lambda url, cap: SyncModelClient(RESPONSES, url, max_reply_bytes=cap, timeout=10),
+    "chat": lambda url, cap: SyncModelClient(CHAT, url, max_reply_bytes=cap, timeout=10),
 }
 REQUEST = ModelRequest(model="m", input=[{"role": "user", "content": "hi"}])
 
@@ -160,7 +161,7 @@ def test_a_tail_that_trickles_bytes_without_a_line_end_is_left_after_the_tail_wa
             conn.close()
 
     threading.Thread(target=serve, daemon=True).start()
-    client = ResponsesClient(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", timeout=10)
+    client = SyncModelClient(RESPONSES, f"http://127.0.0.1:{sock.getsockname()[1]}/v1", timeout=10)
     try:
         started = time.monotonic()
         assert client.stream(REQUEST, lambda d: None).text == "hi"

@@ -9,7 +9,8 @@ import pytest
 import redis
 
 from tests.test_idempotency import RecordingDispatcher
-from worker.model.responses import ResponsesClient
+from worker.model.responses import RESPONSES
+from worker.model.sync_client import SyncModelClient
 from worker.settings import Settings
 from worker.tools.toolsets import toolset_resolver
 from worker.turn.engine import TurnEngine
@@ -21,7 +22,7 @@ from worker.turn.store import TurnStore
 def test_a_too_large_answer_fails_the_turn_once(redis_url, gateway, script_name, streamed):
     settings = Settings(model_stream=streamed)
     store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=1.0)
-    client = ResponsesClient(gateway.base_url, max_reply_bytes=65_536, timeout=10)
+    client = SyncModelClient(RESPONSES, gateway.base_url, max_reply_bytes=65_536, timeout=10)
     engine = TurnEngine(store, settings, RecordingDispatcher(), toolset_resolver(settings), client, redis=store._r)
     gateway.add_script(script_name, [{"output": [{"type": "message", "text": "x" * 300_000}]}] * 3)
     turn_id = uuid.uuid4().hex

@@ -15,10 +15,11 @@ from devtools.scripted_gateway import ScriptedGateway
 from devtools.sse_script import sse_events
 from tests.support.scripts import fc, msg
 from tests.test_idempotency import RecordingDispatcher
-from worker.model.chat import ChatClient
 from worker.model.interface import Delta, GatewayError, ModelRequest
-from worker.model.responses import ResponsesClient
+from worker.model.responses import RESPONSES
 from worker.model.streaming import DeltaBatcher, stream_reply
+from worker.model.sync_client import SyncModelClient
+from worker.model.wire_styles import WIRE_STYLES
 from worker.settings import Settings
 from worker.tools.toolsets import toolset_resolver
 from worker.turn.engine import TurnEngine
@@ -34,7 +35,7 @@ def control(styled_control):
 
 def client_for(api_style: str, base_url: str):
     """The model client a worker in ``api_style`` uses, on ``base_url``."""
-    return (ChatClient if api_style == "chat" else ResponsesClient)(base_url)
+    return SyncModelClient(WIRE_STYLES[api_style], base_url)
 
 
 TEXT = (
@@ -248,7 +249,7 @@ def test_events_the_reply_does_not_need_are_not_parsed():
 
 
 def test_gateway_failures_map_to_gateway_errors(gateway):
-    client = ResponsesClient(gateway.base_url)
+    client = SyncModelClient(RESPONSES, gateway.base_url)
     request = ModelRequest(model="no-such-script", input=[{"type": "message", "role": "user", "content": "go"}])
     with pytest.raises(GatewayError) as info:
         stream_reply(client, request, lambda evs: None, step=0)

@@ -1,4 +1,4 @@
-"""The Chat Completions API client (a ``ModelClient``, ``worker.model.interface``), over httpx.
+"""The Chat Completions API as a wire format: ``CHAT`` (``worker.model.wire_format.WireFormat``).
 
 For servers that speak only ``POST /chat/completions`` (llama.cpp's server, LM Studio, vLLM,
 Ollama, most proxies). The turn keeps its history in the Responses item format; this module maps
@@ -44,10 +44,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import orjson
 
-from worker.model.http_pool import MAX_REPLY_BYTES, ModelHTTP
 from worker.model.interface import Delta, GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.wire_format import WireFormat
 
@@ -343,56 +341,18 @@ def _parse_body(content: bytes) -> ModelReply:
     return reply_from_completion(data)
 
 
-class ChatClient:
-    """Synchronous Chat Completions client (implements ``ModelClient``); the same constructor as
-    ``ResponsesClient`` (``base_url`` like ``http://127.0.0.1:8080/v1``, seconds, a connection cap)."""
-
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str = "",
-        *,
-        timeout: float = 120.0,
-        connect_timeout: float = 10.0,
-        max_connections: int = 100,
-        transport: httpx.BaseTransport | None = None,
-        max_reply_bytes: int = MAX_REPLY_BYTES,
-    ):
-        # The HTTP side, shared with the Responses client (worker.model.http_pool says why).
-        self._http = ModelHTTP(
-            base_url,
-            api_key,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            max_connections=max_connections,
-            transport=transport,
-            max_reply_bytes=max_reply_bytes,
-        )
-
-    def close(self) -> None:
-        """Close every thread's pooled connections."""
-        self._http.close()
-
-    @staticmethod
-    def wire_body(request: ModelRequest) -> dict[str, Any]:
-        """``chat_body`` with a mapping failure as a non-retryable ``GatewayError``."""
-        try:
-            return chat_body(request)
-        except ChatMappingError as exc:
-            raise GatewayError(f"request cannot be sent as Chat Completions: {exc}", retryable=False) from exc
-
-    def create(self, request: ModelRequest) -> ModelReply:
-        """POST ``/chat/completions``; return the mapped reply. Raises ``GatewayError``."""
-        return self._http.create(CHAT, request)
-
-    def stream(self, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
-        """POST with ``stream: true``; ``on_delta`` gets each text or arguments piece. Raises ``GatewayError``."""
-        return self._http.stream(CHAT, request, on_delta)
+def chat_wire_body(request: ModelRequest) -> dict[str, Any]:
+    """The JSON body of ``POST /chat/completions`` for ``request`` (``chat_body``); a request Chat
+    cannot express raises ``GatewayError`` (not retryable) naming why."""
+    try:
+        return chat_body(request)
+    except ChatMappingError as exc:
+        raise GatewayError(f"request cannot be sent as Chat Completions: {exc}", retryable=False) from exc
 
 
 def _stream_body(request: ModelRequest) -> dict[str, Any]:
-    return {**ChatClient.wire_body(request), "stream": True, "stream_options": {"include_usage": True}}
+    return {**chat_wire_body(request), "stream": True, "stream_options": {"include_usage": True}}
 
 
-CHAT = WireFormat("/chat/completions", ChatClient.wire_body, _stream_body, _parse_body, ChatStream)
-"""Chat Completions as a ``WireFormat`` (both transports drive it)."""
+CHAT = WireFormat("/chat/completions", chat_wire_body, _stream_body, _parse_body, ChatStream)
+"""Chat Completions as a ``WireFormat`` (``WIRE_STYLES["chat"]``; both transports drive it)."""

@@ -1,24 +1,25 @@
-"""The model clients a process uses, chosen by ``OPENAI_API_STYLE`` (``worker.settings``).
+"""The model clients a process uses, in the wire style ``OPENAI_API_STYLE`` names (``worker.settings``).
 
-``responses`` -> ``POST /responses``; ``chat`` -> ``POST /chat/completions``. ``model_client``
-gives the synchronous client (``ResponsesClient`` or ``ChatClient``, a ``ModelClient``);
-``async_model_client`` the asynchronous one (``AsyncModelClient`` on that wire format). Both take
-the same connection settings.
+The style is a name of ``worker.model.wire_styles.WIRE_STYLES`` (``responses`` -> ``POST
+/responses``; ``chat`` -> ``POST /chat/completions``); ``model_client`` gives the synchronous
+client on its ``WireFormat`` (``SyncModelClient``, a ``ModelClient``), ``async_model_client`` the
+asynchronous one (``AsyncModelClient``). Both take the same connection settings, and both raise
+``UnknownWireStyle`` (naming the table's entries) for a style the table does not have.
 """
 
 from __future__ import annotations
 
 from worker.model.async_client import AsyncModelClient
-from worker.model.chat import CHAT, ChatClient
-from worker.model.interface import ModelClient
-from worker.model.responses import RESPONSES, ResponsesClient
+from worker.model.sync_client import SyncModelClient
+from worker.model.wire_styles import wire_format
 from worker.settings import Settings
 
 
-def model_client(settings: Settings) -> ModelClient:
-    """A client for ``settings.openai_base_url`` in ``settings.openai_api_style``."""
-    cls = ChatClient if settings.openai_api_style == "chat" else ResponsesClient
-    return cls(
+def model_client(settings: Settings) -> SyncModelClient:
+    """A ``SyncModelClient`` for ``settings.openai_base_url`` in ``settings.openai_api_style``.
+    Raises ``UnknownWireStyle``."""
+    return SyncModelClient(
+        wire_format(settings.openai_api_style),
         settings.openai_base_url,
         settings.openai_api_key.get_secret_value(),
         timeout=settings.model_timeout,
@@ -30,9 +31,9 @@ def model_client(settings: Settings) -> ModelClient:
 
 def async_model_client(settings: Settings) -> AsyncModelClient:
     """An ``AsyncModelClient`` for ``settings.openai_base_url`` in ``settings.openai_api_style``,
-    its whole call bounded by ``Settings.model_call_lease`` (seconds)."""
+    its whole call bounded by ``Settings.model_call_lease`` (seconds). Raises ``UnknownWireStyle``."""
     return AsyncModelClient(
-        CHAT if settings.openai_api_style == "chat" else RESPONSES,
+        wire_format(settings.openai_api_style),
         settings.openai_base_url,
         settings.openai_api_key.get_secret_value(),
         timeout=settings.model_timeout,
@@ -43,3 +44,12 @@ def async_model_client(settings: Settings) -> AsyncModelClient:
         max_connections=settings.model_max_connections,
         max_reply_bytes=settings.model_max_reply_bytes,
     )
+
+
+def check_background(settings: Settings) -> None:
+    """Raises ``ValueError`` when ``AGENT_MODEL_BACKGROUND`` is on for a wire style without a
+    background mode (only the Responses API has one: ``worker.model.background``)."""
+    if settings.model_background and settings.openai_api_style != "responses":
+        raise ValueError(
+            f"AGENT_MODEL_BACKGROUND needs OPENAI_API_STYLE=responses ({settings.openai_api_style} has no background mode)"
+        )

@@ -24,6 +24,19 @@ from typing import Any, Callable, Literal, Protocol
 from worker.errors import AgentRuntimeError
 from worker.model.items import assistant_text, function_calls
 
+# What a model server says when its own tool-call parser refuses the model's output, whatever the
+# HTTP status or stream frame it says it in: llama.cpp's llama-server (common/chat.cpp,
+# common_chat_peg_parse: "The model produced output that does not match the expected <format>
+# format") and Ollama (server/routes.go: "error parsing tool call: raw='...', err=...").
+_MODEL_OUTPUT_ERRORS = ("does not match the expected", "error parsing tool call")
+
+
+def is_model_output_error(message: str) -> bool:
+    """Whether a server's error ``message`` says that the model's output did not parse
+    (``_MODEL_OUTPUT_ERRORS``): the model's doing, not the server's or the network's."""
+    lowered = message.lower()
+    return any(pattern in lowered for pattern in _MODEL_OUTPUT_ERRORS)
+
 
 class GatewayError(AgentRuntimeError, RuntimeError):
     """The model call failed.
@@ -31,11 +44,17 @@ class GatewayError(AgentRuntimeError, RuntimeError):
     ``retryable`` is true for transport errors, timeouts, HTTP 408/409/429 and
     5xx (worth retrying with backoff); false for other 4xx (the request is wrong).
     ``status_code`` is the HTTP status or None for transport errors.
+
+    ``model_output``: the server refused the model's own output (its tool-call parser failed,
+    ``is_model_output_error``), whatever the status. Such an error is never ``retryable``: the
+    same request gives the same output (greedy sampling), so the turn tells the model instead
+    (``worker.turn.unread_output``).
     """
 
     def __init__(self, message: str, *, retryable: bool, status_code: int | None = None):
         super().__init__(message)
-        self.retryable = retryable
+        self.model_output = is_model_output_error(message)
+        self.retryable = retryable and not self.model_output
         self.status_code = status_code
 
 

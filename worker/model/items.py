@@ -141,6 +141,8 @@ def normalize_reply_calls(
             "arguments": item["arguments"],
             "duplicate_of": original if call_id != original else None,
         }
+        if item.get("text_call"):  # read from the reply's text (worker.model.text_calls)
+            call["text_call"] = item["text_call"]
         item["call_id"] = call_id
         name = str(item.get("name", ""))
         if not _NAME_OK.match(name):

@@ -1,9 +1,10 @@
-"""The OpenAI Responses API client (a ``ModelClient``, ``worker.model.interface``), over httpx.
+"""The OpenAI Responses API as a wire format: ``RESPONSES`` (``worker.model.wire_format.WireFormat``).
 
-``ResponsesClient.create(request)`` posts ``{base_url}/responses`` and returns a ``ModelReply``;
-``stream(request, on_delta)`` posts it with ``stream: true`` and reads the server-sent events
-(``httpx-sse``). It works unchanged against api.openai.com, any OpenAI-compatible Responses
-endpoint, and the project's scripted gateway (``devtools.scripted_gateway``).
+A call posts ``responses_body(request)`` to ``{base_url}/responses`` and parses a ``ModelReply``
+(``parse_response``); a streamed call posts it with ``stream: true`` and reads the server-sent
+events with ``ResponsesStream``. Either model client drives it (``worker.model.sync_client``,
+``worker.model.async_client``). It works unchanged against api.openai.com, any OpenAI-compatible
+Responses endpoint, and the project's scripted gateway (``devtools.scripted_gateway``).
 
 Streaming event names and shapes: OpenAI Responses API, "Streaming events" (``response.created``,
 ``response.output_item.added``/``done``, ``response.output_text.delta``,
@@ -23,10 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import orjson
 
-from worker.model.http_pool import MAX_REPLY_BYTES, ModelHTTP
 from worker.model.interface import Delta, GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.wire_format import WireFormat
 
@@ -34,73 +33,19 @@ from worker.model.wire_format import WireFormat
 _FATAL_CODES = {"invalid_request_error", "invalid_prompt", "context_length_exceeded", "invalid_api_key"}
 
 
-class ResponsesClient:
-    """Synchronous Responses API client (implements ``ModelClient``).
-
-    ``base_url`` like ``https://api.openai.com/v1``; ``timeout`` and ``connect_timeout`` in
-    seconds; ``max_connections`` bounds the connections of each thread's pool; ``max_reply_bytes``
-    caps one answer as read (``worker.model.http_pool.ReplySize``). The API key is
-    sent as a bearer token and never logged. Reuse one instance per process.
-
-    Each thread gets its own ``httpx.Client`` (its own keep-alive pool: ``worker.model.http_pool``
-    says why). ``transport``, when given, is shared by every thread's client (tests).
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str = "",
-        *,
-        timeout: float = 120.0,
-        connect_timeout: float = 10.0,
-        max_connections: int = 100,
-        transport: httpx.BaseTransport | None = None,
-        max_reply_bytes: int = MAX_REPLY_BYTES,
-    ):
-        self._http = ModelHTTP(
-            base_url,
-            api_key,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            max_connections=max_connections,
-            transport=transport,
-            max_reply_bytes=max_reply_bytes,
-        )
-
-    @property
-    def http(self) -> httpx.Client:
-        """This thread's ``httpx.Client`` (base URL and headers set; ``worker.model.http_pool``)."""
-        return self._http.pool.get()
-
-    def close(self) -> None:
-        """Close every thread's pooled connections."""
-        self._http.close()
-
-    @staticmethod
-    def wire_body(request: ModelRequest) -> dict[str, Any]:
-        """The JSON body of ``POST /responses`` (a ``ResponseCreateParams``) for ``request``."""
-        body: dict[str, Any] = {"model": request.model, "input": request.input, "store": False}
-        if request.tools:
-            body["tools"] = request.tools
-            body["parallel_tool_calls"] = True
-        if request.instructions:
-            body["instructions"] = request.instructions
-        if request.max_output_tokens:
-            body["max_output_tokens"] = request.max_output_tokens
-        if request.metadata:
-            body["metadata"] = request.metadata
-        return body
-
-    def create(self, request: ModelRequest) -> ModelReply:
-        """POST the request; return the parsed reply. Raises ``GatewayError``."""
-        return self._http.create(RESPONSES, request)
-
-    def stream(self, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
-        """POST the request with ``stream: true``; ``on_delta`` gets each text or arguments piece.
-
-        Returns the ``ModelReply`` of the terminal event (or of a plain JSON body). Raises ``GatewayError``.
-        """
-        return self._http.stream(RESPONSES, request, on_delta)
+def responses_body(request: ModelRequest) -> dict[str, Any]:
+    """The JSON body of ``POST /responses`` (a ``ResponseCreateParams``) for ``request``."""
+    body: dict[str, Any] = {"model": request.model, "input": request.input, "store": False}
+    if request.tools:
+        body["tools"] = request.tools
+        body["parallel_tool_calls"] = True
+    if request.instructions:
+        body["instructions"] = request.instructions
+    if request.max_output_tokens:
+        body["max_output_tokens"] = request.max_output_tokens
+    if request.metadata:
+        body["metadata"] = request.metadata
+    return body
 
 
 # Events named so by their ``event:`` line carry nothing the reply needs (the terminal event holds
@@ -220,8 +165,8 @@ def parse_response(data: Any) -> ModelReply:
 
 
 def _stream_body(request: ModelRequest) -> dict[str, Any]:
-    return {**ResponsesClient.wire_body(request), "stream": True}
+    return {**responses_body(request), "stream": True}
 
 
-RESPONSES = WireFormat("/responses", ResponsesClient.wire_body, _stream_body, _parse_body, ResponsesStream)
-"""The Responses API as a ``WireFormat`` (both transports drive it)."""
+RESPONSES = WireFormat("/responses", responses_body, _stream_body, _parse_body, ResponsesStream)
+"""The Responses API as a ``WireFormat`` (``WIRE_STYLES["responses"]``; both transports drive it)."""

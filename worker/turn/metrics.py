@@ -105,10 +105,13 @@ def tool_call_finished(tool: str, is_error: bool, details: dict[str, Any]) -> No
     TOOL_CALLS.labels(tool, "error", error_class).inc()
 
 
-def gateway_error_class(status_code: int | None) -> str:
-    """The class of a failed model call: ``transport`` (no HTTP answer: connect, read, timeout),
-    ``timeout`` (408), ``rate_limited`` (429), ``conflict`` (409), ``server`` (5xx), ``client``
-    (any other 4xx: the request is wrong), ``other``."""
+def gateway_error_class(status_code: int | None, model_output: bool = False) -> str:
+    """The class of a failed model call: ``model_output`` (the server refused the model's own
+    output, ``GatewayError.model_output``, whatever the status or frame it came in), ``transport``
+    (no HTTP answer: connect, read, timeout), ``timeout`` (408), ``rate_limited`` (429),
+    ``conflict`` (409), ``server`` (5xx), ``client`` (any other 4xx: the request is wrong), ``other``."""
+    if model_output:
+        return "model_output"
     if status_code is None:
         return "transport"
     named = {408: "timeout", 409: "conflict", 429: "rate_limited"}
@@ -119,10 +122,12 @@ def gateway_error_class(status_code: int | None) -> str:
     return "client" if 400 <= status_code < 500 else "other"
 
 
-def model_call_finished(model: str, status_code: int | None = None, failed: bool = False) -> None:
-    """Count one model call: ok, or error with ``gateway_error_class(status_code)``."""
+def model_call_finished(
+    model: str, status_code: int | None = None, failed: bool = False, model_output: bool = False
+) -> None:
+    """Count one model call: ok, or error with ``gateway_error_class(status_code, model_output)``."""
     if failed:
-        MODEL_CALLS.labels(model, "error", gateway_error_class(status_code)).inc()
+        MODEL_CALLS.labels(model, "error", gateway_error_class(status_code, model_output)).inc()
     else:
         MODEL_CALLS.labels(model, "ok", "none").inc()
 
@@ -137,6 +142,7 @@ _REASONS = (
     ("the model sent invalid arguments", "invalid_arguments"),
     ("the model replied without calling", "no_submission"),
     ("the model's answer stopped at the output-token limit", "output_token_limit"),
+    ("the model's output could not be read", "model_output"),
 )
 
 

@@ -46,6 +46,7 @@ from worker.turn.request import TurnRequest, TurnStatus
 from worker.turn.runtime import TurnRuntime
 from worker.turn.state import StaleStep, StepClaim, StepView, TurnState
 from worker.turn.toolbox import Toolbox
+from worker.turn.unread_output import handle_unread_reply
 from worker.turn.usage import UsageLedger, budget_exceeded, normalize_usage
 
 log = logging.getLogger("agent.loop")
@@ -123,6 +124,7 @@ class ModelStep:
             log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
         model = request.model or self.rt.settings.model
         prepared = PreparedStep(turn_id, step, state, request, ctx, tools, view.items, lease, model, claimant)
+        prepared.response_id = view.response_id
         return self._memo(prepared, view) or self._claimed(prepared, view.claim)
 
     def _caps(self, turn_id: str, step: int, state: TurnState, request: TurnRequest) -> StepOutcome | None:
@@ -249,9 +251,13 @@ class ModelStep:
         )
 
     def _refused(self, prepared: PreparedStep, exc: GatewayError, elapsed: float) -> StepOutcome:
-        """A failed call: raises ``exc`` when it is retryable, else ends the turn ``failed``."""
+        """A failed call: raises ``exc`` when it is retryable; a reply the server refused to return
+        (``exc.model_output``) is the model's to correct (``worker.turn.unread_output``); any other
+        ends the turn ``failed``."""
         metrics.MODEL_CALL_SECONDS.labels(prepared.model).observe(elapsed)
-        metrics.model_call_finished(prepared.model, exc.status_code, failed=True)
+        metrics.model_call_finished(prepared.model, exc.status_code, failed=True, model_output=exc.model_output)
+        if exc.model_output:
+            return handle_unread_reply(self.rt, self.end, prepared, exc)
         if exc.retryable:
             raise exc
         ended = self.end.at_model_step(prepared.turn_id, prepared.step, TurnStatus.failed, str(exc))

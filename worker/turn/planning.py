@@ -9,6 +9,7 @@ from typing import Any, Callable, NamedTuple
 
 import orjson
 
+from worker.model.text_calls import TEXT_CALL_REPAIR
 from worker.tooling.arguments import DEFAULT_MAX_ARGUMENTS_BYTES, ArgumentsOutcome, validate_tool_arguments
 from worker.tooling.contract import WorkerTool
 from worker.tooling.oversized import MAX_CALL_ID_CHARS, cut_call_id_length
@@ -80,12 +81,21 @@ def plan_calls(
             )
             pre[call_id] = CallResult.error(out, "duplicate_call_id")
             continue
+        read = [f"{TEXT_CALL_REPAIR}:{fc['text_call']}"] if fc.get("text_call") else []
         tool = by_name.get(name)
         if tool is None:
             available = ", ".join(sorted(by_name)) or "(none)"
             out = f"Error: unknown tool {name!r}. Call one of the available tools by its exact name: {available}."
             planned.append(
-                PlannedCall(call_id, name, i, output=out, activity=f"Unknown tool {name}", error_kind="unknown_tool")
+                PlannedCall(
+                    call_id,
+                    name,
+                    i,
+                    output=out,
+                    activity=f"Unknown tool {name}",
+                    repairs=read,
+                    error_kind="unknown_tool",
+                )
             )
             pre[call_id] = CallResult.error(out, "unknown_tool")
             continue
@@ -121,7 +131,7 @@ def plan_calls(
                     mode=tool.execution_mode,
                     output=out,
                     activity=f"Rejected arguments for {name}",
-                    repairs=outcome.repairs,
+                    repairs=read + outcome.repairs,
                     error_kind="invalid_arguments",
                 )
             )
@@ -129,7 +139,7 @@ def plan_calls(
                 out,
                 "invalid_arguments",
                 kind=outcome.error_kind,
-                repairs=outcome.repairs,
+                repairs=read + outcome.repairs,
                 errors=[{"loc": e.loc, "msg": e.msg} for e in outcome.errors],
             )
             continue
@@ -141,7 +151,7 @@ def plan_calls(
                 mode=tool.execution_mode,
                 data=outcome.data,
                 activity=tool.activity(outcome.params),
-                repairs=outcome.repairs,
+                repairs=read + outcome.repairs,
                 destructive=tool.is_destructive,
                 computer=tool.needs_computer,
                 needs_approval=bool(approval and approval(tool, outcome.params)),

@@ -20,6 +20,8 @@ from typing import Any
 
 from worker.model.interface import ModelReply
 from worker.model.items import cut_replayed_arguments, normalize_reply_calls, user_message
+from worker.model.text_calls import calls_from_text
+from worker.tooling.schemas import source_schema
 from worker.turn import metrics, telemetry
 from worker.turn.approval_policy import approval_rule
 from worker.turn.completion import BatchCompletion
@@ -145,11 +147,15 @@ class ReplyHandler:
         items, calls = self._calls(prepared, reply)
         return self._tools_plan(prepared, reply, items, calls) if calls else None
 
-    @staticmethod
-    def _calls(prepared: PreparedStep, reply: ModelReply) -> tuple[Items, Items]:
-        """The reply's items to record and its function calls (``normalize_reply_calls``)."""
+    def _calls(self, prepared: PreparedStep, reply: ModelReply) -> tuple[Items, Items]:
+        """The reply's items to record and its function calls (``normalize_reply_calls``); calls
+        written in its text are read first (``worker.model.text_calls``, ``AGENT_MODEL_TEXT_CALLS``)."""
         history_ids = {str(i.get("call_id")) for i in prepared.history if i.get("type") == "function_call"}
-        return normalize_reply_calls([_clean_item(i) for i in reply.output], history_ids, prepared.step)
+        output = reply.output
+        if self.rt.settings.model_text_calls and prepared.tools:
+            output = calls_from_text(output, _offered_schemas(prepared), prepared.step) or output
+        items, calls = normalize_reply_calls(output, history_ids, prepared.step)
+        return [_clean_item(i) for i in items], calls
 
     def _plan(self, prepared: PreparedStep, reply: ModelReply, items: Items, calls: Items) -> StepOutcome:
         """Validate and record the reply's calls, then send the first batch."""
@@ -207,6 +213,12 @@ class ReplyHandler:
         if not self.gate.dispatch(turn_id, step, 0, plan, agent_id=request.agent_id):
             return StepOutcome("parked", "calls await approval")
         return StepOutcome("dispatched", detail)
+
+
+def _offered_schemas(prepared: PreparedStep) -> dict[str, dict[str, Any]]:
+    """The own parameter schemas of the tools the step's request offered (deferred ones once loaded)."""
+    loaded = set(prepared.state.loaded_tools)
+    return {t.name: source_schema(t) for t in prepared.tools if not t.defer_loading or t.name in loaded}
 
 
 def _clean_item(item: dict[str, Any]) -> dict[str, Any]:

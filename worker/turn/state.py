@@ -128,6 +128,7 @@ class StepView:
     reply: dict[str, Any] | None
     cancelled: bool
     claim: StepClaim = field(default_factory=StepClaim)
+    response_id: str | None = None  # a background response a former attempt started
 
 
 def event_json(kind: str, data: dict[str, Any]) -> bytes:
@@ -150,6 +151,9 @@ class TurnState:
     error: str | None = None
     terminate: bool = False
     finish_misses: int = 0
+    # Replies a model server refused to return (its parser failed on the model's output):
+    # worker.turn.unread_output.
+    unread_replies: int = 0
     invalid_counts: dict[str, int] = field(default_factory=dict)
     loaded_tools: list[str] = field(default_factory=list)
     created_at: float = 0.0
@@ -191,6 +195,7 @@ class TurnState:
             error=dec(g("error")),
             terminate=g("terminate", b"0") == b"1",
             finish_misses=int(g("finish_misses", b"0")),
+            unread_replies=int(g("unread_replies", b"0")),
             invalid_counts=orjson.loads(g("invalid_counts", b"{}")),
             loaded_tools=orjson.loads(g("loaded_tools", b"[]")),
             created_at=float(g("created_at", b"0")),
