@@ -108,7 +108,7 @@ def _hinted(raw: str, parsed: Any = None) -> bool:
     that could hide either: such text takes the object checks. For text that parsed to an object
     (``parsed``), the envelope test is its top-level keys (``ENVELOPE_KEYS``: one set operation,
     where the text test is five substring searches)."""
-    if "\\u" in raw or markup_hinted(raw):
+    if "\\" in raw and "\\u" in raw or markup_hinted(raw):
         return True
     if type(parsed) is dict:
         return not ENVELOPE_KEYS.isdisjoint(parsed)
@@ -283,15 +283,14 @@ def validate_tool_arguments(
         model is not None
         and type(raw) is str
         and len(raw) <= max_arguments_bytes // 4
-        and "\\u" not in raw
+        and ("\\" not in raw or "\\u" not in raw)  # one memchr first: most text has no backslash
         and not value_markup_hinted(raw)
-        and (len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH)
         and fast_path_eligible(model, raw)
     ):
         # Happy path: one strict pydantic-core pass over the text. With no field that takes a float,
         # what JSON forbids but pydantic-core accepts (NaN, Infinity, 1e400) cannot validate;
-        # without ``\\u`` escapes there is no lone surrogate; the bracket count bounds nesting;
-        # without ``<`` no value holds markup; ``extra="forbid"`` leaves every unknown key (so every
+        # without ``\\u`` escapes there is no lone surrogate; the bracket count (or a model whose
+        # schema bounds the depth) bounds nesting; without ``<`` no value holds markup; ``extra="forbid"`` leaves every unknown key (so every
         # markup key and every envelope) to the checked path, and a model with open maps is only
         # taken without any markup hint; 4 bytes per character bound the size.
         try:
