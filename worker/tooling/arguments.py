@@ -16,7 +16,9 @@
    ``Infinity``, ``1e400`` and lone surrogates: those go to the ladder, which refuses them).
    Valid JSON as sent keeps standard semantics for a repeated key (the last value wins);
    text that needs repair is held to more (a repeated key is refused).
-2. Text: an empty string means ``{}``; text that does not parse (or is a JSON
+2. Text: an empty string means ``{}``, and so does no value at all (``None``: Gemini omits a
+   no-argument call's ``args``; ``worker.model.items`` records it as ``""`` on every wire path);
+   the JSON text ``null`` is refused as not an object (case A09). Text that does not parse (or is a JSON
    string) climbs the text ladder (``worker.tooling.repair``); valid JSON that
    is not an object is refused.
 3. Object checks, the same for pydantic and raw-schema tools: a call envelope naming
@@ -51,7 +53,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import ValidationError
 
-from worker.tooling.coercion import coerce
+from worker.tooling.coercion import coerce, has_float_token, whole_numbers
 from worker.tooling.contract import WorkerTool
 from worker.tooling.json_checks import CUT_OFF_ERROR, MAX_NESTING_DEPTH, Refused, check_depth, too_deep_error
 from worker.tooling.keys import name_sent_keys, near_miss_error
@@ -85,14 +87,11 @@ MAX_UNWRAP = 2
 # Text that may hold a call envelope takes the envelope check. Plain substring tests (C speed;
 # one regex alternation over the text cost as much as the whole validation).
 _ENVELOPE_HINTS = (
-    '"tool_uses"',
-    '"tool_calls"',
+    '"tool_',  # tool_uses, tool_calls, tool_input
     '"function',
-    '"arguments"',
+    '"arg',  # arguments, args
     '"parameters"',
     '"input"',
-    '"args"',
-    '"tool_input"',
 )
 
 
@@ -229,15 +228,22 @@ def _failure(
 
 
 def _validate(
-    tool: WorkerTool[Any], data: dict[str, Any], info: Any
+    tool: WorkerTool[Any], data: dict[str, Any], info: Any, floats: bool = False
 ) -> tuple[Any, list[FieldError], dict[str, Any], list[str]]:
-    """Strict null handling + validation. Returns (params, errors, data_used, null_repairs)."""
+    """Strict null handling + validation. Returns (params, errors, data_used, repairs): the
+    ``null_as_omitted`` drops, and for a raw-schema tool whose arguments may hold a float
+    (``floats``) each integral float made the integer its ``integer`` field takes (``coerced:<f>``,
+    ``worker.tooling.coercion.whole_numbers``: the rule a pydantic tool gets from its ladder)."""
     notes: list[str] = []
     if tool.strict:
         dropped: list[str] = []
         data = omit_nulls(data, info.schema, info.resolve, "", dropped)
         notes = [f"null_as_omitted:{d}" for d in dropped]
-    params, errors = validate_params(tool, data)
+    params, errors = validate_params(tool, data, info)
+    if floats and not errors:
+        applied: list[str] = []
+        data = params = whole_numbers(data, info.schema, info.resolve, applied)
+        notes += [f"coerced:{a}" for a in applied]
     return params, errors, data, notes
 
 
@@ -285,7 +291,9 @@ def validate_tool_arguments(
         except ValidationError:
             pass
     try:
-        if not isinstance(raw, str):
+        if raw is None:
+            raw = ""  # no arguments at all (Gemini omits a no-argument call's args): as empty
+        elif not isinstance(raw, str):
             raw = orjson.dumps(raw).decode()
     except Exception:
         raw = repr(raw)
@@ -362,9 +370,10 @@ def _validate_tool_arguments(
     except Refused as exc:
         return _failure(tool, raw, "parse", str(exc), max_raw_echo)
 
-    params, errors, used, notes = _validate(tool, data, info)
+    floats = model is None and info.integers and has_float_token(raw)
+    params, errors, used, notes = _validate(tool, data, info, floats)
     if not errors:
-        if response_status == "incomplete" and repairs:
+        if response_status == "incomplete" and (repairs or any(n.startswith("coerced:") for n in notes)):
             return _failure(tool, raw, "cut_off", CUT_OFF_ERROR, max_raw_echo)
         return _success(tool, params, used, repairs + notes)
     if response_status == "incomplete":
@@ -372,7 +381,7 @@ def _validate_tool_arguments(
             return _failure(tool, raw, "cut_off", CUT_OFF_ERROR, max_raw_echo)
         errors = name_sent_keys(errors, used, info.schema, info.resolve)
         return _failure(tool, raw, "cut_off", "", max_raw_echo, errors=errors, data=used, repairs=notes)
-    found, shown = _object_ladder(tool, data, info)
+    found, shown = _object_ladder(tool, data, info, floats)
     if found is not None:
         params, used, names = found
         return _success(tool, params, used, repairs + names)
@@ -410,7 +419,7 @@ def _success(tool: WorkerTool[Any], params: Any, used: dict[str, Any], repairs: 
     )
 
 
-def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any) -> tuple[Any, Any]:
+def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any, floats: bool) -> tuple[Any, Any]:
     """The object rungs in their fixed order (module docstring, step 6).
 
     Returns ``((params, data_used, repairs), None)`` for the first candidate that
@@ -430,7 +439,7 @@ def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any) -> tu
                     break
                 cur, step = cand
                 names = names + step
-                p, e, used, notes = _validate(tool, cur, info)
+                p, e, used, notes = _validate(tool, cur, info, floats)
                 if not e:
                     return (p, used, names + notes), None
             if not names:
@@ -438,7 +447,7 @@ def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any) -> tu
         decoded, step = decode_encoded_fields(cur, info.schema, info.resolve)
         if step:
             cur, names = decoded, names + step
-            p, e, used, notes = _validate(tool, cur, info)
+            p, e, used, notes = _validate(tool, cur, info, floats)
             if not e:
                 return (p, used, names + notes), None
             if not unwrap:
@@ -447,7 +456,7 @@ def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any) -> tu
         coerced = coerce(cur, info.schema, info.resolve, applied)
         if applied:
             cur, names = coerced, names + [f"coerced:{a}" for a in applied]
-            p, e, used, notes = _validate(tool, cur, info)
+            p, e, used, notes = _validate(tool, cur, info, floats)
             if not e:
                 return (p, used, names + notes), None
             if not unwrap:
