@@ -189,3 +189,30 @@ def test_a_presence_only_root_reaches_openai_unchanged_and_others_in_words():
         assert "anyOf" not in params and "send at least one of: paths; scopes" in params["description"]
     strict = parameters_schema(dataclasses.replace(tool, strict=True), "openai")
     assert "anyOf" not in strict and "send at least one of: paths; scopes" in strict["description"]
+
+
+def test_the_pydantic_happy_path_skips_the_bracket_count_only_where_the_model_bounds_depth():
+    """Text nested deeper than the limit is refused on every path: a model whose schema bounds the
+    depth refuses it itself, any other (recursive, Any) gets the bracket count."""
+    from pydantic import BaseModel
+
+    from worker.tooling.model_flags import _bounded_depth
+
+    class Leaf(BaseModel):
+        n: int
+
+    class Flat(BaseModel):
+        items: list[Leaf]
+
+    class Tree(BaseModel):
+        children: list[Tree]
+
+    class Loose(BaseModel):
+        value: Any
+
+    assert _bounded_depth(Flat) and not _bounded_depth(Tree) and not _bounded_depth(Loose)
+    deep = '{"children": ' + '[{"children": ' * 150 + "[]" + "}]" * 150 + "}"
+    for model, raw in ((Tree, deep), (Loose, '{"value": ' + "[" * 150 + "]" * 150 + "}")):
+        tool = define_worker_tool(name="t", description="d", execute=lambda p, c: ToolResult("ok"), input_model=model)
+        out = validate_tool_arguments(tool, raw)
+        assert not out.ok and "nest" in out.error, out.error
