@@ -14,7 +14,7 @@ these apply to every tool, strict or not:
 | P3 | (strict) a multi-entry ``allOf`` is merged into its parent when the entries merge cleanly (the same keyword with different values, or a property defined differently in two entries, does not), else refused at definition naming the field | OpenAI: "In context=('properties', 'data'), 'allOf' is not permitted." (S03, github.com/makenotion/notion-mcp-server/issues/102) |
 | P4 | every object schema carries ``required`` (``[]`` when it requires nothing, e.g. a no-argument tool) | OpenAI-compatible relays: "Invalid schema for function 'get_goal': null is not of type "array"" (S05, github.com/aqiu817/dsh-llm-agentrouter/pull/2); strict sibling: yomo#860 |
 
-Each rule has a test in ``tests/test_wire_rules.py`` against the cases of
+Each rule has a test in ``tests/unit/tooling/test_wire_rules.py`` against the cases of
 ``tests/fixtures/cases/provider-schema-rejections.json`` and cases of our own.
 """
 
