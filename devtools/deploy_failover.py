@@ -53,8 +53,20 @@ def sentinel(*args: str) -> str:
 
 
 def primary() -> str:
-    """The primary the Sentinels name now (``""`` if none answered)."""
+    """The address of the primary the Sentinels name now (``""`` if none answered)."""
     return (sentinel("sentinel", "get-master-addr-by-name", "agent").split() or [""])[0]
+
+
+def server_addresses() -> dict[str, str]:
+    """``{address on backend: service}`` of the Redis servers: the Sentinels know the servers by
+    their fixed addresses (compose.yaml), the runtime's commands by their containers."""
+    found: dict[str, str] = {}
+    for server in REDIS_SERVERS:
+        info = json.loads(podman("inspect", container(server)).stdout)[0]
+        for net in (info.get("NetworkSettings", {}).get("Networks") or {}).values():
+            if net.get("IPAddress"):
+                found[net["IPAddress"]] = server
+    return found
 
 
 def replica_in_sync(server: str) -> bool:
@@ -150,10 +162,11 @@ def failover(dep: Deployment, kills: int = 3, turns: int = 6) -> str:
     report = FailoverReport()
     paid_before = gateway_requests()
     agents: list[tuple[str, str]] = []
+    servers = server_addresses()
     for k in range(kills):
         old = primary()
-        if old not in REDIS_SERVERS:
-            raise CheckFailed(f"the Sentinels name {old!r} as the primary")
+        if old not in servers:
+            raise CheckFailed(f"the Sentinels name {old!r} as the primary, not one of {servers}")
         ids = []
         for i in range(turns):
             agent = f"deploy-f{k}-{i}"
@@ -162,7 +175,7 @@ def failover(dep: Deployment, kills: int = 3, turns: int = 6) -> str:
         time.sleep(1.5)  # turns in flight: model calls, commands, records
         # SIGKILL at once (no grace: Redis saves nothing), and marked stopped so that the restart policy
         # does not bring it back as a primary before the Sentinels agree it is down (`podman kill` did).
-        podman("stop", "-t", "0", container(old))
+        podman("stop", "-t", "0", container(servers[old]))
         t0 = time.time()  # dead from here: a step written after this is on the new primary
         promoted_after = None
         deadline = time.monotonic() + 60
@@ -186,19 +199,24 @@ def failover(dep: Deployment, kills: int = 3, turns: int = 6) -> str:
                     report.failed.append(f"{turn_id} {view.get('status')}: {str(view.get('error'))[:120]}")
             else:
                 report.stuck.append(turn_id)
-        podman("start", container(old))
+        podman("start", container(servers[old]))
         deadline = time.monotonic() + 90
         while not replica_in_sync(old):
             if time.monotonic() > deadline:
                 raise CheckFailed(f"{old} did not come back as a replica in sync within 90 s")
             time.sleep(1)
         report.kills.append(
-            {"killed": old, "promoted": primary(), "promoted_after": promoted_after, "first_step_after": first_step}
+            {
+                "killed": servers[old],
+                "promoted": servers.get(now, now),
+                "promoted_after": promoted_after,
+                "first_step_after": first_step,
+            }
         )
         print(
-            f"           kill {k + 1}: {old} SIGKILLed; {primary()} promoted after {promoted_after:.1f} s; first step "
-            f"on it {'never' if first_step is None else f'after {first_step:.1f} s'}; {turns} turns ended; "
-            f"{old} back as a replica",
+            f"           kill {k + 1}: {servers[old]} ({old}) SIGKILLed; {servers.get(now, now)} promoted after "
+            f"{promoted_after:.1f} s; first step on it {'never' if first_step is None else f'after {first_step:.1f} s'}; "
+            f"{turns} turns ended; {servers[old]} back as a replica in sync",
             flush=True,
         )
     for agent, _turn in agents:

@@ -38,7 +38,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devtools.host_certificates import make_ca, make_server_cert
+from devtools.certificates import make_ca, make_cert
 from devtools.redis_configs import (
     MASTER_NAME,
     REDIS_PORT,
@@ -325,7 +325,8 @@ def write_deployment(
         folder = out / "machines" / m.name
         _write(folder / "ca.crt", ca_cert, 0o644)
         if m.has("redis") or m.has("sentinel"):
-            key, cert = make_server_cert(ca_key, ca_cert, m.name, m.address)
+            # What clients and Sentinels dial (its address, its name), and tools on the machine itself.
+            key, cert = make_cert(ca_key, ca_cert, m.name, (m.address, "127.0.0.1", m.name, "localhost"))
             _write(folder / "server.crt", cert, 0o644)
             _write(folder / "server.key", key)
         _write(folder / "host.env", env_text(host_env(dep, m, s, model_key, keys), f"{m.name}: devtools.host reads it"))

@@ -132,7 +132,7 @@ def tls_and_acl(run: Run) -> str:
     """From the operator: the ports refuse plaintext, an unknown CA and anonymous clients."""
     import redis
 
-    from devtools.host_certificates import make_ca
+    from devtools.certificates import make_ca
 
     def once(url: str, ca_file: str | None = None) -> Any:
         return _endpoint(url, run, ca_file).client(socket_timeout=3, socket_connect_timeout=3)

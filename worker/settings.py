@@ -213,6 +213,9 @@ class Settings(BaseSettings):
     model_text_calls: bool = True
     stream_flush_ms: float = Field(40.0, ge=0, le=2000)
 
+    # Tools sent deferred, behind tool_search (worker.tooling.tool_search.deferred_by_name):
+    # comma-separated name patterns, "!pattern" takes names back out ("*,!run_command": all but it).
+    defer_tools: str = ""
     # Extra named toolsets "name=module:function,..." allowed for turns (tests, plugins).
     extra_toolsets: str = ""
 

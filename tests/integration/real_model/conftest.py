@@ -49,3 +49,28 @@ def real_stack(request, llama_server):
             yield stack
         finally:
             stack.close()
+
+
+CATALOG_DEFERRED = "*,!run_command,!read_file,!write_file"
+"""``AGENT_DEFER_TOOLS`` of ``catalog_stack``: the text catalog with every tool but the three its
+turns need deferred behind ``tool_search`` (docs/real-model.md, "Deferred tools and prompt size")."""
+
+
+@pytest.fixture(scope="module", params=API_STYLES)
+def catalog_stack(request, llama_server):
+    """A private stack like ``real_stack`` for turns of the product's own text catalog, with
+    ``CATALOG_DEFERRED`` deferred; ``catalog_stack.style`` names the style."""
+    stack = PrivateStack(
+        OPENAI_API_STYLE=request.param,
+        OPENAI_BASE_URL=llama_server.base_url,
+        OPENAI_MODEL=MODEL_NAME,
+        AGENT_DEFER_TOOLS=CATALOG_DEFERRED,
+        AGENT_MAX_MODEL_CALLS="6",
+        AGENT_MODEL_TIMEOUT="300",
+    )
+    stack.style = request.param
+    try:
+        stack.start_worker(pool="solo", concurrency=1)
+        yield stack
+    finally:
+        stack.close()

@@ -17,7 +17,8 @@ import orjson
 import pytest
 
 from devtools.real_model import CACHE, TEMPLATE_FILE
-from tests.integration.real_model.toolset import FORECAST
+from tests.integration.real_model.toolset import FORECAST, City
+from worker.model.text_calls import read_text_calls
 from worker.turn.request import TurnStatus
 
 # A turn takes seconds on idle cores, minutes on a loaded 2-core machine (pyproject's 180 s is for the rest).
@@ -64,9 +65,20 @@ def test_a_real_turn_calls_the_tool_and_answers(real_stack):
     assert all(s["input_tokens"] > 0 and s["output_tokens"] > 0 for s in usage["steps"])
     assert usage["total"]["total_tokens"] == usage["total"]["input_tokens"] + usage["total"]["output_tokens"]
 
-    # Streamed: the arguments of each call and the final text arrived as deltas, and add up.
+    # Streamed: each call arrived as deltas that add up to it: its arguments' deltas, or, for a
+    # call the server returned as text (--skip-chat-parsing), the text deltas of its step, from
+    # which the runtime read it (worker.model.text_calls); and the final text too.
     deltas = [e for e in control.events(turn_id) if e["kind"] == "model_delta"]
+    planned = {e["call_id"]: e for e in control.events(turn_id) if e["kind"] == "call_planned"}
     for call in calls:
+        event = planned[call["call_id"]]
+        if any(r.startswith("text_call:") for r in event["repairs"]):
+            text = "".join(d["delta"] for d in deltas if d["type"] == "text" and d["step"] == event["step"])
+            read = read_text_calls(text, {"get_weather": City.model_json_schema()})[1]
+            assert [(c.name, orjson.loads(c.arguments)) for c in read][:1] == [
+                (call["name"], orjson.loads(call["arguments"]))
+            ]
+            continue
         pieces = [d["delta"] for d in deltas if d["type"] == "arguments" and d["call_id"] == call["call_id"]]
         assert pieces, f"no argument deltas for {call['call_id']}"
         assert orjson.loads("".join(pieces)) == orjson.loads(call["arguments"])
