@@ -12,7 +12,11 @@ subscriber that joins a stream already read gets ``backlog_from``/``backlog_to``
 everything after the cursor comes through its queue, so nothing is missed or sent twice.
 
 When Redis fails, the hub keeps its subscribers and cursors and retries (backoff up to 2 s):
-clients see a pause, then the events they missed, in order. A subscriber whose queue overflows
+clients see a pause, then the events they missed, in order. When Redis refuses the read itself (a
+``ResponseError``: a key that is not a stream, an id it does not take), the hub reads each stream
+alone once and drops the subscribers of the streams Redis refuses (marked ``lagging``): one bad
+stream never stops the others. Ids are checked before they reach the hub (``parse_event_id``), and
+``subscribe`` refuses any other. A subscriber whose queue overflows
 (a client not reading) is marked ``lagging`` and dropped: its client drains what it has, then
 resumes by reconnecting with its last event id.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -37,6 +42,24 @@ Event = tuple[str, str, dict[str, Any]]
 # A stream entry as our clients return it (RESP2, no ``decode_responses``): ``(id, {field: value})``
 # in bytes. redis-py's reply types also cover str replies and RESP3 shapes, so replies are cast.
 RawEntry = tuple[bytes, dict[bytes, bytes]]
+
+
+_EVENT_ID = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?", re.ASCII)
+MAX_PART = 2**64 - 1  # Redis stream ids are two unsigned 64-bit numbers
+
+
+def parse_event_id(value: str) -> str | None:
+    """A client's event id (``Last-Event-ID``, ``after``) as the stream id Redis takes
+    (``<ms>-<seq>``; a bare ``<ms>`` is ``<ms>-0``), or None when it is not one: ASCII digits only,
+    each part within Redis's unsigned 64-bit range. Checked before any id reaches Redis: one id
+    Redis refuses would fail the process's shared ``XREAD`` (``control.api.hub``)."""
+    m = _EVENT_ID.fullmatch(value)
+    if m is None:
+        return None
+    ms, seq = int(m.group(1)), int(m.group(2) or 0)
+    if ms > MAX_PART or seq > MAX_PART:
+        return None
+    return f"{ms}-{seq}"
 
 
 def id_tuple(stream_id: str) -> tuple[int, int]:
@@ -107,7 +130,10 @@ class StreamHub:
 
     def subscribe(self, key: str, after: str, queue: asyncio.Queue[Event] | None = None) -> Subscription:
         """Follow stream ``key`` from after id ``after`` (``"0-0"``: from its start); ``queue``: a
-        queue shared with the caller's other subscriptions (default: a new one)."""
+        queue shared with the caller's other subscriptions (default: a new one). Raises
+        ``ValueError`` for an ``after`` that is not a stream id Redis takes (``parse_event_id``)."""
+        if parse_event_id(after) is None:
+            raise ValueError(f"not a stream id: {after[:50]!r}")
         sub = Subscription(key, queue if queue is not None else asyncio.Queue(self.queue_size))
         subs = self._subs.get(key)
         if subs is None:
@@ -182,6 +208,13 @@ class StreamHub:
                     await self.r.xread(streams, count=self.count, block=self.block_ms),
                 )
                 backoff = 0.1
+            except redis.ResponseError as exc:
+                if await self._drop_unreadable():
+                    continue
+                log.warning("stream hub: Redis refused the read (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
             except (redis.RedisError, OSError) as exc:
                 log.warning("stream hub: Redis failed (%s); retrying in %.1fs", exc.__class__.__name__, backoff)
                 await asyncio.sleep(backoff)
@@ -194,3 +227,24 @@ class StreamHub:
                     self._wake_cursor = entries[-1][0].decode()
                     continue
                 self._deliver(key, entries)
+
+    async def _drop_unreadable(self) -> bool:
+        """Read each followed stream alone (no wait) and drop the subscribers of those Redis refuses;
+        True when some were dropped. Raises redis-py's connection errors."""
+        keys = list(self._cursor)
+        async with self.r.pipeline(transaction=False) as p:
+            for key in keys:
+                p.xread({key: self._cursor[key]}, count=1)
+            p.xread({self._wake_key: self._wake_cursor}, count=1)
+            replies = await p.execute(raise_on_error=False)
+        dropped = False
+        for key, reply in zip(keys, replies):
+            if isinstance(reply, redis.ResponseError):
+                log.warning("stream hub: dropping the readers of %s (%s)", key, reply)
+                for sub in self._subs.pop(key, set()):
+                    sub.lagging = True
+                self._cursor.pop(key, None)
+                dropped = True
+        if isinstance(replies[-1], redis.ResponseError):  # our own wake stream: start another
+            self._wake_key, self._wake_cursor, dropped = f"api:wake:{uuid.uuid4().hex}", "0-0", True
+        return dropped

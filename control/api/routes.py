@@ -14,8 +14,11 @@ from starlette.responses import StreamingResponse
 from control.api.auth import Caller, caller, turn_caller
 from control.api.errors import ApiError
 from control.api.feed import approvals_feed
-from control.api.sse import turn_events, valid_event_id
+from control.api.hub import parse_event_id
+from control.api.sse import turn_events
+from control.api.streams import CappedStream
 from control.client import INTERNAL_TOOLSETS, ControlPlane
+from worker.turn.events import EVENT_KINDS
 from worker.turn.listing import decode_cursor
 from worker.turn.request import END_HOOK_METADATA, TurnRequest, TurnStatus
 
@@ -257,34 +260,21 @@ async def stream_events(
 ) -> StreamingResponse:
     """The turn's events as server-sent events, from the start or after ``Last-Event-ID``; the
     stream ends after ``turn_finished``."""
-    position = last_event_id or after or "0-0"
-    if not valid_event_id(position):
-        raise ApiError(400, f"bad event id {position[:50]!r} (expected <ms>-<seq>)", param="Last-Event-ID")
-    state = request.app.state
-    streams = state.streams
-    if streams.get(c.token.id, 0) >= state.settings.max_streams_per_token:
-        raise ApiError(
-            429,
-            f"token {c.token.id} holds {state.settings.max_streams_per_token} event streams here already",
-            headers={"Retry-After": "5"},
-        )
+    given, param = (last_event_id, "Last-Event-ID") if last_event_id is not None else (after, "after")
+    position = parse_event_id(given) if given is not None else "0-0"
+    if position is None:
+        shown = (given or "")[:50]
+        raise ApiError(400, f"bad event id {shown!r}: expected <ms>-<seq>, two numbers below 2**64", param=param)
     want = frozenset(k for k in (kinds or "").split(",") if k) or None
+    unknown = sorted((want or set()) - EVENT_KINDS)
+    if unknown:
+        raise ApiError(
+            400, f"unknown event kind {unknown[0][:40]!r} (one of {', '.join(sorted(EVENT_KINDS))})", param="kinds"
+        )
+    state = request.app.state
     body = turn_events(state.hub, state.aredis, turn_id, position, heartbeat=state.settings.heartbeat, kinds=want)
-    return StreamingResponse(_counted(streams, c.token.id, body), media_type="text/event-stream", headers=_SSE_HEADERS)
-
-
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-async def _counted(streams: dict[str, int], token_id: str, body: Any) -> Any:
-    streams[token_id] = streams.get(token_id, 0) + 1
-    try:
-        async for chunk in body:
-            yield chunk
-    finally:
-        streams[token_id] -= 1
-        if not streams[token_id]:
-            del streams[token_id]
+    state.stream_caps.admit(c.token.id)  # last: nothing may raise between admitting and the response
+    return CappedStream(body, state.stream_caps, c.token.id)
 
 
 @router.get("/approvals", response_model=ApprovalList, responses=ERRORS)
@@ -307,9 +297,8 @@ async def approvals_events(request: Request, c: Caller = Depends(caller)) -> Str
     ``turn_id`` whenever a call starts waiting, is decided, or its turn ends; then list again."""
     state = request.app.state
     body = approvals_feed(state.hub, state.aredis, c.token, heartbeat=state.settings.heartbeat)
-    return StreamingResponse(
-        _counted(state.streams, c.token.id, body), media_type="text/event-stream", headers=_SSE_HEADERS
-    )
+    state.stream_caps.admit(c.token.id)
+    return CappedStream(body, state.stream_caps, c.token.id)
 
 
 @router.post("/turns/{turn_id}/approvals/{call_id}/approve", response_model=Approval, responses={**ERRORS, 409: {}})

@@ -12,6 +12,9 @@ Keys (the control plane's Redis):
   ``rate``/``burst`` (empty: the API's defaults), ``created_at``.
 - ``api:tokens`` hash: ``id`` -> sha256 hex (listing, revoking).
 - ``api:rate:<id>``: the token's GCRA state (theoretical arrival time, ms), expiring when idle.
+- ``api:authfail:<client address>``: failed authentications from that address in the current
+  window (a counter expiring with the window); at the limit, the address is refused with 429
+  before any token is looked up, until the window ends.
 
 ``authenticate`` is one Lua script: the token lookup, the rate limit and (optionally) the agent
 owning a turn, in one round trip per request.
@@ -43,6 +46,10 @@ def token_key(digest: str) -> str:
 
 def rate_key(token_id: str) -> str:
     return f"api:rate:{token_id}"
+
+
+def auth_fail_key(address: str) -> str:
+    return f"api:authfail:{address[:100]}"
 
 
 def digest(token: str) -> str:
@@ -84,22 +91,32 @@ class Token:
 
 @dataclass(frozen=True)
 class AuthResult:
-    """What ``TokenStore.authenticate`` found: no ``token`` (unknown or revoked); ``retry_after_ms``
-    above 0 when the token is over its rate; ``turn_agent``: the agent of the turn asked about
-    (None: unknown turn, or none asked)."""
+    """What ``TokenStore.authenticate`` found: no ``token`` (unknown or revoked, or the client
+    address is throttled: ``throttled_ms``, the time left); ``retry_after_ms`` above 0 when the
+    token is over its rate; ``turn_agent``: the agent of the turn asked about (None: unknown turn,
+    or none asked)."""
 
     token: Token | None
     retry_after_ms: int = 0
     turn_agent: str | None = None
+    throttled_ms: int = 0  # above 0: the client address is over its failed authentications
 
 
-# KEYS[1] token hash, KEYS[2] rate key, KEYS[3] (optional) turn hash (``worker.turn.keys.hash_key``).
-# ARGV[1] default rate (per second), ARGV[2] default burst, ARGV[3] the turn hash's agent field.
+# KEYS[1] token hash, KEYS[2] rate key, KEYS[3] the client address's failure counter, KEYS[4]
+# (optional) turn hash (``worker.turn.keys.hash_key``). ARGV[1] default rate (per second), ARGV[2]
+# default burst, ARGV[3] the turn hash's agent field, ARGV[4] failures allowed per window, ARGV[5]
+# the window (ms). An address at its failures is refused before the lookup ({3, ms left}); an
+# unknown token counts one failure ({0}).
 # GCRA: each request moves the theoretical arrival time (tat) on by 1/rate; a request is allowed
 # while tat - burst/rate <= now. Redis's clock (TIME) is the one clock of every API process.
 _AUTH_LUA = """
+local fails = tonumber(redis.call('GET', KEYS[3]) or '0')
+if fails >= tonumber(ARGV[4]) then return {3, math.max(redis.call('PTTL', KEYS[3]), 1)} end
 local rec = redis.call('HMGET', KEYS[1], 'id', 'name', 'agents', 'rate', 'burst', 'created_at')
-if not rec[1] then return {0} end
+if not rec[1] then
+  if redis.call('INCR', KEYS[3]) == 1 then redis.call('PEXPIRE', KEYS[3], ARGV[5]) end
+  return {0}
+end
 local rate = tonumber(rec[4]) or tonumber(ARGV[1])
 local burst = tonumber(rec[5]) or tonumber(ARGV[2])
 local t = redis.call('TIME')
@@ -110,7 +127,7 @@ if tat < now then tat = now end
 local new_tat = tat + interval
 local allow_at = new_tat - burst * interval
 local owner = false
-if #KEYS > 2 then owner = redis.call('HGET', KEYS[3], ARGV[3]) end
+if #KEYS > 3 then owner = redis.call('HGET', KEYS[4], ARGV[3]) end
 if allow_at > now then
   return {2, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', math.ceil(allow_at - now), owner}
 end
@@ -189,18 +206,31 @@ class TokenStore:
         return sorted(out, key=lambda t: t.created_at)
 
     # ----- request side (async) ----------------------------------------------
-    async def authenticate(self, token: str, *, rate: float, burst: int, turn_id: str | None = None) -> AuthResult:
+    async def authenticate(
+        self,
+        token: str,
+        *,
+        rate: float,
+        burst: int,
+        turn_id: str | None = None,
+        address: str = "unknown",
+        failures: int = 60,
+        window: float = 60.0,
+    ) -> AuthResult:
         """Look the token up, apply its rate limit and, given ``turn_id``, read the turn's agent;
-        one round trip. Raises ``redis.RedisError`` when Redis fails."""
-        if not token.startswith(PREFIX) or len(token) > 200:
-            return AuthResult(None)
-        parts = token[len(PREFIX) :].split("_", 1)
-        if len(parts) != 2:
-            return AuthResult(None)
-        keys = [token_key(digest(token)), rate_key(parts[0])]
+        one round trip. A token that is unknown (or not even shaped like one) counts a failure
+        for the client ``address``; once it has ``failures`` within ``window`` seconds, every
+        request from it is refused (``throttled_ms``) until the window ends. Raises
+        ``redis.RedisError`` when Redis fails."""
+        parts = token[len(PREFIX) :].split("_", 1) if token.startswith(PREFIX) else []
+        well_formed = len(parts) == 2 and len(token) <= 200
+        keys = [token_key(digest(token) if well_formed else "-"), rate_key(parts[0] if well_formed else "-")]
+        keys.append(auth_fail_key(address))
         if turn_id is not None:
             keys.append(hash_key(turn_id))
-        res = await self._auth(keys=keys, args=[rate, burst, AGENT_FIELD])
+        res = await self._auth(keys=keys, args=[rate, burst, AGENT_FIELD, failures, int(window * 1000)])
+        if res and res[0] == 3:
+            return AuthResult(None, throttled_ms=int(res[1]))
         if not res or res[0] == 0:
             return AuthResult(None)
         tok = Token.from_fields(*(_s(x) for x in res[1:7]))

@@ -79,6 +79,9 @@ def test_secrets_are_only_in_files_of_mode_0600(deployment: tuple[Path, hosts_co
             holds = [s for s in secrets.values() if s in text] or ("PRIVATE KEY" in text and ["a key"])
             assert private or not holds, f"{path.relative_to(out)} holds a secret with mode {oct(path.stat().st_mode)}"
     assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    # Every folder too: a machine's is copied with its mode to /srv/agent/config.
+    for folder in [out / "machines", *(out / "machines").iterdir()]:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
     # Redis's ACL file holds hashes only.
     acl = (out / "machines" / "m1" / "users.acl").read_text()
     assert secrets.worker not in acl and secrets.control not in acl and "#" in acl

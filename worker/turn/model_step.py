@@ -124,6 +124,7 @@ class ModelStep:
             log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
         model = request.model or self.rt.settings.model
         prepared = PreparedStep(turn_id, step, state, request, ctx, tools, view.items, lease, model, claimant)
+        prepared.response_id = view.response_id
         return self._memo(prepared, view) or self._claimed(prepared, view.claim)
 
     def _caps(self, turn_id: str, step: int, state: TurnState, request: TurnRequest) -> StepOutcome | None:

@@ -30,6 +30,10 @@ SCHEMAS = {
         "type": "object",
         "properties": {"n": {"type": "integer"}, "x": {"type": "number"}, "b": {"type": "boolean"}},
     },
+    "mode": {
+        "type": "object",
+        "properties": {"mode": {"enum": ["fast", "safe", "dry-run", "verbose", "quiet", "strict", "lenient"]}},
+    },
 }
 ROW = re.compile(r"^\| (?P<name>.+?) \| (?P<schema>\w+) \| `` (?P<raw>\".*\") `` \| (?P<res>.*) \|$")
 OK = re.compile(r"^`` (?P<data>.*) `` repairs `` (?P<repairs>.*) ``$")

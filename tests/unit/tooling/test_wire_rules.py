@@ -64,6 +64,8 @@ WIRE_CHECKS = {
     ),
     "has_required_array": lambda p, src: all(isinstance(n.get("required"), list) for n in _nodes(p) if _is_object(n)),
     "strict_valid": lambda p, src: strict_violations(p) == [],
+    "presence_kept": lambda p, src: p.get("oneOf", p.get("anyOf")) == src.get("oneOf", src.get("anyOf")),
+    "presence_in_description": lambda p, src: "one of: a; b" in p.get("description", ""),
 }
 
 
@@ -102,7 +104,7 @@ def test_our_provider_rule_case(case):
 
 
 def test_every_provider_rule_has_cases():
-    assert {c["rule"] for c in OURS} == {"P1", "P2", "P3", "P4"}
+    assert {c["rule"] for c in OURS} == {"P1", "P2", "P3", "P4", "P5"}
     assert set(PROVIDER_OUTCOME) == {c["id"] for c in PROVIDER}
 
 
