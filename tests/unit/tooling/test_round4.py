@@ -24,7 +24,7 @@ from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.schemas import function_definition, parameters_schema
 from worker.tooling.wire_profiles import PROVIDERS
 
-CASES_DIR = Path(__file__).parent / "fixtures" / "cases"
+CASES_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "cases"
 SHARED_ARGS = json.loads((CASES_DIR / "malformed-arguments-4.json").read_text())
 OUR_ARGS = json.loads((CASES_DIR / "ours-arguments-round4.json").read_text())
 SHARED_SCHEMAS = json.loads((CASES_DIR / "provider-schema-rejections-3.json").read_text())
