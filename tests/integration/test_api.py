@@ -78,7 +78,10 @@ OPEN_ROUTES = {
     ("GET", "/healthz"): 200,
     ("GET", "/ui"): 303,
     ("GET", "/ui/login"): 200,
-    ("POST", "/ui/session"): 422,  # the sign-in: the token comes in its body (none here; forged: 401 below)
+    (
+        "POST",
+        "/ui/session",
+    ): 400,  # the sign-in: the token comes in its body (none here: "a JSON object is required"; forged: 401 below)
     ("POST", "/ui/logout"): 303,
     ("GET", "/ui/approvals"): 303,  # to the sign-in form; the list itself needs the token
     ("GET", "/ui/static"): 404,  # a mount: the files it serves (none is named "x")
