@@ -1,8 +1,8 @@
 """The Grafana dashboard of the runtime, generated with ``grafanalib`` (PyPI) from ``PANELS``, never
 written by hand: ``python -m devtools.dashboard`` (``make dashboard``) writes
-``deploy/grafana/agent-runtime.json``, and ``tests/test_dashboard.py`` checks that the committed
-file is what this module generates and, against a real Prometheus scraping a real stack, that
-every panel's queries return data (docs/operations.md, "Dashboard").
+``deploy/grafana/agent-runtime.json``; ``tests/unit/devtools/test_dashboard.py`` checks that the
+committed file is what this module generates and ``tests/integration/test_dashboard.py``, against
+a real Prometheus scraping a real stack, that every panel's queries return data (docs/operations.md, "Dashboard").
 
 Queries read the series of ``worker/turn/metrics.py``, ``tasks/queue_metrics.py``,
 ``tasks/metrics.py`` and ``control/api/metrics.py``. Gauges read from Redis are served by every

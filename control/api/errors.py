@@ -42,6 +42,9 @@ TYPES = {
 }
 
 
+_JSON_NAMES = {"list": "an array", "str": "a string", "int": "a number", "float": "a number", "bool": "a boolean"}
+
+
 class ApiError(Exception):
     """An error answer: ``status``, ``message``, the offending ``param`` (a path) and headers."""
 
@@ -108,6 +111,9 @@ def install(app: FastAPI, retry_after: int) -> None:
         path, msg = first_validation_error(errors)
         if errors[0].get("type") == "json_invalid":
             return error_response(400, f"the body is not valid JSON: {msg}")
+        if tuple(errors[0].get("loc", ())) == ("body",):  # the body whole: none, or not an object
+            got = type(errors[0].get("input")).__name__ if errors[0].get("input") is not None else "nothing"
+            return error_response(400, f"a JSON object is required as the body (got {_JSON_NAMES.get(got, got)})")
         return error_response(422, f"{path}: {msg}" if path else msg, path or None)
 
     @app.exception_handler(StarletteHTTPException)

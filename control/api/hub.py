@@ -119,14 +119,16 @@ class StreamHub:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="stream-hub")
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 2.0) -> None:
+        """Stop reading. A read that does not end within ``grace`` seconds of its cancellation (a
+        blocked ``XREAD`` redis-py is still cleaning up after) is left to the client's closing:
+        a shutdown never hangs on it."""
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=grace)
+            if not done:
+                log.warning("stream hub: its read did not end within %.1fs of being cancelled", grace)
 
     def subscribe(self, key: str, after: str, queue: asyncio.Queue[Event] | None = None) -> Subscription:
         """Follow stream ``key`` from after id ``after`` (``"0-0"``: from its start); ``queue``: a

@@ -9,7 +9,8 @@ timing. The clear token is shown once, at creation.
 Keys (the control plane's Redis):
 
 - ``api:token:<sha256 hex>`` hash: ``id``, ``name``, ``agents`` (JSON list, or ``*`` for all),
-  ``rate``/``burst`` (empty: the API's defaults), ``created_at``.
+  ``rate``/``burst`` (empty: the API's defaults), ``created_at``, ``lower_approval`` (``1``: its
+  turn requests may ask for less approval than the server's ``AGENT_APPROVAL_MODE``).
 - ``api:tokens`` hash: ``id`` -> sha256 hex (listing, revoking).
 - ``api:rate:<id>``: the token's GCRA state (theoretical arrival time, ms), expiring when idle.
 - ``api:authfail:<client address>``: failed authentications from that address in the current
@@ -67,6 +68,7 @@ class Token:
     rate: float | None = None
     burst: int | None = None
     created_at: float = 0.0
+    lower_approval: bool = False  # may ask for less approval than AGENT_APPROVAL_MODE (an operator's grant)
 
     def covers(self, agent_id: str | None) -> bool:
         """True when this token may read and decide for ``agent_id``'s turns."""
@@ -81,12 +83,16 @@ class Token:
             "rate": self.rate,
             "burst": self.burst,
             "created_at": self.created_at,
+            "lower_approval": self.lower_approval,
         }
 
     @classmethod
-    def from_fields(cls, tid: str, name: str, agents: str, rate: str, burst: str, created: str = "0") -> "Token":
+    def from_fields(
+        cls, tid: str, name: str, agents: str, rate: str, burst: str, created: str = "0", lower: str = ""
+    ) -> "Token":
         scope = None if agents == ALL_AGENTS else frozenset(orjson.loads(agents))
-        return cls(tid, name, scope, float(rate) if rate else None, int(burst) if burst else None, float(created or 0))
+        rate_, burst_ = float(rate) if rate else None, int(burst) if burst else None
+        return cls(tid, name, scope, rate_, burst_, float(created or 0), lower == "1")
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,7 @@ class AuthResult:
 _AUTH_LUA = """
 local fails = tonumber(redis.call('GET', KEYS[3]) or '0')
 if fails >= tonumber(ARGV[4]) then return {3, math.max(redis.call('PTTL', KEYS[3]), 1)} end
-local rec = redis.call('HMGET', KEYS[1], 'id', 'name', 'agents', 'rate', 'burst', 'created_at')
+local rec = redis.call('HMGET', KEYS[1], 'id', 'name', 'agents', 'rate', 'burst', 'created_at', 'lower_approval')
 if not rec[1] then
   if redis.call('INCR', KEYS[3]) == 1 then redis.call('PEXPIRE', KEYS[3], ARGV[5]) end
   return {0}
@@ -129,10 +135,10 @@ local allow_at = new_tat - burst * interval
 local owner = false
 if #KEYS > 3 then owner = redis.call('HGET', KEYS[4], ARGV[3]) end
 if allow_at > now then
-  return {2, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', math.ceil(allow_at - now), owner}
+  return {2, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', math.ceil(allow_at - now), owner, rec[7] or ''}
 end
 redis.call('SET', KEYS[2], string.format('%.3f', new_tat), 'PX', math.ceil(new_tat - now) + 1000)
-return {1, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', 0, owner}
+return {1, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', 0, owner, rec[7] or ''}
 """
 
 
@@ -149,10 +155,17 @@ class TokenStore:
 
     # ----- operator side (sync) ----------------------------------------------
     def create(
-        self, name: str, agents: list[str] | None, *, rate: float | None = None, burst: int | None = None
+        self,
+        name: str,
+        agents: list[str] | None,
+        *,
+        rate: float | None = None,
+        burst: int | None = None,
+        lower_approval: bool = False,
     ) -> tuple[str, Token]:
         """Create a token for ``agents`` (None: all agents). Returns ``(clear_token, record)``; the
-        clear token is not stored anywhere. Raises ``ValueError`` for an empty name, an invalid agent
+        clear token is not stored anywhere. ``lower_approval``: its turn requests may ask for less
+        approval than the server's ``AGENT_APPROVAL_MODE`` (an operator's explicit grant). Raises ``ValueError`` for an empty name, an invalid agent
         id, an empty agent list, or a non-positive rate/burst."""
         if not name or not name.strip() or len(name) > 100:
             raise ValueError("a token needs a name of 1-100 characters (who or what uses it)")
@@ -176,13 +189,14 @@ class TokenStore:
             "rate": "" if rate is None else repr(float(rate)),
             "burst": "" if burst is None else str(int(burst)),
             "created_at": repr(now),
+            "lower_approval": "1" if lower_approval else "",
         }
         with self.r.pipeline(transaction=True) as p:
             p.hset(token_key(h), mapping=fields)
             p.hset(TOKENS_KEY, tid, h)
             p.execute()
         return clear, Token.from_fields(
-            tid, fields["name"], scope, fields["rate"], fields["burst"], fields["created_at"]
+            tid, fields["name"], scope, fields["rate"], fields["burst"], fields["created_at"], fields["lower_approval"]
         )
 
     def revoke(self, token_id: str) -> bool:
@@ -200,7 +214,7 @@ class TokenStore:
         """Every token's record, oldest first."""
         out = []
         for _tid, h in self.r.hgetall(TOKENS_KEY).items():
-            f = self.r.hmget(token_key(_s(h)), "id", "name", "agents", "rate", "burst", "created_at")
+            f = self.r.hmget(token_key(_s(h)), "id", "name", "agents", "rate", "burst", "created_at", "lower_approval")
             if f[0] is not None:
                 out.append(Token.from_fields(*map(_s, f)))
         return sorted(out, key=lambda t: t.created_at)
@@ -233,7 +247,8 @@ class TokenStore:
             return AuthResult(None, throttled_ms=int(res[1]))
         if not res or res[0] == 0:
             return AuthResult(None)
-        tok = Token.from_fields(*(_s(x) for x in res[1:7]))
+        tid, name, agents, rate_, burst_, created = (_s(x) for x in res[1:7])
+        tok = Token.from_fields(tid, name, agents, rate_, burst_, created, _s(res[9]) if len(res) > 9 else "")
         owner = _s(res[8]) or None
         return AuthResult(tok, int(res[7]) if res[0] == 2 else 0, owner)
 
