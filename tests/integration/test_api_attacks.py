@@ -144,8 +144,11 @@ async def _hub_survives_a_bad_stream(url: str) -> None:
         key, _eid, ev = await asyncio.wait_for(good_sub.queue.get(), timeout=5)
         assert key == good and ev == {"kind": "note"}
         assert bad_sub.lagging and hub.streams == 1  # the bad one was dropped alone
+        await client.xadd(good, {"e": b"{not json"})  # entries that are no event: skipped
+        await client.xadd(good, {"x": b"1"})
         await client.xadd(good, {"e": b'{"kind": "again"}'})
         assert (await asyncio.wait_for(good_sub.queue.get(), timeout=5))[2] == {"kind": "again"}
+        assert hub.running and good_sub.queue.empty()
     finally:
         await hub.stop()
         await client.delete(good, bad)

@@ -1,6 +1,7 @@
-"""The Chat Completions client (worker/model/chat.py): the mapping both ways, checked against the
-``openai`` package's typed params and objects, a streamed reply with arguments in fragments,
-``finish_reason: length``, and the scripted gateway's ``/chat/completions`` side."""
+"""Chat Completions as a wire format (worker/model/chat.py): the mapping both ways, checked against
+the ``openai`` package's typed params and objects, a streamed reply with arguments in fragments,
+``finish_reason: length``, and the shapes of the scripted gateway's ``/chat/completions`` side. A
+streamed call through the gateway itself: tests/integration/test_chat_gateway.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from openai.types.chat.completion_create_params import (
 from pydantic import TypeAdapter, ValidationError
 
 from devtools.chat_wire import chat_chunks, chat_completion
-from tests.support.scripts import fc, msg
 from worker.model.chat import (
     CHAT,
     ChatMappingError,
@@ -261,36 +261,6 @@ def test_gateway_chat_shapes_are_the_real_types():
         ChatCompletionChunk.model_validate(c)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 3
     assert chat_completion({**payload, "status": "incomplete"})["choices"][0]["finish_reason"] == "length"
-
-
-def test_streamed_parallel_calls_through_the_gateway(gateway, script_name):
-    args_a, args_b = '{"path": "src/a.py", "limit": 40}', '{"path": "src/b.py"}'
-    gateway.add_script(
-        script_name,
-        [{"output": [msg("Reading."), fc("read_file", args_a), fc("read_file", args_b)], "stream_chunk": 3}],
-    )
-    client = SyncModelClient(CHAT, gateway.base_url)
-    request = ModelRequest(
-        model=script_name, input=[{"type": "message", "role": "user", "content": "go"}], tools=[READ]
-    )
-    deltas: list[Delta] = []
-    streamed = client.stream(request, deltas.append)
-    whole = client.create(request)
-    assert streamed.output == whole.output and streamed.usage == whole.usage
-    assert [c["arguments"] for c in streamed.function_calls] == [args_a, args_b]
-    assert sum(1 for d in deltas if d.kind == "arguments" and d.output_index == 1) == -(-len(args_a) // 3)
-    raw = gateway.chat_requests[-2]
-    assert raw["stream"] is True and raw["stream_options"] == {"include_usage": True}
-    TypeAdapter(CompletionCreateParamsStreaming).validate_python(raw)
-
-
-def test_gateway_refuses_an_unanswered_tool_call_like_a_real_server(gateway, script_name):
-    gateway.add_script(script_name, [{"output": [msg("x")]}])
-    history = [{"type": "message", "role": "user", "content": "go"},
-               {"type": "function_call", "call_id": "call_z", "name": "read_file", "arguments": "{}"}]  # fmt: skip
-    with pytest.raises(GatewayError, match="HTTP 400.*call_z") as err:
-        SyncModelClient(CHAT, gateway.base_url).create(ModelRequest(model=script_name, input=history))
-    assert not err.value.retryable
 
 
 def test_the_setting_picks_the_wire(monkeypatch):
