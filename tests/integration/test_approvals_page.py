@@ -199,8 +199,9 @@ def test_the_approval_demo_walked_on_the_page(api, control, gateway, browser_con
         tid = http.post("/v1/turns", json=body).json()["turn_id"]
     wait_for(lambda: len(control.pending_approvals(turn_id=tid)) == 2, timeout=30)
     wait_for(lambda: any(e["kind"] == "call_completed" for e in control.events(tid)), timeout=30)  # ls ran
+    calls = {p["arguments"]["command"]: p["call_id"] for p in control.pending_approvals(turn_id=tid)}
     page = _sign_in(browser_context, api, token)
-    rm_build = page.locator(f'.card[data-turn="{tid}"]', has_text="rm -rf build/")
+    rm_build = page.locator(f'.card[data-call="{calls["rm -rf build/"]}"]')
     rm_build.wait_for()
     # its whole batch: ls build ran and failed, the other rm waits; the model's text of that reply
     ls = rm_build.locator(".sibling", has_text="ls build")
@@ -238,13 +239,13 @@ def test_the_approval_demo_walked_on_the_page(api, control, gateway, browser_con
     transcript.wait_for_selector("#live.on", timeout=15_000)
     assert transcript.locator("#status").inner_text() == "awaiting_approval"
     assert "No such file or directory" in transcript.locator(".entry.call.current", has_text="ls build").inner_text()
-    rm_notes = page.locator(f'.card[data-turn="{tid}"]:not(.decided)')
+    rm_notes = page.locator(f'.card[data-call="{calls["rm -f notes.md"]}"]')
     rm_notes.locator(".reason").fill("notes.md is the only copy")
     rm_notes.locator(".reject").click()
     rm_notes.locator(".decision").wait_for(timeout=15_000)
     transcript.wait_for_selector("#final", timeout=30_000)
     assert transcript.locator("#status").inner_text() == "completed"
-    assert transcript.locator("#live").inner_text() == "ended"
+    wait_for(lambda: transcript.locator("#live").inner_text() == "ended", timeout=10)
     assert transcript.locator("#final").inner_text().startswith("Done: build/ is gone")
     approvals = transcript.locator(".approval")
     assert (
