@@ -240,6 +240,11 @@ def test_the_approval_demo_walked_on_the_page(api, control, gateway, browser_con
     assert transcript.locator("#status").inner_text() == "awaiting_approval"
     assert "No such file or directory" in transcript.locator(".entry.call.current", has_text="ls build").inner_text()
     rm_notes = page.locator(f'.card[data-call="{calls["rm -f notes.md"]}"]')
+    transcript.evaluate(
+        """() => { const box = document.getElementById("streaming"); window.sawText = "";
+             new MutationObserver(() => { if (!box.hidden) window.sawText = box.textContent; })
+               .observe(box, {attributes: true, childList: true, subtree: true, characterData: true}); }"""
+    )
     rm_notes.locator(".reason").fill("notes.md is the only copy")
     rm_notes.locator(".reject").click()
     rm_notes.locator(".decision").wait_for(timeout=15_000)
@@ -247,6 +252,7 @@ def test_the_approval_demo_walked_on_the_page(api, control, gateway, browser_con
     assert transcript.locator("#status").inner_text() == "completed"
     wait_for(lambda: transcript.locator("#live").inner_text() == "ended", timeout=10)
     assert transcript.locator("#final").inner_text().startswith("Done: build/ is gone")
+    assert "Done: build/" in transcript.evaluate("window.sawText")  # the reply was shown as it streamed
     approvals = transcript.locator(".approval")
     assert (
         approvals.count() == 2 and "approved by paula" in approvals.nth(0).inner_text() + approvals.nth(1).inner_text()
