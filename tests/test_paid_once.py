@@ -4,7 +4,8 @@
   with the ``openai`` package's own client (create, the client going away, retrieve, resume a
   stream after a sequence number, cancel, the errors).
 - A turn node SIGKILLed while its call streams: with ``AGENT_MODEL_BACKGROUND=1`` the re-driven
-  step fetches the response the dead node started; the gateway generated the answer once.
+  step fetches the response the dead node started; the gateway generated the answer once. A
+  stream cut mid-way: the retry fetches the response too.
 - A turn cancelled while its background call streams: the response is cancelled by id (the
   provider stops generating; closing the connection would not stop it).
 - A planned stop (SIGTERM) while a call is in flight: the node waits for the call and stores its
@@ -105,6 +106,19 @@ def test_a_killed_node_s_call_is_fetched_not_paid_again(stack, gateway, script_n
     replies = [e for e in stack.control.events(tid) if e.get("kind") == "model_reply"]
     assert len(replies) == 1 and replies[0]["text"].startswith("a slow answer")
     assert gateway.background.responses[response_id].status == "completed"
+
+
+def test_a_cut_stream_is_resumed_by_id_not_paid_again(stack, gateway, script_name):
+    """The creating stream is cut after 5 deltas (a proxy or the network): the step's retry
+    fetches the response it started; one generation, one creating request."""
+    gateway.add_script(script_name, [{**_slow_step(30), "stream_break_after": 5}])
+    stack.start_worker(env=BACKGROUND)
+    tid = stack.control.enqueue({"agent_id": "bg-cut", "input": "go", "model": script_name})
+    view = stack.control.wait(tid, timeout=60)
+    assert view.status.value == "completed" and view.final_output == SLOW_TEXT
+    assert sum(1 for r in gateway.requests if r.get("model") == script_name) == 1
+    assert gateway.background.generated[(script_name, "go", 0)] == 1
+    assert any(e.get("kind") == "model_retry" for e in stack.control.events(tid))
 
 
 def test_a_cancelled_turn_cancels_its_background_response(stack, gateway, script_name):
