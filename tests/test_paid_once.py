@@ -75,6 +75,29 @@ def test_background_mode_speaks_the_responses_wire(gateway, script_name):
         client.responses.create(model=script_name, input="hi", background=True, store=False)
 
 
+def test_two_deliveries_that_find_the_same_dead_holder_take_the_step_over_once(redis_url):
+    """A re-drive and a message given back, both read the step claimed by a dead node: one takes it
+    over (and its node holds the turn), the other drops; before, both made the call (the soak saw
+    two answers made 10 ms apart for one step, background mode or not)."""
+    import uuid
+
+    import redis
+
+    from worker.turn.store import TurnStore
+
+    store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60)
+    tid = uuid.uuid4().hex
+    store.create(tid, {"agent_id": "takeover-a", "input": "x"}, [])
+    held = f"agent:node:test-{tid}:tasks"
+    assert store.claims.begin_step(tid, 0, "dead-owner", 30, held).claim.holder is None
+    first = store.claims.begin_step(tid, 0, "owner-1", 30, held)
+    second = store.claims.begin_step(tid, 0, "owner-2", 30, held)
+    assert first.claim.holder == second.claim.holder == "dead-owner"
+    assert store.claims.take_over_step(tid, 0, "owner-1", 30, "dead-owner", held) is True
+    assert store.claims.take_over_step(tid, 0, "owner-2", 30, "dead-owner", held) is False
+    assert store.claims.begin_step(tid, 0, "owner-3", 30, held).claim.holder == "owner-1"
+
+
 def _run_until_streaming(stack, gateway, script_name: str, agent: str) -> tuple[str, str]:
     """Enqueue a turn whose first answer streams slowly; its id and its background response id,
     once the node has recorded it (a moment after ``response.created``)."""
