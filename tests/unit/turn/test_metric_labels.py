@@ -57,6 +57,7 @@ def test_tool_call_error_classes_are_bounded():
         (False, {}, ("ok", "none")),
         (True, {"error": "exception", "type": "KeyError"}, ("error", "exception")),
         (True, {}, ("error", "tool_error")),
+        (True, {"error": "tool_error", "message": "missing.txt: no such file"}, ("error", "tool_error")),
         (True, {"error": "some new kind the runtime never wrote"}, ("error", "other")),
     ]
     for is_error, details, (outcome, error_class) in cases:
