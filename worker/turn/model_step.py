@@ -209,7 +209,7 @@ class ModelStep:
             prepared.model, prepared.turn_id, prepared.request.agent_id, prepared.step
         ) as span:
             try:
-                reply = self._create(prepared.turn_id, prepared.step, prepared.model_request)
+                reply = self._create(prepared.turn_id, prepared.step, prepared.model_request, prepared.model)
             except GatewayError as exc:
                 return self._refused(prepared, exc, time.perf_counter() - started)
             reply = within_caps(reply, self.rt.settings.max_arguments_bytes, prepared)
@@ -286,7 +286,7 @@ class ModelStep:
         calls = len(reply.function_calls)
         return ModelReplied(prepared.step, reply.status, reply.text[:1000], calls, round(elapsed * 1000, 1), usage)
 
-    def _create(self, turn_id: str, step: int, request: ModelRequest) -> ModelReply:
+    def _create(self, turn_id: str, step: int, request: ModelRequest, model: str) -> ModelReply:
         """The model call: streamed (deltas batched into the event stream) unless ``AGENT_MODEL_STREAM=0``."""
         assert self.client is not None
         settings = self.rt.settings
@@ -298,6 +298,7 @@ class ModelStep:
             lambda events: self.rt.store.add_events(turn_id, events),
             step=step,
             interval=settings.stream_flush_ms / 1000,
+            on_first=metrics.FIRST_TOKEN_SECONDS.labels(model).observe,
         )
 
     def _store(
