@@ -246,9 +246,18 @@ class StreamHub:
                     self._deliver(key, entries)
                 except Exception:  # a fault with one stream's entries: its readers go, the hub goes on
                     log.exception("stream hub: dropping the readers of %s", key)
-                    for sub in self._subs.pop(key, set()):
-                        sub.lagging = True
-                    self._cursor.pop(key, None)
+                    self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        """Stop reading ``key``: its subscribers are marked ``lagging`` and woken (an entry that
+        names no stream, id ``0-0``, which readers skip), so their clients end now."""
+        for sub in self._subs.pop(key, set()):
+            sub.lagging = True
+            try:
+                sub.queue.put_nowait(("", "0-0", {}))
+            except asyncio.QueueFull:
+                pass  # a full queue's reader is not waiting: it finds the flag when it has drained
+        self._cursor.pop(key, None)
 
     async def _drop_unreadable(self) -> bool:
         """Read each followed stream alone (no wait) and drop the subscribers of those Redis refuses;
@@ -263,9 +272,7 @@ class StreamHub:
         for key, reply in zip(keys, replies):
             if isinstance(reply, redis.ResponseError):
                 log.warning("stream hub: dropping the readers of %s (%s)", key, reply)
-                for sub in self._subs.pop(key, set()):
-                    sub.lagging = True
-                self._cursor.pop(key, None)
+                self._drop(key)
                 dropped = True
         if isinstance(replies[-1], redis.ResponseError):  # our own wake stream: start another
             self._wake_key, self._wake_cursor, dropped = f"api:wake:{uuid.uuid4().hex}", "0-0", True

@@ -144,6 +144,7 @@ async def _hub_survives_a_bad_stream(url: str) -> None:
         key, _eid, ev = await asyncio.wait_for(good_sub.queue.get(), timeout=5)
         assert key == good and ev == {"kind": "note"}
         assert bad_sub.lagging and hub.streams == 1  # the bad one was dropped alone
+        assert bad_sub.queue.get_nowait() == ("", "0-0", {})  # and its reader woken to end now
         await client.xadd(good, {"e": b"{not json"})  # entries that are no event: skipped
         await client.xadd(good, {"x": b"1"})
         await client.xadd(good, {"e": b'{"kind": "again"}'})

@@ -142,6 +142,7 @@ def test_bad_filters_answer_400_in_the_error_shape(api, fleet):
     err = _error(c.get("/v1/turns", params={"status": "bogus"}), 400)
     assert err["param"] == "status" and "bogus" in err["message"] and "awaiting_approval" in err["message"]
     assert _error(c.get("/v1/turns", params={"cursor": "not-a-cursor"}), 400)["param"] == "cursor"
+    assert _error(c.get("/v1/turns", params={"agent_id": "a:b"}), 400)["param"] == "agent_id"
     assert _error(c.get("/v1/turns", params={"limit": 0}), 422)["param"] == "limit"
     assert _error(c.get("/v1/turns", params={"limit": 201}), 422)["param"] == "limit"
     assert _error(c.get("/v1/turns", params={"created_after": "soon"}), 422)["param"] == "created_after"

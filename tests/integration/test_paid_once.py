@@ -4,7 +4,8 @@
   with the ``openai`` package's own client (create, the client going away, retrieve, resume a
   stream after a sequence number, cancel, the errors).
 - A turn node SIGKILLed while its call streams: with ``AGENT_MODEL_BACKGROUND=1`` the re-driven
-  step fetches the response the dead node started; the gateway generated the answer once.
+  step fetches the response the dead node started; the gateway generated the answer once. A
+  stream cut mid-way: the retry fetches the response too.
 - A turn cancelled while its background call streams: the response is cancelled by id (the
   provider stops generating; closing the connection would not stop it).
 - A planned stop (SIGTERM) while a call is in flight: the node waits for the call and stores its
@@ -74,6 +75,29 @@ def test_background_mode_speaks_the_responses_wire(gateway, script_name):
         client.responses.create(model=script_name, input="hi", background=True, store=False)
 
 
+def test_two_deliveries_that_find_the_same_dead_holder_take_the_step_over_once(redis_url):
+    """A re-drive and a message given back, both read the step claimed by a dead node: one takes it
+    over (and its node holds the turn), the other drops; before, both made the call (the soak saw
+    two answers made 10 ms apart for one step, background mode or not)."""
+    import uuid
+
+    import redis
+
+    from worker.turn.store import TurnStore
+
+    store = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60)
+    tid = uuid.uuid4().hex
+    store.create(tid, {"agent_id": "takeover-a", "input": "x"}, [])
+    held = f"agent:node:test-{tid}:tasks"
+    assert store.claims.begin_step(tid, 0, "dead-owner", 30, held).claim.holder is None
+    first = store.claims.begin_step(tid, 0, "owner-1", 30, held)
+    second = store.claims.begin_step(tid, 0, "owner-2", 30, held)
+    assert first.claim.holder == second.claim.holder == "dead-owner"
+    assert store.claims.take_over_step(tid, 0, "owner-1", 30, "dead-owner", held) is True
+    assert store.claims.take_over_step(tid, 0, "owner-2", 30, "dead-owner", held) is False
+    assert store.claims.begin_step(tid, 0, "owner-3", 30, held).claim.holder == "owner-1"
+
+
 def _run_until_streaming(stack, gateway, script_name: str, agent: str) -> tuple[str, str]:
     """Enqueue a turn whose first answer streams slowly; its id and its background response id,
     once the node has recorded it (a moment after ``response.created``)."""
@@ -105,6 +129,19 @@ def test_a_killed_node_s_call_is_fetched_not_paid_again(stack, gateway, script_n
     replies = [e for e in stack.control.events(tid) if e.get("kind") == "model_reply"]
     assert len(replies) == 1 and replies[0]["text"].startswith("a slow answer")
     assert gateway.background.responses[response_id].status == "completed"
+
+
+def test_a_cut_stream_is_resumed_by_id_not_paid_again(stack, gateway, script_name):
+    """The creating stream is cut after 5 deltas (a proxy or the network): the step's retry
+    fetches the response it started; one generation, one creating request."""
+    gateway.add_script(script_name, [{**_slow_step(30), "stream_break_after": 5}])
+    stack.start_worker(env=BACKGROUND)
+    tid = stack.control.enqueue({"agent_id": "bg-cut", "input": "go", "model": script_name})
+    view = stack.control.wait(tid, timeout=60)
+    assert view.status.value == "completed" and view.final_output == SLOW_TEXT
+    assert sum(1 for r in gateway.requests if r.get("model") == script_name) == 1
+    assert gateway.background.generated[(script_name, "go", 0)] == 1
+    assert any(e.get("kind") == "model_retry" for e in stack.control.events(tid))
 
 
 def test_a_cancelled_turn_cancels_its_background_response(stack, gateway, script_name):

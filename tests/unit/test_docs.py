@@ -439,3 +439,15 @@ def test_every_snapshot_claim_names_a_test_that_exists(doc, heading):
         assert named, f"{doc.name}: this claim names no test: {claim[:200]!r}"
         for module, function in named:
             assert function in _test_functions(module), f"{doc.name}: {module}::{function} does not exist"
+
+
+def test_architecture_lists_every_event_kind_a_reader_may_ask_for():
+    """The kinds ``GET /v1/turns/{id}/events?kinds=`` accepts (``worker.turn.events.EVENT_KINDS``)
+    are the ones docs/architecture.md's "Events" lists, and every typed event record's kind is one."""
+    from worker.turn import events
+
+    section = _section((DOCS / "architecture.md").read_text(), "## Events")
+    listed = set(re.findall(r"`([a-z]+(?:_[a-z]+)+)`", section.split("The main ones", 1)[0]))
+    assert listed == set(events.EVENT_KINDS)
+    typed = {cls.KIND for cls in vars(events).values() if isinstance(cls, type) and getattr(cls, "KIND", "")}
+    assert typed and typed <= events.EVENT_KINDS, typed - events.EVENT_KINDS

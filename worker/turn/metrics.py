@@ -17,7 +17,7 @@ Names and labels (docs/operations.md, "Metrics"):
 - ``agent_argument_repairs_total{kind}``, ``agent_invalid_calls_total{tool,kind}``;
 - ``agent_tokens_total{model,kind}`` (kind: input, output, cached, reasoning);
 - ``agent_watchdog_redrives_total``;
-- ``agent_replica_ack_misses_total{write}`` (``worker.turn.durability``: ``claim``, ``memo``);
+- ``agent_replica_ack_misses_total{write}`` (``worker.turn.durability``: ``claim``, ``memo``, ``response``);
 - ``agent_turns_in_flight`` (served by ``tasks.metrics`` from Redis at scrape time).
 
 Label values are bounded: a tool name the turn does not offer is counted as ``(unknown)``;

@@ -179,7 +179,10 @@ class ModelStep:
         if not self.rt.liveness.owner_is_dead(claim.holder):
             return False
         store, turn_id, step = self.rt.store, prepared.turn_id, prepared.step
-        store.claims.take_over_step(turn_id, step, prepared.owner, prepared.lease)
+        if not store.claims.take_over_step(
+            turn_id, step, prepared.owner, prepared.lease, claim.holder, held_key(node())
+        ):
+            return False  # another delivery took the dead holder's step over first
         try:  # the dead holder may have died before its turn was marked running
             store.mark_running(turn_id, step, event={"agent_id": prepared.request.agent_id})
         except StaleStep:
