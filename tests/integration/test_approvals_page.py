@@ -179,4 +179,3 @@ def test_a_token_for_another_agent_sees_nothing(api, control, gateway, script_na
     assert control.pending_approvals(turn_id=tid)[0]["status"] == "pending"
     control.cancel(tid)
     page.close()
-
