@@ -186,7 +186,7 @@ def test_a_token_for_another_agent_sees_nothing(api, control, gateway, script_na
 def test_the_approval_demo_walked_on_the_page(api, control, gateway, browser_context):
     """The approval demo's script on an agent without a ``build/`` folder: ``ls build`` runs at once
     and fails while both ``rm`` calls wait."""
-    gateway.load_dir(Path(__file__).resolve().parent.parent / "scripts")
+    gateway.load_dir(Path(__file__).resolve().parents[2] / "scripts")
     agent = f"page-{uuid.uuid4().hex[:6]}"
     token = api.token([agent])
     with api.client(token) as http:
