@@ -3,8 +3,10 @@ browser``, a prerequisite of ``make test``), against the API server and the suit
 
 A parked turn appears on the page with its context and is approved there, and the turn
 completes; a card that appears live is rejected with a reason that reaches the model; edited
-arguments show a diff and run (a destructive call confirmed in the card first); every decision
-stays visible on its card; a token for another agent sees nothing.
+arguments show a diff and run; a token for another agent sees nothing. The approval demo walked
+on the page: the card shows its whole batch (the `ls build` that already ran and failed), a
+confirmation guards `rm -rf`, the decision stays visible, and the turn's transcript page follows
+the turn live to its end; the turns list links to it.
 """
 
 from __future__ import annotations
@@ -178,4 +180,93 @@ def test_a_token_for_another_agent_sees_nothing(api, control, gateway, script_na
     assert status == 403
     assert control.pending_approvals(turn_id=tid)[0]["status"] == "pending"
     control.cancel(tid)
+    page.close()
+
+
+def test_the_approval_demo_walked_on_the_page(api, control, gateway, browser_context):
+    """The approval demo's script on an agent without a ``build/`` folder: ``ls build`` runs at once
+    and fails while both ``rm`` calls wait."""
+    gateway.load_dir(Path(__file__).resolve().parents[2] / "scripts")
+    agent = f"page-{uuid.uuid4().hex[:6]}"
+    token = api.token([agent])
+    with api.client(token) as http:
+        body = {
+            "agent_id": agent,
+            "input": "clean up build",
+            "model": "demo-approval",
+            "approval": {"mode": "declared"},
+        }
+        tid = http.post("/v1/turns", json=body).json()["turn_id"]
+    wait_for(lambda: len(control.pending_approvals(turn_id=tid)) == 2, timeout=30)
+    wait_for(lambda: any(e["kind"] == "call_completed" for e in control.events(tid)), timeout=30)  # ls ran
+    calls = {p["arguments"]["command"]: p["call_id"] for p in control.pending_approvals(turn_id=tid)}
+    page = _sign_in(browser_context, api, token)
+    rm_build = page.locator(f'.card[data-call="{calls["rm -rf build/"]}"]')
+    rm_build.wait_for()
+    # its whole batch: ls build ran and failed, the other rm waits; the model's text of that reply
+    ls = rm_build.locator(".sibling", has_text="ls build")
+    assert "No such file or directory" in ls.locator(".output").inner_text()
+    assert "waits for a decision" in rm_build.locator(".sibling", has_text="rm -f notes.md").inner_text()
+    assert "(this call)" in rm_build.locator(".sibling.self").inner_text()
+    assert rm_build.locator(".asking").inner_text().startswith("Let me see what the build folder holds")
+    assert orjson.loads(rm_build.locator(".params").input_value())["command"] == "rm -rf build/"  # as validated
+    assert rm_build.locator(".raw pre").is_hidden()  # the raw arguments are a click away
+    rm_build.locator(".raw summary").click()
+    assert orjson.loads(rm_build.locator(".raw pre").inner_text()) == {"command": "rm -rf build/"}
+    assert "ago" in rm_build.locator("time.requested").inner_text()
+    assert rm_build.locator(".enqueued-by").inner_text().startswith("token test-")
+    # a destructive call: Approve asks for a confirmation first, and nothing is decided until then
+    page.fill("#by", "paula")
+    rm_build.locator(".approve").click()
+    rm_build.locator(".confirm").wait_for()
+    assert "rm -rf build/" in rm_build.locator(".confirm").inner_text()
+    assert (
+        control.pending_approvals(turn_id=tid)[0]["status"] == "pending"
+        and len(control.pending_approvals(turn_id=tid)) == 2
+    )
+    rm_build.locator(".confirm-no").click()
+    assert rm_build.locator(".confirm").is_hidden() and len(control.pending_approvals(turn_id=tid)) == 2
+    rm_build.locator(".approve").click()
+    rm_build.locator(".confirm-yes").click()
+    record = rm_build.locator(".decision")
+    record.wait_for(timeout=15_000)
+    assert record.inner_text().startswith("approved by paula, ")
+    assert record.inner_text().endswith("runs when the other call is decided")
+    wait_for(lambda: len(control.pending_approvals(turn_id=tid)) == 1, timeout=10)
+    # the turn's transcript page, opened from the card while the turn waits, follows it to its end
+    transcript = browser_context.new_page()
+    transcript.goto(f"{api.base_url}{rm_build.locator('a.turn-link').get_attribute('href')}")
+    transcript.wait_for_selector("#live.on", timeout=15_000)
+    assert transcript.locator("#status").inner_text() == "awaiting_approval"
+    assert "No such file or directory" in transcript.locator(".entry.call.current", has_text="ls build").inner_text()
+    rm_notes = page.locator(f'.card[data-call="{calls["rm -f notes.md"]}"]')
+    transcript.evaluate(
+        """() => { const box = document.getElementById("streaming"); window.sawText = "";
+             new MutationObserver(() => { if (!box.hidden) window.sawText = box.textContent; })
+               .observe(box, {attributes: true, childList: true, subtree: true, characterData: true}); }"""
+    )
+    rm_notes.locator(".reason").fill("notes.md is the only copy")
+    rm_notes.locator(".reject").click()
+    rm_notes.locator(".decision").wait_for(timeout=15_000)
+    transcript.wait_for_selector("#final", timeout=30_000)
+    assert transcript.locator("#status").inner_text() == "completed"
+    wait_for(lambda: transcript.locator("#live").inner_text() == "ended", timeout=10)
+    assert transcript.locator("#final").inner_text().startswith("Done: build/ is gone")
+    assert "Done: build/" in transcript.evaluate("window.sawText")  # the reply was shown as it streamed
+    approvals = transcript.locator(".approval")
+    assert (
+        approvals.count() == 2 and "approved by paula" in approvals.nth(0).inner_text() + approvals.nth(1).inner_text()
+    )
+    assert "tokens:" in transcript.locator("#usage").inner_text()
+    outputs = transcript.locator(".entry.call .output").all_inner_texts()
+    assert any("No such file or directory" in o for o in outputs) and any(
+        "notes.md is the only copy" in o for o in outputs
+    )
+    # the card shows the turn's progress to its end; the turns list links to the transcript
+    wait_for(lambda: "turn completed" in rm_build.locator(".progress").inner_text(), timeout=15)
+    page.goto(f"{api.base_url}/ui/turns")
+    row = page.locator(f'tr.turn[data-turn="{tid}"]')
+    assert "completed" in row.inner_text() and "clean up build" in row.inner_text()
+    assert row.locator("a.turn-link").get_attribute("href") == f"/ui/turns/{tid}"
+    transcript.close()
     page.close()
