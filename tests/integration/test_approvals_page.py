@@ -205,21 +205,21 @@ def test_the_approval_demo_walked_on_the_page(api, control, gateway, browser_con
     rm_build.wait_for()
     # its whole batch: ls build ran and failed, the other rm waits; the model's text of that reply
     ls = rm_build.locator(".sibling", has_text="ls build")
-    assert "No such file or directory" in ls.locator(".output").inner_text()
-    assert "waits for a decision" in rm_build.locator(".sibling", has_text="rm -f notes.md").inner_text()
-    assert "(this call)" in rm_build.locator(".sibling.self").inner_text()
-    assert rm_build.locator(".asking").inner_text().startswith("Let me see what the build folder holds")
+    assert "No such file or directory" in ls.locator(".output").text_content()
+    assert "waits for a decision" in rm_build.locator(".sibling", has_text="rm -f notes.md").text_content()
+    assert "(this call)" in rm_build.locator(".sibling.self").text_content()
+    assert rm_build.locator(".asking").text_content().startswith("Let me see what the build folder holds")
     assert orjson.loads(rm_build.locator(".params").input_value())["command"] == "rm -rf build/"  # as validated
     assert rm_build.locator(".raw pre").is_hidden()  # the raw arguments are a click away
     rm_build.locator(".raw summary").click()
-    assert orjson.loads(rm_build.locator(".raw pre").inner_text()) == {"command": "rm -rf build/"}
-    assert "ago" in rm_build.locator("time.requested").inner_text()
-    assert rm_build.locator(".enqueued-by").inner_text().startswith("token test-")
+    assert orjson.loads(rm_build.locator(".raw pre").text_content()) == {"command": "rm -rf build/"}
+    assert "ago" in rm_build.locator("time.requested").text_content()
+    assert rm_build.locator(".enqueued-by").text_content().startswith("token test-")
     # a destructive call: Approve asks for a confirmation first, and nothing is decided until then
     page.fill("#by", "paula")
     rm_build.locator(".approve").click()
     rm_build.locator(".confirm").wait_for()
-    assert "rm -rf build/" in rm_build.locator(".confirm").inner_text()
+    assert "rm -rf build/" in rm_build.locator(".confirm").text_content()
     assert (
         control.pending_approvals(turn_id=tid)[0]["status"] == "pending"
         and len(control.pending_approvals(turn_id=tid)) == 2
@@ -230,15 +230,15 @@ def test_the_approval_demo_walked_on_the_page(api, control, gateway, browser_con
     rm_build.locator(".confirm-yes").click()
     record = rm_build.locator(".decision")
     record.wait_for(timeout=15_000)
-    assert record.inner_text().startswith("approved by paula, ")
-    assert record.inner_text().endswith("runs when the other call is decided")
+    assert record.text_content().startswith("approved by paula, ")
+    assert record.text_content().endswith("runs when the other call is decided")
     wait_for(lambda: len(control.pending_approvals(turn_id=tid)) == 1, timeout=10)
     # the turn's transcript page, opened from the card while the turn waits, follows it to its end
     transcript = browser_context.new_page()
     transcript.goto(f"{api.base_url}{rm_build.locator('a.turn-link').get_attribute('href')}")
     transcript.wait_for_selector("#live.on", timeout=15_000)
-    assert transcript.locator("#status").inner_text() == "awaiting_approval"
-    assert "No such file or directory" in transcript.locator(".entry.call.current", has_text="ls build").inner_text()
+    assert transcript.locator("#status").text_content() == "awaiting_approval"
+    assert "No such file or directory" in transcript.locator(".entry.call.current", has_text="ls build").text_content()
     rm_notes = page.locator(f'.card[data-call="{calls["rm -f notes.md"]}"]')
     transcript.evaluate(
         """() => { const box = document.getElementById("streaming"); window.sawText = "";
@@ -249,24 +249,25 @@ def test_the_approval_demo_walked_on_the_page(api, control, gateway, browser_con
     rm_notes.locator(".reject").click()
     rm_notes.locator(".decision").wait_for(timeout=15_000)
     transcript.wait_for_selector("#final", timeout=30_000)
-    assert transcript.locator("#status").inner_text() == "completed"
-    wait_for(lambda: transcript.locator("#live").inner_text() == "ended", timeout=10)
-    assert transcript.locator("#final").inner_text().startswith("Done: build/ is gone")
+    assert transcript.locator("#status").text_content() == "completed"
+    wait_for(lambda: transcript.locator("#live").text_content() == "ended", timeout=10)
+    assert transcript.locator("#final").text_content().startswith("Done: build/ is gone")
     assert "Done: build/" in transcript.evaluate("window.sawText")  # the reply was shown as it streamed
     approvals = transcript.locator(".approval")
     assert (
-        approvals.count() == 2 and "approved by paula" in approvals.nth(0).inner_text() + approvals.nth(1).inner_text()
+        approvals.count() == 2
+        and "approved by paula" in approvals.nth(0).text_content() + approvals.nth(1).text_content()
     )
-    assert "tokens:" in transcript.locator("#usage").inner_text()
+    assert "tokens:" in transcript.locator("#usage").text_content()
     outputs = transcript.locator(".entry.call .output").all_inner_texts()
     assert any("No such file or directory" in o for o in outputs) and any(
         "notes.md is the only copy" in o for o in outputs
     )
     # the card shows the turn's progress to its end; the turns list links to the transcript
-    wait_for(lambda: "turn completed" in rm_build.locator(".progress").inner_text(), timeout=15)
+    wait_for(lambda: "turn completed" in rm_build.locator(".progress").text_content(), timeout=15)
     page.goto(f"{api.base_url}/ui/turns")
     row = page.locator(f'tr.turn[data-turn="{tid}"]')
-    assert "completed" in row.inner_text() and "clean up build" in row.inner_text()
+    assert "completed" in row.text_content() and "clean up build" in row.text_content()
     assert row.locator("a.turn-link").get_attribute("href") == f"/ui/turns/{tid}"
     transcript.close()
     page.close()
