@@ -11,8 +11,10 @@ a Redis crash (SIGKILL, restarted after 1-3 s; at least ``--redis-restarts`` of 
 
 Printed at the end: turns lost (unknown), stuck (not ended), failed; destructive calls run twice
 (a marker line twice); model calls paid twice (two complete answers for one step of one turn,
-split into "after a worker kill" (the reply died with the process before it was stored) and
-"otherwise", which the runtime must keep at 0); unanswered calls in ended turns; recovery latency
+split into "after a worker kill" (the call, or its reply, died with the process before the reply
+was stored: 0 with ``--background on``, the default, where the re-driven step fetches the response
+the dead process started; possible with ``--background off``) and "otherwise", which the runtime
+must keep at 0); unanswered calls in ended turns; recovery latency
 after each SIGKILL of a worker main process (from the kill to the watchdog's re-drive of its
 turns: min/median/max); whether the workers and beat are alive at the end.
 
@@ -89,8 +91,10 @@ class Gateway:
 
     def __init__(self, scripts: Path, log: Path, latency: float, logdir: Path):
         self.port = free_port()
+        # Background responses it finished outlive a kill of the gateway, as a provider's store.
         self.cmd = [sys.executable, "-m", "devtools.scripted_gateway", "--port", str(self.port),
-                    "--scripts", str(scripts), "--latency", str(latency), "--answer-log", str(log)]  # fmt: skip
+                    "--scripts", str(scripts), "--latency", str(latency), "--answer-log", str(log),
+                    "--background-store", str(logdir / "background.jsonl")]  # fmt: skip
         self.logdir = logdir
         self.proc: subprocess.Popen | None = None
 
@@ -228,7 +232,8 @@ def _deferred_and_unfenced(logs: Path, control: Any, ids: list[str]) -> tuple[in
 
 def _redriven_without_a_holder(control: Any, ids: list[str]) -> tuple[set[str], set[str]]:
     """Turns re-driven by the progress deadline (nobody knew they had stopped), and turns re-driven
-    because no message named them after a Redis restart (``tasks.watchdog.reconcile_after_restart``)."""
+    because no message named them after a Redis restart or a node's death
+    (``tasks.watchdog.unnamed_turns_redriven``)."""
     by_deadline: set[str] = set()
     after_restart: set[str] = set()
     for tid in ids:
@@ -236,7 +241,7 @@ def _redriven_without_a_holder(control: Any, ids: list[str]) -> tuple[set[str], 
             reason = str(e.get("reason", "")) if e.get("kind") == "turn_redriven" else ""
             if reason.startswith("no progress"):
                 by_deadline.add(tid)
-            elif "Redis restart" in reason:  # "after a Redis restart or failover"
+            elif "Redis restart" in reason or "after the death of node" in reason:  # no message named it
                 after_restart.add(tid)
     return by_deadline, after_restart
 
@@ -279,7 +284,9 @@ def _report(
     print(f"turns: {len(ids)}; chaos events: {dict(kinds)}; processes restarted by the supervisor: {len(restarted)}")
     print(f"lost {lost}, stuck {stuck}, failed {failed}")
     print(f"destructive calls run twice: {twice}")
-    print(f"model calls paid twice: {repaid_other} (besides {repaid_kill} after a steps-worker kill lost the reply)")
+    background = os.environ.get("AGENT_MODEL_BACKGROUND") == "1"
+    print(f"model calls paid twice: {repaid_other} otherwise, {repaid_kill} after a steps-worker kill "
+          f"(background mode {'on' if background else 'off'})")  # fmt: skip
     print(f"unanswered calls in ended turns: {unanswered}")
     if recovery:
         print(f"recovery after a worker-main SIGKILL (kill -> re-drive), {len(recovery)} kills with turns held: "
@@ -295,10 +302,11 @@ def _report(
     print(f"destructive calls deferred (claim not acknowledged by a replica in time): {deferred}; "
           f"reported not run after every deferral: {unfenced}")  # fmt: skip
     print(f"turns re-driven by the progress deadline: {len(by_deadline)} {sorted(by_deadline)}; "
-          f"re-driven because no message named them after a Redis restart or failover: {len(after_restart)}")  # fmt: skip
+          f"re-driven because no message named them after a Redis restart, failover or node death: {len(after_restart)}")  # fmt: skip
     _print_histories(control, sorted(by_deadline), events, time.time() - (time.monotonic() - started))
     print(f"alive at the end: {alive_at_end}")
-    return bool(lost or stuck or twice or repaid_other or unanswered or not all(alive_at_end.values()))
+    repaid = repaid_other + (repaid_kill if background else 0)  # without background mode, a kill may re-pay
+    return bool(lost or stuck or twice or repaid or unanswered or by_deadline or not all(alive_at_end.values()))
 
 
 def main() -> None:
@@ -310,6 +318,9 @@ def main() -> None:
                         help="at least this many Redis crashes (with Sentinel: primary kills)")  # fmt: skip
     parser.add_argument("--redis", choices=("sentinel", "single"), default="sentinel",
                         help="a primary, a replica and three Sentinels (failovers), or one Redis (restarts)")  # fmt: skip
+    parser.add_argument("--background", choices=("on", "off"), default="on",
+                        help="the Responses API's background mode (AGENT_MODEL_BACKGROUND): a killed node's call is "
+                             "fetched by its id, not made again")  # fmt: skip
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--no-node-recovery", action="store_true",
                         help="the supervisor does not report deaths (heartbeat expiry only, as before)")  # fmt: skip
@@ -339,6 +350,7 @@ def main() -> None:
             AGENT_APPROVAL_MODE="off",
             AGENT_MODEL_TIMEOUT="30",
             AGENT_TOOL_TIME_LIMIT="30",
+            AGENT_MODEL_BACKGROUND="1" if args.background == "on" else "0",
         )
         from control.client import ControlPlane
         from worker.redis_connection import redis_endpoint

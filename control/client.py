@@ -31,7 +31,7 @@ from worker.tools.toolsets import toolset_names
 from worker.turn import approvals
 from worker.turn.durability import ReplicaAck
 from worker.turn.engine import TurnEngine
-from worker.turn.request import TurnRefused, TurnRequest, TurnStatus
+from worker.turn.request import TurnRefused, TurnRequest, TurnStatus, request_problem
 from worker.turn.store import TurnStore
 
 if TYPE_CHECKING:
@@ -128,7 +128,11 @@ class ControlPlane:
         # Enqueueing and ending turns only: this engine never calls a model nor imports tool code.
         self.placement = Placement(client, settings.liveness_ttl)
         self._engine = TurnEngine(
-            self.store, settings, CeleryDispatcher(broker=self.endpoint, placement=self.placement), redis=client
+            self.store,
+            settings,
+            CeleryDispatcher(broker=self.endpoint, placement=self.placement),
+            redis=client,
+            count_ends=False,
         )
 
     @property
@@ -147,7 +151,8 @@ class ControlPlane:
         Raises ``pydantic.ValidationError`` for a bad request (e.g. an ``agent_id`` not matching
         ``^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$``), and ``ControlPlaneError`` for a toolset not
         configured here, a ``turn_id`` not matching that pattern or belonging to another agent,
-        or a request over ``AGENT_MAX_INPUT_BYTES`` as JSON. Nothing is stored when it raises.
+        a request over ``AGENT_MAX_INPUT_BYTES`` as JSON, an empty message, or
+        ``egress_allow_hosts`` without egress (``request_problem``). Nothing is stored when it raises.
         """
         return self.create(request, turn_id)[0]
 
@@ -156,6 +161,9 @@ class ControlPlane:
         key or turn id of the same agent named an existing turn (nothing was enqueued). Raises
         like ``enqueue``."""
         req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
+        problem = request_problem(req)
+        if problem is not None:
+            raise Refused(f"{problem[0]}: {problem[1]}")
         if req.toolset not in self._toolsets:
             raise Refused(
                 f"unknown toolset {req.toolset!r}; configured: {', '.join(self._toolsets)} "
@@ -238,6 +246,12 @@ class ControlPlane:
             for t in page.turns
         ]
         return views, page.next_cursor
+
+    def stored_request(self, turn_id: str) -> dict[str, Any] | None:
+        """The request a turn was enqueued with, as stored (its JSON), or None for an unknown turn."""
+        with _redis_errors(self.url):
+            state = self.store.load(turn_id)
+        return None if state is None else state.request
 
     def wait(self, turn_id: str, timeout: float = 60.0) -> TurnView:
         """Block until the turn ends (tails its event stream). Raises ``ControlPlaneError`` on timeout."""

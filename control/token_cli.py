@@ -45,6 +45,11 @@ def create(
     all_agents: bool = typer.Option(False, "--all-agents", help="cover every agent (operators)"),
     rate: float = typer.Option(None, help="requests per second (default: AGENT_API_RATE)"),
     burst: int = typer.Option(None, help="burst of requests (default: AGENT_API_BURST)"),
+    may_lower_approval: bool = typer.Option(
+        False,
+        "--may-lower-approval",
+        help="its turn requests may ask for less approval than AGENT_APPROVAL_MODE (e.g. mode off)",
+    ),
 ) -> None:
     """Create a token for some agents (--agent, repeatable) or for all (--all-agents); print it once."""
     if bool(agent) == all_agents:
@@ -52,12 +57,15 @@ def create(
         raise typer.Exit(2)
     store = _store()
     try:
-        clear, tok = store.create(name, None if all_agents else list(agent), rate=rate, burst=burst)
+        clear, tok = store.create(
+            name, None if all_agents else list(agent), rate=rate, burst=burst, lower_approval=may_lower_approval
+        )
     except ValueError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     scope = "all agents" if tok.agents is None else ", ".join(sorted(tok.agents))
-    err.print(f"token {tok.id} ({tok.name}) for {scope}; shown once, store it now:")
+    grant = "; may lower approvals below AGENT_APPROVAL_MODE" if tok.lower_approval else ""
+    err.print(f"token {tok.id} ({tok.name}) for {scope}{grant}; shown once, store it now:")
     print(clear)
 
 

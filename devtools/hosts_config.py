@@ -294,7 +294,9 @@ def env_text(values: dict[str, str], title: str) -> str:
 
 
 def _write(path: Path, text: str | bytes, mode: int = 0o600) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # Folders 0700: a machine's folder is copied with its mode (tar over ssh), so its config folder is too.
+    for folder in reversed([p for p in path.parents if not p.exists()]):
+        folder.mkdir(mode=0o700)  # (mkdir's parents=True would make the parents 0755)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "wb") as f:
         f.write(text.encode() if isinstance(text, str) else text)

@@ -12,7 +12,11 @@ supervisor (``devtools.workers.Supervisor``) knows sooner and for sure: ``waitpi
    its held tasks taken, each turn re-driven once: fenced, so safe if anything was still queued);
 3. ``RESTORE_AFTER`` seconds later, gives back to their queues the turn messages fetched before
    the death that no live worker holds (``tasks.watchdog.restore_orphans``): a message the dying
-   process had fetched but not yet recorded as held.
+   process had fetched but not yet recorded as held;
+4. ``RECONCILE_AFTER`` seconds after the death, re-drives the active turns that no message names
+   and no node holds (``tasks.watchdog.unnamed_turns_redriven``): a message the dying process had
+   popped from its queue but not yet recorded as fetched is nowhere else, and its turn would
+   wait for its progress deadline.
 
 All of it runs in a thread of the supervisor (its watch loop never blocks) and retries while
 Redis does not answer, up to ``GIVE_UP`` seconds; the heartbeat path stays as the fallback.
@@ -36,6 +40,9 @@ from worker.turn.liveness import HOST
 log = logging.getLogger("agent.supervisor")
 
 RESTORE_AFTER = 1.5  # seconds: live workers write what they hold every 0.5 s (tasks.liveness)
+# Seconds: a turn that progressed within ``tasks.watchdog.QUIET_FOR`` (3 s) is not judged; after
+# this, the turns the death left without a message have been quiet that long.
+RECONCILE_AFTER = 3.5
 GIVE_UP = 60.0
 
 
@@ -69,7 +76,7 @@ class NodeRecovery:
         ).start()
 
     def _recover(self, node: str, died_at: float) -> None:
-        from tasks.watchdog import recover_node, restore_orphans
+        from tasks.watchdog import NODE_DEATH_REASON, recover_node, restore_orphans, unnamed_turns_redriven
 
         self._ready.wait(GIVE_UP)
         engine = self._engine
@@ -85,6 +92,11 @@ class NodeRecovery:
         restored = self._retry(lambda: restore_orphans(engine, before=died_at, skip=taken), f"orphans of {node}")
         if restored:
             log.warning("worker %s exited: %d fetched message(s) given back to their queues", node, restored)
+        time.sleep(max(0.0, died_at + RECONCILE_AFTER - time.time()))
+        reason = NODE_DEATH_REASON.format(node)
+        found = self._retry(lambda: unnamed_turns_redriven(engine, reason), f"turns without a message after {node}")
+        if found:
+            log.warning("worker %s exited: %d turn(s) without any message re-driven", node, len(found))
 
     @staticmethod
     def _retry(run: Any, what: str) -> Any:

@@ -32,6 +32,9 @@ A request with ``stream: true`` is answered with server-sent events carrying the
 names and shapes (``devtools.sse_script``), unless the gateway was built with
 ``streaming=False`` (an endpoint without streaming: it answers the JSON body).
 
+A request with ``background: true`` is the Responses API's background mode: generated whoever
+listens, kept under its id, retrieved, resumed or cancelled by id (``devtools.background_responses``).
+
 ``POST /v1/chat/completions`` plays the same scripts in the Chat Completions wire format
 (``devtools.chat_wire``: a ``chat.completion`` body, or its chunk stream ending ``data: [DONE]``).
 The step is the number of assistant messages in ``messages``; broken tool-call pairing gets the
@@ -53,6 +56,7 @@ from typing import Any, Callable
 
 import orjson
 
+from devtools.background_responses import BackgroundResponses, write_frame
 from devtools.chat_wire import assistant_turns, chat_chunks, chat_completion, history_problem, responses_view
 from devtools.sse_script import sse_events
 
@@ -104,16 +108,6 @@ def chat_frames(payload: dict[str, Any], size: int) -> Any:
     yield False, b"data: [DONE]\n\n"
 
 
-def _write_frame(wfile: Any, frame: bytes) -> bool:
-    """Send one stream frame; False when the client has gone."""
-    try:
-        wfile.write(frame)
-        wfile.flush()
-    except (BrokenPipeError, ConnectionResetError):
-        return False
-    return True
-
-
 def _stream_end(step: dict[str, Any]) -> tuple[int | None, bytes]:
     """Where a scripted stream stops early (module docstring): the number of deltas sent before it
     stops (None: it does not), and the frame sent then (empty: the connection just closes)."""
@@ -122,6 +116,37 @@ def _stream_end(step: dict[str, Any]) -> tuple[int | None, bytes]:
         return int(step.get("stream_error_after", 0)), frame
     cut = step.get("stream_break_after")
     return (None if cut is None else int(cut)), b""
+
+
+def _stream_payload(
+    handler: Any, first_delta_at: dict[str, float], payload: dict[str, Any], step: dict[str, Any], *, chat: bool
+) -> bool:
+    """Stream ``payload`` on ``handler`` as the script ``step`` says (its knobs); True when the
+    terminal event was sent. The first delta's time goes to ``first_delta_at``."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream; charset=utf-8")
+    handler.send_header("Cache-Control", "no-cache")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    handler.close_connection = True
+    delay = float(step.get("stream_delay_ms", 0)) / 1000
+    cut, last = _stream_end(step)
+    deltas = 0
+    size = int(step.get("stream_chunk", 12))
+    frames: Any = chat_frames(payload, size) if chat else responses_frames(payload, size)
+    for is_delta, frame in frames:
+        if is_delta:
+            if cut is not None and deltas >= cut:
+                write_frame(handler.wfile, last)  # the error, if the stream ends in one
+                return False  # no terminal event
+            if delay:
+                time.sleep(delay)
+            if not deltas:
+                first_delta_at.setdefault(payload["id"], time.time())
+            deltas += 1
+        if not write_frame(handler.wfile, frame):
+            return False
+    return True
 
 
 class ScriptedGateway:
@@ -153,6 +178,8 @@ class ScriptedGateway:
         # Optional JSON-lines record of every answer (bench/soak.py counts paid model calls with it).
         self.answer_log: Path | None = None
         self._lock = threading.Lock()
+        # Requests with ``background: true`` (devtools.background_responses).
+        self.background = BackgroundResponses(self.note_answer, latency)
         gateway = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -171,11 +198,13 @@ class ScriptedGateway:
                             "peak_in_flight": gateway.peak_in_flight,
                         },
                     )
-                else:
+                elif not gateway.background.answer_by_id(self, self.path, post=False):
                     self._send(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:
                 path = self.path.rstrip("/")
+                if gateway.background.answer_by_id(self, path, post=True):
+                    return
                 chat = path.endswith("/chat/completions")
                 if not chat and not path.endswith("/responses"):
                     self._send(404, {"error": {"message": f"unknown path {self.path}"}})
@@ -185,6 +214,11 @@ class ScriptedGateway:
                     body = orjson.loads(self.rfile.read(length))
                 except orjson.JSONDecodeError:
                     self._send(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
+                    return
+                if body.get("background") is True and not chat:
+                    gateway.background.latency = gateway.latency
+                    status, payload, step = gateway.respond_step(body)
+                    gateway.background.answer_create(self, body, (status, payload, step), gateway.answer_key(body))
                     return
                 with gateway._lock:
                     gateway.in_flight += 1
@@ -210,30 +244,7 @@ class ScriptedGateway:
                 gateway.note_answer(body, status, complete)
 
             def _stream(self, payload: dict[str, Any], step: dict[str, Any], *, chat: bool = False) -> bool:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.close_connection = True
-                delay = float(step.get("stream_delay_ms", 0)) / 1000
-                cut, last = _stream_end(step)
-                deltas = 0
-                size = int(step.get("stream_chunk", 12))
-                frames: Any = chat_frames(payload, size) if chat else responses_frames(payload, size)
-                for is_delta, frame in frames:
-                    if is_delta:
-                        if cut is not None and deltas >= cut:
-                            _write_frame(self.wfile, last)  # the error, if the stream ends in one
-                            return False  # no terminal event
-                        if delay:
-                            time.sleep(delay)
-                        if not deltas:
-                            gateway.first_delta_at.setdefault(payload["id"], time.time())
-                        deltas += 1
-                    if not _write_frame(self.wfile, frame):
-                        return False
-                return True
+                return _stream_payload(self, gateway.first_delta_at, payload, step, chat=chat)
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
                 data = orjson.dumps(payload)
@@ -275,18 +286,24 @@ class ScriptedGateway:
         status, payload, _ = self.respond_step(body)
         return status, payload
 
+    def answer_key(self, body: dict[str, Any]) -> tuple[str, Any, int]:
+        """``(model, first user text, step)`` of a request: what one paid answer is for."""
+        given = body.get("input")
+        items: list[Any] = given if isinstance(given, list) else [{"role": "user", "content": given}]
+        first = next((i.get("content") for i in items if isinstance(i, dict) and i.get("role") == "user"), None)
+        if isinstance(first, list):
+            first = " ".join(str(c.get("text", "")) for c in first if isinstance(c, dict))
+        return str(body.get("model", "")), first, _next_step(items)
+
     def note_answer(self, body: dict[str, Any], status: int, complete: bool) -> None:
         """Append ``{"at", "model", "input", "step", "status", "complete"}`` to ``answer_log`` (if set):
         ``input`` is the first user text, ``step`` the model items already in the input, ``complete``
         whether the whole answer reached the client (a paid model call)."""
         if self.answer_log is None:
             return
-        items: list[Any] = body["input"] if isinstance(body.get("input"), list) else []
-        first = next((i.get("content") for i in items if isinstance(i, dict) and i.get("role") == "user"), None)
-        if isinstance(first, list):
-            first = " ".join(str(c.get("text", "")) for c in first if isinstance(c, dict))
-        line = {"at": time.time(), "model": body.get("model"), "input": first, "step": _next_step(items),
-                "status": status, "complete": complete}  # fmt: skip
+        model, first, step = self.answer_key(body)
+        line = {"at": time.time(), "model": model, "input": first, "step": step, "status": status,
+                "complete": complete, "background": body.get("background") is True}  # fmt: skip
         with self._lock, open(self.answer_log, "ab") as fh:
             fh.write(orjson.dumps(line) + b"\n")
 
@@ -425,9 +442,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-stream", action="store_true", help="answer JSON even when a request asks to stream")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds before each answer (a real model's pace)")
     parser.add_argument("--answer-log", type=Path, default=None, help="append a JSON line per answer here")
+    parser.add_argument("--background-store", type=Path, default=None, help="keep finished background responses here")
     args = parser.parse_args(argv)
     gw = ScriptedGateway(port=args.port, host=args.host, streaming=not args.no_stream, latency=args.latency)
     gw.answer_log = args.answer_log
+    gw.background = BackgroundResponses(gw.note_answer, args.latency, args.background_store)
     gw.load_dir(args.scripts)
     print(
         f"scripted gateway on http://{args.host}:{gw.port}/v1 with scripts: {', '.join(sorted(gw.scripts))}", flush=True

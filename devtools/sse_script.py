@@ -41,7 +41,7 @@ def sse_events(response: dict[str, Any], *, chunk: int = 12) -> Iterator[dict[st
             yield ev(
                 "response.output_item.added", output_index=idx, item={**item, "arguments": "", "status": "in_progress"}
             )
-            for piece in _chunks(item.get("arguments", ""), chunk):
+            for piece in _chunks(item.get("arguments") or "", chunk):
                 yield ev("response.function_call_arguments.delta", item_id=item_id, output_index=idx, delta=piece)
             yield ev(
                 "response.function_call_arguments.done",

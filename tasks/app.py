@@ -165,6 +165,7 @@ def check_redis_url(**_: object) -> None:
 def _check_configuration(**_: object) -> None:
     # Fail at start, naming the variable, rather than on every turn. SystemExit, because
     # Celery logs and swallows ordinary exceptions raised by signal handlers.
+    from worker.model.clients import check_background
     from worker.model.wire_styles import wire_format
     from worker.tools.toolsets import check_toolsets
 
@@ -172,6 +173,7 @@ def _check_configuration(**_: object) -> None:
     try:
         check_toolsets(get_settings())
         wire_format(get_settings().openai_api_style)
+        check_background(get_settings())
     except ValueError as exc:
         raise SystemExit(f"worker not started: {exc}") from exc
     from worker.tools.computer.launch import startup_check

@@ -28,7 +28,7 @@ import redis
 from celery.signals import task_postrun, task_received, worker_init, worker_process_shutdown, worker_shutdown
 
 from tasks import broker, held
-from tasks.runtime import redis_client
+from tasks.runtime import drain_model_calls, redis_client
 from worker.settings import get_settings
 from worker.turn import liveness
 
@@ -89,7 +89,12 @@ def _start_heartbeat(sender: Any = None, **_: object) -> None:
 
 @worker_shutdown.connect
 def _retire(**_: object) -> None:
-    _stop.set()
+    # The model calls in flight end first, the heartbeat still beating: a node that stops on
+    # purpose hands no call on (made and paid again elsewhere), and its turns stay its own.
+    try:
+        drain_model_calls()
+    finally:
+        _stop.set()
     try:
         _records_for_this_process().retire(liveness.node())
     except redis.RedisError:

@@ -3,7 +3,8 @@
 Built lazily once per worker process (after fork), so prefork children never
 share sockets with the parent. In a node whose pool runs tasks in its own process (threads,
 solo), model calls are made on the process's event loop (``AGENT_MODEL_CALLS=async``, the
-default: ``tasks.model_calls``); a warm shutdown drains them (``worker_shutdown``).
+default: ``tasks.model_calls``); a warm shutdown waits for them (``drain_model_calls``, called by
+``tasks.liveness`` while the node's heartbeat still runs).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import threading
 
 import redis
-from celery.signals import worker_shutdown
 
 from tasks import held
 from tasks.dispatcher import CeleryDispatcher
@@ -67,12 +67,18 @@ def get_engine() -> TurnEngine:
         return _engine
 
 
-@worker_shutdown.connect
-def _drain_model_calls(**_: object) -> None:
-    """A warm shutdown: wait for the asynchronous model calls in flight, publish the rest again."""
+def drain_model_calls() -> None:
+    """A warm shutdown (``tasks.liveness``, before the node's heartbeat stops): wait for the
+    asynchronous model calls in flight to end and be handled (``Settings.drain_timeout``: up to
+    the longest a call can take), then publish the steps of any still running again."""
     engine = _engine
     if engine is None or engine.model_calls is None or _pid != os.getpid():
         return
-    left = engine.model_calls.drain(engine.settings.model_drain_timeout)
+    waiting = engine.model_calls.in_flight
+    if waiting:
+        log.warning(
+            "shutdown: waiting for %d model calls in flight (up to %.0f s)", waiting, engine.settings.drain_timeout
+        )
+    left = engine.model_calls.drain(engine.settings.drain_timeout)
     if left:
         log.warning("shutdown: %d model calls still in flight; their steps were published again", left)

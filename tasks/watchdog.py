@@ -6,8 +6,9 @@
   killed worker's turns recover within about ``2 * liveness_ttl``, not after the broker's
   ``visibility_timeout``; a node's supervisor that sees its process exit calls ``recover_node``
   itself, at once (``devtools.node_recovery``);
-- once after each Redis restart or failover, re-drives the active turns no message names and no
-  node holds (``reconcile_after_restart``: a message lost with the crash or the failover);
+- once after each Redis restart or failover, and after a node's death, re-drives the active turns
+  no message names and no node holds (``unnamed_turns_redriven``: a message lost with the crash
+  or the failover, or popped by the dying process and not yet recorded as fetched);
 - re-drives the turns whose tool calls wait in the queue of a node that died holding homes
   (``tasks.placement.rescue_dead_queues``): their calls are re-sent through placement;
 - re-drives turns whose progress deadline passed (a lost message, a crash between barrier and
@@ -17,8 +18,8 @@
 A turn whose owner is alive is never re-driven for taking long: its deadline covers the longest
 single wait (``Settings.progress_timeout``); a turn parked on approvals holds nothing to re-drive.
 
-The sweep runs every second, so it sends no task events (``send_events=False``): it never
-fills Flower's task list. When it failed turns, it sends ``tasks.watchdog.turns_failed``, a task
+The sweep runs every second, so it sends no task events (``send_events=False``), and beat sends
+it without a ``task-sent`` event (``tasks.beat``): it never fills Flower's task list. When it failed turns, it sends ``tasks.watchdog.turns_failed``, a task
 Flower does show, which reports FAILURE (``TurnFailed`` naming them), so that those turns show
 as failures like the ones a step ends (``tasks.turns``).
 """
@@ -77,6 +78,8 @@ def restore_orphans(engine: TurnEngine, *, before: float, skip: frozenset[str] |
 SETTLE_AFTER_RESTART = 3.0
 # A turn that progressed this recently may be between two messages: not judged.
 QUIET_FOR = 3.0
+# The re-drive's reason after a node's death (not "worker ... stopped": that names the node's own turns).
+NODE_DEATH_REASON = "no message named it after the death of node {}"
 # When the watchdog first saw a Redis run (``redis_run``), and whether it reconciled after it.
 RUN_SEEN_KEY = "agent:run-seen:{}"
 RECONCILED_KEY = "agent:reconciled:{}"
@@ -116,6 +119,20 @@ def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
         return {}
     if not r.set(RECONCILED_KEY.format(run), now, nx=True, ex=86400):
         return {}
+    return unnamed_turns_redriven(engine, "no message after a Redis restart or failover")
+
+
+def unnamed_turns_redriven(engine: TurnEngine, reason: str) -> dict[str, str]:
+    """Re-drive every active turn that made no progress in the last ``QUIET_FOR`` s, that no
+    message names (queued or fetched) and that no node holds (a dead node's held turns are the
+    dead-node path's), with ``reason``. A turn parked on approvals, or whose deadline already
+    passed (the progress deadline re-drives it in the same sweep), is left alone. Run after a
+    Redis restart or failover, and after a node's death: a message the dying process had popped
+    from its queue and not yet recorded as fetched is in no queue, no ``unacked`` and no held set,
+    and nothing else would name its turn before the progress deadline. Returns
+    ``{turn_id: action}``. Raises redis errors."""
+    r = engine.redis
+    now = time.time()
     quiet_since = now + engine.settings.progress_timeout - QUIET_FOR
     # Overdue turns are left to the progress deadline, in this same sweep.
     watched = set(engine.store.watched_between(now, quiet_since))
@@ -131,9 +148,7 @@ def reconcile_after_restart(engine: TurnEngine) -> dict[str, str]:
         state = engine.store.load(turn_id)
         if state is None or state.status.terminal or state.status == TurnStatus.awaiting_approval:
             continue
-        done[turn_id] = engine.redrive(
-            turn_id, engine.settings.max_redrives, reason="no message after a Redis restart or failover"
-        ).action
+        done[turn_id] = engine.redrive(turn_id, engine.settings.max_redrives, reason=reason).action
     return done
 
 
@@ -151,6 +166,8 @@ def sweep() -> dict[str, str]:
         done.update(recover_node(engine, node))
     if dead:  # a heartbeat gone for a TTL: what the node fetched before then is nobody's now
         restore_orphans(engine, before=time.time() - engine.settings.liveness_ttl)
+        for turn_id, action in unnamed_turns_redriven(engine, NODE_DEATH_REASON.format(dead[0])).items():
+            done.setdefault(turn_id, action)
     done.update(reconcile_after_restart(engine))
     for node, turns in rescue_dead_queues(Placement(engine.redis, engine.settings.liveness_ttl)).items():
         for turn_id in sorted(turns - set(done)):

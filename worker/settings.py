@@ -79,8 +79,19 @@ class Settings(BaseSettings):
     # Threads that store and handle the replies of asynchronous calls, per process.
     model_finishers: int = Field(4, ge=1, le=64)
     # A warm shutdown waits this long (s) for the asynchronous calls in flight, then publishes
-    # the steps of the rest again for another node.
-    model_drain_timeout: float = Field(8.0, ge=0)
+    # the steps of the rest again for another node. None: ``model_call_lease`` plus 10 s, the
+    # longest an asynchronous call can take and its store: a planned stop hands no call on (a
+    # call handed on is made, and paid, again without background mode). The stop grace of a turn
+    # node must cover it (compose: 210 s).
+    model_drain_timeout: float | None = Field(None, ge=0)
+    # The Responses API's background mode (worker.model.background): each asynchronous call is
+    # created with ``background: true, store: true``, its response id recorded as soon as the
+    # stream names it, and a re-driven step fetches that response instead of paying for a new one.
+    # Off by default: it needs an endpoint that implements it (api.openai.com does; most servers
+    # for open models do not) and ``store: true`` keeps the answer at the provider for a while (a
+    # data-retention choice). Responses style only (worker.model.clients.check_background refuses
+    # it for another at a worker's start); calls made inline do not use it.
+    model_background: bool = False
     # How often (s) a node checks the cancel flags of its asynchronous model calls in flight (one
     # round trip for all of them): a cancelled turn's call is aborted, not waited for and paid in full.
     model_cancel_poll: float = Field(1.0, gt=0, le=60)
@@ -239,6 +250,14 @@ class Settings(BaseSettings):
         """Seconds a model call holds its step's claim (``model_timeout`` plus a minute): after
         that the step may be claimed, and the call made, again; an asynchronous call is cut there."""
         return self.model_timeout + 60
+
+    @property
+    def drain_timeout(self) -> float:
+        """Seconds a warm shutdown waits for the asynchronous model calls in flight
+        (``model_drain_timeout``, default ``model_call_lease`` plus 10)."""
+        if self.model_drain_timeout is not None:
+            return self.model_drain_timeout
+        return self.model_call_lease + 10
 
     @property
     def progress_timeout(self) -> float:

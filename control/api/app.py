@@ -18,12 +18,13 @@ from typing import Any, AsyncIterator
 import redis
 from fastapi import Depends, FastAPI, Request
 
-from control.api import errors, page, routes
+from control.api import errors, metrics, page, routes
 from control.api.auth import caller
 from control.api.hub import StreamHub
 from control.api.json_response import JsonResponse
 from control.api.limits import BodySizeLimit
 from control.api.settings import ApiSettings
+from control.api.streams import StreamCaps
 from control.api.tokens import TokenStore
 from control.client import ControlPlane
 from control.errors import ControlPlaneUnavailable
@@ -79,7 +80,7 @@ def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -
         app.state.tokens = TokenStore(app.state.aredis)
         app.state.hub = StreamHub(hub_client, block_ms=HUB_BLOCK_MS)
         app.state.hub.start()
-        app.state.streams = {}
+        app.state.stream_caps = StreamCaps(settings.max_streams_per_token)
         app.state.started = time.time()
         log.info("control-plane API on Redis %s", endpoint.display)
         try:
@@ -103,6 +104,7 @@ def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -
     errors.install(app, settings.retry_after)
     app.include_router(routes.router)
     page.install(app)
+    metrics.install(app)
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(_: Any = Depends(caller)) -> dict[str, Any]:

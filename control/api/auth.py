@@ -49,7 +49,8 @@ async def authenticate(request: Request, creds: HTTPAuthorizationCredentials | N
     """Check the token, its rate limit and (with ``turn_id``) that it covers the turn's agent.
 
     Raises ``ApiError`` 401 (no or unknown token), 403 (cookie without ``X-Requested-With`` on a
-    change), 404 (unknown or foreign turn), 429 (over the token's rate, with ``Retry-After``);
+    change), 404 (unknown or foreign turn), 429 (over the token's rate, or the client address over
+    its failed authentications, ``AGENT_API_AUTH_FAILURES``; with ``Retry-After``);
     ``redis.RedisError`` when Redis fails (answered 503)."""
     token, by_cookie = _presented(request, creds)
     if by_cookie and request.method not in ("GET", "HEAD") and not request.headers.get(CSRF_HEADER):
@@ -60,9 +61,23 @@ async def authenticate(request: Request, creds: HTTPAuthorizationCredentials | N
 async def verify(request: Request, token: str, turn_id: str | None = None) -> Caller:
     """``authenticate`` for a token already in hand (the page's sign-in); raises the same errors."""
     state = request.app.state
+    settings = state.settings
     found = await state.tokens.authenticate(
-        token, rate=state.settings.rate, burst=state.settings.burst, turn_id=turn_id
+        token,
+        rate=settings.rate,
+        burst=settings.burst,
+        turn_id=turn_id,
+        address=request.client.host if request.client else "unknown",
+        failures=settings.auth_failures,
+        window=settings.auth_failure_window,
     )
+    if found.throttled_ms:
+        seconds = max(1, -(-found.throttled_ms // 1000))
+        raise ApiError(
+            429,
+            f"too many failed authentications from this address; retry in {seconds} s",
+            headers={"Retry-After": str(seconds)},
+        )
     if found.token is None:
         raise ApiError(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
     if found.retry_after_ms:

@@ -4,8 +4,9 @@
 
 ``type`` by status: 400 ``invalid_request``, 401 ``authentication``, 404 ``not_found``, 409
 ``conflict``, 413 ``request_too_large``, 415 ``unsupported_media_type``, 422 ``invalid_request``
-(a body that does not match its schema), 429 ``rate_limited``, 503 ``unavailable``. 429 and 503
-carry ``Retry-After`` (seconds).
+(a body that does not match its schema), 429 ``rate_limited``, 500 ``server_error`` (a fault of
+the API itself, logged with its traceback; the message names no internals), 503 ``unavailable``.
+429 and 503 carry ``Retry-After`` (seconds).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 from typing import Any
 
 import kombu.exceptions
+import orjson
 import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,8 +37,12 @@ TYPES = {
     415: "unsupported_media_type",
     422: "invalid_request",
     429: "rate_limited",
+    500: "server_error",
     503: "unavailable",
 }
+
+
+_JSON_NAMES = {"list": "an array", "str": "a string", "int": "a number", "float": "a number", "bool": "a boolean"}
 
 
 class ApiError(Exception):
@@ -105,6 +111,9 @@ def install(app: FastAPI, retry_after: int) -> None:
         path, msg = first_validation_error(errors)
         if errors[0].get("type") == "json_invalid":
             return error_response(400, f"the body is not valid JSON: {msg}")
+        if tuple(errors[0].get("loc", ())) == ("body",):  # the body whole: none, or not an object
+            got = type(errors[0].get("input")).__name__ if errors[0].get("input") is not None else "nothing"
+            return error_response(400, f"a JSON object is required as the body (got {_JSON_NAMES.get(got, got)})")
         return error_response(422, f"{path}: {msg}" if path else msg, path or None)
 
     @app.exception_handler(StarletteHTTPException)
@@ -127,3 +136,23 @@ def install(app: FastAPI, retry_after: int) -> None:
     @app.exception_handler(kombu.exceptions.OperationalError)
     async def _broker(_: Request, exc: kombu.exceptions.OperationalError) -> JsonResponse:
         return unavailable(exc)
+
+    @app.exception_handler(UnicodeEncodeError)
+    async def _not_unicode(_: Request, exc: UnicodeEncodeError) -> JsonResponse:
+        # JSON may escape a lone surrogate (\ud800) that no UTF-8 text can hold: Redis and the
+        # stored JSON refuse it when it is written, before anything is stored.
+        return error_response(400, "the body holds text that is not valid Unicode (a lone surrogate)")
+
+    @app.exception_handler(orjson.JSONEncodeError)
+    async def _not_json(_: Request, exc: orjson.JSONEncodeError) -> JsonResponse:
+        if "surrogate" in str(exc) or "utf-8" in str(exc).lower():
+            return error_response(400, "the body holds text that is not valid Unicode (a lone surrogate)")
+        return _fault(exc)
+
+    def _fault(exc: Exception) -> JsonResponse:
+        log.error("unhandled error: %s", exc.__class__.__name__, exc_info=exc)
+        return error_response(500, "the API failed on this request; it was logged")
+
+    @app.exception_handler(Exception)
+    async def _server_error(_: Request, exc: Exception) -> JsonResponse:
+        return _fault(exc)

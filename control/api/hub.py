@@ -12,7 +12,11 @@ subscriber that joins a stream already read gets ``backlog_from``/``backlog_to``
 everything after the cursor comes through its queue, so nothing is missed or sent twice.
 
 When Redis fails, the hub keeps its subscribers and cursors and retries (backoff up to 2 s):
-clients see a pause, then the events they missed, in order. A subscriber whose queue overflows
+clients see a pause, then the events they missed, in order. When Redis refuses the read itself (a
+``ResponseError``: a key that is not a stream, an id it does not take), the hub reads each stream
+alone once and drops the subscribers of the streams Redis refuses (marked ``lagging``): one bad
+stream never stops the others. Ids are checked before they reach the hub (``parse_event_id``), and
+``subscribe`` refuses any other. A subscriber whose queue overflows
 (a client not reading) is marked ``lagging`` and dropped: its client drains what it has, then
 resumes by reconnecting with its last event id.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -37,6 +42,24 @@ Event = tuple[str, str, dict[str, Any]]
 # A stream entry as our clients return it (RESP2, no ``decode_responses``): ``(id, {field: value})``
 # in bytes. redis-py's reply types also cover str replies and RESP3 shapes, so replies are cast.
 RawEntry = tuple[bytes, dict[bytes, bytes]]
+
+
+_EVENT_ID = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?", re.ASCII)
+MAX_PART = 2**64 - 1  # Redis stream ids are two unsigned 64-bit numbers
+
+
+def parse_event_id(value: str) -> str | None:
+    """A client's event id (``Last-Event-ID``, ``after``) as the stream id Redis takes
+    (``<ms>-<seq>``; a bare ``<ms>`` is ``<ms>-0``), or None when it is not one: ASCII digits only,
+    each part within Redis's unsigned 64-bit range. Checked before any id reaches Redis: one id
+    Redis refuses would fail the process's shared ``XREAD`` (``control.api.hub``)."""
+    m = _EVENT_ID.fullmatch(value)
+    if m is None:
+        return None
+    ms, seq = int(m.group(1)), int(m.group(2) or 0)
+    if ms > MAX_PART or seq > MAX_PART:
+        return None
+    return f"{ms}-{seq}"
 
 
 def id_tuple(stream_id: str) -> tuple[int, int]:
@@ -88,6 +111,11 @@ class StreamHub:
         return len(self._subs)
 
     @property
+    def running(self) -> bool:
+        """True while the reading task runs (for tests: a fault never ends it)."""
+        return self._task is not None and not self._task.done()
+
+    @property
     def subscribers(self) -> int:
         """Subscribers now, over all streams."""
         return sum(len(s) for s in self._subs.values())
@@ -96,18 +124,23 @@ class StreamHub:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="stream-hub")
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 2.0) -> None:
+        """Stop reading. A read that does not end within ``grace`` seconds of its cancellation (a
+        blocked ``XREAD`` redis-py is still cleaning up after) is left to the client's closing:
+        a shutdown never hangs on it."""
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=grace)
+            if not done:
+                log.warning("stream hub: its read did not end within %.1fs of being cancelled", grace)
 
     def subscribe(self, key: str, after: str, queue: asyncio.Queue[Event] | None = None) -> Subscription:
         """Follow stream ``key`` from after id ``after`` (``"0-0"``: from its start); ``queue``: a
-        queue shared with the caller's other subscriptions (default: a new one)."""
+        queue shared with the caller's other subscriptions (default: a new one). Raises
+        ``ValueError`` for an ``after`` that is not a stream id Redis takes (``parse_event_id``)."""
+        if parse_event_id(after) is None:
+            raise ValueError(f"not a stream id: {after[:50]!r}")
         sub = Subscription(key, queue if queue is not None else asyncio.Queue(self.queue_size))
         subs = self._subs.get(key)
         if subs is None:
@@ -154,7 +187,12 @@ class StreamHub:
         if not subs or not entries:
             return
         self._cursor[key] = entries[-1][0].decode()
-        decoded: list[Event] = [(key, eid.decode(), orjson.loads(fields[b"e"])) for eid, fields in entries]
+        decoded: list[Event] = []
+        for eid, fields in entries:
+            try:
+                decoded.append((key, eid.decode(), orjson.loads(fields[b"e"])))
+            except (KeyError, orjson.JSONDecodeError):  # not an event of ours: skipped, never fatal
+                log.warning("stream hub: skipping entry %s of %s (not an event)", eid.decode(), key)
         for sub in list(subs):
             try:
                 for entry in decoded:
@@ -182,6 +220,17 @@ class StreamHub:
                     await self.r.xread(streams, count=self.count, block=self.block_ms),
                 )
                 backoff = 0.1
+            except redis.ResponseError as exc:
+                try:
+                    dropped = await self._drop_unreadable()
+                except (redis.RedisError, OSError):
+                    dropped = False
+                if dropped:
+                    continue
+                log.warning("stream hub: Redis refused the read (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
             except (redis.RedisError, OSError) as exc:
                 log.warning("stream hub: Redis failed (%s); retrying in %.1fs", exc.__class__.__name__, backoff)
                 await asyncio.sleep(backoff)
@@ -193,4 +242,38 @@ class StreamHub:
                 if key == self._wake_key:
                     self._wake_cursor = entries[-1][0].decode()
                     continue
-                self._deliver(key, entries)
+                try:
+                    self._deliver(key, entries)
+                except Exception:  # a fault with one stream's entries: its readers go, the hub goes on
+                    log.exception("stream hub: dropping the readers of %s", key)
+                    self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        """Stop reading ``key``: its subscribers are marked ``lagging`` and woken (an entry that
+        names no stream, id ``0-0``, which readers skip), so their clients end now."""
+        for sub in self._subs.pop(key, set()):
+            sub.lagging = True
+            try:
+                sub.queue.put_nowait(("", "0-0", {}))
+            except asyncio.QueueFull:
+                pass  # a full queue's reader is not waiting: it finds the flag when it has drained
+        self._cursor.pop(key, None)
+
+    async def _drop_unreadable(self) -> bool:
+        """Read each followed stream alone (no wait) and drop the subscribers of those Redis refuses;
+        True when some were dropped. Raises redis-py's connection errors."""
+        keys = list(self._cursor)
+        async with self.r.pipeline(transaction=False) as p:
+            for key in keys:
+                p.xread({key: self._cursor[key]}, count=1)
+            p.xread({self._wake_key: self._wake_cursor}, count=1)
+            replies = await p.execute(raise_on_error=False)
+        dropped = False
+        for key, reply in zip(keys, replies):
+            if isinstance(reply, redis.ResponseError):
+                log.warning("stream hub: dropping the readers of %s (%s)", key, reply)
+                self._drop(key)
+                dropped = True
+        if isinstance(replies[-1], redis.ResponseError):  # our own wake stream: start another
+            self._wake_key, self._wake_cursor, dropped = f"api:wake:{uuid.uuid4().hex}", "0-0", True
+        return dropped

@@ -5,19 +5,24 @@ approve, reject, change feed). Each route is a thin front of ``control.client.Co
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.responses import StreamingResponse
 
 from control.api.auth import Caller, caller, turn_caller
 from control.api.errors import ApiError
 from control.api.feed import approvals_feed
-from control.api.sse import turn_events, valid_event_id
+from control.api.hub import parse_event_id
+from control.api.sse import turn_events
+from control.api.streams import CappedStream
 from control.client import INTERNAL_TOOLSETS, ControlPlane
+from worker.settings import get_settings
+from worker.turn.approval_policy import below_floor
+from worker.turn.events import EVENT_KINDS
 from worker.turn.listing import decode_cursor
-from worker.turn.request import END_HOOK_METADATA, TurnRequest, TurnStatus
+from worker.turn.request import END_HOOK_METADATA, TurnRequest, TurnStatus, is_valid_id, request_problem
 
 router = APIRouter(prefix="/v1")
 
@@ -96,16 +101,20 @@ class ApprovalList(BaseModel):
     data: list[Approval]
 
 
+By = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+"""Who decides: omitted, the token's name alone is recorded; given, it must say someone (not empty)."""
+
+
 class ApproveIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     params: dict[str, Any] | None = Field(None, description="Edited arguments, checked against the tool's schema")
-    by: str | None = Field(None, max_length=100, description="Who decides (recorded beside the token's name)")
+    by: By | None = Field(None, description="Who decides (recorded beside the token's name); not empty")
 
 
 class RejectIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str = Field(min_length=1, max_length=4000, description="Why; the model reads it as the call's output")
-    by: str | None = Field(None, max_length=100)
+    by: By | None = Field(None, description="Who decides (recorded beside the token's name); not empty")
 
 
 def _control(request: Request) -> ControlPlane:
@@ -114,7 +123,7 @@ def _control(request: Request) -> ControlPlane:
 
 
 def _who(c: Caller, by: str | None) -> str:
-    return f"{by.strip()} (token {c.token.name})" if by and by.strip() else f"token {c.token.name}"
+    return f"{by} (token {c.token.name})" if by else f"token {c.token.name}"
 
 
 @router.post("/turns", status_code=201, response_model=TurnCreated, responses={**ERRORS, 200: {"model": TurnCreated}})
@@ -130,17 +139,27 @@ def enqueue_turn(
     same turn and enqueues nothing."""
     if not c.token.covers(body.agent_id):
         raise ApiError(403, f"token {c.token.id} does not cover agent {body.agent_id}", param="agent_id")
+    key_param = "idempotency_key"
     if idempotency_key is not None:
         if body.idempotency_key not in (None, idempotency_key):
             raise ApiError(400, "Idempotency-Key and the body's idempotency_key differ", param="idempotency_key")
-        body = body.model_copy(update={"idempotency_key": idempotency_key})
-    reserved = sorted(set(body.metadata) & set(END_HOOK_METADATA))
-    if reserved:
-        raise ApiError(400, f"metadata.{reserved[0]} is set by the runtime only", param=f"metadata.{reserved[0]}")
-    if body.toolset in INTERNAL_TOOLSETS:
-        raise ApiError(400, f"toolset {body.toolset!r}: {INTERNAL_TOOLSETS[body.toolset]}", param="toolset")
+        body, key_param = body.model_copy(update={"idempotency_key": idempotency_key}), "Idempotency-Key"
+    _check_request(body, c)
+    # Who enqueued it, for the pages (set here: a client's own value is replaced).
+    body = body.model_copy(update={"metadata": {**body.metadata, "enqueued_by": f"token {c.token.name}"}})
     control = _control(request)
     turn_id, created = control.create(body)
+    if (
+        not created
+        and body.idempotency_key is not None
+        and control.stored_request(turn_id) != body.model_dump(mode="json")
+    ):
+        raise ApiError(
+            422,
+            f"idempotency key {body.idempotency_key!r} was used for another request (turn {turn_id}); "
+            "a new request needs a new key",
+            param=key_param,
+        )
     status = "queued" if created else control.status(turn_id).status.value
     if not created:
         response.status_code = 200
@@ -151,6 +170,29 @@ def enqueue_turn(
         created=created,
         events_url=f"/v1/turns/{turn_id}/events",
     )
+
+
+def _check_request(body: TurnRequest, c: Caller) -> None:
+    """What the API refuses in a request its schema accepts: runtime metadata, internal toolsets,
+    an empty message, egress hosts without egress, and less approval than the server's
+    ``AGENT_APPROVAL_MODE`` (a floor, unless the token was granted ``lower_approval``)."""
+    reserved = sorted(set(body.metadata) & set(END_HOOK_METADATA))
+    if reserved:
+        raise ApiError(400, f"metadata.{reserved[0]} is set by the runtime only", param=f"metadata.{reserved[0]}")
+    if body.toolset in INTERNAL_TOOLSETS:
+        raise ApiError(400, f"toolset {body.toolset!r}: {INTERNAL_TOOLSETS[body.toolset]}", param="toolset")
+    problem = request_problem(body)
+    if problem is not None:
+        raise ApiError(400, problem[1], param=problem[0])
+    floor = get_settings().approval_mode
+    if below_floor(body.approval.mode, floor) and not c.token.lower_approval:
+        raise ApiError(
+            403,
+            f"approval mode {body.approval.mode!r} asks for less approval than this server's AGENT_APPROVAL_MODE "
+            f"{floor!r}: a request may ask for more, never less (unless its token was created with "
+            "--may-lower-approval)",
+            param="approval.mode",
+        )
 
 
 @router.get("/turns", response_model=TurnList, responses=ERRORS)
@@ -171,14 +213,17 @@ def list_turns(
     for name, value in (("created_after", created_after), ("created_before", created_before)):
         if value is not None and not math.isfinite(value):
             raise ApiError(400, f"{name} must be a finite number of epoch seconds", param=name)
+    if agent_id is not None and not is_valid_id(agent_id):
+        raise ApiError(400, f"agent_id {agent_id[:64]!r} is not an agent id", param="agent_id")
     if agent_id is not None:
         agents: list[str] | None = [agent_id] if c.token.covers(agent_id) else []
     else:
         agents = None if c.token.agents is None else sorted(c.token.agents)
-    try:
-        decode_cursor(cursor) if cursor else None
-    except ValueError as exc:
-        raise ApiError(400, str(exc), param="cursor") from None
+    if cursor:
+        try:
+            decode_cursor(cursor)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="cursor") from None
     known = {s.value for s in TurnStatus}
     for s in statuses or ():
         if s not in known:
@@ -257,34 +302,21 @@ async def stream_events(
 ) -> StreamingResponse:
     """The turn's events as server-sent events, from the start or after ``Last-Event-ID``; the
     stream ends after ``turn_finished``."""
-    position = last_event_id or after or "0-0"
-    if not valid_event_id(position):
-        raise ApiError(400, f"bad event id {position[:50]!r} (expected <ms>-<seq>)", param="Last-Event-ID")
-    state = request.app.state
-    streams = state.streams
-    if streams.get(c.token.id, 0) >= state.settings.max_streams_per_token:
-        raise ApiError(
-            429,
-            f"token {c.token.id} holds {state.settings.max_streams_per_token} event streams here already",
-            headers={"Retry-After": "5"},
-        )
+    given, param = (last_event_id, "Last-Event-ID") if last_event_id is not None else (after, "after")
+    position = parse_event_id(given) if given is not None else "0-0"
+    if position is None:
+        shown = (given or "")[:50]
+        raise ApiError(400, f"bad event id {shown!r}: expected <ms>-<seq>, two numbers below 2**64", param=param)
     want = frozenset(k for k in (kinds or "").split(",") if k) or None
+    unknown = sorted((want or set()) - EVENT_KINDS)
+    if unknown:
+        raise ApiError(
+            400, f"unknown event kind {unknown[0][:40]!r} (one of {', '.join(sorted(EVENT_KINDS))})", param="kinds"
+        )
+    state = request.app.state
     body = turn_events(state.hub, state.aredis, turn_id, position, heartbeat=state.settings.heartbeat, kinds=want)
-    return StreamingResponse(_counted(streams, c.token.id, body), media_type="text/event-stream", headers=_SSE_HEADERS)
-
-
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-async def _counted(streams: dict[str, int], token_id: str, body: Any) -> Any:
-    streams[token_id] = streams.get(token_id, 0) + 1
-    try:
-        async for chunk in body:
-            yield chunk
-    finally:
-        streams[token_id] -= 1
-        if not streams[token_id]:
-            del streams[token_id]
+    state.stream_caps.admit(c.token.id)  # last: nothing may raise between admitting and the response
+    return CappedStream(body, state.stream_caps, c.token.id)
 
 
 @router.get("/approvals", response_model=ApprovalList, responses=ERRORS)
@@ -307,9 +339,8 @@ async def approvals_events(request: Request, c: Caller = Depends(caller)) -> Str
     ``turn_id`` whenever a call starts waiting, is decided, or its turn ends; then list again."""
     state = request.app.state
     body = approvals_feed(state.hub, state.aredis, c.token, heartbeat=state.settings.heartbeat)
-    return StreamingResponse(
-        _counted(state.streams, c.token.id, body), media_type="text/event-stream", headers=_SSE_HEADERS
-    )
+    state.stream_caps.admit(c.token.id)
+    return CappedStream(body, state.stream_caps, c.token.id)
 
 
 @router.post("/turns/{turn_id}/approvals/{call_id}/approve", response_model=Approval, responses={**ERRORS, 409: {}})

@@ -12,8 +12,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class ApiSettings(BaseSettings):
     """Knobs of ``control.api``. Units: bytes, seconds, requests per second. Variables:
     ``AGENT_API_HOST``, ``AGENT_API_PORT``, ``AGENT_API_MAX_BODY_BYTES``, ``AGENT_API_RATE``,
-    ``AGENT_API_BURST``, ``AGENT_API_MAX_STREAMS_PER_TOKEN``, ``AGENT_API_HEARTBEAT``,
-    ``AGENT_API_RETRY_AFTER``."""
+    ``AGENT_API_BURST``, ``AGENT_API_MAX_STREAMS_PER_TOKEN``, ``AGENT_API_AUTH_FAILURES``,
+    ``AGENT_API_AUTH_FAILURE_WINDOW``, ``AGENT_API_HEARTBEAT``, ``AGENT_API_RETRY_AFTER``."""
 
     model_config = SettingsConfigDict(env_prefix="AGENT_API_", extra="ignore")
 
@@ -26,8 +26,13 @@ class ApiSettings(BaseSettings):
     # A token created with its own rate/burst uses those.
     rate: float = Field(20.0, gt=0)
     burst: int = Field(40, ge=1)
-    # Event streams one token may hold open in one API process.
+    # Event streams (turns' events and approvals feeds together) one token may hold open in one
+    # API process.
     max_streams_per_token: int = Field(32, ge=1)
+    # Failed authentications (unknown tokens) one client address may make per window (seconds)
+    # before every request from it answers 429 until the window ends.
+    auth_failures: int = Field(60, ge=1)
+    auth_failure_window: float = Field(60.0, gt=0)
     # Seconds between keep-alive comments on an idle event stream (proxies close silent ones).
     heartbeat: float = Field(15.0, gt=0)
     # Retry-After (seconds) sent with 503 while Redis does not answer.

@@ -30,12 +30,6 @@ def frame(event_id: str | None, kind: str, data: Any) -> bytes:
     return f"{head}event: {kind}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
 
 
-def valid_event_id(value: str) -> bool:
-    """True for a stream id (``<ms>-<seq>`` or ``<ms>``)."""
-    ms, _, seq = value.partition("-")
-    return ms.isdigit() and (seq == "" or seq.isdigit()) and len(value) <= 41
-
-
 async def read_range(
     r: redis.asyncio.Redis, key: str, after: str, upto: str = "+"
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:

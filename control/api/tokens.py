@@ -9,9 +9,13 @@ timing. The clear token is shown once, at creation.
 Keys (the control plane's Redis):
 
 - ``api:token:<sha256 hex>`` hash: ``id``, ``name``, ``agents`` (JSON list, or ``*`` for all),
-  ``rate``/``burst`` (empty: the API's defaults), ``created_at``.
+  ``rate``/``burst`` (empty: the API's defaults), ``created_at``, ``lower_approval`` (``1``: its
+  turn requests may ask for less approval than the server's ``AGENT_APPROVAL_MODE``).
 - ``api:tokens`` hash: ``id`` -> sha256 hex (listing, revoking).
 - ``api:rate:<id>``: the token's GCRA state (theoretical arrival time, ms), expiring when idle.
+- ``api:authfail:<client address>``: failed authentications from that address in the current
+  window (a counter expiring with the window); at the limit, the address is refused with 429
+  before any token is looked up, until the window ends.
 
 ``authenticate`` is one Lua script: the token lookup, the rate limit and (optionally) the agent
 owning a turn, in one round trip per request.
@@ -45,6 +49,10 @@ def rate_key(token_id: str) -> str:
     return f"api:rate:{token_id}"
 
 
+def auth_fail_key(address: str) -> str:
+    return f"api:authfail:{address[:100]}"
+
+
 def digest(token: str) -> str:
     """SHA-256 hex of the clear token."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -60,6 +68,7 @@ class Token:
     rate: float | None = None
     burst: int | None = None
     created_at: float = 0.0
+    lower_approval: bool = False  # may ask for less approval than AGENT_APPROVAL_MODE (an operator's grant)
 
     def covers(self, agent_id: str | None) -> bool:
         """True when this token may read and decide for ``agent_id``'s turns."""
@@ -74,32 +83,46 @@ class Token:
             "rate": self.rate,
             "burst": self.burst,
             "created_at": self.created_at,
+            "lower_approval": self.lower_approval,
         }
 
     @classmethod
-    def from_fields(cls, tid: str, name: str, agents: str, rate: str, burst: str, created: str = "0") -> "Token":
+    def from_fields(
+        cls, tid: str, name: str, agents: str, rate: str, burst: str, created: str = "0", lower: str = ""
+    ) -> "Token":
         scope = None if agents == ALL_AGENTS else frozenset(orjson.loads(agents))
-        return cls(tid, name, scope, float(rate) if rate else None, int(burst) if burst else None, float(created or 0))
+        rate_, burst_ = float(rate) if rate else None, int(burst) if burst else None
+        return cls(tid, name, scope, rate_, burst_, float(created or 0), lower == "1")
 
 
 @dataclass(frozen=True)
 class AuthResult:
-    """What ``TokenStore.authenticate`` found: no ``token`` (unknown or revoked); ``retry_after_ms``
-    above 0 when the token is over its rate; ``turn_agent``: the agent of the turn asked about
-    (None: unknown turn, or none asked)."""
+    """What ``TokenStore.authenticate`` found: no ``token`` (unknown or revoked, or the client
+    address is throttled: ``throttled_ms``, the time left); ``retry_after_ms`` above 0 when the
+    token is over its rate; ``turn_agent``: the agent of the turn asked about (None: unknown turn,
+    or none asked)."""
 
     token: Token | None
     retry_after_ms: int = 0
     turn_agent: str | None = None
+    throttled_ms: int = 0  # above 0: the client address is over its failed authentications
 
 
-# KEYS[1] token hash, KEYS[2] rate key, KEYS[3] (optional) turn hash (``worker.turn.keys.hash_key``).
-# ARGV[1] default rate (per second), ARGV[2] default burst, ARGV[3] the turn hash's agent field.
+# KEYS[1] token hash, KEYS[2] rate key, KEYS[3] the client address's failure counter, KEYS[4]
+# (optional) turn hash (``worker.turn.keys.hash_key``). ARGV[1] default rate (per second), ARGV[2]
+# default burst, ARGV[3] the turn hash's agent field, ARGV[4] failures allowed per window, ARGV[5]
+# the window (ms). An address at its failures is refused before the lookup ({3, ms left}); an
+# unknown token counts one failure ({0}).
 # GCRA: each request moves the theoretical arrival time (tat) on by 1/rate; a request is allowed
 # while tat - burst/rate <= now. Redis's clock (TIME) is the one clock of every API process.
 _AUTH_LUA = """
-local rec = redis.call('HMGET', KEYS[1], 'id', 'name', 'agents', 'rate', 'burst', 'created_at')
-if not rec[1] then return {0} end
+local fails = tonumber(redis.call('GET', KEYS[3]) or '0')
+if fails >= tonumber(ARGV[4]) then return {3, math.max(redis.call('PTTL', KEYS[3]), 1)} end
+local rec = redis.call('HMGET', KEYS[1], 'id', 'name', 'agents', 'rate', 'burst', 'created_at', 'lower_approval')
+if not rec[1] then
+  if redis.call('INCR', KEYS[3]) == 1 then redis.call('PEXPIRE', KEYS[3], ARGV[5]) end
+  return {0}
+end
 local rate = tonumber(rec[4]) or tonumber(ARGV[1])
 local burst = tonumber(rec[5]) or tonumber(ARGV[2])
 local t = redis.call('TIME')
@@ -110,12 +133,12 @@ if tat < now then tat = now end
 local new_tat = tat + interval
 local allow_at = new_tat - burst * interval
 local owner = false
-if #KEYS > 2 then owner = redis.call('HGET', KEYS[3], ARGV[3]) end
+if #KEYS > 3 then owner = redis.call('HGET', KEYS[4], ARGV[3]) end
 if allow_at > now then
-  return {2, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', math.ceil(allow_at - now), owner}
+  return {2, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', math.ceil(allow_at - now), owner, rec[7] or ''}
 end
 redis.call('SET', KEYS[2], string.format('%.3f', new_tat), 'PX', math.ceil(new_tat - now) + 1000)
-return {1, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', 0, owner}
+return {1, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', 0, owner, rec[7] or ''}
 """
 
 
@@ -132,10 +155,17 @@ class TokenStore:
 
     # ----- operator side (sync) ----------------------------------------------
     def create(
-        self, name: str, agents: list[str] | None, *, rate: float | None = None, burst: int | None = None
+        self,
+        name: str,
+        agents: list[str] | None,
+        *,
+        rate: float | None = None,
+        burst: int | None = None,
+        lower_approval: bool = False,
     ) -> tuple[str, Token]:
         """Create a token for ``agents`` (None: all agents). Returns ``(clear_token, record)``; the
-        clear token is not stored anywhere. Raises ``ValueError`` for an empty name, an invalid agent
+        clear token is not stored anywhere. ``lower_approval``: its turn requests may ask for less
+        approval than the server's ``AGENT_APPROVAL_MODE`` (an operator's explicit grant). Raises ``ValueError`` for an empty name, an invalid agent
         id, an empty agent list, or a non-positive rate/burst."""
         if not name or not name.strip() or len(name) > 100:
             raise ValueError("a token needs a name of 1-100 characters (who or what uses it)")
@@ -159,13 +189,14 @@ class TokenStore:
             "rate": "" if rate is None else repr(float(rate)),
             "burst": "" if burst is None else str(int(burst)),
             "created_at": repr(now),
+            "lower_approval": "1" if lower_approval else "",
         }
         with self.r.pipeline(transaction=True) as p:
             p.hset(token_key(h), mapping=fields)
             p.hset(TOKENS_KEY, tid, h)
             p.execute()
         return clear, Token.from_fields(
-            tid, fields["name"], scope, fields["rate"], fields["burst"], fields["created_at"]
+            tid, fields["name"], scope, fields["rate"], fields["burst"], fields["created_at"], fields["lower_approval"]
         )
 
     def revoke(self, token_id: str) -> bool:
@@ -183,27 +214,41 @@ class TokenStore:
         """Every token's record, oldest first."""
         out = []
         for _tid, h in self.r.hgetall(TOKENS_KEY).items():
-            f = self.r.hmget(token_key(_s(h)), "id", "name", "agents", "rate", "burst", "created_at")
+            f = self.r.hmget(token_key(_s(h)), "id", "name", "agents", "rate", "burst", "created_at", "lower_approval")
             if f[0] is not None:
                 out.append(Token.from_fields(*map(_s, f)))
         return sorted(out, key=lambda t: t.created_at)
 
     # ----- request side (async) ----------------------------------------------
-    async def authenticate(self, token: str, *, rate: float, burst: int, turn_id: str | None = None) -> AuthResult:
+    async def authenticate(
+        self,
+        token: str,
+        *,
+        rate: float,
+        burst: int,
+        turn_id: str | None = None,
+        address: str = "unknown",
+        failures: int = 60,
+        window: float = 60.0,
+    ) -> AuthResult:
         """Look the token up, apply its rate limit and, given ``turn_id``, read the turn's agent;
-        one round trip. Raises ``redis.RedisError`` when Redis fails."""
-        if not token.startswith(PREFIX) or len(token) > 200:
-            return AuthResult(None)
-        parts = token[len(PREFIX) :].split("_", 1)
-        if len(parts) != 2:
-            return AuthResult(None)
-        keys = [token_key(digest(token)), rate_key(parts[0])]
+        one round trip. A token that is unknown (or not even shaped like one) counts a failure
+        for the client ``address``; once it has ``failures`` within ``window`` seconds, every
+        request from it is refused (``throttled_ms``) until the window ends. Raises
+        ``redis.RedisError`` when Redis fails."""
+        parts = token[len(PREFIX) :].split("_", 1) if token.startswith(PREFIX) else []
+        well_formed = len(parts) == 2 and len(token) <= 200
+        keys = [token_key(digest(token) if well_formed else "-"), rate_key(parts[0] if well_formed else "-")]
+        keys.append(auth_fail_key(address))
         if turn_id is not None:
             keys.append(hash_key(turn_id))
-        res = await self._auth(keys=keys, args=[rate, burst, AGENT_FIELD])
+        res = await self._auth(keys=keys, args=[rate, burst, AGENT_FIELD, failures, int(window * 1000)])
+        if res and res[0] == 3:
+            return AuthResult(None, throttled_ms=int(res[1]))
         if not res or res[0] == 0:
             return AuthResult(None)
-        tok = Token.from_fields(*(_s(x) for x in res[1:7]))
+        tid, name, agents, rate_, burst_, created = (_s(x) for x in res[1:7])
+        tok = Token.from_fields(tid, name, agents, rate_, burst_, created, _s(res[9]) if len(res) > 9 else "")
         owner = _s(res[8]) or None
         return AuthResult(tok, int(res[7]) if res[0] == 2 else 0, owner)
 

@@ -40,10 +40,20 @@ def _root(schema: dict[str, Any]) -> list[str]:
     return [] if schema.get("type") == "object" and not bad else [f"/: root must be a plain object ({bad})"]
 
 
+def _presence_only(schema: dict[str, Any]) -> bool:
+    """A root anyOf whose branches only list declared fields as required: OpenAI takes it non-strict."""
+    branches = schema.get("anyOf", schema.get("oneOf"))
+    props = schema.get("properties") or {}
+    return isinstance(branches, list) and all(
+        isinstance(b, dict) and set(b) == {"required"} and set(b["required"]) <= set(props) for b in branches
+    )
+
+
 def openai_violations(schema: dict[str, Any], strict: bool) -> list[str]:
     if strict:
         return strict_violations(schema)
-    out = _root(schema)
+    plain = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")} if _presence_only(schema) else schema
+    out = _root(plain)
     for node, path in _schemas(schema):
         if isinstance(node.get("pattern"), str) and _LOOKAROUND.search(node["pattern"]):
             out.append(f"{path}: look-around pattern")
@@ -83,6 +93,11 @@ def gemini_violations(schema: dict[str, Any]) -> list[str]:
             out.append(f"{path}: anyOf beside {sorted(set(node) - {'anyOf'})} (Vertex: anyOf must be alone)")
         if path != "/" and "properties" in node and not node["properties"]:
             out.append(f"{path}: empty properties")
+        implied = [k for k in ("properties", "required", "items", "enum") if k in node]
+        if t is None and "anyOf" not in node and implied:
+            out.append(f"{path}: {implied[0]} without a type (Gemini: only allowed for OBJECT type)")
+        if path != "/" and t == "object" and not node.get("properties"):
+            out.append(f"{path}: object without properties (should be non-empty for OBJECT type)")
     if "properties" in schema and not schema["properties"]:
         out.append("/: empty properties (a tool without arguments is sent without parameters or properties)")
     return out

@@ -26,6 +26,7 @@ import aiohttp
 import certifi
 import orjson
 
+from worker.model.background import Background, WatchCreated, background_body, cancel_url, resume_url
 from worker.model.http_pool import ERROR_TEXT_BYTES, MAX_REPLY_BYTES, ReplySize, status_error_of, transport_failure
 from worker.model.interface import GatewayError, ModelReply, ModelRequest, OnDelta
 from worker.model.sse_lines import SSEEvents
@@ -86,20 +87,58 @@ class AsyncModelClient:
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _transport_error(exc, streamed=False) from exc
 
-    async def stream(self, request: ModelRequest, on_delta: OnDelta) -> ModelReply:
+    async def stream(
+        self, request: ModelRequest, on_delta: OnDelta, background: Background | None = None
+    ) -> ModelReply:
         """POST the request streamed; ``on_delta`` (called on the loop) gets each piece in order.
         An endpoint that cannot stream answers whole. Raises ``GatewayError`` (not retryable for
-        an answer, the whole event stream, above ``max_reply_bytes``)."""
+        an answer, the whole event stream, above ``max_reply_bytes``).
+
+        ``background`` (Responses only, ``worker.model.background``): the request is made in
+        background mode and the created response's id reported to ``background.on_created``; with
+        a ``background.response_id``, that response is fetched (its events from the first) instead,
+        and a new one made only when the endpoint no longer has it (HTTP 404)."""
         wire = self.wire
+        if background is not None and background.response_id:
+            reply = await self._resume(background.response_id, on_delta)
+            if reply is not None:
+                return reply
+        body, reader = wire.stream_body(request), wire.reader(on_delta)
+        if background is not None:
+            body, reader = background_body(body), WatchCreated(reader, background.on_created)
         try:
-            async with self.session.post(self.url, data=orjson.dumps(wire.stream_body(request))) as resp:
-                if resp.status >= 400:
-                    raise status_error_of(resp.status, await _error_text(resp))
-                if "text/event-stream" not in resp.headers.get("Content-Type", ""):
-                    return wire.parse(await _read_body(resp, self.max_reply_bytes))
-                return await _read_events(resp, wire.reader(on_delta), ReplySize(self.max_reply_bytes))
+            async with self.session.post(self.url, data=orjson.dumps(body)) as resp:
+                return await self._answer(resp, reader)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _transport_error(exc, streamed=True) from exc
+
+    async def _resume(self, response_id: str, on_delta: OnDelta) -> ModelReply | None:
+        """The background response ``response_id`` streamed from its first event; None when the
+        endpoint does not have it (HTTP 404: expired, or never stored). Raises ``GatewayError``."""
+        try:
+            async with self.session.get(resume_url(self.url, response_id)) as resp:
+                if resp.status == 404:
+                    return None
+                return await self._answer(resp, self.wire.reader(on_delta))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise _transport_error(exc, streamed=True) from exc
+
+    async def _answer(self, resp: aiohttp.ClientResponse, reader: StreamReader) -> ModelReply:
+        """The reply of a streamed request's answer: its events, or a whole body. Raises ``GatewayError``."""
+        if resp.status >= 400:
+            raise status_error_of(resp.status, await _error_text(resp))
+        if "text/event-stream" not in resp.headers.get("Content-Type", ""):
+            return self.wire.parse(await _read_body(resp, self.max_reply_bytes))
+        return await _read_events(resp, reader, ReplySize(self.max_reply_bytes))
+
+    async def cancel(self, response_id: str) -> bool:
+        """Cancel the background response ``response_id`` (its generation stops: no more is paid);
+        whether the endpoint took it. Never raises."""
+        try:
+            async with self.session.post(cancel_url(self.url, response_id), data=b"{}") as resp:
+                return resp.status < 400
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
 
     async def aclose(self) -> None:
         """Close the pooled connections."""

@@ -44,3 +44,12 @@ def async_model_client(settings: Settings) -> AsyncModelClient:
         max_connections=settings.model_max_connections,
         max_reply_bytes=settings.model_max_reply_bytes,
     )
+
+
+def check_background(settings: Settings) -> None:
+    """Raises ``ValueError`` when ``AGENT_MODEL_BACKGROUND`` is on for a wire style without a
+    background mode (only the Responses API has one: ``worker.model.background``)."""
+    if settings.model_background and settings.openai_api_style != "responses":
+        raise ValueError(
+            f"AGENT_MODEL_BACKGROUND needs OPENAI_API_STYLE=responses ({settings.openai_api_style} has no background mode)"
+        )

@@ -91,6 +91,13 @@ _NAME_OK = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _NAME_BAD_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 
+def _encoded(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return repr(value)  # not JSON data: validation refuses it, naming what arrived
+
+
 def normalize_reply_calls(
     output_items: list[dict[str, Any]], history_call_ids: set[str], step: int = 0
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -105,7 +112,10 @@ def normalize_reply_calls(
       renamed pairwise (``<id>~2``) so each call gets its own output; the copy
       does not run;
     - a name the API would refuse when echoed back (E18, ``multi_tool_use.parallel``)
-      is recorded with invalid characters replaced by ``_``.
+      is recorded with invalid characters replaced by ``_``;
+    - ``arguments`` missing or ``null`` (Gemini omits a no-argument call's ``args``) is recorded
+      as ``""``, which validation reads as ``{}``; an object sent in place of the string is
+      recorded JSON-encoded (the API takes only a string back).
     """
     seen = set(history_call_ids)
     items: list[dict[str, Any]] = []
@@ -115,6 +125,9 @@ def normalize_reply_calls(
             items.append(item)
             continue
         item = dict(item)
+        args = item.get("arguments")
+        if not isinstance(args, str):
+            item["arguments"] = "" if args is None else _encoded(args)
         # A call without call_id gets one unique in the turn (and the same on a redelivery).
         original = item.get("call_id") or f"call_missing_s{step}_{len(calls)}"
         call_id, n = original, 1
@@ -125,7 +138,7 @@ def normalize_reply_calls(
         call = {
             "call_id": call_id,
             "name": item.get("name", ""),
-            "arguments": item.get("arguments", ""),
+            "arguments": item["arguments"],
             "duplicate_of": original if call_id != original else None,
         }
         if item.get("text_call"):  # read from the reply's text (worker.model.text_calls)

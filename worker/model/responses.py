@@ -128,7 +128,8 @@ def parse_response(data: Any) -> ModelReply:
     Raises ``GatewayError`` for ``status: failed`` (not retryable), and for a body that is
     not a response object: not an object, ``output`` not a list of objects, a
     ``function_call`` whose ``name`` / ``call_id`` / ``arguments`` are not strings (a
-    malformed 200 is retried like a 5xx: a gateway glitch, not the model's answer), or
+    malformed 200 is retried like a 5xx: a gateway glitch, not the model's answer; ``arguments``
+    missing or null is taken as ``""``: ``worker.model.items.normalize_reply_calls``), or
     ``status`` ``in_progress`` / ``queued`` (background mode is not used).
     """
     if not isinstance(data, dict):
@@ -153,6 +154,8 @@ def parse_response(data: Any) -> ModelReply:
             value = item.get(key)
             if key == "call_id" and value is None:
                 continue  # a missing call_id gets a placeholder (worker.model.items.normalize_reply_calls)
+            if key == "arguments" and value is None:
+                continue  # no arguments at all (Gemini omits them): "" (worker.model.items.normalize_reply_calls)
             if not isinstance(value, str):
                 raise GatewayError(
                     f"model gateway sent a malformed function_call: {key} is {type(value).__name__}, not a string",

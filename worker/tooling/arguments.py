@@ -16,7 +16,9 @@
    ``Infinity``, ``1e400`` and lone surrogates: those go to the ladder, which refuses them).
    Valid JSON as sent keeps standard semantics for a repeated key (the last value wins);
    text that needs repair is held to more (a repeated key is refused).
-2. Text: an empty string means ``{}``; text that does not parse (or is a JSON
+2. Text: an empty string means ``{}``, and so does no value at all (``None``: Gemini omits a
+   no-argument call's ``args``; ``worker.model.items`` records it as ``""`` on every wire path);
+   the JSON text ``null`` is refused as not an object (case A09). Text that does not parse (or is a JSON
    string) climbs the text ladder (``worker.tooling.repair``); valid JSON that
    is not an object is refused.
 3. Object checks, the same for pydantic and raw-schema tools: a call envelope naming
@@ -51,13 +53,13 @@ from typing import Any, Literal
 import orjson
 from pydantic import ValidationError
 
-from worker.tooling.coercion import coerce
+from worker.tooling.coercion import coerce, has_float_token, whole_numbers
 from worker.tooling.contract import WorkerTool
 from worker.tooling.json_checks import CUT_OFF_ERROR, MAX_NESTING_DEPTH, Refused, check_depth, too_deep_error
 from worker.tooling.keys import name_sent_keys, near_miss_error
 from worker.tooling.markup import markup_hinted, markup_key_error, markup_value_error, value_markup_hinted
 from worker.tooling.model_flags import accepted_names, fast_path_eligible
-from worker.tooling.object_rungs import decode_encoded_fields, unwrap_candidate, unwrap_envelope
+from worker.tooling.object_rungs import ENVELOPE_KEYS, decode_encoded_fields, unwrap_candidate, unwrap_envelope
 from worker.tooling.oversized import held_arguments, too_large_reason, utf8_size
 from worker.tooling.param_validation import params_to_data, validate_params
 from worker.tooling.repair import repair_arguments
@@ -85,14 +87,11 @@ MAX_UNWRAP = 2
 # Text that may hold a call envelope takes the envelope check. Plain substring tests (C speed;
 # one regex alternation over the text cost as much as the whole validation).
 _ENVELOPE_HINTS = (
-    '"tool_uses"',
-    '"tool_calls"',
+    '"tool_',  # tool_uses, tool_calls, tool_input
     '"function',
-    '"arguments"',
+    '"arg',  # arguments, args
     '"parameters"',
     '"input"',
-    '"args"',
-    '"tool_input"',
 )
 
 
@@ -104,10 +103,16 @@ def _envelope_hinted(raw: str) -> bool:
     return False
 
 
-def _hinted(raw: str) -> bool:
+def _hinted(raw: str, parsed: Any = None) -> bool:
     """True when ``raw`` may hold a markup key or value, a call envelope, or a ``\\u`` escape
-    that could hide either: such text takes the object checks."""
-    return "\\u" in raw or markup_hinted(raw) or _envelope_hinted(raw)
+    that could hide either: such text takes the object checks. For text that parsed to an object
+    (``parsed``), the envelope test is its top-level keys (``ENVELOPE_KEYS``: one set operation,
+    where the text test is five substring searches)."""
+    if "\\" in raw and "\\u" in raw or markup_hinted(raw):
+        return True
+    if type(parsed) is dict:
+        return not ENVELOPE_KEYS.isdisjoint(parsed)
+    return _envelope_hinted(raw)
 
 
 DEFAULT_MAX_ARGUMENTS_BYTES = 1_048_576
@@ -162,9 +167,13 @@ class ArgumentsOutcome:
         self._tool = tool
 
     @classmethod
-    def validated(cls, tool: WorkerTool[Any], params: Any) -> ArgumentsOutcome:
-        """Params of ``tool`` that validated as sent, without a repair (``data`` computed when read)."""
-        return cls(ok=True, params=params, tool=tool)
+    def validated(cls, tool: WorkerTool[Any], params: Any, data: dict[str, Any] | None = None) -> ArgumentsOutcome:
+        """Params of ``tool`` that validated as sent, without a repair (``data`` computed when read
+        unless given). The happy path of every call: slots set directly, no keyword parsing."""
+        out = cls.__new__(cls)
+        out.ok, out.params, out._data, out.repairs, out.errors, out._tool = True, params, data, [], [], tool
+        out.error = out.error_kind = None
+        return out
 
     @property
     def data(self) -> dict[str, Any] | None:
@@ -229,15 +238,22 @@ def _failure(
 
 
 def _validate(
-    tool: WorkerTool[Any], data: dict[str, Any], info: Any
+    tool: WorkerTool[Any], data: dict[str, Any], info: Any, floats: bool = False
 ) -> tuple[Any, list[FieldError], dict[str, Any], list[str]]:
-    """Strict null handling + validation. Returns (params, errors, data_used, null_repairs)."""
+    """Strict null handling + validation. Returns (params, errors, data_used, repairs): the
+    ``null_as_omitted`` drops, and for a raw-schema tool whose arguments may hold a float
+    (``floats``) each integral float made the integer its ``integer`` field takes (``coerced:<f>``,
+    ``worker.tooling.coercion.whole_numbers``: the rule a pydantic tool gets from its ladder)."""
     notes: list[str] = []
     if tool.strict:
         dropped: list[str] = []
         data = omit_nulls(data, info.schema, info.resolve, "", dropped)
         notes = [f"null_as_omitted:{d}" for d in dropped]
-    params, errors = validate_params(tool, data)
+    params, errors = validate_params(tool, data, info)
+    if floats and not errors:
+        applied: list[str] = []
+        data = params = whole_numbers(data, info.schema, info.resolve, applied)
+        notes += [f"coerced:{a}" for a in applied]
     return params, errors, data, notes
 
 
@@ -267,15 +283,14 @@ def validate_tool_arguments(
         model is not None
         and type(raw) is str
         and len(raw) <= max_arguments_bytes // 4
-        and "\\u" not in raw
+        and ("\\" not in raw or "\\u" not in raw)  # one memchr first: most text has no backslash
         and not value_markup_hinted(raw)
-        and (len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH)
         and fast_path_eligible(model, raw)
     ):
         # Happy path: one strict pydantic-core pass over the text. With no field that takes a float,
         # what JSON forbids but pydantic-core accepts (NaN, Infinity, 1e400) cannot validate;
-        # without ``\\u`` escapes there is no lone surrogate; the bracket count bounds nesting;
-        # without ``<`` no value holds markup; ``extra="forbid"`` leaves every unknown key (so every
+        # without ``\\u`` escapes there is no lone surrogate; the bracket count (or a model whose
+        # schema bounds the depth) bounds nesting; without ``<`` no value holds markup; ``extra="forbid"`` leaves every unknown key (so every
         # markup key and every envelope) to the checked path, and a model with open maps is only
         # taken without any markup hint; 4 bytes per character bound the size.
         try:
@@ -285,7 +300,9 @@ def validate_tool_arguments(
         except ValidationError:
             pass
     try:
-        if not isinstance(raw, str):
+        if raw is None:
+            raw = ""  # no arguments at all (Gemini omits a no-argument call's args): as empty
+        elif not isinstance(raw, str):
             raw = orjson.dumps(raw).decode()
     except Exception:
         raw = repr(raw)
@@ -327,7 +344,11 @@ def _validate_tool_arguments(
         parsed: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
         parsed = _UNPARSED
-    hinted = _hinted(raw)
+    hinted = _hinted(raw, parsed)
+    if type(parsed) is dict and model is None and not hinted and response_status == "completed" and not tool.strict:
+        done = _raw_as_sent(tool, raw, parsed)
+        if done is not None:
+            return done
     if type(parsed) is dict and model is not None and not hinted:
         try:
             return ArgumentsOutcome.validated(
@@ -362,9 +383,10 @@ def _validate_tool_arguments(
     except Refused as exc:
         return _failure(tool, raw, "parse", str(exc), max_raw_echo)
 
-    params, errors, used, notes = _validate(tool, data, info)
+    floats = model is None and info.integers and has_float_token(raw)
+    params, errors, used, notes = _validate(tool, data, info, floats)
     if not errors:
-        if response_status == "incomplete" and repairs:
+        if response_status == "incomplete" and (repairs or any(n.startswith("coerced:") for n in notes)):
             return _failure(tool, raw, "cut_off", CUT_OFF_ERROR, max_raw_echo)
         return _success(tool, params, used, repairs + notes)
     if response_status == "incomplete":
@@ -372,7 +394,7 @@ def _validate_tool_arguments(
             return _failure(tool, raw, "cut_off", CUT_OFF_ERROR, max_raw_echo)
         errors = name_sent_keys(errors, used, info.schema, info.resolve)
         return _failure(tool, raw, "cut_off", "", max_raw_echo, errors=errors, data=used, repairs=notes)
-    found, shown = _object_ladder(tool, data, info)
+    found, shown = _object_ladder(tool, data, info, floats)
     if found is not None:
         params, used, names = found
         return _success(tool, params, used, repairs + names)
@@ -380,6 +402,22 @@ def _validate_tool_arguments(
         errors, used, notes = shown
     errors = name_sent_keys(errors, used, info.schema, info.resolve)
     return _failure(tool, raw, "validation", "", max_raw_echo, errors=errors, data=used, repairs=repairs + notes)
+
+
+def _raw_as_sent(tool: WorkerTool[Any], raw: str, parsed: dict[str, Any]) -> ArgumentsOutcome | None:
+    """The happy path of a raw-schema tool, or None for the checked path: an object (no markup or
+    envelope hint) whose keys are all declared (or whose schema declares none), that validates as
+    sent and holds no float an integer field would take. What it skips (the respelled-key check,
+    the strict nulls, the float rule) cannot apply to such an object."""
+    info = validation_info(tool)
+    props = info.properties
+    if props and not parsed.keys() <= props.keys() or info.integers and has_float_token(raw):
+        return None
+    try:
+        valid = info.validator.is_valid(parsed)
+    except Exception:  # a schema that cannot be applied: the checked path says so
+        return None
+    return ArgumentsOutcome.validated(tool, parsed, parsed) if valid else None
 
 
 def _object_checks(
@@ -410,7 +448,7 @@ def _success(tool: WorkerTool[Any], params: Any, used: dict[str, Any], repairs: 
     )
 
 
-def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any) -> tuple[Any, Any]:
+def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any, floats: bool) -> tuple[Any, Any]:
     """The object rungs in their fixed order (module docstring, step 6).
 
     Returns ``((params, data_used, repairs), None)`` for the first candidate that
@@ -430,7 +468,7 @@ def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any) -> tu
                     break
                 cur, step = cand
                 names = names + step
-                p, e, used, notes = _validate(tool, cur, info)
+                p, e, used, notes = _validate(tool, cur, info, floats)
                 if not e:
                     return (p, used, names + notes), None
             if not names:
@@ -438,7 +476,7 @@ def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any) -> tu
         decoded, step = decode_encoded_fields(cur, info.schema, info.resolve)
         if step:
             cur, names = decoded, names + step
-            p, e, used, notes = _validate(tool, cur, info)
+            p, e, used, notes = _validate(tool, cur, info, floats)
             if not e:
                 return (p, used, names + notes), None
             if not unwrap:
@@ -447,7 +485,7 @@ def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any) -> tu
         coerced = coerce(cur, info.schema, info.resolve, applied)
         if applied:
             cur, names = coerced, names + [f"coerced:{a}" for a in applied]
-            p, e, used, notes = _validate(tool, cur, info)
+            p, e, used, notes = _validate(tool, cur, info, floats)
             if not e:
                 return (p, used, names + notes), None
             if not unwrap:

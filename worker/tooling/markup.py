@@ -75,11 +75,8 @@ def markup_hinted(raw: str) -> bool:
         return True
     if "|" in raw and "|>" in raw:
         return True
-    if "[" in raw:
-        for token in _CONTROL_TOKENS:
-            if token in raw:
-                return True
-    return False
+    # every control token ends in "S]" or "D]" (a superset test: two needles instead of four)
+    return "[" in raw and ("S]" in raw or "D]" in raw)
 
 
 def value_markup_hinted(raw: str) -> bool:

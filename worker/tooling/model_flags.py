@@ -2,7 +2,8 @@
 
 - ``fast_path_eligible(model, raw)``: whether a call may take the one-pass happy path of
   ``worker.tooling.arguments`` (no field that takes a float; a model with open maps only when the
-  text has no markup hint);
+  text has no markup hint; text nested deeper than ``MAX_NESTING_DEPTH`` never, which a model whose
+  schema bounds the depth proves without counting the text's brackets);
 - ``accepted_names(model)``: every top-level key the model takes (field names and aliases), so a
   field name beside its alias is never taken for a respelled parameter.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from worker.tooling.json_checks import MAX_NESTING_DEPTH
 from worker.tooling.markup import markup_hinted
 
 
@@ -33,7 +35,7 @@ def accepted_names(model: type) -> frozenset[str]:
     return frozenset(names)
 
 
-_FLAGS: dict[type, tuple[bool, bool]] = {}
+_FLAGS: dict[type, tuple[bool, bool, bool]] = {}
 
 
 def fast_path_eligible(model: type, raw: str) -> bool:
@@ -44,8 +46,50 @@ def fast_path_eligible(model: type, raw: str) -> bool:
     if flags is None:
         if len(_FLAGS) > 4096:
             _FLAGS.clear()
-        flags = _FLAGS[model] = (_no_float_fields(model), _open_keys(model))
-    return flags[0] and not (flags[1] and markup_hinted(raw))
+        flags = _FLAGS[model] = (_no_float_fields(model), _open_keys(model), _bounded_depth(model))
+    if not flags[0] or flags[1] and markup_hinted(raw):
+        return False
+    # Nesting over the limit must reach the checked path (which refuses it): a model whose values
+    # cannot nest that deep refuses such text itself, else the text's brackets bound its depth.
+    return flags[2] or len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH
+
+
+def _bounded_depth(model: type) -> bool:
+    """True when no JSON value nested deeper than ``MAX_NESTING_DEPTH`` can validate against
+    ``model``: its schema has no recursion (a ``$ref`` reached again), no value that takes anything
+    (``Any``, ``true``, an untyped node, ``additionalProperties: true``), and its own depth is
+    within the limit. Cached per model class (``_FLAGS``)."""
+    try:
+        schema = model.model_json_schema()  # type: ignore[attr-defined]  # a pydantic model class
+    except Exception:
+        return False
+    defs = schema.get("$defs") or {}
+
+    def depth(node: Any, refs: frozenset[str]) -> int | None:
+        if node is True or not isinstance(node, dict):
+            return None if node is True else 0
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            name = ref.rsplit("/", 1)[-1]
+            if name in refs or name not in defs:
+                return None  # recursion (or a ref not into $defs): no bound
+            return depth(defs[name], refs | {name})
+        t = node.get("type")
+        if t is None and not any(k in node for k in ("anyOf", "oneOf", "allOf", "enum", "const")):
+            return None  # untyped: any value, any depth
+        subs = list((node.get("properties") or {}).values()) + list((node.get("patternProperties") or {}).values())
+        subs += [node[k] for k in ("items", "additionalProperties") if k in node and node[k] is not False]
+        subs += [v for k in ("anyOf", "oneOf", "allOf", "prefixItems") for v in node.get(k) or []]
+        deepest = 0
+        for sub in subs:
+            d = depth(sub, refs)
+            if d is None:
+                return None
+            deepest = max(deepest, d)
+        return deepest + (1 if t in ("object", "array") or isinstance(t, list) else 0)
+
+    found = depth(schema, frozenset())
+    return found is not None and found <= MAX_NESTING_DEPTH
 
 
 def _open_keys(model: type) -> bool:

@@ -20,6 +20,8 @@ _NAME_KEYS = ("name", "tool", "tool_name", "function_name", "recipient_name")
 _ARG_KEYS = ("arguments", "parameters", "input", "args", "tool_input")
 _CALL_KEYS = ("function", "function_call")  # {"function": {"name", "arguments"}}
 _LIST_KEYS = ("tool_uses", "tool_calls")  # multi_tool_use.parallel, a whole tool_calls array
+ENVELOPE_KEYS = frozenset(_ARG_KEYS + _CALL_KEYS + _LIST_KEYS)
+"""An object can be an envelope (``unwrap_envelope``) only with one of these keys at its top level."""
 
 
 def _names_tool(name: Any, tool_name: str) -> bool:

@@ -18,16 +18,51 @@ from pydantic import ValidationError
 from worker.tooling.contract import WorkerTool
 from worker.tooling.json_checks import too_deep_error
 from worker.tooling.schemas import validation_info
-from worker.tooling.validators import REQUIRED_MSG, FieldError, loc_of
+from worker.tooling.validators import ARRAY_HINT, REQUIRED_MSG, FieldError, enum_message, loc_of, looks_like_array
 
 
-def pydantic_errors(exc: ValidationError) -> list[FieldError]:
-    """Each failing field of a pydantic ``ValidationError``; a missing field gets the raw-schema
-    tools' wording (``REQUIRED_MSG``), so the model reads one text whatever declares the schema."""
-    return [FieldError(loc_of(e["loc"]), REQUIRED_MSG if e["type"] == "missing" else e["msg"]) for e in exc.errors()]
+def pydantic_errors(exc: ValidationError, info: Any = None) -> list[FieldError]:
+    """Each failing field of a pydantic ``ValidationError``, in the raw-schema tools' words, so the
+    model reads one text whatever declares the schema (``info``: the tool's ``ValidationInfo``, for
+    the values of an ``enum``)."""
+    return [FieldError(loc_of(e["loc"]), _message(e, info)) for e in exc.errors()]
 
 
-def validate_params(tool: WorkerTool[Any], data: dict[str, Any]) -> tuple[Any, list[FieldError]]:
+def _enum_at(info: Any, loc: tuple[Any, ...]) -> list[Any] | None:
+    """The ``enum`` of the schema node at ``loc`` (through ``properties``, ``items``, ``$ref`` and
+    ``anyOf``), or None."""
+    node = info.resolve(info.schema)
+    for part in loc:
+        if not isinstance(node, dict):
+            return None
+        if isinstance(node.get("anyOf"), list):  # an Optional[...]: the branch that is not null
+            node = next((info.resolve(b) for b in node["anyOf"] if info.resolve(b).get("type") != "null"), None)
+            if not isinstance(node, dict):
+                return None
+        sub = (node.get("properties") or {}).get(part) if isinstance(part, str) else node.get("items")
+        node = info.resolve(sub)
+    values = node.get("enum") if isinstance(node, dict) else None
+    return values if isinstance(values, list) else None
+
+
+def _message(error: Any, info: Any) -> str:
+    """Pydantic's text where the raw-schema tools' words differ: a missing field is ``REQUIRED_MSG``,
+    a value outside an ``enum`` or ``Literal`` lists the allowed values as ``enum_message`` does, an
+    array sent as bracket text gets ``ARRAY_HINT`` (``worker.tooling.validators``)."""
+    if error["type"] == "missing":
+        return REQUIRED_MSG
+    if error["type"] in ("literal_error", "enum") and info is not None:
+        values = _enum_at(info, tuple(error["loc"]))
+        if values:
+            return enum_message(error.get("input"), values)
+    if error["type"] in ("list_type", "tuple_type", "set_type", "frozen_set_type") and looks_like_array(
+        error.get("input")
+    ):
+        return str(error["msg"]) + ARRAY_HINT
+    return str(error["msg"])
+
+
+def validate_params(tool: WorkerTool[Any], data: dict[str, Any], info: Any = None) -> tuple[Any, list[FieldError]]:
     """Validate a decoded JSON object against the tool's own schema.
 
     Pydantic tools: the model in strict JSON mode; raw-schema tools: the cached
@@ -38,6 +73,7 @@ def validate_params(tool: WorkerTool[Any], data: dict[str, Any]) -> tuple[Any, l
     ``FieldError.loc`` names the field (a missing required field is reported at
     its own location, e.g. ``files[0].path``). Never raises for bad data: a
     schema that cannot be applied becomes a ``<root>`` error naming the tool's fault.
+    ``info``: the tool's ``ValidationInfo`` when the caller has it (saves a lookup).
     """
     if tool.input_model is not None:
         try:
@@ -47,8 +83,8 @@ def validate_params(tool: WorkerTool[Any], data: dict[str, Any]) -> tuple[Any, l
         try:
             return tool.input_model.__pydantic_validator__.validate_json(raw, strict=True), []
         except ValidationError as exc:
-            return None, pydantic_errors(exc)
-    validator = validation_info(tool).validator
+            return None, pydantic_errors(exc, info or validation_info(tool))
+    validator = (info or validation_info(tool)).validator
     try:
         if validator.is_valid(data):
             return data, []

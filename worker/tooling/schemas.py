@@ -363,6 +363,8 @@ class ValidationInfo:
     - ``engine``: what validates the calls: ``"pydantic"``, ``"jsonschema-rs"``,
       or ``"jsonschema (fallback: <why jsonschema-rs could not compile it>)"``.
     - ``resolve``: returns a sub-schema with a local ``$ref`` resolved.
+    - ``integers``: the schema names the type ``integer`` somewhere (a raw-schema tool's
+      integral floats are then made integers: ``worker.tooling.coercion.whole_numbers``).
     """
 
     schema: dict[str, Any]
@@ -370,6 +372,7 @@ class ValidationInfo:
     validator: Any
     resolve: Callable[[Any], Any]
     engine: str = "pydantic"
+    integers: bool = False
 
 
 def _resolver(root: dict[str, Any]) -> Callable[[Any], Any]:
@@ -411,6 +414,7 @@ def validation_info(tool: ToolSpec) -> ValidationInfo:
         validator=validator,
         resolve=_resolver(schema),
         engine=validator.engine if validator is not None else "pydantic",
+        integers=b'"integer"' in orjson.dumps(schema),
     )
     _INFO_BY_TOOL[tool] = info
     return info

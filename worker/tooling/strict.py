@@ -38,7 +38,9 @@ refer to that file):
   any JSON value (no ``type``, ``enum``, ``const``, ``$ref`` or composition)
   cannot be expressed in strict mode and raises.
 - D10    guards: nesting depth 100 and 100,000 visited nodes (as
-  openai-agents-python), against ``$ref`` fan-out; a description grown by a
+  openai-agents-python), against ``$ref`` fan-out; OpenAI's own size limits
+  (10 levels of objects, 5,000 properties, 1,000 enum values, name lengths) are
+  checked on the copy, each with its source (``worker.tooling.strict_limits``, L1-L5); a description grown by a
   D7 note stays within 1024 characters (the note is shortened; the tool's own
   description limit is checked by ``define_worker_tool``).
 - D8     also: ``items: false`` (a ``prefixItems`` tuple) raises: strict mode
@@ -59,7 +61,16 @@ import copy
 from typing import Any, NoReturn
 
 from worker.tooling.errors import ToolDefinitionError
-from worker.tooling.wire import ROOT_COMBINATORS, check_root, field_name, has_lookaround, merge_all_of, with_note
+from worker.tooling.strict_limits import check_strict_limits
+from worker.tooling.wire import (
+    ROOT_COMBINATORS,
+    check_root,
+    field_name,
+    has_lookaround,
+    merge_all_of,
+    with_note,
+    without_presence,
+)
 from worker.tooling.wire import pointer as _pointer
 
 __all__ = ["accepts_null", "field_name", "strict_violations", "to_strict_schema"]
@@ -410,7 +421,7 @@ def to_strict_schema(schema: dict[str, Any], *, tool_name: str) -> dict[str, Any
     """
     if not isinstance(schema, dict):
         raise ToolDefinitionError(f"tool {tool_name!r} cannot be strict: the root schema is not an object schema")
-    root = copy.deepcopy(schema)
+    root = without_presence(copy.deepcopy(schema))  # P5: strict mode has no root anyOf
     if root == {}:
         root = {"type": "object", "properties": {}}
     if "properties" in root and "type" not in root and not any(k in root for k in ROOT_COMBINATORS):
@@ -428,6 +439,7 @@ def to_strict_schema(schema: dict[str, Any], *, tool_name: str) -> dict[str, Any
             "OpenAI strict mode requires the root to be a non-nullable object"
         )
     converted: dict[str, Any] = conv.walk(root, ())
+    check_strict_limits(converted, tool_name)  # L1-L5: OpenAI's documented size limits
     return converted
 
 

@@ -16,11 +16,14 @@ reported at its own location (``files[0].path``).
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 import jsonschema
 import jsonschema_rs
+
+from worker.tooling.wire import presence_only, presence_words
 
 RUST_ENGINE = "jsonschema-rs"
 
@@ -58,6 +61,43 @@ def loc_of(parts: Any) -> str:
 REQUIRED_MSG = "required property is missing"
 _PY_REQUIRED = re.compile(r"^'(.+)' is a required property$")
 
+MAX_LISTED_VALUES = 100
+"""An enum refusal lists every allowed value up to this many (and ``MAX_LISTED_CHARS`` of text): the
+model can pick the right one only from the list (a refusal that shows 2 of 7 and "5 other candidates"
+left a model guessing again; the list is what a wrong guess needs)."""
+MAX_LISTED_CHARS = 4_000
+
+ARRAY_HINT = (
+    '; this field takes a JSON array: send the value as an array (e.g. ["a", "b"]), not as a string that looks like one'
+)
+
+
+def enum_message(instance: Any, options: list[Any]) -> str:
+    """The refusal of ``instance`` for an ``enum`` of ``options``: every allowed value, as JSON, up to
+    ``MAX_LISTED_VALUES`` values and ``MAX_LISTED_CHARS`` characters, then how many more there are."""
+    shown: list[str] = []
+    size = 0
+    for value in options:
+        text = json.dumps(value, ensure_ascii=False)
+        if len(shown) == MAX_LISTED_VALUES or size + len(text) > MAX_LISTED_CHARS:
+            break
+        shown.append(text)
+        size += len(text) + 2
+    listed = ", ".join(shown)
+    more = len(options) - len(shown)
+    tail = f", and {more} more (the parameter's schema lists them all)" if more else ""
+    return f"{json.dumps(instance, ensure_ascii=False)[:200]} is not one of the allowed values: {listed}{tail}"
+
+
+def looks_like_array(value: Any) -> bool:
+    """A string that reads as a bracket list (``"[a, b]"``, ``"['x']"``) where an array is expected:
+    the model wrote the array as text (it is decoded when it is JSON or a Python literal; otherwise
+    the refusal says to send a JSON array)."""
+    if not isinstance(value, str):
+        return False
+    text = value.strip()
+    return len(text) >= 2 and text[0] == "[" and text[-1] == "]"
+
 
 class CompiledValidator:
     """``is_valid(data) -> bool`` and ``field_errors(data) -> list[FieldError]`` (sorted by ``loc``).
@@ -67,13 +107,14 @@ class CompiledValidator:
     that into an error output.
     """
 
-    __slots__ = ("engine", "_rs", "_py", "is_valid")
+    __slots__ = ("engine", "_rs", "_py", "is_valid", "presence")
 
-    def __init__(self, engine: str, rs: Any = None, py: Any = None):
+    def __init__(self, engine: str, rs: Any = None, py: Any = None, presence: str | None = None):
         self.engine = engine
         self._rs = rs
         self._py = py
         self.is_valid = (rs or py).is_valid
+        self.presence = presence  # P5's words for a root "at least one of these fields" (worker.tooling.wire)
 
     def field_errors(self, data: Any) -> list[FieldError]:
         errors: list[FieldError] = []
@@ -83,8 +124,10 @@ class CompiledValidator:
                 prop = getattr(e.kind, "property", None) if type(e.kind).__name__ == "Required" else None
                 if isinstance(prop, str):
                     errors.append(FieldError(loc_of(path + [prop]), REQUIRED_MSG))
+                elif self.presence and not path and list(e.schema_path)[:1] in (["anyOf"], ["oneOf"]):
+                    errors.append(FieldError("<root>", self.presence))
                 else:
-                    errors.append(FieldError(loc_of(path), e.message))
+                    errors.append(FieldError(loc_of(path), _message(e)))
         else:
             for e in self._py.iter_errors(data):
                 path = list(e.absolute_path)
@@ -92,9 +135,31 @@ class CompiledValidator:
                 if m:
                     errors.append(FieldError(loc_of(path + [m.group(1)]), REQUIRED_MSG))
                 else:
-                    errors.append(FieldError(loc_of(path), e.message))
+                    errors.append(FieldError(loc_of(path), _py_message(e)))
         errors.sort(key=lambda f: f.loc)
         return errors
+
+
+def _message(e: Any) -> str:
+    """A jsonschema-rs error as the model reads it: an ``enum`` lists every allowed value
+    (``enum_message``), an array sent as bracket text gets ``ARRAY_HINT``."""
+    kind = type(e.kind).__name__
+    if kind == "Enum":
+        options = getattr(e.kind, "options", None)
+        if isinstance(options, list):
+            return enum_message(e.instance, options)
+    elif kind == "Type" and looks_like_array(e.instance) and "array" in str(getattr(e.kind, "types", "")):
+        return str(e.message) + ARRAY_HINT
+    return str(e.message)
+
+
+def _py_message(e: Any) -> str:
+    """The same for the ``jsonschema`` fallback."""
+    if e.validator == "enum" and isinstance(e.validator_value, list):
+        return enum_message(e.instance, e.validator_value)
+    if e.validator == "type" and looks_like_array(e.instance) and "array" in str(e.validator_value):
+        return str(e.message) + ARRAY_HINT
+    return str(e.message)
 
 
 def compile_validator(schema: dict[str, Any]) -> CompiledValidator:
@@ -104,11 +169,15 @@ def compile_validator(schema: dict[str, Any]) -> CompiledValidator:
     ever fetched); when it cannot compile the schema, ``jsonschema`` with the
     schema's own draft (Draft 2020-12 by default) and its format checker.
     """
+    key = presence_only(schema)
+    presence = presence_words(schema, key) if key else None
     try:
         rs = jsonschema_rs.validator_for(schema, validate_formats=True, offline=True)
-        return CompiledValidator(RUST_ENGINE, rs=rs)
+        return CompiledValidator(RUST_ENGINE, rs=rs, presence=presence)
     except Exception as exc:  # jsonschema-rs raises ValidationError/ValueError for what it cannot compile
         reason = str(exc).split("\n", 1)[0][:200]
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     py = cls(schema, format_checker=cls.FORMAT_CHECKER)
-    return CompiledValidator(f"jsonschema (fallback: jsonschema-rs cannot compile this schema: {reason})", py=py)
+    return CompiledValidator(
+        f"jsonschema (fallback: jsonschema-rs cannot compile this schema: {reason})", py=py, presence=presence
+    )

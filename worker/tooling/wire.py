@@ -12,9 +12,10 @@ these apply to every tool, strict or not:
 | P1 | root is a plain ``type: object``: an ``allOf`` at the root is merged into it when its branches merge cleanly; ``anyOf``/``oneOf``/``not``/``if``-``then``-``else`` at the root, or a root without ``type: object``, is refused at definition, naming the keyword | OpenAI: "Invalid schema for function 'subagent': schema must be a JSON Schema of 'type: "object"', got 'type: null'" (S04, github.com/Jaxton07/percho/pull/22); Anthropic: "input_schema does not support oneOf, allOf, or anyOf at the top level" |
 | P2 | a ``pattern`` with regex look-around (``(?=``, ``(?!``, ``(?<=``, ``(?<!``) is dropped from the copy and stated in the description | OpenAI: "Invalid JSON schema: regex lookaround is not supported. Found at $.properties.bitbucketEmail.pattern." (S01, github.com/Dokploy/mcp/issues/45; fix pattern: BerriAI/litellm#40485) |
 | P3 | (strict) a multi-entry ``allOf`` is merged into its parent when the entries merge cleanly (the same keyword with different values, or a property defined differently in two entries, does not), else refused at definition naming the field | OpenAI: "In context=('properties', 'data'), 'allOf' is not permitted." (S03, github.com/makenotion/notion-mcp-server/issues/102) |
+| P5 | a root ``anyOf``/``oneOf`` whose branches only list declared fields as ``required`` ("at least one of these") is kept in OpenAI's non-strict copy, which takes it; the copies for Anthropic, Gemini, ``any`` and strict mode state it in the root's description instead (validation still holds it) | Anthropic: "input_schema does not support oneOf, allOf, or anyOf at the top level" (marianfoo/mcp-sap-docs PR 51, DeusData/codebase-memory-mcp issue 1524, redhat-et/ripwire issue 48); OpenAI non-strict takes the keyword beside ``type: object`` |
 | P4 | every object schema carries ``required`` (``[]`` when it requires nothing, e.g. a no-argument tool) | OpenAI-compatible relays: "Invalid schema for function 'get_goal': null is not of type "array"" (S05, github.com/aqiu817/dsh-llm-agentrouter/pull/2); strict sibling: yomo#860 |
 
-Each rule has a test in ``tests/test_wire_rules.py`` against the cases of
+Each rule has a test in ``tests/unit/tooling/test_wire_rules.py`` against the cases of
 ``tests/fixtures/cases/provider-schema-rejections.json`` and cases of our own.
 """
 
@@ -147,10 +148,56 @@ def merge_all_of(
     return merged, ""
 
 
+_PRESENCE_KEYS = frozenset({"required", "description", "title"})
+
+
+def presence_only(schema: dict[str, Any]) -> str | None:
+    """P5: a root ``anyOf`` (or ``oneOf``) whose every branch only lists declared properties as
+    ``required`` ("send at least one of these fields") returns its combinator's name, else None.
+    OpenAI takes it in a non-strict copy; Anthropic ("input_schema does not support oneOf, allOf, or
+    anyOf at the top level"), Gemini and strict mode do not, so their copies state it in the
+    description instead (``without_presence``) and validation against the tool's own schema holds it."""
+    props = schema.get("properties")
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if not isinstance(branches, list) or not branches or not isinstance(props, dict):
+            continue
+        other = "oneOf" if key == "anyOf" else "anyOf"
+        if other in schema or any(k in schema for k in ("not", "if", "then", "else")):
+            return None
+        for b in branches:
+            if not isinstance(b, dict) or set(b) - _PRESENCE_KEYS or not isinstance(b.get("required"), list):
+                return None
+            if not b["required"] or not all(isinstance(n, str) and n in props for n in b["required"]):
+                return None
+        return key
+    return None
+
+
+def without_presence(schema: dict[str, Any]) -> dict[str, Any]:
+    """The root without its P5 combinator, which its description states: "send at least one of:
+    paths, scopes" (``anyOf``) or "exactly one of" (``oneOf``); sets of several fields joined by "and"."""
+    key = presence_only(schema)
+    if key is None:
+        return schema
+    out = {k: v for k, v in schema.items() if k != key}
+    out["description"] = with_note(schema.get("description"), presence_words(schema, key))
+    return out
+
+
+def presence_words(schema: dict[str, Any], key: str) -> str:
+    """What a P5 combinator asks, in words: "send at least one of: paths; scopes"."""
+    sets = [" and ".join(b["required"]) for b in schema[key]]
+    words = "at least one of" if key == "anyOf" else "exactly one of"
+    return f"send {words}: {'; '.join(sets)}"
+
+
 def check_root(schema: dict[str, Any], tool_name: str, resolve: Callable[[Any], Any]) -> dict[str, Any]:
     """Rule P1: the root as sent. Returns ``schema`` (unchanged), or a copy with a root
-    ``allOf`` merged; raises ``ToolDefinitionError`` naming the keyword otherwise."""
-    found = [k for k in ROOT_COMBINATORS if k in schema]
+    ``allOf`` merged; raises ``ToolDefinitionError`` naming the keyword otherwise (a root
+    combinator that only says which fields must be present is P5's: ``presence_only``)."""
+    presence = presence_only(schema)
+    found = [k for k in ROOT_COMBINATORS if k in schema and k != presence]
     if found:
         raise ToolDefinitionError(
             f"tool {tool_name!r}: the root schema uses {', '.join(found)}; providers accept only a plain "

@@ -24,6 +24,7 @@ the copy, so a constraint the copy moves into a description still holds.
 | G7 | gemini, any | ``type`` is one name | a list becomes ``anyOf`` of one-type schemas (gemini: ``[X, "null"]`` becomes ``X`` with ``nullable: true``) | "Proto field is not repeating, cannot start list" (aoci-spec/aoci-code issue 61, laravel/ai PR 386) |
 | G8 | gemini, any | ``enum`` only of strings | another ``enum`` moves into the description | "function declaration enum only allowed for STRING type" (decolua/9router PR 380) |
 | G10 | gemini, any | no object with an empty ``properties`` | a root ``properties: {}`` is dropped (the same object); under ``gemini`` a tool without arguments is declared without ``parameters`` (the form Gemini documents for a function that takes none), a map root (no named properties) is refused | "parameters.properties: should be non-empty for OBJECT type" (BerriAI/litellm issue 9289, vercel/ai issue 3371, SWE-agent/SWE-agent PR 1431); google-genai's FunctionDeclaration: parameters may be left unset for a function without parameters (quoted in pydantic/pydantic-ai issue 1990) |
+| G10 nested, G12 | gemini, any | every object node says ``type: object`` and has named properties, at every level | ``worker.tooling.gemini_objects`` (a free-form object below the root is sent as JSON text, decoded back by validation) | the table in ``worker.tooling.gemini_objects`` |
 | G11 | gemini, any | ``anyOf`` is the only field of its schema | the node's constraints move into each branch (a branch of another type is dropped; an ``enum`` keeps the values of the branch's type), its description and title go to each branch but a ``null`` one, ``default``/``example`` into the description; a constraint a branch gives differently is refused | Vertex AI: "schema specified other fields alongside any_of. When using any_of, it must be the only field set" (BerriAI/litellm issue 11164, anomalyco/opencode issue 15795) |
 | G9 | gemini, any | only the Gemini Schema's fields (type, format, title, description, nullable, enum, items, min/maxItems, properties, required, min/maxProperties, min/maxLength, pattern, example, anyOf, propertyOrdering, default, minimum, maximum) | ``oneOf`` becomes ``anyOf``; other constraints (``exclusiveMinimum``, ``multipleOf``, ``uniqueItems``, ``not``...) move into the description; other annotations are dropped; a tuple (``prefixItems``) is refused | "Invalid JSON payload received. Unknown name ..." (the errors above) |
 
@@ -41,7 +42,8 @@ import json
 from typing import Any, Literal
 
 from worker.tooling.errors import ToolDefinitionError
-from worker.tooling.wire import field_name, merge_all_of, merge_types, pointer, with_note
+from worker.tooling.gemini_objects import implied_type, needs_objects_rule, nested_objects
+from worker.tooling.wire import field_name, merge_all_of, merge_types, pointer, with_note, without_presence
 
 Provider = Literal["any", "openai", "anthropic", "gemini"]
 PROVIDERS: tuple[str, ...] = ("any", "openai", "anthropic", "gemini")
@@ -203,12 +205,13 @@ class _Copy:
                 out[key] = {k: self.walk(v, path + (key, k), refs) for k, v in out[key].items()}
 
     def gemini_shape(self, out: dict[str, Any], path: tuple[Any, ...]) -> None:
-        """G4, G5, G7 and G11 on one node after its children."""
+        """G4, G5, G7, G10-G12 on one node after its children."""
         out.pop("\0ref", None)
         extra = out.pop("additionalProperties", None)
         if isinstance(extra, dict) and extra:  # a typed map: the value schema moves into the description
             note = "each value: " + _show(json.dumps(extra, separators=(",", ":")))
             out["description"] = with_note(out.get("description"), note)
+        implied_type(out)  # G12
         t = out.get("type")
         if isinstance(t, list) and "anyOf" not in out:  # beside an anyOf, G11 moves the list into its branches
             out.update(self.one_type(out, t, path))
@@ -216,6 +219,10 @@ class _Copy:
             self.typed_items(out, path)
         if isinstance(out.get("anyOf"), list) and set(out) - {"anyOf"}:
             self.any_of_alone(out, path)
+        try:
+            nested_objects(out, path)  # G10 below the root, once G11 has given each branch its constraints
+        except ValueError as exc:
+            raise self.fail(path, f"is {exc}", "G10: Gemini has no object without properties") from None
 
     def typed_items(self, array: dict[str, Any], path: tuple[Any, ...]) -> None:
         """G5: an array's ``items`` names its type (or is an ``anyOf``; a type its keywords imply,
@@ -370,7 +377,10 @@ def profile_copy(schema: dict[str, Any], tool_name: str, provider: str) -> dict[
     """The non-strict wire copy of ``schema`` (already through P1-P4) for ``provider``; ``schema``
     itself when no rule of the profile changes it. Raises ``ToolDefinitionError`` naming the field,
     its schema path and the rule where keeping the rule would change the tool's meaning."""
-    if provider == "openai" or not _needs_profile(schema, provider):
+    if provider == "openai":
+        return schema
+    schema = without_presence(schema)  # P5: only OpenAI takes it
+    if not _needs_profile(schema, provider):
         return schema
     if provider == "gemini" and not schema.get("properties") and _is_map(schema):
         raise _fail(
@@ -446,6 +456,8 @@ def _needs_profile(schema: dict[str, Any], provider: str, strict: bool = False) 
             return True
         if gemini and (set(node) - GEMINI_FIELDS - {"properties"} or isinstance(node.get("type"), list)):
             return True
+        if gemini and needs_objects_rule(node, node is schema):
+            return True  # G10 below the root, G12
         if gemini and node.get("type") == "array":
             items = node.get("items")
             if not isinstance(items, dict) or not (isinstance(items.get("type"), str) or items.get("anyOf")):

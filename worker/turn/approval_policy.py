@@ -31,6 +31,16 @@ ApprovalRule = Callable[[WorkerTool[Any], Any], bool]
 """``(tool, validated_params) -> needs approval``, as ``worker.turn.planning.plan_calls`` takes it."""
 
 
+MODE_ORDER: tuple[ApprovalMode, ...] = ("off", "declared", "destructive")
+"""The modes from least to most approval: each holds every declaration the ones before it hold."""
+
+
+def below_floor(mode: ApprovalMode | None, floor: ApprovalMode) -> bool:
+    """True when a request's ``mode`` asks for less approval than ``floor`` (the server's
+    ``AGENT_APPROVAL_MODE``, which the HTTP API holds as a floor); None (the default) never is."""
+    return mode is not None and MODE_ORDER.index(mode) < MODE_ORDER.index(floor)
+
+
 def approval_mode(request: TurnRequest, settings: Settings) -> ApprovalMode:
     """The turn's approval mode: the request's, else ``AGENT_APPROVAL_MODE``."""
     return request.approval.mode or settings.approval_mode

@@ -32,6 +32,7 @@ flight, then frees the claims of the rest and publishes their steps again.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -43,10 +44,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from worker.model.async_client import AsyncModelClient
+from worker.model.background import Background
 from worker.model.call_loop import CallLoop
 from worker.model.interface import GatewayError, ModelReply
 from worker.model.streaming import Publish, stream_reply_async
-from worker.turn import telemetry
+from worker.turn import metrics, telemetry
 from worker.turn.ending import CANCELLED, TurnEnd
 from worker.turn.interfaces import step_label
 from worker.turn.outage import OUTAGE_ERRORS, until_redis_answers
@@ -104,6 +106,7 @@ class _InFlight:
     published: concurrent.futures.Future[None] | None = None  # the last delta batch handed on
     rest: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # deltas stored with the reply
     aborted: bool = False  # cancelled by the watch because its turn was (``_abort``), not by ``drain``
+    response_id: str | None = None  # its background response (``worker.model.background``), once known
 
 
 class AsyncModelCalls:
@@ -135,7 +138,7 @@ class AsyncModelCalls:
         span = telemetry.start_model_call_span(
             prepared.model, prepared.turn_id, prepared.request.agent_id, prepared.step
         )
-        call = _InFlight(prepared, finish, span, retries)
+        call = _InFlight(prepared, finish, span, retries, response_id=prepared.response_id)
         with self._lock:
             self._in_flight.add(call)
             if self._watch is None:
@@ -152,15 +155,32 @@ class AsyncModelCalls:
         if not settings.model_stream:
             return await self.client.create(prepared.model_request)
         loop = self.loop.loop
+        stream = self.client.stream
+        if settings.model_background:
+            background = Background(prepared.response_id, lambda response_id: self._created(call, response_id))
+            stream = functools.partial(self.client.stream, background=background)
         return await stream_reply_async(
-            self.client.stream,
+            stream,
             prepared.model_request,
             self._publish_to(call),
             step=prepared.step,
             interval=settings.stream_flush_ms / 1000,
             schedule=lambda delay, fn: loop.call_later(delay, fn).cancel,
             rest=call.rest,
+            on_first=metrics.FIRST_TOKEN_SECONDS.labels(prepared.model).observe,
         )
+
+    def _created(self, call: _InFlight, response_id: str) -> None:
+        """On the loop: the call's background response was created; record its id from a finisher
+        thread (a Redis write, with its ``WAIT``, must not block the loop)."""
+        call.response_id = response_id
+        self._finishers.submit(self._record_response, call.prepared.turn_id, call.prepared.step, response_id)
+
+    def _record_response(self, turn_id: str, step: int, response_id: str) -> None:
+        try:
+            self._waiting_out(lambda: self.rt.store.memo.note_response(turn_id, step, response_id), turn_id)
+        except Exception:  # unrecorded, a re-driven step pays again: the window docs/failover.md describes
+            log.exception("turn %s step %s: could not record background response %s", turn_id, step, response_id)
 
     def _publish_to(self, call: _InFlight) -> Publish:
         turn_id = call.prepared.turn_id
@@ -206,6 +226,9 @@ class AsyncModelCalls:
             call.aborted = True  # before cancel(): its done callback hands the call to a finisher
             if not future.cancel():  # it ended meanwhile: the reply is handled as any other
                 call.aborted = False
+                return
+        if call.response_id:  # a background response goes on without its client: stop it by id
+            self.loop.submit(self.client.cancel(call.response_id))
 
     def _finish(self, call: _InFlight) -> None:
         """On a finisher thread: store and handle the reply, or retry or end the turn; inside the

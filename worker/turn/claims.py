@@ -141,19 +141,20 @@ _BEGIN_STEP_LUA = (
     LUA_TERMINAL
     + """
 local h = redis.call('HGETALL', KEYS[1])
-if #h == 0 then return {h, {}, '', 0, 0, 0, ''} end
+if #h == 0 then return {h, {}, '', 0, 0, 0, '', ''} end
 local f, at = {}, {}
 for i = 1, #h, 2 do f[h[i]] = h[i + 1]; at[h[i]] = i + 1 end
 local items = redis.call('LRANGE', KEYS[2], 0, -1)
 local memo = redis.call('GET', KEYS[3])
 local cancelled = redis.call('EXISTS', KEYS[4])
 if memo or cancelled == 1 or terminal[f['status']] or f['step'] ~= ARGV[4] or f['phase'] ~= 'model' then
-  return {h, items, memo or '', cancelled, 0, 0, ''}
+  return {h, items, memo or '', cancelled, 0, 0, '', ''}
 end
 local won = redis.call('SET', KEYS[5], ARGV[1], 'NX', 'EX', ARGV[2])
 if won then redis.call('HSET', KEYS[8], 'step:' .. ARGV[7], ARGV[7]) end
 redis.call('ZADD', KEYS[6], 'XX', 'GT', ARGV[3], ARGV[7])
-if not won then return {h, items, '', 0, 2, 0, redis.call('GET', KEYS[5]) or ''} end
+local response = redis.call('GET', KEYS[9]) or ''
+if not won then return {h, items, '', 0, 2, 0, redis.call('GET', KEYS[5]) or '', response} end
 local started = 0
 if f['status'] == 'queued' then
   redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[5], 'redrives', 0)
@@ -162,10 +163,20 @@ if f['status'] == 'queued' then
   h[at['status']] = 'running'
   started = 1
 end
-return {h, items, '', 0, 1, started, ''}
+return {h, items, '', 0, 1, started, '', response}
 """
 )
 
+
+# Replace a dead holder's step claim, only if it still holds it, and record the new holder's
+# node as holding the turn (``Claims.take_over_step``). KEYS: step claim, held key; ARGV: dead
+# holder, new owner, lease (s), turn id.
+_TAKE_OVER_STEP_LUA = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+redis.call('HSET', KEYS[2], 'step:' .. ARGV[4], ARGV[4])
+return 1
+"""
 
 # Delete a claim only if it is still ours (one round trip).
 _RELEASE_LUA = """
@@ -207,6 +218,7 @@ class Claims:
         self._record = client.register_script(_RECORD_LUA)
         self._release = client.register_script(_RELEASE_LUA)
         self._begin_step = client.register_script(_BEGIN_STEP_LUA)
+        self._take_over = client.register_script(_TAKE_OVER_STEP_LUA)
         self._begin_call = client.register_script(_BEGIN_CALL_LUA)
 
     def claim(
@@ -282,9 +294,11 @@ class Claims:
         call for ``owner`` (``lease`` seconds; the progress deadline is pushed past it), moving a
         queued turn to ``running`` with its ``turn_started`` event: one round trip. ``held_key``:
         the caller's node's held tasks (``worker.turn.liveness.held_key``), where a won claim is
-        recorded. The view's ``claim`` says what happened: ``StepClaim(tried, holder, started)``."""
+        recorded. The view's ``claim`` says what happened: ``StepClaim(tried, holder, started)``;
+        its ``response_id``, the background response a former attempt of the step started
+        (``ReplyMemo.note_response``), when the step may be claimed."""
         now = round(time.time(), 3)
-        h, items, memo, cancelled, claim, started, holder = self._begin_step(
+        h, items, memo, cancelled, claim, started, holder, response = self._begin_step(
             keys=[
                 _k(turn_id),
                 _k(turn_id, "items"),
@@ -294,6 +308,7 @@ class Claims:
                 WATCH_KEY,
                 _k(turn_id, "events"),
                 held_key,
+                _k(turn_id, "response", step),
             ],
             args=[
                 owner,
@@ -315,11 +330,17 @@ class Claims:
             StepClaim(
                 tried=claim != 0, holder=holder.decode() if claim == 2 and holder else None, started=bool(started)
             ),
+            response.decode() if response else None,
         )
 
-    def take_over_step(self, turn_id: str, step: int, owner: str, lease: float) -> None:
-        """Replace a dead holder's step claim with ours."""
-        self._r.set(_k(turn_id, "stepclaim", step), owner, ex=max(1, int(lease)))
+    def take_over_step(self, turn_id: str, step: int, owner: str, lease: float, dead: str, held_key: str) -> bool:
+        """Replace the step claim of ``dead`` (a holder found dead) with ``owner``'s (``lease``
+        seconds), recorded in ``held_key`` as ``begin_step`` records a won claim; only while
+        ``dead`` still holds it: of two deliveries that found the same dead holder (a re-drive and
+        a message given back), one takes the step over and the other drops, instead of both
+        paying for the call. Whether this one took it."""
+        keys = [_k(turn_id, "stepclaim", step), held_key]
+        return bool(self._take_over(keys=keys, args=[dead, owner, max(1, int(lease)), turn_id]))
 
     def release_step(self, turn_id: str, step: int, owner: str) -> None:
         """Drop ``owner``'s step claim (the reply is stored, or the call failed and will be retried).

@@ -16,6 +16,29 @@ from worker.turn.state import CallResult
 
 PREVIEW_CHARS = 300  # characters of a call's output in its call_completed event
 
+EVENT_KINDS = frozenset(
+    {
+        "turn_queued",
+        "turn_started",
+        "model_delta",
+        "model_stream_broken",
+        "model_reply",
+        "model_retry",
+        "call_planned",
+        "approval_requested",
+        "approval_decided",
+        "call_started",
+        "call_completed",
+        "repair_instruction",
+        "cancel_requested",
+        "turn_redriven",
+        "scheduled_by",
+        "turn_finished",
+    }
+)
+"""Every kind of the turn's event stream (docs/architecture.md, "Events"): what a reader may ask
+for (``GET /v1/turns/{id}/events?kinds=``)."""
+
 
 @dataclass(frozen=True)
 class _Event:

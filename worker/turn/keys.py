@@ -2,7 +2,7 @@
 
 Part of the store (``worker.turn.store`` and its parts ``claims``, ``memo``, ``approvals``,
 ``usage``, ``guard``): only those modules read or write these keys, so a change to a key's layout
-touches the store and its tests only (``tests/test_store_owns_keys.py`` fails when another module
+touches the store and its tests only (``tests/unit/turn/test_store_owns_keys.py`` fails when another module
 names a turn key or reaches the store's client).
 
 The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cluster slot):
@@ -17,6 +17,9 @@ The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cl
 - ``turn:{id}:items`` list: the Responses input items (JSON), in order.
 - ``turn:{id}:reply:{n}``: the memoized model reply of step n (a crash
   never pays for the same tokens twice; written by ``worker.turn.memo``, held as ``store.memo``).
+- ``turn:{id}:response:{n}``: the id of the background response step n's call started
+  (``worker.model.background``; written by ``worker.turn.memo``), so that a re-driven step
+  fetches it instead of paying for a new one.
 - ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
 - ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
 - ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).

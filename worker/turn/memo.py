@@ -111,6 +111,18 @@ class ReplyMemo:
         stored = reply if won else (orjson.loads(raw) if raw else reply)
         return SavedReply(stored, bool(cancelled), (bool(usage_stored), list(rows)), bool(began), durable)
 
+    def note_response(self, turn_id: str, step: int, response_id: str) -> bool:
+        """Record ``response_id``, the background response step ``step``'s call just started
+        (``worker.model.background``): a re-driven step fetches it instead of paying for a new one
+        (``Claims.begin_step`` reads it). Followed by ``WAIT`` for a replica, best effort as a
+        memo's (``worker.turn.durability``); whether a replica acknowledged it. Raises redis-py's
+        errors."""
+        key = _k(turn_id, "response", step)
+        _, durable = self.durability.write(
+            self._r, "response", lambda p: p.set(key, response_id, ex=RETENTION_SECONDS), required=False
+        )
+        return durable
+
     def save(self, turn_id: str, step: int, reply: dict[str, Any]) -> dict[str, Any]:
         """Memoize the model reply of ``step`` (first one wins); returns the stored reply."""
         key = _k(turn_id, "reply", step)

@@ -35,6 +35,8 @@ class PreparedStep:
     owner: str = ""
     memo: dict[str, Any] | None = None
     model_request: ModelRequest | None = None
+    # The background response a former attempt of the step started (``worker.model.background``).
+    response_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,21 @@ class TurnRequest(BaseModel):
         return v
 
 
+def request_problem(request: TurnRequest) -> tuple[str, str] | None:
+    """What a control plane refuses in a request its schema accepts, as ``(param, message)``: an
+    empty message (a string ``input`` with nothing but whitespace), and ``egress_allow_hosts``
+    with ``network: none`` (hosts for an egress the turn does not have). None when neither.
+    Checked at enqueue (``ControlPlane.create``, the HTTP API), never on stored requests."""
+    if isinstance(request.input, str) and not request.input.strip():
+        return "input", "the message is empty"
+    if request.egress_allow_hosts is not None and request.network != "egress":
+        return "egress_allow_hosts", (
+            "egress_allow_hosts is given with network 'none': commands have no network to allow hosts on "
+            "(set network 'egress', or drop the hosts)"
+        )
+    return None
+
+
 # Stored requests parsed in this process, by their stored bytes (``stored_request``).
 _PARSED: dict[bytes, TurnRequest] = {}
 _PARSED_MAX = 1024

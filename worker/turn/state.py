@@ -128,6 +128,7 @@ class StepView:
     reply: dict[str, Any] | None
     cancelled: bool
     claim: StepClaim = field(default_factory=StepClaim)
+    response_id: str | None = None  # a background response a former attempt started
 
 
 def event_json(kind: str, data: dict[str, Any]) -> bytes:

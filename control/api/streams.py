@@ -1,0 +1,82 @@
+"""Per-token caps on open streams (a turn's events and the approvals change feed alike), for one
+API process.
+
+A stream is admitted, or refused with 429, in the request itself, before its response starts:
+``StreamCaps.admit`` checks and counts in one step of the event loop (no ``await`` between the
+check and the count, so concurrent opens cannot all pass a check made before any of them counted),
+and the ``CappedStream`` response gives its place back when it ends however it ends (the stream
+finished, the client went away, the response failed or never started streaming).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from control.api.errors import ApiError
+
+
+class StreamCaps:
+    """Open streams per token in this process, at most ``cap`` each."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self._open: dict[str, int] = {}
+
+    def open_streams(self, token_id: str) -> int:
+        """Streams the token holds open here now."""
+        return self._open.get(token_id, 0)
+
+    @property
+    def total(self) -> int:
+        """Streams open in this process now, over every token (a gauge's value)."""
+        return sum(self._open.values())
+
+    def admit(self, token_id: str) -> None:
+        """Count one more stream for the token. Raises ``ApiError`` 429 (``Retry-After``) when it
+        holds ``cap`` already."""
+        held = self._open.get(token_id, 0)
+        if held >= self.cap:
+            raise ApiError(
+                429,
+                f"token {token_id} holds {self.cap} event streams here already "
+                "(AGENT_API_MAX_STREAMS_PER_TOKEN); close one first",
+                headers={"Retry-After": "5"},
+            )
+        self._open[token_id] = held + 1
+
+    def release(self, token_id: str) -> None:
+        """Give back one admitted stream's place."""
+        left = self._open.get(token_id, 0) - 1
+        if left > 0:
+            self._open[token_id] = left
+        else:
+            self._open.pop(token_id, None)
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class CappedStream(StreamingResponse):
+    """A server-sent event stream admitted by ``caps`` for ``token_id``: its place is released
+    once, when the response ends."""
+
+    def __init__(self, body: Any, caps: StreamCaps, token_id: str):
+        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._caps, self._token_id, self._released = caps, token_id, False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._caps.release(self._token_id)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()  # an async generator never started, or cut: its cleanup runs now
