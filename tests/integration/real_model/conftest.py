@@ -16,7 +16,9 @@ from tests.conftest import API_STYLES
 from tests.support.private_stack import PrivateStack
 from worker.settings import get_settings
 
-EXTRA_TOOLSETS = "weather=tests.integration.real_model.toolset:weather_tools,plain=tests.integration.real_model.toolset:no_tools"
+EXTRA_TOOLSETS = (
+    "weather=tests.integration.real_model.toolset:weather_tools,plain=tests.integration.real_model.toolset:no_tools"
+)
 
 
 @pytest.fixture(scope="session")
