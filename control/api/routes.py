@@ -145,6 +145,8 @@ def enqueue_turn(
             raise ApiError(400, "Idempotency-Key and the body's idempotency_key differ", param="idempotency_key")
         body, key_param = body.model_copy(update={"idempotency_key": idempotency_key}), "Idempotency-Key"
     _check_request(body, c)
+    # Who enqueued it, for the pages (set here: a client's own value is replaced).
+    body = body.model_copy(update={"metadata": {**body.metadata, "enqueued_by": f"token {c.token.name}"}})
     control = _control(request)
     turn_id, created = control.create(body)
     if (

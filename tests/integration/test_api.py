@@ -84,6 +84,8 @@ OPEN_ROUTES = {
     ): 400,  # the sign-in: the token comes in its body (none here: "a JSON object is required"; forged: 401 below)
     ("POST", "/ui/logout"): 303,
     ("GET", "/ui/approvals"): 303,  # to the sign-in form; the list itself needs the token
+    ("GET", "/ui/turns"): 303,  # the turns list and a transcript: to the sign-in form too
+    ("GET", "/ui/turns/{turn_id}"): 303,
     ("GET", "/ui/static"): 404,  # a mount: the files it serves (none is named "x")
 }
 
