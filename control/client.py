@@ -128,7 +128,11 @@ class ControlPlane:
         # Enqueueing and ending turns only: this engine never calls a model nor imports tool code.
         self.placement = Placement(client, settings.liveness_ttl)
         self._engine = TurnEngine(
-            self.store, settings, CeleryDispatcher(broker=self.endpoint, placement=self.placement), redis=client
+            self.store,
+            settings,
+            CeleryDispatcher(broker=self.endpoint, placement=self.placement),
+            redis=client,
+            count_ends=False,
         )
 
     @property

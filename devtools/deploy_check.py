@@ -68,6 +68,7 @@ from devtools.deploy_stack import (
     down,
     podman,
     remove_leftovers,
+    save_logs,
     set_secrets,
     teardown,
     wait_healthy,
@@ -409,6 +410,11 @@ def run_check(scale: bool, keep: bool) -> bool:
         if keep and dep.up:
             print(f"kept up (--keep): `{sys.executable} -m devtools.deploy_stack down -p {PROJECT} -v` removes it")
         else:
+            if not ok and dep.up:
+                try:
+                    steps.run("logs", save_logs)
+                except Exception:  # printed by Steps.run; the teardown runs whatever happened
+                    pass
             steps.run("teardown", lambda: teardown(dep))
     total = time.monotonic() - steps.t0
     print(f"deploy-check ({title}): {'PASSED' if ok else 'FAILED'} in {total:.0f} s", flush=True)

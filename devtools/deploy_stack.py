@@ -364,6 +364,24 @@ def teardown(dep: Deployment) -> str:
     return ", ".join(done) or "nothing to remove"
 
 
+def save_logs() -> str:
+    """Every container's log (redacted) to ``var/deploy/logs/<container>.log`` before a teardown
+    removes them; prints the last lines of each container that is not running, with its exit code."""
+    logs = DEPLOY_DIR / "logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    for name, c in containers().items():
+        run = podman("logs", "--timestamps", name, check=False, timeout=60)
+        (logs / f"{name}.log").write_text(redact(run.stdout + run.stderr))
+        if c["state"] != "running":
+            code = json.loads(podman("inspect", name).stdout)[0]["State"].get("ExitCode")
+            tail = redact(run.stdout + run.stderr).strip().splitlines()[-15:]
+            print(f"           {name} is {c['state']} (exit {code}); the end of its log:", flush=True)
+            for line in tail:
+                print(f"             {line[:300]}", flush=True)
+    return f"logs of every container in {logs}"
+
+
 def remove_leftovers() -> str:
     """Remove what an earlier run left (killed before its teardown): the project's containers,
     networks and volumes, and the check's mounted disks."""

@@ -5,6 +5,11 @@ redbeat's ``tick`` extends its leader lock in Redis on every pass; when Redis re
 cannot reach Redis is retried a second later, and a lock that expired meanwhile is acquired
 again (blocking while another beat replica holds it: that one is the leader now, this one
 stands by, as redbeat does at start). A beat started while Redis is down waits for it.
+
+A task that sends no task events (``send_events=False``: the watchdog sweep, once a second) is also
+sent without a ``task-sent`` event: the app sends one for every task (``task_send_sent_event``, so
+that Flower shows a turn's steps as soon as they are queued), and Flower would otherwise list every
+sweep as a PENDING row that never moves on (``apply_async`` below).
 """
 
 from __future__ import annotations
@@ -50,3 +55,18 @@ class ResilientRedBeatScheduler(RedBeatScheduler):  # type: ignore[misc]  # redb
                 return RETRY_SECONDS
             log.info("beat: acquired the leader lock again")
             return 0.0
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
+        """Send a due entry's task; one whose task sends no events goes without a ``task-sent``
+        event either (the module docstring). Beat sends from one thread, so the app's setting is
+        switched for this one send."""
+        task = self.app.tasks.get(entry.task)
+        if task is None or task.send_events:
+            return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
+        conf = self.app.conf
+        before = conf.task_send_sent_event
+        conf.task_send_sent_event = False
+        try:
+            return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
+        finally:
+            conf.task_send_sent_event = before

@@ -31,6 +31,7 @@ from worker.turn.request import TurnRequest
 TURN_STEP = "tasks.turns.turn_step"
 TOOL_CALL = "tasks.turns.tool_call"
 TURN_FINISHED = "tasks.turns.turn_finished"
+COUNT_ENDED = "tasks.turns.count_ended"
 
 # Options of every message the dispatcher sends. Results live in the turn store, so no result is
 # kept. Flower's labels are given (``argsrepr``, and ``kwargsrepr`` of no kwargs), so Celery does
@@ -261,6 +262,14 @@ class CeleryDispatcher:
         options: dict[str, Any] = {**SEND_OPTIONS, "queue": "turns", "argsrepr": f"turn={turn_id}"}
         publish(
             lambda extra: sig.apply_async(**options, **self._options(), **extra), f"end of {turn_id}", wait=self._wait
+        )
+
+    def count_ended(self, turn_id: str) -> None:
+        """A control plane ended the turn: send ``count_ended(turn_id)`` to ``turns``, whose worker counts it."""
+        sig = app.signature(COUNT_ENDED, (turn_id,))
+        options: dict[str, Any] = {**SEND_OPTIONS, "queue": "turns", "argsrepr": f"turn={turn_id}"}
+        publish(
+            lambda extra: sig.apply_async(**options, **self._options(), **extra), f"count of {turn_id}", wait=self._wait
         )
 
     def services(self, request: TurnRequest) -> ToolServices:

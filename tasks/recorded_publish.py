@@ -19,7 +19,7 @@ as ``LPUSH`` onto its queue's list, a message to a fanout exchange (Celery's eve
 ``PUBLISH`` on each of the channel's topics for it. Going through kombu's producer instead cost
 about half the CPU of a whole send (its retry wrapper, declarations, a pooled producer and two
 envelopes written with the standard library's JSON encoder): ~0.35 ms a message on a two-core
-node, twice per step. ``tests/test_publish_batch.py`` compares the records with what the real
+node, twice per step. ``tests/integration/test_publish_batch.py`` compares the records with what the real
 publish writes to Redis.
 
 A publish the recorder cannot reproduce raises ``Unrecordable`` (the caller sends the message

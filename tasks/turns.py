@@ -158,3 +158,17 @@ def turn_finished(turn_id: str) -> dict[str, Any]:
     report = on_turn_finished(engine, state)  # idempotent: a re-sent hook changes nothing
     engine.store.hooks_done(turn_id)
     return report
+
+
+@app.task(name="tasks.turns.count_ended")
+def count_ended(turn_id: str) -> dict[str, Any]:
+    """Count a turn a control plane ended (a parked or queued turn cancelled) in this worker's
+    metrics: its status, reason class and duration (``worker.turn.metrics.turn_ended``). Acknowledged
+    when received (not ``acks_late``): a crash loses a count rather than counting a turn twice."""
+    from worker.turn import metrics
+
+    state = get_engine().store.load(turn_id)
+    if state is None or not state.status.terminal:
+        return {"action": "dropped"}
+    metrics.turn_ended(state.status.value, state.error, state.updated_at - state.created_at)
+    return {"action": "counted", "status": state.status.value}

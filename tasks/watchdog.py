@@ -18,8 +18,8 @@
 A turn whose owner is alive is never re-driven for taking long: its deadline covers the longest
 single wait (``Settings.progress_timeout``); a turn parked on approvals holds nothing to re-drive.
 
-The sweep runs every second, so it sends no task events (``send_events=False``): it never
-fills Flower's task list. When it failed turns, it sends ``tasks.watchdog.turns_failed``, a task
+The sweep runs every second, so it sends no task events (``send_events=False``), and beat sends
+it without a ``task-sent`` event (``tasks.beat``): it never fills Flower's task list. When it failed turns, it sends ``tasks.watchdog.turns_failed``, a task
 Flower does show, which reports FAILURE (``TurnFailed`` naming them), so that those turns show
 as failures like the ones a step ends (``tasks.turns``).
 """

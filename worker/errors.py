@@ -5,7 +5,7 @@ standard exception it always was (``ToolDefinitionError`` is still a ``ValueErro
 ``GatewayError`` a ``RuntimeError``...), so ``except AgentRuntimeError`` catches what the project
 raises and nothing it does not, and older ``except ValueError`` code keeps working. The public
 errors are exported by ``worker.api`` (tool authors) and ``control.client`` (embedders);
-``tests/test_public_api.py`` holds every exported error to this root.
+``tests/unit/test_public_api.py`` holds every exported error to this root.
 
 Errors that never leave the runtime (a fenced-out transition, the repair ladder's refusals) do not
 derive from it: nobody outside catches them.

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 import redis
 from fastapi import Depends, FastAPI, Request
 
-from control.api import errors, page, routes
+from control.api import errors, metrics, page, routes
 from control.api.auth import caller
 from control.api.hub import StreamHub
 from control.api.json_response import JsonResponse
@@ -104,6 +104,7 @@ def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -
     errors.install(app, settings.retry_after)
     app.include_router(routes.router)
     page.install(app)
+    metrics.install(app)
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(_: Any = Depends(caller)) -> dict[str, Any]:

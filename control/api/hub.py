@@ -111,6 +111,11 @@ class StreamHub:
         return len(self._subs)
 
     @property
+    def running(self) -> bool:
+        """True while the reading task runs (for tests: a fault never ends it)."""
+        return self._task is not None and not self._task.done()
+
+    @property
     def subscribers(self) -> int:
         """Subscribers now, over all streams."""
         return sum(len(s) for s in self._subs.values())
@@ -182,7 +187,12 @@ class StreamHub:
         if not subs or not entries:
             return
         self._cursor[key] = entries[-1][0].decode()
-        decoded: list[Event] = [(key, eid.decode(), orjson.loads(fields[b"e"])) for eid, fields in entries]
+        decoded: list[Event] = []
+        for eid, fields in entries:
+            try:
+                decoded.append((key, eid.decode(), orjson.loads(fields[b"e"])))
+            except (KeyError, orjson.JSONDecodeError):  # not an event of ours: skipped, never fatal
+                log.warning("stream hub: skipping entry %s of %s (not an event)", eid.decode(), key)
         for sub in list(subs):
             try:
                 for entry in decoded:
@@ -211,7 +221,11 @@ class StreamHub:
                 )
                 backoff = 0.1
             except redis.ResponseError as exc:
-                if await self._drop_unreadable():
+                try:
+                    dropped = await self._drop_unreadable()
+                except (redis.RedisError, OSError):
+                    dropped = False
+                if dropped:
                     continue
                 log.warning("stream hub: Redis refused the read (%s); retrying in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
@@ -228,7 +242,22 @@ class StreamHub:
                 if key == self._wake_key:
                     self._wake_cursor = entries[-1][0].decode()
                     continue
-                self._deliver(key, entries)
+                try:
+                    self._deliver(key, entries)
+                except Exception:  # a fault with one stream's entries: its readers go, the hub goes on
+                    log.exception("stream hub: dropping the readers of %s", key)
+                    self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        """Stop reading ``key``: its subscribers are marked ``lagging`` and woken (an entry that
+        names no stream, id ``0-0``, which readers skip), so their clients end now."""
+        for sub in self._subs.pop(key, set()):
+            sub.lagging = True
+            try:
+                sub.queue.put_nowait(("", "0-0", {}))
+            except asyncio.QueueFull:
+                pass  # a full queue's reader is not waiting: it finds the flag when it has drained
+        self._cursor.pop(key, None)
 
     async def _drop_unreadable(self) -> bool:
         """Read each followed stream alone (no wait) and drop the subscribers of those Redis refuses;
@@ -243,9 +272,7 @@ class StreamHub:
         for key, reply in zip(keys, replies):
             if isinstance(reply, redis.ResponseError):
                 log.warning("stream hub: dropping the readers of %s (%s)", key, reply)
-                for sub in self._subs.pop(key, set()):
-                    sub.lagging = True
-                self._cursor.pop(key, None)
+                self._drop(key)
                 dropped = True
         if isinstance(replies[-1], redis.ResponseError):  # our own wake stream: start another
             self._wake_key, self._wake_cursor, dropped = f"api:wake:{uuid.uuid4().hex}", "0-0", True

@@ -1,18 +1,25 @@
-"""The approvals page, served by the API under ``/ui`` behind the same tokens.
+"""The operator's pages, served by the API under ``/ui`` behind the same tokens: the approvals,
+the turns list and a transcript per turn.
 
-Server-rendered (Jinja2, autoescaped) with one small plain-JavaScript file, no build step. A
-person signs in by pasting a token (``/ui/login``): the server checks it and keeps it in an
-HttpOnly, SameSite=Strict cookie (``control.api.auth.COOKIE``), which the page's requests then
-carry. The page lists the pending approvals of the agents the token covers, each with its
-context: the turn's input, the model's last text, the calls the turn already ran, and the
-call's arguments pretty-printed (editable, with a line diff of the edits). Decisions go through
-the JSON API (``/v1/turns/{id}/approvals/{call}/approve|reject``); the list follows the approvals
-change feed (``/v1/approvals/events``) and reloads its cards when something changes.
+Server-rendered (Jinja2, autoescaped: model text and tool outputs are only ever rendered as text)
+with small plain-JavaScript files, no build step, under a Content-Security-Policy that allows
+scripts, styles and connections from the API's own origin only (``CSP``). A person signs in by
+pasting a token (``/ui/login``): the server checks it and keeps it in an HttpOnly,
+SameSite=Strict cookie (``control.api.auth.COOKIE``), which the page's requests then carry.
+
+- ``/ui/approvals``: the pending approvals of the agents the token covers, each a card with its
+  whole context (``control.api.turn_views.approval_card``); decisions go through the JSON API
+  (``/v1/turns/{id}/approvals/{call}/approve|reject``), a destructive call's approval through a
+  confirmation step in the card; a decided card stays, with its record and the turn's progress.
+  The list follows the approvals change feed (``/v1/approvals/events``).
+- ``/ui/turns``: the turns of those agents, newest first (``ControlPlane.list_turns``), a page at a time.
+- ``/ui/turns/{id}``: the turn's transcript (``turn_views.transcript``), reloaded from
+  ``/ui/turns/{id}/body`` while its event stream (``/v1/turns/{id}/events``) says it moves, with
+  the model's text streamed in as it is written.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,73 +30,35 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from control.api.auth import COOKIE, Caller, authenticate, bearer, caller, verify
+from control.api import turn_views
+from control.api.auth import COOKIE, Caller, authenticate, bearer, caller, turn_caller, verify
 from control.api.errors import ApiError
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
-OUTPUT_PREVIEW = 400  # characters of an earlier call's output shown
-RUN_CALLS_SHOWN = 20  # the last calls of the turn shown
+TURNS_PER_PAGE = 50
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
 
 
 class SessionIn(BaseModel):
     token: str
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text") or p.get("refusal") or "") for p in content if isinstance(p, dict))
-    return ""
-
-
-def approval_context(items: list[dict[str, Any]], request: dict[str, Any]) -> dict[str, Any]:
-    """What a person sees beside a waiting call: ``input`` (the turn's user input as text),
-    ``last_text`` (the model's last message), ``ran`` (earlier calls: name, arguments, output
-    preview, newest last)."""
-    given = request.get("input")
-    if isinstance(given, str):
-        turn_input = given
-    else:
-        turn_input = "\n\n".join(_text_of(i.get("content")) for i in given or [] if i.get("role") in ("user", None))
-    last_text = ""
-    for item in items:
-        if item.get("type", "message") == "message" and item.get("role") == "assistant":
-            last_text = _text_of(item.get("content")) or last_text
-    outputs = {i.get("call_id"): i.get("output") for i in items if i.get("type") == "function_call_output"}
-    ran = [
-        {
-            "name": i.get("name"),
-            "arguments": i.get("arguments", ""),
-            "output": _text_of(outputs[i.get("call_id")])[:OUTPUT_PREVIEW],
-        }
-        for i in items
-        if i.get("type") == "function_call" and i.get("call_id") in outputs
-    ]
-    return {"input": turn_input, "last_text": last_text, "ran": ran[-RUN_CALLS_SHOWN:]}
-
-
 def _cards(request: Request, c: Caller) -> list[dict[str, Any]]:
     control = request.app.state.control
-    cards = []
-    contexts: dict[str, dict[str, Any]] = {}
-    for rec in control.pending_approvals():
-        if not c.token.covers(rec["agent_id"]):
-            continue
-        tid = rec["turn_id"]
-        if tid not in contexts:
-            state = control.store.load(tid)
-            contexts[tid] = approval_context(control.items(tid), state.request if state else {})
-        cards.append(
-            {
-                **rec,
-                "key": f"{tid}/{rec['call_id']}",
-                "pretty": json.dumps(rec["arguments"], indent=2, ensure_ascii=False, sort_keys=True),
-                "context": contexts[tid],
-            }
-        )
-    return cards
+    cache: dict[str, Any] = {}
+    return [
+        turn_views.approval_card(control, rec, cache)
+        for rec in control.pending_approvals()
+        if c.token.covers(rec["agent_id"])
+    ]
+
+
+def _html(text: str) -> HTMLResponse:
+    return HTMLResponse(text, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"})
 
 
 async def _page_caller(request: Request) -> Caller | None:
@@ -113,7 +82,7 @@ def install(app: FastAPI) -> None:
 
     @app.get("/ui/login", include_in_schema=False)
     async def login() -> HTMLResponse:
-        return HTMLResponse(TEMPLATES.get_template("login.html").render())
+        return _html(TEMPLATES.get_template("login.html").render())
 
     @app.post("/ui/session", include_in_schema=False)
     async def session(body: SessionIn, request: Request) -> Response:
@@ -143,8 +112,36 @@ def install(app: FastAPI) -> None:
         if c is None:
             return RedirectResponse("/ui/login", status_code=303)
         cards = await run_in_threadpool(_cards, request, c)
-        return HTMLResponse(TEMPLATES.get_template("approvals.html").render(token=c.token.public(), cards=cards))
+        return _html(TEMPLATES.get_template("approvals.html").render(token=c.token.public(), cards=cards))
 
     @app.get("/ui/approvals/list", include_in_schema=False)
     def approvals_list(request: Request, c: Caller = Depends(caller)) -> HTMLResponse:
-        return HTMLResponse(TEMPLATES.get_template("cards.html").render(cards=_cards(request, c)))
+        return _html(TEMPLATES.get_template("cards.html").render(cards=_cards(request, c)))
+
+    @app.get("/ui/turns", include_in_schema=False)
+    async def turns_page(request: Request, cursor: str | None = None, agent_id: str | None = None) -> Response:
+        c = await _page_caller(request)
+        if c is None:
+            return RedirectResponse("/ui/login", status_code=303)
+        scope = None if c.token.agents is None else sorted(c.token.agents)
+        if agent_id:
+            scope = [agent_id] if c.token.covers(agent_id) else []
+        control = request.app.state.control
+        turns, next_cursor = await run_in_threadpool(
+            lambda: control.list_turns(agents=scope, cursor=cursor, limit=TURNS_PER_PAGE) if scope != [] else ([], None)
+        )
+        page = TEMPLATES.get_template("turns.html")
+        return _html(page.render(token=c.token.public(), turns=turns, next_cursor=next_cursor, agent_id=agent_id or ""))
+
+    @app.get("/ui/turns/{turn_id}", include_in_schema=False)
+    async def transcript_page(request: Request, turn_id: str) -> Response:
+        if await _page_caller(request) is None:
+            return RedirectResponse("/ui/login", status_code=303)
+        c = await turn_caller(request, turn_id, await bearer(request))
+        view = await run_in_threadpool(turn_views.transcript, request.app.state.control, c.turn_id or turn_id)
+        return _html(TEMPLATES.get_template("transcript.html").render(turn_id=c.turn_id, t=view))
+
+    @app.get("/ui/turns/{turn_id}/body", include_in_schema=False)
+    def transcript_body(request: Request, c: Caller = Depends(turn_caller)) -> HTMLResponse:
+        view = turn_views.transcript(request.app.state.control, c.turn_id or "")
+        return _html(TEMPLATES.get_template("transcript_body.html").render(turn_id=c.turn_id, t=view))

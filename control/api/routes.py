@@ -22,7 +22,7 @@ from worker.settings import get_settings
 from worker.turn.approval_policy import below_floor
 from worker.turn.events import EVENT_KINDS
 from worker.turn.listing import decode_cursor
-from worker.turn.request import END_HOOK_METADATA, TurnRequest, TurnStatus, request_problem
+from worker.turn.request import END_HOOK_METADATA, TurnRequest, TurnStatus, is_valid_id, request_problem
 
 router = APIRouter(prefix="/v1")
 
@@ -145,6 +145,8 @@ def enqueue_turn(
             raise ApiError(400, "Idempotency-Key and the body's idempotency_key differ", param="idempotency_key")
         body, key_param = body.model_copy(update={"idempotency_key": idempotency_key}), "Idempotency-Key"
     _check_request(body, c)
+    # Who enqueued it, for the pages (set here: a client's own value is replaced).
+    body = body.model_copy(update={"metadata": {**body.metadata, "enqueued_by": f"token {c.token.name}"}})
     control = _control(request)
     turn_id, created = control.create(body)
     if (
@@ -211,14 +213,17 @@ def list_turns(
     for name, value in (("created_after", created_after), ("created_before", created_before)):
         if value is not None and not math.isfinite(value):
             raise ApiError(400, f"{name} must be a finite number of epoch seconds", param=name)
+    if agent_id is not None and not is_valid_id(agent_id):
+        raise ApiError(400, f"agent_id {agent_id[:64]!r} is not an agent id", param="agent_id")
     if agent_id is not None:
         agents: list[str] | None = [agent_id] if c.token.covers(agent_id) else []
     else:
         agents = None if c.token.agents is None else sorted(c.token.agents)
-    try:
-        decode_cursor(cursor) if cursor else None
-    except ValueError as exc:
-        raise ApiError(400, str(exc), param="cursor") from None
+    if cursor:
+        try:
+            decode_cursor(cursor)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="cursor") from None
     known = {s.value for s in TurnStatus}
     for s in statuses or ():
         if s not in known:

@@ -29,6 +29,11 @@ class StreamCaps:
         """Streams the token holds open here now."""
         return self._open.get(token_id, 0)
 
+    @property
+    def total(self) -> int:
+        """Streams open in this process now, over every token (a gauge's value)."""
+        return sum(self._open.values())
+
     def admit(self, token_id: str) -> None:
         """Count one more stream for the token. Raises ``ApiError`` 429 (``Retry-After``) when it
         holds ``cap`` already."""

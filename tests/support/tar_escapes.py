@@ -4,7 +4,7 @@ of the 2026 reports on empty-named symlinks and the hard-link extraction fallbac
 from those descriptions, plus the classic ones. Each builder returns the tar.gz bytes; ``MARK``
 is in every name and content they try to put outside, so a test can look for it anywhere.
 
-The targets assume the layout of ``tests/test_snapshots.py``: the home is ``<homes root>/<agent>``;
+The targets assume the layout of ``tests/integration/test_snapshots.py``: the home is ``<homes root>/<agent>``;
 ``<homes root>/flag`` is a file outside every home; ``<homes root>/other`` is another agent's home.
 """
 

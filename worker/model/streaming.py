@@ -76,8 +76,11 @@ class DeltaBatcher:
         interval: float = 0.04,
         schedule: Schedule = thread_timer,
         defer: bool = False,
+        on_first: Callable[[float], Any] | None = None,
     ):
         self.publish = publish
+        self.on_first = on_first  # called once with the seconds from the call's start to its first delta
+        self._began = time.monotonic()
         self.schedule = schedule
         self.defer = defer
         self.step = step
@@ -97,6 +100,9 @@ class DeltaBatcher:
         """Queue one delta; publishes when the interval has passed."""
         if not delta.text:
             return
+        if self.on_first is not None:
+            first, self.on_first = self.on_first, None
+            first(time.monotonic() - self._began)
         with self._lock:
             text, cut = (delta.text, False) if delta.kind == "text" else self._argument_text(delta)
             if text is None:
@@ -188,14 +194,22 @@ class DeltaBatcher:
 
 
 def stream_reply(
-    client: ModelClient, request: ModelRequest, publish: Publish, *, step: int, interval: float = 0.04
+    client: ModelClient,
+    request: ModelRequest,
+    publish: Publish,
+    *,
+    step: int,
+    interval: float = 0.04,
+    on_first: Callable[[float], Any] | None = None,
 ) -> ModelReply:
     """``client.stream(request)`` with its deltas batched into ``publish`` (the turn's event stream).
+    ``on_first(seconds)``: called once, at the first delta, with the time since the request (time to
+    first token).
 
     A broken stream publishes ``model_stream_broken`` (``step``, ``attempt``, ``error``) before
     the ``GatewayError`` propagates, so a reader can discard that attempt's partial text.
     """
-    batcher = DeltaBatcher(publish, step=step, interval=interval)
+    batcher = DeltaBatcher(publish, step=step, interval=interval, on_first=on_first)
     try:
         return client.stream(request, batcher.add)
     except GatewayError as exc:
@@ -214,12 +228,13 @@ async def stream_reply_async(
     interval: float,
     schedule: Schedule,
     rest: list[tuple[str, dict[str, Any]]] | None = None,
+    on_first: Callable[[float], Any] | None = None,
 ) -> ModelReply:
     """``stream_reply`` for a coroutine call (``AsyncModelClient.stream``): the batcher's timer is
     ``schedule`` (the event loop's), and ``publish`` must not block the loop (hand it on).
     ``rest``: when the reply is complete, the deltas not yet published are put there instead, for
     the caller to append with the reply in the same round trip (after those published)."""
-    batcher = DeltaBatcher(publish, step=step, interval=interval, schedule=schedule, defer=True)
+    batcher = DeltaBatcher(publish, step=step, interval=interval, schedule=schedule, defer=True, on_first=on_first)
     try:
         reply = await stream(request, batcher.add)
     except GatewayError as exc:

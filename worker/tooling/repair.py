@@ -64,7 +64,7 @@ Bounds: every rung is one or a few linear passes (compiled regexes without
 backtracking over runs: possessive quantifiers for backslash runs and
 comments; plain string operations for fences; the json decoders); input above
 ``MAX_REPAIR_CHARS`` (1 MiB) is refused without trying, so the ladder costs
-O(n) with n <= 1 MiB (``tests/test_repair_cases.py`` times adversarial shapes
+O(n) with n <= 1 MiB (``tests/unit/tooling/test_repair_cases.py`` times adversarial shapes
 at 20k and 200k characters).
 """
 

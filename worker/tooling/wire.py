@@ -15,7 +15,7 @@ these apply to every tool, strict or not:
 | P5 | a root ``anyOf``/``oneOf`` whose branches only list declared fields as ``required`` ("at least one of these") is kept in OpenAI's non-strict copy, which takes it; the copies for Anthropic, Gemini, ``any`` and strict mode state it in the root's description instead (validation still holds it) | Anthropic: "input_schema does not support oneOf, allOf, or anyOf at the top level" (marianfoo/mcp-sap-docs PR 51, DeusData/codebase-memory-mcp issue 1524, redhat-et/ripwire issue 48); OpenAI non-strict takes the keyword beside ``type: object`` |
 | P4 | every object schema carries ``required`` (``[]`` when it requires nothing, e.g. a no-argument tool) | OpenAI-compatible relays: "Invalid schema for function 'get_goal': null is not of type "array"" (S05, github.com/aqiu817/dsh-llm-agentrouter/pull/2); strict sibling: yomo#860 |
 
-Each rule has a test in ``tests/test_wire_rules.py`` against the cases of
+Each rule has a test in ``tests/unit/tooling/test_wire_rules.py`` against the cases of
 ``tests/fixtures/cases/provider-schema-rejections.json`` and cases of our own.
 """
 

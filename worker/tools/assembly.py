@@ -27,7 +27,7 @@ def _todo_tools(ctx: TurnContext) -> list[WorkerTool[Any]]:
 
 
 # The main text-turn catalog's categories, in order. A new category is one entry here (and its own
-# module and test): tests/test_assembly.py and docs/layout.md read this tuple.
+# module and test): tests/integration/test_assembly.py and docs/layout.md read this tuple.
 TEXT_TURN_CATEGORIES: tuple[Callable[[TurnContext], list[WorkerTool[Any]]], ...] = (
     _todo_tools,
     create_computer_tools,

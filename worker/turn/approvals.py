@@ -212,7 +212,7 @@ def rejection_result(rec: ApprovalRecord) -> CallResult:
     return CallResult(
         output=f"Rejected by {who}: {reason}. The call did not run.",
         is_error=True,
-        details={"error": "rejected", "by": rec.by, "reason": rec.reason},
+        details={"error": "expired" if rec.by == "deadline" else "rejected", "by": rec.by, "reason": rec.reason},
         activity=f"Rejected: {rec.activity}",
         ms=0.0,
     )

@@ -48,7 +48,7 @@ from worker.model.background import Background
 from worker.model.call_loop import CallLoop
 from worker.model.interface import GatewayError, ModelReply
 from worker.model.streaming import Publish, stream_reply_async
-from worker.turn import telemetry
+from worker.turn import metrics, telemetry
 from worker.turn.ending import CANCELLED, TurnEnd
 from worker.turn.interfaces import step_label
 from worker.turn.outage import OUTAGE_ERRORS, until_redis_answers
@@ -167,6 +167,7 @@ class AsyncModelCalls:
             interval=settings.stream_flush_ms / 1000,
             schedule=lambda delay, fn: loop.call_later(delay, fn).cancel,
             rest=call.rest,
+            on_first=metrics.FIRST_TOKEN_SECONDS.labels(prepared.model).observe,
         )
 
     def _created(self, call: _InFlight, response_id: str) -> None:

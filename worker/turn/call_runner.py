@@ -121,6 +121,7 @@ class CallRunner:
         if call.needs_approval:
             approved, rejected = self.gate.admit(turn_id, step, call)
             if rejected is not None:
+                metrics.tool_call_finished(call.name, True, rejected.details)  # rejected or expired
                 event = CallCompleted.of(step, call, rejected).fields()
                 return claims.record_and_check(turn_id, step, call.call_id, rejected, batch_index, batch_ids, event)[1]
             if approved is None:

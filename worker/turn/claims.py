@@ -168,6 +168,16 @@ return {h, items, '', 0, 1, started, '', response}
 )
 
 
+# Replace a dead holder's step claim, only if it still holds it, and record the new holder's
+# node as holding the turn (``Claims.take_over_step``). KEYS: step claim, held key; ARGV: dead
+# holder, new owner, lease (s), turn id.
+_TAKE_OVER_STEP_LUA = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+redis.call('HSET', KEYS[2], 'step:' .. ARGV[4], ARGV[4])
+return 1
+"""
+
 # Delete a claim only if it is still ours (one round trip).
 _RELEASE_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -208,6 +218,7 @@ class Claims:
         self._record = client.register_script(_RECORD_LUA)
         self._release = client.register_script(_RELEASE_LUA)
         self._begin_step = client.register_script(_BEGIN_STEP_LUA)
+        self._take_over = client.register_script(_TAKE_OVER_STEP_LUA)
         self._begin_call = client.register_script(_BEGIN_CALL_LUA)
 
     def claim(
@@ -322,9 +333,14 @@ class Claims:
             response.decode() if response else None,
         )
 
-    def take_over_step(self, turn_id: str, step: int, owner: str, lease: float) -> None:
-        """Replace a dead holder's step claim with ours."""
-        self._r.set(_k(turn_id, "stepclaim", step), owner, ex=max(1, int(lease)))
+    def take_over_step(self, turn_id: str, step: int, owner: str, lease: float, dead: str, held_key: str) -> bool:
+        """Replace the step claim of ``dead`` (a holder found dead) with ``owner``'s (``lease``
+        seconds), recorded in ``held_key`` as ``begin_step`` records a won claim; only while
+        ``dead`` still holds it: of two deliveries that found the same dead holder (a re-drive and
+        a message given back), one takes the step over and the other drops, instead of both
+        paying for the call. Whether this one took it."""
+        keys = [_k(turn_id, "stepclaim", step), held_key]
+        return bool(self._take_over(keys=keys, args=[dead, owner, max(1, int(lease)), turn_id]))
 
     def release_step(self, turn_id: str, step: int, owner: str) -> None:
         """Drop ``owner``'s step claim (the reply is stored, or the call failed and will be retried).

@@ -23,8 +23,11 @@ CANCELLED = "cancelled by the control plane"
 class TurnEnd:
     """The terminal transitions of turns in ``runtime``'s store."""
 
-    def __init__(self, runtime: TurnRuntime):
+    def __init__(self, runtime: TurnRuntime, *, count_here: bool = True):
         self.rt = runtime
+        # A worker counts the ends it makes; a control plane serves no metrics, so it has a worker
+        # count its ends (``Dispatcher.count_ended``): every end is counted once, where it is served.
+        self.count_here = count_here
 
     def finished(
         self,
@@ -45,7 +48,12 @@ class TurnEnd:
             store.event(
                 turn_id, "turn_finished", status=status.value, error=error, final_output=final_output, usage=usage
             )
-        metrics.turn_ended(status.value, error)
+        if not self.count_here:
+            self.rt.dispatcher.count_ended(turn_id)
+        elif (state := store.load(turn_id)) is not None:
+            metrics.turn_ended(status.value, error, self.rt.clock() - state.created_at)
+        else:
+            metrics.turn_ended(status.value, error)
         if telemetry.tracing_active():
             self._root_span(turn_id, status, error, usage)
         if store.awaits_hooks(turn_id) if hooks is None else hooks:

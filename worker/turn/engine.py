@@ -53,7 +53,8 @@ class TurnEngine:
     the model client (one per process); ``project_skills`` projects enabled skills into the
     instructions. A control plane passes neither toolsets nor a client: it only starts, cancels
     and decides on turns. ``async_calls``: make model calls on the process's event loop
-    (``worker.turn.async_calls``) instead of the calling thread.
+    (``worker.turn.async_calls``) instead of the calling thread. ``count_ends=False`` (a control
+    plane, which serves no metrics): the turns it ends are counted by a worker (``TurnEnd``).
     """
 
     def __init__(
@@ -68,12 +69,13 @@ class TurnEngine:
         async_calls: AsyncSetup | None = None,
         *,
         redis: Redis,
+        count_ends: bool = True,
     ):
         self.runtime = runtime = TurnRuntime.build(redis, store, dispatcher, settings)
         self.store, self.settings, self.dispatcher, self.client = store, settings, dispatcher, client
         self.redis = redis
         self.liveness, self.usage = runtime.liveness, runtime.usage
-        self.end = TurnEnd(runtime)
+        self.end = TurnEnd(runtime, count_here=count_ends)
         self.intake = TurnIntake(runtime)
         self.approvals = ApprovalGate(runtime)
         self.toolbox = Toolbox(

@@ -25,7 +25,7 @@ import orjson
 
 from worker.tooling.contract import WorkerTool
 from worker.tooling.schemas import source_schema
-from worker.turn import approvals, telemetry
+from worker.turn import approvals, metrics, telemetry
 from worker.turn.approval_policy import approval_timeout
 from worker.turn.dispatch import Batch, Plan, PlannedCall, plan_batches
 from worker.turn.guard import MessageCommands
@@ -118,6 +118,7 @@ class ApprovalGate:
         rec = self.rt.store.approvals.record(turn_id, step, call.call_id)
         if rec is None or rec.status == "pending":
             return None, None
+        metrics.approval_decided(rec.status, rec.by, rec.requested_at, rec.decided_at)
         if rec.status == "rejected":
             return None, approvals.rejection_result(rec)
         if rec.params is not None:

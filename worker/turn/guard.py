@@ -13,9 +13,9 @@ pipeline would build it; only single-key write commands are accepted, and each k
 ``KEYS``.
 
 ``CreateScript`` stores a new turn only if no turn has its id and its agent has not used its
-idempotency key, with its first items, watch deadline, place in the agent's list and
-``turn_queued`` event: one round trip where ``WATCH``/``GET``/``HGET``/``MULTI`` and the event
-took four.
+idempotency key, with its first items, watch deadline, place in the agent's list, places in the
+listing indexes (``worker.turn.listing``) and ``turn_queued`` event: one round trip where
+``WATCH``/``GET``/``HGET``/``MULTI`` and the event took four.
 """
 
 from __future__ import annotations

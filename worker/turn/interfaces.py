@@ -61,6 +61,10 @@ class Dispatcher(Protocol):
     def turn_finished(self, turn_id: str) -> None:
         """The turn ended and has end hooks (``worker.turn.request.END_HOOK_METADATA``): run them."""
 
+    def count_ended(self, turn_id: str) -> None:
+        """The turn was ended by a process that serves no metrics (a control plane): have a worker
+        count its end (``worker.turn.metrics.turn_ended``)."""
+
 
 Toolset = Callable[[TurnContext], list[WorkerTool[Any]]]
 

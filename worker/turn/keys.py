@@ -2,7 +2,7 @@
 
 Part of the store (``worker.turn.store`` and its parts ``claims``, ``memo``, ``approvals``,
 ``usage``, ``guard``): only those modules read or write these keys, so a change to a key's layout
-touches the store and its tests only (``tests/test_store_owns_keys.py`` fails when another module
+touches the store and its tests only (``tests/unit/turn/test_store_owns_keys.py`` fails when another module
 names a turn key or reaches the store's client).
 
 The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cluster slot):

@@ -5,13 +5,19 @@ The objects live in the default registry of the process. A worker serves them on
 counts); a process that serves nothing (a control plane) just counts in memory, unread.
 Names and labels (docs/operations.md, "Metrics"):
 
-- ``agent_turns_started_total{queue}``, ``agent_turns_ended_total{status,reason}``;
+- ``agent_turns_started_total{queue}``, ``agent_turns_ended_total{status,reason}`` (every terminal
+  transition once: a worker counts its own; one made by a control plane, such as a parked turn
+  cancelled, is counted by a worker it sends ``tasks.turns.count_ended`` to);
+- ``agent_turn_seconds{status}`` (histogram: from enqueue to the end);
+- ``agent_model_first_token_seconds{model}`` (histogram: a streamed call's time to its first delta);
+- ``agent_approval_decision_seconds{decision}`` (histogram: from the request to the decision,
+  ``approved``, ``rejected`` or ``expired``, observed when the worker takes the decided call up);
 - ``agent_model_call_seconds{model}``, ``agent_tool_call_seconds{tool}`` (histograms);
 - ``agent_model_calls_total{model,outcome,error_class}``, ``agent_tool_calls_total{tool,outcome,error_class}``;
 - ``agent_argument_repairs_total{kind}``, ``agent_invalid_calls_total{tool,kind}``;
 - ``agent_tokens_total{model,kind}`` (kind: input, output, cached, reasoning);
 - ``agent_watchdog_redrives_total``;
-- ``agent_replica_ack_misses_total{write}`` (``worker.turn.durability``: ``claim``, ``memo``);
+- ``agent_replica_ack_misses_total{write}`` (``worker.turn.durability``: ``claim``, ``memo``, ``response``);
 - ``agent_turns_in_flight`` (served by ``tasks.metrics`` from Redis at scrape time).
 
 Label values are bounded: a tool name the turn does not offer is counted as ``(unknown)``;
@@ -27,6 +33,8 @@ from prometheus_client import Counter, Histogram
 
 # Model calls take seconds; tool calls from milliseconds (a file read) to minutes (a command).
 _MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
+_TURN_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400, 86400)
+_APPROVAL_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400)
 _TOOL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 TURNS_STARTED = Counter("agent_turns_started", "Turns that started running (first model step).", ["queue"])
@@ -45,6 +53,21 @@ MODEL_CALL_SECONDS = Histogram(
     "agent_model_call_seconds", "Latency of Responses API calls.", ["model"], buckets=_MODEL_BUCKETS
 )
 TOOL_CALL_SECONDS = Histogram("agent_tool_call_seconds", "Latency of tool executions.", ["tool"], buckets=_TOOL_BUCKETS)
+TURN_SECONDS = Histogram(
+    "agent_turn_seconds", "Turn duration from enqueue to its terminal status.", ["status"], buckets=_TURN_BUCKETS
+)
+FIRST_TOKEN_SECONDS = Histogram(
+    "agent_model_first_token_seconds",
+    "Time from a streamed model call's request to its first delta.",
+    ["model"],
+    buckets=_MODEL_BUCKETS,
+)
+APPROVAL_DECISION_SECONDS = Histogram(
+    "agent_approval_decision_seconds",
+    "Time from an approval request to its decision (approved, rejected, expired).",
+    ["decision"],
+    buckets=_APPROVAL_BUCKETS,
+)
 REPAIRS = Counter("agent_argument_repairs", "Repairs applied to function-call arguments.", ["kind"])
 INVALID_CALLS = Counter(
     "agent_invalid_calls", "Function calls that did not run (invalid arguments, unknown tool).", ["tool", "kind"]
@@ -77,9 +100,10 @@ def tokens_used(model: str, usage: dict[str, int]) -> None:
 
 
 # A tool result's ``details.error`` kinds (``worker.turn.state.CallResult``) kept as error classes;
-# a tool's own error result without one is ``tool_error``.
+# a tool's own error result without one, or naming ``tool_error`` (the computer tools'), is ``tool_error``.
 _TOOL_ERROR_CLASSES = frozenset(
     {
+        "tool_error",
         "exception",
         "interrupted",
         "outcome_unknown",
@@ -163,6 +187,17 @@ def turn_reason(status: str, error: str | None) -> str:
     return "other"
 
 
-def turn_ended(status: str, error: str | None) -> None:
-    """Count a turn that reached a terminal status, with its reason class (``turn_reason``)."""
+def turn_ended(status: str, error: str | None, seconds: float | None = None) -> None:
+    """Count a turn that reached a terminal status, with its reason class (``turn_reason``), and
+    observe its duration (``seconds`` from enqueue; None: unknown, not observed)."""
     TURNS_ENDED.labels(status, turn_reason(status, error)).inc()
+    if seconds is not None:
+        TURN_SECONDS.labels(status).observe(max(seconds, 0.0))
+
+
+def approval_decided(status: str, by: str | None, requested_at: float, decided_at: float | None) -> None:
+    """Observe one decided approval: ``expired`` when the deadline rejected it (``by == "deadline"``)."""
+    if decided_at is None or status not in ("approved", "rejected"):
+        return
+    decision = "expired" if status == "rejected" and by == "deadline" else status
+    APPROVAL_DECISION_SECONDS.labels(decision).observe(max(decided_at - requested_at, 0.0))

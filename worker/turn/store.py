@@ -14,7 +14,7 @@ changes nothing: it is fenced out.
 The keys are listed and named in ``worker.turn.keys``. No module outside the store (this module,
 ``keys``, ``guard``, ``claims``, ``memo``, ``approvals``, ``usage``) reads or writes them, and the
 client is private: the parts and the Celery edge call the methods below
-(``tests/test_store_owns_keys.py``).
+(``tests/unit/turn/test_store_owns_keys.py``).
 """
 
 from __future__ import annotations

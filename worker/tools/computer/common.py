@@ -11,7 +11,9 @@ from worker.tooling.contract import ToolResult
 
 
 def fail(message: str, **details: object) -> ToolResult:
-    return ToolResult(content=message, details={"error": message, **details}, is_error=True)
+    """A computer tool's own error: the model reads ``message``; ``details.error`` is the class
+    ``tool_error`` (``worker.turn.metrics``), ``details.message`` the text."""
+    return ToolResult(content=message, details={"error": "tool_error", "message": message, **details}, is_error=True)
 
 
 def plural(n: int, word: str) -> str:
