@@ -166,6 +166,18 @@ def _run_twice(homes: Path, turns: int) -> int:
     return twice
 
 
+def _cut_then_made_again(answers: Path) -> int:
+    """Steps whose answer was cut (its client went mid-stream: generated, and billed, in part) and
+    then made again whole: the partial re-payments a provider bills without background mode (a
+    background answer is generated whole whoever listens, and logged once, when it ends)."""
+    seen: dict[tuple[Any, Any], set[bool]] = defaultdict(set)
+    for line in answers.read_bytes().splitlines():
+        a = orjson.loads(line)
+        if a["status"] == 200 and a["model"] == "soak":
+            seen[(a["input"], a["step"])].add(bool(a["complete"]))
+    return sum(1 for kinds in seen.values() if kinds == {True, False})
+
+
 def _paid_twice(answers: Path, events: list[tuple[float, str, str]]) -> tuple[int, int]:
     """Model calls paid twice for the same (turn input, step): ``(after a steps-worker kill, other)``."""
     paid = defaultdict(list)
@@ -286,7 +298,8 @@ def _report(
     print(f"destructive calls run twice: {twice}")
     background = os.environ.get("AGENT_MODEL_BACKGROUND") == "1"
     print(f"model calls paid twice: {repaid_other} otherwise, {repaid_kill} after a steps-worker kill "
-          f"(background mode {'on' if background else 'off'})")  # fmt: skip
+          f"(background mode {'on' if background else 'off'}); answers cut and made again: "
+          f"{_cut_then_made_again(answers)}")  # fmt: skip
     print(f"unanswered calls in ended turns: {unanswered}")
     if recovery:
         print(f"recovery after a worker-main SIGKILL (kill -> re-drive), {len(recovery)} kills with turns held: "
