@@ -32,6 +32,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
+import kombu.transport as kombu_transports
 import redis
 from kombu import serialization
 from kombu.transport import redis as kombu_redis
@@ -349,3 +350,17 @@ def turns_named_by_messages(client: Any, queues: Iterable[str], tasks: Iterable[
         p.hvals("unacked")
         replies = p.execute()
     return {t for raws in replies for t in (_turn_of(raw, names) for raw in raws) if t is not None}
+
+
+def _keep_our_transport_on_switch() -> None:
+    """After a connection error, kombu's ``Connection.switch`` moves to the next Sentinel URL of the
+    broker URL's list and takes the transport from that URL's scheme, dropping the explicit
+    ``broker_transport``: the consumer went on with kombu's stock Sentinel channel, without
+    ``Channel``'s hardening, and the first primary kill with a task in flight ended prefork
+    workers ("'NoneType' object has no attribute 'hostname'" while restoring unacked messages).
+    The ``sentinel`` scheme names this module's transport instead, so every switch keeps it."""
+    kombu_transports.TRANSPORT_ALIASES["sentinel"] = f"{__name__}:SentinelTransport"
+    getattr(kombu_transports, "_transport_cache", {}).pop("sentinel", None)  # resolved before this import
+
+
+_keep_our_transport_on_switch()
