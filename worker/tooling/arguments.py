@@ -57,8 +57,8 @@ from worker.tooling.coercion import coerce, has_float_token, whole_numbers
 from worker.tooling.contract import WorkerTool
 from worker.tooling.json_checks import CUT_OFF_ERROR, MAX_NESTING_DEPTH, Refused, check_depth, too_deep_error
 from worker.tooling.keys import name_sent_keys, near_miss_error
-from worker.tooling.markup import markup_hinted, markup_key_error, markup_value_error, value_markup_hinted
-from worker.tooling.model_flags import accepted_names, fast_path_eligible
+from worker.tooling.markup import markup_hinted, markup_key_error, markup_value_error
+from worker.tooling.model_flags import FAST_PATHS, accepted_names, fast_path
 from worker.tooling.object_rungs import ENVELOPE_KEYS, decode_encoded_fields, unwrap_candidate, unwrap_envelope
 from worker.tooling.oversized import held_arguments, too_large_reason, utf8_size
 from worker.tooling.param_validation import params_to_data, validate_params
@@ -140,10 +140,10 @@ class ArgumentsOutcome:
       object) or ``"validation"`` (schema rejected the object). The loop's per-tool retry budget
       can count these.
 
-    Built with keywords only (``validated`` for the happy path).
+    Built with keywords only (``_accepted`` for the happy path).
     """
 
-    __slots__ = ("ok", "params", "_data", "repairs", "error", "errors", "error_kind", "_tool")
+    __slots__ = ("ok", "params", "_data", "_repairs", "error", "_errors", "error_kind", "_tool")
 
     def __init__(
         self,
@@ -160,20 +160,11 @@ class ArgumentsOutcome:
         self.ok = ok
         self.params = params
         self._data = data
-        self.repairs = repairs if repairs is not None else []
+        self._repairs = repairs
         self.error = error
-        self.errors = errors if errors is not None else []
+        self._errors = errors
         self.error_kind = error_kind
         self._tool = tool
-
-    @classmethod
-    def validated(cls, tool: WorkerTool[Any], params: Any, data: dict[str, Any] | None = None) -> ArgumentsOutcome:
-        """Params of ``tool`` that validated as sent, without a repair (``data`` computed when read
-        unless given). The happy path of every call: slots set directly, no keyword parsing."""
-        out = cls.__new__(cls)
-        out.ok, out.params, out._data, out.repairs, out.errors, out._tool = True, params, data, [], [], tool
-        out.error = out.error_kind = None
-        return out
 
     @property
     def data(self) -> dict[str, Any] | None:
@@ -186,12 +177,46 @@ class ArgumentsOutcome:
         """The validated params as a JSON object (computed on first read for pydantic tools)."""
         self._data = value
 
+    # ``repairs`` and ``errors`` are lists made when first read: the happy path builds neither.
+    @property
+    def repairs(self) -> list[str]:
+        if self._repairs is None:
+            self._repairs = []
+        return self._repairs
+
+    @repairs.setter
+    def repairs(self, value: list[str]) -> None:
+        self._repairs = value
+
+    @property
+    def errors(self) -> list[FieldError]:
+        if self._errors is None:
+            self._errors = []
+        return self._errors
+
+    @errors.setter
+    def errors(self, value: list[FieldError]) -> None:
+        self._errors = value
+
     def __repr__(self) -> str:
         return (
             f"ArgumentsOutcome(ok={self.ok!r}, params={self.params!r}, data={self.data!r}, "
             f"repairs={self.repairs!r}, error={self.error!r}, errors={self.errors!r}, "
             f"error_kind={self.error_kind!r})"
         )
+
+
+def _accepted(tool: WorkerTool[Any], params: Any, data: dict[str, Any] | None) -> ArgumentsOutcome:
+    """The outcome of params that validated as sent, without a repair (``data`` computed when read
+    unless given): the happy path of every call, so its slots are set directly, with no keyword
+    parsing and no list (``ArgumentsOutcome(...)`` costs about 0.3 us more)."""
+    out = _new_outcome(ArgumentsOutcome)
+    out.ok, out.params, out._data, out._tool = True, params, data, tool
+    out._repairs = out._errors = out.error = out.error_kind = None
+    return out
+
+
+_new_outcome = object.__new__
 
 
 def _echo(raw: str, cap: int) -> str:
@@ -278,27 +303,37 @@ def validate_tool_arguments(
     for the steps and ``worker.tooling.repair`` for the ladder; an unexpected failure (a
     broken tool schema, a bug) becomes an error output.
     """
-    model = tool.input_model
     if (
-        model is not None
-        and type(raw) is str
-        and len(raw) <= max_arguments_bytes // 4
-        and ("\\" not in raw or "\\u" not in raw)  # one memchr first: most text has no backslash
-        and not value_markup_hinted(raw)
-        and fast_path_eligible(model, raw)
+        type(raw) is str
+        and len(raw) <= max_arguments_bytes >> 2
+        and "<" not in raw
+        and ("\\" not in raw or "\\u" not in raw)
     ):
-        # Happy path: one strict pydantic-core pass over the text. With no field that takes a float,
-        # what JSON forbids but pydantic-core accepts (NaN, Infinity, 1e400) cannot validate;
-        # without ``\\u`` escapes there is no lone surrogate; the bracket count (or a model whose
-        # schema bounds the depth) bounds nesting; without ``<`` no value holds markup; ``extra="forbid"`` leaves every unknown key (so every
-        # markup key and every envelope) to the checked path, and a model with open maps is only
-        # taken without any markup hint; 4 bytes per character bound the size.
-        try:
-            return ArgumentsOutcome.validated(
-                tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid")
-            )
-        except ValidationError:
-            pass
+        # The happy paths, one per kind of tool: 4 bytes per character bound the size; without
+        # ``<`` no value holds markup (every value form has one: worker.tooling.markup); without
+        # ``\\u`` escapes no lone surrogate or hidden markup.
+        model = tool.input_model
+        if model is not None:
+            # One strict pydantic-core pass over the text (model_flags.fast_path: a model with a field
+            # that takes a float has no ``validate``: pydantic-core accepts NaN, Infinity and 1e400
+            # there, which JSON forbids). The bracket count (or a model whose schema bounds the depth)
+            # bounds nesting; ``extra="forbid"`` leaves every unknown key (so every markup key and
+            # every envelope) to the checked path, and a model with open maps is only taken without
+            # any markup hint.
+            validate, open_keys, bounded = FAST_PATHS.get(model) or fast_path(model)
+            if (
+                validate is not None
+                and not (open_keys and markup_hinted(raw))
+                and (bounded or len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH)
+            ):
+                try:
+                    return _accepted(tool, validate(raw, strict=True, extra="forbid"), None)
+                except ValidationError:
+                    pass
+        elif response_status == "completed" and not tool.strict:
+            done = _raw_as_sent(tool, raw)
+            if done is not None:
+                return done
     try:
         if raw is None:
             raw = ""  # no arguments at all (Gemini omits a no-argument call's args): as empty
@@ -345,15 +380,9 @@ def _validate_tool_arguments(
     except orjson.JSONDecodeError:
         parsed = _UNPARSED
     hinted = _hinted(raw, parsed)
-    if type(parsed) is dict and model is None and not hinted and response_status == "completed" and not tool.strict:
-        done = _raw_as_sent(tool, raw, parsed)
-        if done is not None:
-            return done
     if type(parsed) is dict and model is not None and not hinted:
         try:
-            return ArgumentsOutcome.validated(
-                tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid")
-            )
+            return _accepted(tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid"), None)
         except ValidationError:
             pass
     info = validation_info(tool)
@@ -383,7 +412,8 @@ def _validate_tool_arguments(
     except Refused as exc:
         return _failure(tool, raw, "parse", str(exc), max_raw_echo)
 
-    floats = model is None and info.integers and has_float_token(raw)
+    # Repaired text and decoded literals may spell a float as ``.0``: any "." counts here.
+    floats = model is None and info.integers and ("." in raw or has_float_token(raw))
     params, errors, used, notes = _validate(tool, data, info, floats)
     if not errors:
         if response_status == "incomplete" and (repairs or any(n.startswith("coerced:") for n in notes)):
@@ -404,20 +434,42 @@ def _validate_tool_arguments(
     return _failure(tool, raw, "validation", "", max_raw_echo, errors=errors, data=used, repairs=repairs + notes)
 
 
-def _raw_as_sent(tool: WorkerTool[Any], raw: str, parsed: dict[str, Any]) -> ArgumentsOutcome | None:
-    """The happy path of a raw-schema tool, or None for the checked path: an object (no markup or
-    envelope hint) whose keys are all declared (or whose schema declares none), that validates as
-    sent and holds no float an integer field would take. What it skips (the respelled-key check,
-    the strict nulls, the float rule) cannot apply to such an object."""
-    info = validation_info(tool)
-    props = info.properties
-    if props and not parsed.keys() <= props.keys() or info.integers and has_float_token(raw):
+def _raw_as_sent(tool: WorkerTool[Any], raw: str) -> ArgumentsOutcome | None:
+    """The happy path of a raw-schema tool (text already free of ``<`` and ``\\u``, within the size
+    cap; a completed response; not a strict tool), or None for the checked path: a JSON object with
+    no markup or envelope hint, nested within ``MAX_NESTING_DEPTH``, whose keys are all declared (or
+    whose schema declares none), that validates as sent. What it skips cannot apply to such an
+    object: the envelope, markup and respelled-key checks, the strict nulls, the text ladder. Its
+    integral floats where the schema takes an integer are made integers (``coerced:<f>``, the float
+    rule of ``_validate``)."""
+    if len(raw) > MAX_NESTING_DEPTH and raw.count("[") + raw.count("{") > MAX_NESTING_DEPTH or markup_hinted(raw):
         return None
     try:
-        valid = info.validator.is_valid(parsed)
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(parsed) is not dict or not ENVELOPE_KEYS.isdisjoint(parsed):
+        return None
+    info = validation_info(tool)
+    props = info.properties
+    if props and not parsed.keys() <= props.keys():
+        return None
+    try:
+        if not info.validator.is_valid(parsed):
+            return None
     except Exception:  # a schema that cannot be applied: the checked path says so
         return None
-    return ArgumentsOutcome.validated(tool, parsed, parsed) if valid else None
+    if info.integers and has_float_token(raw):
+        applied: list[str] = []
+        try:
+            parsed = whole_numbers(parsed, info.schema, info.resolve, applied)
+        except Exception:  # never raises: the checked path turns any fault into an error output
+            return None
+        if applied:
+            return ArgumentsOutcome(
+                ok=True, params=parsed, data=parsed, repairs=[f"coerced:{a}" for a in applied], tool=tool
+            )
+    return _accepted(tool, parsed, parsed)
 
 
 def _object_checks(
