@@ -12,7 +12,9 @@
    ``validate_json(raw, strict=True, extra="forbid")`` (one pass): ``forbid`` sends every
    call with a key the model does not declare to the checked path, so an unknown or markup
    key gets the same treatment as on a raw-schema tool (an envelope, whose keys a tool does
-   not declare, too). Other text is parsed with ``orjson`` first (which refuses ``NaN``,
+   not declare, too). A raw-schema tool's text free of those hints is parsed once and taken
+   as sent when every key is declared and the compiled validator accepts it (``_raw_as_sent``;
+   the float rule of step 5 applied there too). Other text is parsed with ``orjson`` first (which refuses ``NaN``,
    ``Infinity``, ``1e400`` and lone surrogates: those go to the ladder, which refuses them).
    Valid JSON as sent keeps standard semantics for a repeated key (the last value wins);
    text that needs repair is held to more (a repeated key is refused).
