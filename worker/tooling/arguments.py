@@ -50,7 +50,7 @@ failure (a broken tool schema, a bug) becomes an error output.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
@@ -62,6 +62,7 @@ from worker.tooling.keys import name_sent_keys, near_miss_error
 from worker.tooling.markup import markup_hinted, markup_key_error, markup_value_error
 from worker.tooling.model_flags import FAST_PATHS, accepted_names, fast_path
 from worker.tooling.object_rungs import ENVELOPE_KEYS, decode_encoded_fields, unwrap_candidate, unwrap_envelope
+from worker.tooling.outcome import ArgumentsOutcome, ErrorKind, accepted
 from worker.tooling.oversized import held_arguments, too_large_reason, utf8_size
 from worker.tooling.param_validation import params_to_data, validate_params
 from worker.tooling.repair import repair_arguments
@@ -79,9 +80,6 @@ __all__ = [
     "validate_params",
     "validate_tool_arguments",
 ]
-
-ErrorKind = Literal["cut_off", "too_large", "parse", "validation"]
-"""Why arguments were refused (``ArgumentsOutcome.error_kind``; a label of ``agent_invalid_calls_total``)."""
 
 MAX_UNWRAP = 2
 """Wrapper keys unwrapped at most, one inside the other (``{"input": {"arguments": ...}}``)."""
@@ -124,101 +122,6 @@ about 105 MB: docs/arguments.md, "Order", 0). 1 MiB holds about twice the longes
 
 DEFAULT_MAX_RAW_ECHO = 2_000
 """Default cap (characters) of the raw arguments echoed back in an error (``settings.max_raw_arguments_echo``)."""
-
-
-class ArgumentsOutcome:
-    """Result of ``validate_tool_arguments``.
-
-    - ``ok``: params validated; ``params`` is the model instance (or dict for a raw schema).
-    - ``data``: the JSON object that validated (after repairs), JSON-serialisable.
-      For pydantic tools it is ``params.model_dump(mode="json")``, computed on
-      first access (the happy path does not pay for it).
-    - ``repairs``: names of the repairs applied, in order (empty when the string parsed as is).
-    - ``error``: when not ok, the text sent back to the model (failing fields,
-      the capped raw arguments, and a request for a corrected call).
-    - ``errors``: when validation failed, each failing field.
-    - ``error_kind``: ``None`` when ok, else an ``ErrorKind``: ``"cut_off"`` (response
-      incomplete), ``"too_large"`` (over the arguments cap), ``"parse"`` (not a usable JSON
-      object) or ``"validation"`` (schema rejected the object). The loop's per-tool retry budget
-      can count these.
-
-    Built with keywords only (``_accepted`` for the happy path).
-    """
-
-    __slots__ = ("ok", "params", "_data", "_repairs", "error", "_errors", "error_kind", "_tool")
-
-    def __init__(
-        self,
-        *,
-        ok: bool,
-        params: Any = None,
-        data: dict[str, Any] | None = None,
-        repairs: list[str] | None = None,
-        error: str | None = None,
-        errors: list[FieldError] | None = None,
-        error_kind: ErrorKind | None = None,
-        tool: WorkerTool[Any] | None = None,
-    ):
-        self.ok = ok
-        self.params = params
-        self._data = data
-        self._repairs = repairs
-        self.error = error
-        self._errors = errors
-        self.error_kind = error_kind
-        self._tool = tool
-
-    @property
-    def data(self) -> dict[str, Any] | None:
-        if self._data is None and self.ok and self._tool is not None:
-            self._data = params_to_data(self._tool, self.params)
-        return self._data
-
-    @data.setter
-    def data(self, value: dict[str, Any] | None) -> None:
-        """The validated params as a JSON object (computed on first read for pydantic tools)."""
-        self._data = value
-
-    # ``repairs`` and ``errors`` are lists made when first read: the happy path builds neither.
-    @property
-    def repairs(self) -> list[str]:
-        if self._repairs is None:
-            self._repairs = []
-        return self._repairs
-
-    @repairs.setter
-    def repairs(self, value: list[str]) -> None:
-        self._repairs = value
-
-    @property
-    def errors(self) -> list[FieldError]:
-        if self._errors is None:
-            self._errors = []
-        return self._errors
-
-    @errors.setter
-    def errors(self, value: list[FieldError]) -> None:
-        self._errors = value
-
-    def __repr__(self) -> str:
-        return (
-            f"ArgumentsOutcome(ok={self.ok!r}, params={self.params!r}, data={self.data!r}, "
-            f"repairs={self.repairs!r}, error={self.error!r}, errors={self.errors!r}, "
-            f"error_kind={self.error_kind!r})"
-        )
-
-
-def _accepted(tool: WorkerTool[Any], params: Any, data: dict[str, Any] | None) -> ArgumentsOutcome:
-    """The outcome of params that validated as sent, without a repair (``data`` computed when read
-    unless given): the happy path of every call, so its slots are set directly, with no keyword
-    parsing and no list (``ArgumentsOutcome(...)`` costs about 0.3 us more)."""
-    out = _new_outcome(ArgumentsOutcome)
-    out.ok, out.params, out._data, out._tool = True, params, data, tool
-    out._repairs = out._errors = out.error = out.error_kind = None
-    return out
-
-
-_new_outcome = object.__new__
 
 
 def _echo(raw: str, cap: int) -> str:
@@ -329,7 +232,7 @@ def validate_tool_arguments(
                 and (bounded or len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH)
             ):
                 try:
-                    return _accepted(tool, validate(raw, strict=True, extra="forbid"), None)
+                    return accepted(tool, validate(raw, strict=True, extra="forbid"), None)
                 except ValidationError:
                     pass
         elif response_status == "completed" and not tool.strict:
@@ -384,7 +287,7 @@ def _validate_tool_arguments(
     hinted = _hinted(raw, parsed)
     if type(parsed) is dict and model is not None and not hinted:
         try:
-            return _accepted(tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid"), None)
+            return accepted(tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid"), None)
         except ValidationError:
             pass
     info = validation_info(tool)
@@ -471,7 +374,7 @@ def _raw_as_sent(tool: WorkerTool[Any], raw: str) -> ArgumentsOutcome | None:
             return ArgumentsOutcome(
                 ok=True, params=parsed, data=parsed, repairs=[f"coerced:{a}" for a in applied], tool=tool
             )
-    return _accepted(tool, parsed, parsed)
+    return accepted(tool, parsed, parsed)
 
 
 def _object_checks(
