@@ -29,17 +29,20 @@ import binascii
 import json
 import logging
 import os
+import re
 import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 import kombu.transport as kombu_transports
+import orjson
 import redis
 from kombu import serialization
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps as kombu_dumps
+from kombu.utils.json import loads as kombu_loads
 
 from tasks.serialization import json_dumps
 
@@ -445,3 +448,30 @@ def _keep_our_transport_on_switch() -> None:
 
 
 _keep_our_transport_on_switch()
+
+
+def loads(text: str | bytes) -> Any:
+    """kombu's JSON decoding of a queue item and of an ``unacked`` record (``kombu.utils.json.loads``:
+    the standard library's parser with kombu's ``__type__`` hook), through orjson when the text has
+    no ``__type__`` envelope and no run of 19 digits (orjson reads an integer beyond 64 bits as a
+    float): the same values, at a fraction of the cost (it was about 3% of a steps worker's CPU).
+    What orjson refuses and the standard library reads (``NaN``) goes to kombu's too."""
+    raw = text.encode() if isinstance(text, str) else text
+    if b"__type__" not in raw and _LONG_NUMBER.search(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return kombu_loads(text)
+
+
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")
+
+
+def _decode_with_orjson() -> None:
+    """kombu's Redis transport decodes what it pops and restores with its module's ``loads``; ours is
+    the same decoding, faster (every transport of a worker's process is this module's)."""
+    kombu_redis.loads = loads  # type: ignore[attr-defined]  # a module global of kombu's transport
+
+
+_decode_with_orjson()
