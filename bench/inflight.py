@@ -54,11 +54,11 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from concurrency import _celery, _spawn, _stop, _wait_heartbeat  # noqa: E402
+from concurrency import _celery, _profile, _spawn, _stop, _stop_profile, _wait_heartbeat  # noqa: E402
 
 from devtools.embedded_redis import EmbeddedRedis  # noqa: E402
 from devtools.ports import free_port  # noqa: E402
-from worker.turn.keys import WATCH_KEY  # noqa: E402
+from worker.turn.store import TurnStore  # noqa: E402
 
 SCRIPT = {
     "name": "bench",
@@ -145,6 +145,7 @@ class Sampler:
     def __init__(self, steps: int, tools: int, stats_url: str, r: redis.Redis, alive_key: str, interval: float = 0.5):
         self.steps, self.tools = psutil.Process(steps), psutil.Process(tools)
         self.stats_url, self.r, self.alive_key, self.interval = stats_url, r, alive_key, interval
+        self.turns = TurnStore(r)
         self.peak: dict[str, float] = {"tools_rss": 0.0, "steps_rss": 0.0, "fds": 0, "in_flight": 0, "watched": 0}
         self.heartbeat_left = float("inf")
         self._stop = threading.Event()
@@ -156,7 +157,7 @@ class Sampler:
             try:
                 now = {"tools_rss": _rss_mb(self.tools, children=True), "steps_rss": _rss_mb(self.steps),
                        "fds": self.steps.num_fds(), "in_flight": _get_json(self.stats_url)["in_flight"],
-                       "watched": self.r.zcard(WATCH_KEY)}  # fmt: skip
+                       "watched": self.turns.watched_count()}  # fmt: skip
                 self.heartbeat_left = min(self.heartbeat_left, self.r.pttl(self.alive_key) / 1000)
             except Exception as exc:  # a sample missed is not a result
                 print(f"  (sample failed: {exc})", flush=True)
@@ -224,6 +225,7 @@ def run_round(srv: EmbeddedRedis, args: argparse.Namespace, logs: Path, scripts:
         run = f"{n_round}{os.getpid()}"
         pool = multiprocessing.get_context("spawn").Pool(k, initializer=_connect, initargs=(srv.control_url,))
         pool.map(_ready, range(k), chunksize=1)
+        profiler = _profile(steps.pid, f"inflight-{n_round}")  # BENCH_PROFILE=<prefix>: py-spy (development)
         sampler = Sampler(steps.pid, tools.pid, stats_url, r, f"agent:alive:{os.uname().nodename}:{steps.pid}")
         t_start, started = time.time(), time.monotonic()
         with pool:
@@ -231,10 +233,11 @@ def run_round(srv: EmbeddedRedis, args: argparse.Namespace, logs: Path, scripts:
         ids = [tid for part in parts for tid in part]
         enqueued = time.monotonic() - started
         deadline = started + args.deadline
-        while r.zcard(WATCH_KEY) and time.monotonic() < deadline:
+        while sampler.turns.watched_count() and time.monotonic() < deadline:
             time.sleep(0.2)
         wall, t_end = time.monotonic() - started, time.time()
         sampler.stop()
+        _stop_profile(profiler)
         cpu = {k: _cpu(p) - cpu0[k] for k, p in (("steps", steps.pid), ("tools", tools.pid), ("redis", srv.proc.pid),
                                                  ("gateway", gateway.pid))}  # fmt: skip
         steps_hwm = _hwm_mb(steps.pid)

@@ -6,7 +6,8 @@ children inherit it) and starts the heartbeat thread; a turn task the node now h
 or running, is recorded when it is fetched, and forgotten by the process that ran it
 (``task_postrun``). Under an in-process pool (threads, solo) the held tasks are kept in memory
 (``task_received``) and written by the heartbeat thread every ``HELD_FLUSH_SECONDS`` (one round
-trip for hundreds of tasks, instead of two per task on the consumer's thread). A prefork node
+trip for hundreds of tasks, instead of two per task on the consumer's thread; what changed since
+the last flush, not the whole set: ``flush_held``). A prefork node
 records a fetched task in the pipeline that records the fetch itself (``tasks.broker.QoS``: no
 round trip of its own), and its children, which cannot reach their parent's memory, forget their
 tasks in Redis in batches, from a thread of their own, every ``HELD_FLUSH_SECONDS`` (a record
@@ -59,14 +60,28 @@ def _heartbeat(node: str, records: liveness.Liveness) -> None:
     while not _stop.wait(HELD_FLUSH_SECONDS if held.in_process() else interval):
         try:
             if held.in_process() and held.dirty.is_set():
-                held.dirty.clear()
-                records.replace_held(node, held.snapshot())
+                flush_held(node, records)
             if time.monotonic() >= next_beat:
                 records.beat(node)
                 next_beat = time.monotonic() + interval
         except redis.RedisError as exc:  # Redis restarting: beat again next time
-            held.dirty.set()
             log.warning("heartbeat of %s not written: %s", node, exc)
+
+
+def flush_held(node: str, records: liveness.Liveness) -> None:
+    """Write what changed in the node's held set since the last flush (``held.take_changes``: the
+    whole set the first time, and after a flush that failed). Raises redis errors (the next flush
+    then writes the whole set)."""
+    held.dirty.clear()
+    whole, added, removed = held.take_changes()
+    try:
+        if whole is not None:
+            records.replace_held(node, whole)
+        else:
+            records.update_held(node, added, removed)
+    except redis.RedisError:
+        held.resync()
+        raise
 
 
 @worker_init.connect
