@@ -12,6 +12,7 @@ Lua script runs counts as one, and so do ``MULTI`` and ``EXEC``.
 
 from __future__ import annotations
 
+import time
 import uuid
 from contextlib import contextmanager
 from typing import Iterator
@@ -67,9 +68,31 @@ def test_a_fetch_and_its_ack_cost_four_commands_and_no_transaction(own_redis):
         assert r.hexists("unacked", message.delivery_tag) and r.zscore("unacked_index", message.delivery_tag)
         with _counted(r) as ack:
             message.ack()
+            assert r.hexists("unacked", message.delivery_tag)  # in the process's next batch
+            broker.ACKS.flush()
     assert not r.hexists("unacked", message.delivery_tag) and r.zscore("unacked_index", message.delivery_tag) is None
     assert "multi" not in fetch and "exec" not in fetch and fetch["hset"] == 1 and fetch["zadd"] == 1
-    assert ack == {"zrem": 1, "hdel": 1}
+    assert ack == {"zrem": 1, "hdel": 1, "hexists": 1}
+
+
+def test_acks_go_in_batches_of_one_zrem_and_one_hdel(own_redis):
+    r = redis.Redis.from_url(own_redis)
+    app = broker_app(own_redis)
+    queue = f"cmds-{uuid.uuid4().hex[:8]}"
+    for _ in range(10):
+        app.send_task("tasks.health.ping", (), queue=queue)
+    with app.connection_for_read() as conn:
+        q = conn.SimpleQueue(queue)
+        messages = [q.get(timeout=5) for _ in range(10)]
+        assert r.hlen("unacked") >= 10
+        with _counted(r) as acks:
+            for m in messages:
+                m.ack()
+            deadline = time.monotonic() + 5  # the batch thread sends them within ACK_BATCH_DELAY
+            while any(r.hexists("unacked", m.delivery_tag) for m in messages) and time.monotonic() < deadline:
+                time.sleep(0.02)
+    assert not any(r.hexists("unacked", m.delivery_tag) for m in messages)
+    assert acks["zrem"] + acks["hdel"] <= 4, acks  # kombu: 10 of each, in 10 transactions
 
 
 def test_a_fetched_message_is_still_given_back_by_kombus_restore(own_redis):
