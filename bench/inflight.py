@@ -16,7 +16,8 @@ Measured per round, while the turns run:
   events saying "timed out"), and model retries of any kind;
 - the gateway's peak of requests in flight, and the steps worker's peak of open file descriptors;
 - peak RSS of the node (the steps worker's ``VmHWM`` plus the tools worker's processes at their
-  sampled peak), and per 1,000 waiting turns: the steps worker's growth over its idle RSS divided
+  sampled peak), its sampled peak PSS (the RSS sum counts the pages a prefork parent shares with
+  its children once per process; PSS splits them), and per 1,000 waiting turns: the steps worker's growth over its idle RSS divided
   by the peak of model calls in flight (thousands);
 - ``GET /metrics`` of the steps worker from a separate probe process every ``--probe-interval``
   seconds with a 10 s timeout (the health check's): failures, median, p99 and max latency;
@@ -123,6 +124,21 @@ def _rss_mb(proc: psutil.Process, children: bool = False) -> float:
         return 0.0
 
 
+def _pss_mb(proc: psutil.Process, children: bool = False) -> float:
+    """Proportional set size (MB) of ``proc`` (and its children): a page shared by n processes
+    counts 1/n in each. The RSS of a prefork parent and its children counts every page they
+    share (copy-on-write after the fork) once per process."""
+    total = 0
+    try:
+        for p in [proc, *proc.children(recursive=True)] if children else [proc]:
+            for line in Path(f"/proc/{p.pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+    except (psutil.NoSuchProcess, FileNotFoundError):
+        pass
+    return total / 1024
+
+
 def _hwm_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -146,8 +162,10 @@ class Sampler:
         self.steps, self.tools = psutil.Process(steps), psutil.Process(tools)
         self.stats_url, self.r, self.alive_key, self.interval = stats_url, r, alive_key, interval
         self.turns = TurnStore(r)
-        self.peak: dict[str, float] = {"tools_rss": 0.0, "steps_rss": 0.0, "fds": 0, "in_flight": 0, "watched": 0}
+        self.peak: dict[str, float] = {"tools_rss": 0.0, "steps_rss": 0.0, "fds": 0, "in_flight": 0, "watched": 0,
+                                       "node_pss": 0.0}  # fmt: skip
         self.heartbeat_left = float("inf")
+        self.timeline: list[tuple[float, float, int, int]] = []  # (monotonic s, steps RSS MB, in flight, turns left)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -157,13 +175,15 @@ class Sampler:
             try:
                 now = {"tools_rss": _rss_mb(self.tools, children=True), "steps_rss": _rss_mb(self.steps),
                        "fds": self.steps.num_fds(), "in_flight": _get_json(self.stats_url)["in_flight"],
-                       "watched": self.turns.watched_count()}  # fmt: skip
+                       "watched": self.turns.watched_count(),
+                       "node_pss": _pss_mb(self.steps) + _pss_mb(self.tools, children=True)}  # fmt: skip
                 self.heartbeat_left = min(self.heartbeat_left, self.r.pttl(self.alive_key) / 1000)
             except Exception as exc:  # a sample missed is not a result
                 print(f"  (sample failed: {exc})", flush=True)
                 continue
             for k, v in now.items():
                 self.peak[k] = max(self.peak[k], v)
+            self.timeline.append((time.monotonic(), now["steps_rss"], now["in_flight"], now["watched"]))
 
     def stop(self) -> None:
         self._stop.set()
@@ -255,14 +275,16 @@ def run_round(srv: EmbeddedRedis, args: argparse.Namespace, logs: Path, scripts:
         timed_out = sum(v for k, v in reasons.items() if "timed out" in k)
         retries = sum(reasons.values())
         in_flight_k = max(sampler.peak["in_flight"], 1) / 1000
+        every = max(1, round(10 / sampler.interval))  # a row per 10 s
+        timeline = [(t - started, rss, f, w) for t, rss, f, w in sampler.timeline[::every] if t >= started]
         return {
             "wall": wall, "enqueue": enqueued, "lost": lost, "reasons": reasons.most_common(3), "timed_out": timed_out, "retries": retries,
             "peak_in_flight": int(sampler.peak["in_flight"]), "gateway_peak": gw_stats["peak_in_flight"],
             "connections": gw_stats["connections"], "fds": int(sampler.peak["fds"]),
-            "node_rss": steps_hwm + sampler.peak["tools_rss"], "steps_hwm": steps_hwm, "steps_idle": idle_rss,
+            "node_rss": steps_hwm + sampler.peak["tools_rss"], "node_pss": sampler.peak["node_pss"], "steps_hwm": steps_hwm, "steps_idle": idle_rss,
             "tools_peak": sampler.peak["tools_rss"], "tools_idle": idle_tools,
             "per_1000": (steps_hwm - idle_rss) / in_flight_k, "node_per_1000": (steps_hwm + sampler.peak["tools_rss"]) / in_flight_k,
-            "heartbeat_left": sampler.heartbeat_left, "probe": _probe_summary(probe_out, t_start, t_end), "cpu": cpu,
+            "heartbeat_left": sampler.heartbeat_left, "timeline": timeline, "probe": _probe_summary(probe_out, t_start, t_end), "cpu": cpu,
         }  # fmt: skip
     finally:
         if prober is not None:
@@ -278,12 +300,14 @@ def _print(i: int, m: dict[str, Any], ideal: float) -> None:
           f"lost {m['lost']}, read-timeout waits {m['timed_out']} (model retries {m['retries']}: {m['reasons']}), "
           f"in flight at the gateway {m['peak_in_flight']} (its own peak {m['gateway_peak']}, {m['connections']} connections), "
           f"steps worker open files {m['fds']}", flush=True)  # fmt: skip
-    print(f"  RSS: node peak {m['node_rss']:.0f} MB (steps worker {m['steps_hwm']:.0f} MB, idle {m['steps_idle']:.0f}; "
+    print(f"  RSS: node peak {m['node_rss']:.0f} MB, PSS {m['node_pss']:.0f} MB (steps worker {m['steps_hwm']:.0f} MB, idle {m['steps_idle']:.0f}; "
           f"tools worker {m['tools_peak']:.0f} MB, idle {m['tools_idle']:.0f}); per 1,000 waiting turns: "
           f"{m['per_1000']:.1f} MB over idle (steps worker), {m['node_per_1000']:.1f} MB of node peak", flush=True)  # fmt: skip
     print(f"  /metrics during the run: {p['n']} probes, {p['failed']} failed, median {p['p50'] * 1000:.0f} ms, "
           f"p99 {p['p99'] * 1000:.0f} ms, max {p['max'] * 1000:.0f} ms; heartbeat least time left "
           f"{m['heartbeat_left']:.2f} s; CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in m["cpu"].items()), flush=True)  # fmt: skip
+    print("  every 10 s (s: steps worker RSS MB / model calls in flight / turns not ended): "
+          + ", ".join(f"{t:.0f}: {rss:.0f}/{f}/{w}" for t, rss, f, w in m["timeline"]), flush=True)  # fmt: skip
 
 
 def main() -> None:
