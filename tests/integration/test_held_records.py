@@ -5,6 +5,7 @@ node that keeps its held set in memory, record nothing there."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from contextlib import contextmanager
 from typing import Iterator
@@ -84,3 +85,37 @@ def test_an_in_process_node_flushes_only_what_changed(redis_url, monkeypatch):
     liveness.flush_held(node, records)
     assert not r.hexists(key, "step:t2:1") and r.hlen(key) == 9_998
     assert r.info("commandstats").get("cmdstat_hset", {}).get("calls", 0) == calls  # a delete only
+
+
+def test_the_heartbeat_writes_the_whole_held_set_now_and_then(redis_url, monkeypatch):
+    # A write the primary acknowledged and lost in a failover (asynchronous replication) is made
+    # good: between flushes of changes, the heartbeat writes the whole set every HELD_WHOLE_SECONDS.
+    import threading
+
+    from tasks import held, liveness
+    from worker.turn import liveness as records_module
+
+    for name, value in (("_held", {}), ("_added", {}), ("_removed", set()), ("_whole", True)):
+        monkeypatch.setattr(held, name, value)
+    monkeypatch.setattr(held, "_in_process", True)
+    monkeypatch.setattr(liveness, "HELD_FLUSH_SECONDS", 0.05)
+    monkeypatch.setattr(liveness, "HELD_WHOLE_SECONDS", 0.5)
+    monkeypatch.setattr(liveness, "_stop", threading.Event())
+    node = f"test-node:{uuid.uuid4().hex[:8]}"
+    r = redis.Redis.from_url(redis_url)
+    records = records_module.Liveness(r, 4.0)
+    key = records_module.held_key(node)
+    held.hold("step:a:1", "a")
+    beat = threading.Thread(target=liveness._heartbeat, args=(node, records), daemon=True)
+    beat.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not r.hexists(key, "step:a:1") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        r.hdel(key, "step:a:1")  # the failover lost it; no change of the node's own rewrites it
+        while not r.hexists(key, "step:a:1") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert r.hget(key, "step:a:1") == b"a"
+    finally:
+        liveness._stop.set()
+        beat.join(5)
