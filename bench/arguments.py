@@ -2,10 +2,13 @@
 
 1. Valid calls per second through ``validate_tool_arguments`` for a pydantic
    tool, against a floor measured in the same run: ``TypeAdapter(Model).validate_json``
-   on the same inputs. Target: within 1.5x of the floor.
+   on the same inputs. Target: within 1.25x of the floor.
 2. Valid calls per second for a raw-schema tool (the same model's JSON Schema, with ``$defs``:
    orjson + the compiled ``jsonschema-rs`` validator), against the same floor, timed in
-   alternation with it. Target: within 3x of the floor.
+   alternation with it. Target: within 1.25x of the floor. Then the same tool defined again
+   for every call (a new tool object with the same schema, as the runtime's category creators
+   do; the definitions are made before the clock starts): what a call costs when nothing is
+   cached per tool object.
 3. The repair path on truncated inputs of 1 KB, 100 KB and 1 MB (an array cut
    after a complete item, so the ladder closes the delimiters): time per call,
    and per KB, to show linear growth.
@@ -93,7 +96,7 @@ def main() -> None:
     print("## valid calls, pydantic tool")
     print(f"floor TypeAdapter.validate_json : {n / t_floor:>10,.0f} calls/s ({t_floor / n * 1e6:.2f} us/call)")
     print(f"validate_tool_arguments         : {n / t_ours:>10,.0f} calls/s ({t_ours / n * 1e6:.2f} us/call)")
-    print(f"ratio ours/floor                : {ratio:.2f}x median of paired samples (target <= 1.5x)")
+    print(f"ratio ours/floor                : {ratio:.2f}x median of paired samples (target <= 1.25x)")
 
     raw_tool = define_worker_tool(
         name="write_todos_raw",
@@ -116,7 +119,37 @@ def main() -> None:
     print(f"\n## valid calls, raw-schema tool ({validation_info(raw_tool).engine}, orjson + compiled validator)")
     print(f"floor TypeAdapter.validate_json : {n / t_floor2:>10,.0f} calls/s ({t_floor2 / n * 1e6:.2f} us/call)")
     print(f"validate_tool_arguments         : {n / t_raw:>10,.0f} calls/s ({t_raw / n * 1e6:.2f} us/call)")
-    print(f"ratio ours/floor                : {raw_ratio:.2f}x median of paired samples (target <= 3x)")
+    print(f"ratio ours/floor                : {raw_ratio:.2f}x median of paired samples (target <= 1.25x)")
+
+    # The same schema, a new tool object per call (the definitions made outside the clock).
+    schema = WriteTodos.model_json_schema()
+    fresh_rounds = 3
+
+    def fresh_tools():
+        return [
+            define_worker_tool(name="write_todos_raw", description="d", execute=lambda p, c: ToolResult("ok"),
+                               json_schema=schema)
+            for _ in range(len(inputs) * fresh_rounds)
+        ]  # fmt: skip
+
+    fresh_pairs = []
+    for _ in range(5):
+        tools_now = fresh_tools()
+        t0 = time.perf_counter()
+        for k in range(fresh_rounds):
+            for j, raw in enumerate(inputs):
+                assert validate_tool_arguments(tools_now[k * len(inputs) + j], raw).ok
+        t_fresh = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(fresh_rounds):
+            for raw in inputs:
+                adapter.validate_json(raw)
+        fresh_pairs.append((time.perf_counter() - t0, t_fresh))
+    m = len(inputs) * fresh_rounds
+    print(
+        f"a new tool object per call       : {min(o for _, o in fresh_pairs) / m * 1e6:.2f} us/call, "
+        f"{statistics.median(o / f for f, o in fresh_pairs):.2f}x the floor (median of 5 paired samples)"
+    )
 
     print("\n## repair path, truncated inputs (closed_delimiters)")
     item = '{"content": "a task to do", "status": "pending", "priority": 2}'

@@ -20,7 +20,8 @@ worker, Redis commands per turn, and the CPU milliseconds per turn of each part 
 cores (steps worker, tools worker with its pool children, Redis, this process: gateway and
 enqueueing). Run: ``.venv/bin/python bench/concurrency.py [--turns 1000] [--rounds 4]``.
 Development knobs: ``BENCH_PROFILE=<prefix>`` (py-spy profiles of both steps workers),
-``BENCH_SYS=1`` (the steps worker's system time and context switches), ``BENCH_COMMANDS=1``.
+``BENCH_SYS=1`` (the steps worker's system time and context switches); ``--commands`` prints
+the Redis commands per turn per command name.
 """
 
 from __future__ import annotations
@@ -111,12 +112,19 @@ def _cpu_delta(before: dict[str, float], after: dict[str, float], n: int) -> dic
     return {k: (after[k] - before[k]) * 1000 / n for k in before}
 
 
-def _redis_calls(r: redis.Redis) -> int:
-    """Commands Redis has run so far (all clients): the round trips a turn costs."""
+def _redis_calls(r: redis.Redis) -> dict[str, int]:
+    """Commands Redis has run so far (all clients), per command name (``INFO commandstats``: a
+    command a Lua script runs counts as one, like one a client sends, and so do ``MULTI`` and
+    ``EXEC``). ``_per_turn`` turns two readings into the figures printed."""
     stats = r.info("commandstats")
-    if os.environ.get("BENCH_COMMANDS"):  # per command, for development
-        print({k: v["calls"] for k, v in sorted(stats.items(), key=lambda kv: -kv[1]["calls"])[:40]})
-    return sum(v["calls"] for v in stats.values())
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+def _per_turn(before: dict[str, int], after: dict[str, int], n: int) -> tuple[float, dict[str, float]]:
+    """Commands per turn between two ``_redis_calls`` readings: the total and per command."""
+    per = {k: (after.get(k, 0) - before.get(k, 0)) / n for k in after}
+    per = {k: v for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v}
+    return sum(per.values()), per
 
 
 def _spawn(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
@@ -162,7 +170,8 @@ def run_ours(srv: EmbeddedRedis, gw: Any, n: int, pool: str, concurrency: int, l
         "OPENAI_BASE_URL": gw.base_url,
         "OPENAI_API_KEY": "bench",
         "AGENT_HOMES_ROOT": str(homes),
-        "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:testing_tools",
+        # read_thing without the tests' log line: the floor's tool does no I/O of its own either
+        "AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolsets:bench_tools",
         "AGENT_MODEL_STREAM": STREAM,  # "0" by default: the floor posts plain JSON, same wire for both
         "AGENT_APPROVAL_MODE": "off",
         "AGENT_MODEL_TIMEOUT": str(MODEL_TIMEOUT),
@@ -199,6 +208,8 @@ def run_ours(srv: EmbeddedRedis, gw: Any, n: int, pool: str, concurrency: int, l
             time.sleep(0.05)
         wall = time.monotonic() - started
         cpu = _cpu_delta(cpu_before, _cpu_all(srv, steps, tools), n)
+        # Read now: the bench's own reads below (statuses, events) are not the turns' commands.
+        calls, per_command = _per_turn(calls_before, _redis_calls(r), n)
         _stop_profile(profiler)
         _stop_profile(tools_profiler)
         statuses = [s.value if s else None for s in control.store.statuses(ids)]
@@ -213,7 +224,7 @@ def run_ours(srv: EmbeddedRedis, gw: Any, n: int, pool: str, concurrency: int, l
         return {"wall": wall, "peak": gw.peak_in_flight, "unfinished": len(pending), "failed": failed,
                 "timed_out": timed_out,
                 "rss": _peak_rss_mb(steps.pid), "enqueue": enqueued, "cpu": cpu,
-                "redis_calls": (_redis_calls(r) - calls_before) / n}  # fmt: skip
+                "redis_calls": calls, "per_command": per_command}  # fmt: skip
     finally:
         _stop([steps, tools])
         shutil.rmtree(homes, ignore_errors=True)
@@ -260,12 +271,13 @@ def run_bare(
             time.sleep(0.05)
         wall = time.monotonic() - started
         cpu = _cpu_delta(cpu_before, _cpu_all(srv, steps, tools), n)
+        calls, per_command = _per_turn(calls_before, _redis_calls(r), n)
         _stop_profile(profiler)
         _stop_profile(tools_profiler)
         return {"wall": wall, "peak": gw.peak_in_flight, "unfinished": n - r.llen("bare:done"), "failed": 0,
                 "timed_out": int(r.get("bare:timed_out") or 0),
                 "rss": _peak_rss_mb(steps.pid), "enqueue": enqueued, "cpu": cpu,
-                "redis_calls": (_redis_calls(r) - calls_before) / n}  # fmt: skip
+                "redis_calls": calls, "per_command": per_command}  # fmt: skip
     finally:
         _stop([steps, tools])
 
@@ -294,6 +306,8 @@ def main() -> None:
                         help="keep-alive HTTP/1.1 like a hosted API, or the scripted gateway (a connection per request)")  # fmt: skip
     parser.add_argument("--stream", action="store_true", help="the runtime streams its model calls")
     parser.add_argument("--model-timeout", type=float, default=MODEL_TIMEOUT, help="the model call's read timeout")
+    parser.add_argument("--commands", action="store_true",
+                        help="also print each round's Redis commands per turn, per command name")  # fmt: skip
     args = parser.parse_args()
     MODEL_TIMEOUT, STREAM = args.model_timeout, "1" if args.stream else "0"
     logs = Path(tempfile.mkdtemp(prefix="bench-concurrency-"))
@@ -333,6 +347,10 @@ def main() -> None:
                           f"{m['unfinished']:10d} {m['failed']:6d} {m['timed_out']:9d} {m['rss']:7.0f} {m['enqueue']:9.2f} "
                           f"{m['redis_calls']:15.0f}   "
                           + " ".join(f"{k} {v:.1f}" for k, v in m["cpu"].items()), flush=True)  # fmt: skip
+                    if args.commands:
+                        print(
+                            f"  {name} commands/turn: " + ", ".join(f"{k} {v:.2f}" for k, v in m["per_command"].items())
+                        )
             print(f"{pool}: runtime / floor, median of {args.rounds} rounds: {statistics.median(ratios):.2f}x "
                   f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
     finally:

@@ -13,12 +13,20 @@ first), and each round reports milliseconds per step (wall time over K x N steps
 ``--stream`` makes the runtime stream its model calls (the floor posts JSON either way: the
 streamed figure includes the cost of streaming).
 
-Run: ``.venv/bin/python bench/step_chain.py [--turns 8] [--steps 10] [--rounds 4] [--stream]``.
+The defaults are the setting of every figure in ``bench/README.md`` ("P1: a step against the
+leanest bare-Celery step"): 16 turns x 20 steps, 8 alternated rounds. Everything the run writes
+(the agents' homes of each runtime round, the workers' logs, the embedded Redis) is removed at
+the end; ``--keep-logs`` keeps the logs, and a round that did not finish every turn keeps them too
+(the path is printed).
+
+Run: ``.venv/bin/python bench/step_chain.py [--turns 16] [--steps 20] [--rounds 8] [--stream]
+[--calls async|inline] [--keep-logs]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -60,8 +68,14 @@ def run_ours(
     from worker.settings import get_settings
 
     get_settings.cache_clear()
-    steps_w = harness._spawn(harness._celery("tasks.app", "turns", "threads", 16), env, ROOT, logs / "p1-ours.log")
-    tools_w = harness._spawn(harness._celery("tasks.app", "tools", "prefork", 2), env, ROOT, logs / "p1-ours-tools.log")
+    try:
+        steps_w = harness._spawn(harness._celery("tasks.app", "turns", "threads", 16), env, ROOT, logs / "p1-ours.log")
+        tools_w = harness._spawn(
+            harness._celery("tasks.app", "tools", "prefork", 2), env, ROOT, logs / "p1-ours-tools.log"
+        )
+    except BaseException:
+        shutil.rmtree(homes, ignore_errors=True)
+        raise
     r = redis.Redis.from_url(srv.control_url)
     try:
         harness._wait_heartbeat(r, steps_w.pid, steps_w, "the steps worker")
@@ -80,6 +94,7 @@ def run_ours(
         return {"ms": wall * 1000 / n, "done": done, "cpu": cpu}
     finally:
         harness._stop([steps_w, tools_w])
+        shutil.rmtree(homes, ignore_errors=True)  # the round's agents' homes (one folder per round)
 
 
 def run_floor(srv: EmbeddedRedis, gw: Any, turns: int, steps: int, logs: Path) -> dict[str, Any]:
@@ -121,15 +136,22 @@ def run_floor(srv: EmbeddedRedis, gw: Any, turns: int, steps: int, logs: Path) -
         harness._stop([steps_w, tools_w])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=8, help="turns at once")
-    parser.add_argument("--steps", type=int, default=10, help="steps per turn")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--stream", action="store_true", help="the runtime streams its model calls")
-    parser.add_argument("--calls", choices=("async", "inline"), default="async", help="the runtime's AGENT_MODEL_CALLS")
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    """The command line; its defaults are the README's setting (the module docstring)."""
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--turns", type=int, default=16, help="turns at once (default 16, the README's setting)")
+    p.add_argument("--steps", type=int, default=20, help="steps per turn (default 20, the README's setting)")
+    p.add_argument("--rounds", type=int, default=8, help="alternated rounds of floor and runtime (default 8)")
+    p.add_argument("--stream", action="store_true", help="the runtime streams its model calls")
+    p.add_argument("--calls", choices=("async", "inline"), default="async", help="the runtime's AGENT_MODEL_CALLS")
+    p.add_argument("--keep-logs", action="store_true", help="keep the workers' logs (removed by default)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     logs = Path(tempfile.mkdtemp(prefix="bench-p1-"))
+    keep = args.keep_logs
     srv = EmbeddedRedis()
     srv.start()
     script = {
@@ -151,14 +173,22 @@ def main() -> None:
                 floor = run_floor(srv, gw, args.turns, args.steps, logs)
             ratios.append(ours["ms"] / floor["ms"])
             for name, m in (("chain", floor), ("runtime", ours)):
+                keep = keep or m["done"] < args.turns  # an unfinished round keeps the logs to read
                 print(f"round {i + 1} {name:8} {m['ms']:7.2f} ms/step  done {m['done']}/{args.turns}  CPU ms/step "
                       + " ".join(f"{k} {v:.2f}" for k, v in m["cpu"].items()), flush=True)  # fmt: skip
             print(f"round {i + 1} runtime / chain: {ratios[-1]:.2f}x", flush=True)
+    except BaseException:
+        keep = True
+        raise
     finally:
         gw.stop()
         srv.stop()
+        if keep:
+            print(f"logs kept: {logs}")
+        else:
+            shutil.rmtree(logs, ignore_errors=True)
     print(f"P1 runtime step / chain step, median of {args.rounds} rounds: {statistics.median(ratios):.2f}x "
-          f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}); logs: {logs}")  # fmt: skip
+          f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
 
 
 if __name__ == "__main__":

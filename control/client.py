@@ -79,7 +79,7 @@ class CreateCall:
         """``(turn_id, created)`` from the script's reply, as ``ControlPlane.create`` returns it.
         Raises ``Refused`` when the turn id is another agent's."""
         try:
-            return TurnStore.created(self.turn_id, CreateScript.outcome(reply))
+            return CreateScript.outcome(self.turn_id, reply)
         except TurnRefused as exc:
             raise Refused(str(exc)) from None
 

@@ -280,7 +280,9 @@ def prometheus_targets(run: Run, down: frozenset[str] = frozenset()) -> str:
 
 
 def api_turn(run: Run) -> str:
-    token = cli(run, "token", "create", "hosts-check", "--agent", "hosts-api").strip()
+    # The turn asks for no approval, less than the API's floor ("declared"): only a token made to
+    # lower it may (docs/control-plane.md, the approval floor).
+    token = cli(run, "token", "create", "hosts-check", "--agent", "hosts-api", "--may-lower-approval").strip()
     api = run.operator["AGENT_API_URL"]
     headers = {"Authorization": f"Bearer {token}"}
     body = {"agent_id": "hosts-api", "input": "read back", "model": "hosts-read", "approval": {"mode": "off"}}
@@ -290,7 +292,16 @@ def api_turn(run: Run) -> str:
     turn = r.json().get("turn_id") or r.json().get("id")
     wait_turn(run, str(turn))
     anonymous = httpx.post(f"{api}/v1/turns", json=body, timeout=10).status_code
-    return f"POST {api}/v1/turns with a token: turn {turn} completed; without one: {anonymous}"
+    if anonymous != 401:
+        raise CheckFailed(f"POST {api}/v1/turns without a token: {anonymous}, not 401")
+    plain = cli(run, "token", "create", "hosts-check-plain", "--agent", "hosts-api").strip()
+    lowered = httpx.post(f"{api}/v1/turns", json=body, headers={"Authorization": f"Bearer {plain}"}, timeout=10)
+    if lowered.status_code != 403:
+        raise CheckFailed(f"approval 'off' with a token not made to lower it: {lowered.status_code}, not 403")
+    return (
+        f"POST {api}/v1/turns with a token: turn {turn} completed; without one: 401; "
+        "approval 'off' with a token not allowed to lower the floor: 403"
+    )
 
 
 def kill_victim(run: Run) -> str:

@@ -6,7 +6,8 @@ children inherit it) and starts the heartbeat thread; a turn task the node now h
 or running, is recorded when it is fetched, and forgotten by the process that ran it
 (``task_postrun``). Under an in-process pool (threads, solo) the held tasks are kept in memory
 (``task_received``) and written by the heartbeat thread every ``HELD_FLUSH_SECONDS`` (one round
-trip for hundreds of tasks, instead of two per task on the consumer's thread). A prefork node
+trip for hundreds of tasks, instead of two per task on the consumer's thread; what changed since
+the last flush, not the whole set, which is written every ``HELD_WHOLE_SECONDS``: ``flush_held``). A prefork node
 records a fetched task in the pipeline that records the fetch itself (``tasks.broker.QoS``: no
 round trip of its own), and its children, which cannot reach their parent's memory, forget their
 tasks in Redis in batches, from a thread of their own, every ``HELD_FLUSH_SECONDS`` (a record
@@ -40,6 +41,9 @@ TURN_TASKS = frozenset({"tasks.turns.turn_step", "tasks.turns.tool_call"})
 # How often the heartbeat thread writes the held tasks of an in-process pool (seconds): a turn
 # received this recently when its node dies is recovered by its progress deadline instead.
 HELD_FLUSH_SECONDS = 0.5
+# How often the whole held set is written instead of its changes (seconds): a write the Redis primary
+# acknowledged and lost in a failover (replication is asynchronous) is made good within this time.
+HELD_WHOLE_SECONDS = 5.0
 
 _stop = threading.Event()
 _records: tuple[int, liveness.Liveness] | None = None
@@ -55,18 +59,35 @@ def _records_for_this_process() -> liveness.Liveness:
 
 def _heartbeat(node: str, records: liveness.Liveness) -> None:
     interval = records.ttl / 3
-    next_beat = 0.0
+    next_beat = next_whole = 0.0
     while not _stop.wait(HELD_FLUSH_SECONDS if held.in_process() else interval):
         try:
+            if held.in_process() and time.monotonic() >= next_whole:
+                held.resync()  # the whole set this time (``HELD_WHOLE_SECONDS``)
+                next_whole = time.monotonic() + HELD_WHOLE_SECONDS
             if held.in_process() and held.dirty.is_set():
-                held.dirty.clear()
-                records.replace_held(node, held.snapshot())
+                flush_held(node, records)
             if time.monotonic() >= next_beat:
                 records.beat(node)
                 next_beat = time.monotonic() + interval
         except redis.RedisError as exc:  # Redis restarting: beat again next time
-            held.dirty.set()
             log.warning("heartbeat of %s not written: %s", node, exc)
+
+
+def flush_held(node: str, records: liveness.Liveness) -> None:
+    """Write what changed in the node's held set since the last flush (``held.take_changes``: the
+    whole set the first time, and after a flush that failed). Raises redis errors (the next flush
+    then writes the whole set)."""
+    held.dirty.clear()
+    whole, added, removed = held.take_changes()
+    try:
+        if whole is not None:
+            records.replace_held(node, whole)
+        else:
+            records.update_held(node, added, removed)
+    except redis.RedisError:
+        held.resync()
+        raise
 
 
 @worker_init.connect

@@ -131,7 +131,10 @@ class Settings(BaseSettings):
     redis_outage_timeout: float = 300.0
     # Connection pools: Redis clients and the model client, sized for an I/O pool's concurrency.
     redis_max_connections: int = 2048
-    model_max_connections: int = 2048
+    # The model client's: one connection per call in flight. The asynchronous client's pool holds
+    # a node's calls waiting on the model (ten thousand and more), cut to the open-files limit
+    # (worker.model.open_files); the synchronous client's is per thread.
+    model_max_connections: int = Field(16_384, ge=1)
 
     # Where agent homes live: <homes_root>/<agent_id>.
     homes_root: Path = Path("var/homes")

@@ -68,13 +68,14 @@ def test_a_publish_during_a_redis_restart_is_waited_out(stack):
 ACK = """
 import sys, time
 from tasks.app import app
-from tasks.broker import LATE_ACKS
+from tasks.broker import ACKS, LATE_ACKS
 with app.connection_for_read() as conn:
     queue = conn.SimpleQueue("turns")
     message = queue.get(timeout=30)
     print("fetched", flush=True)
     sys.stdin.readline()  # Redis is down now
     message.ack()
+    ACKS.flush()  # what the batch thread does within ACK_BATCH_DELAY
     print("acked", LATE_ACKS.pending(), flush=True)
     sys.stdin.readline()  # Redis is back
     deadline = time.monotonic() + 20

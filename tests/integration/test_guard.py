@@ -164,11 +164,11 @@ def test_fail_reports_false_when_another_transition_ended_the_turn_first(redis_u
     class Racy(TurnStore):
         fired = False
 
-        def _touch(self, pipe, turn_id, fields):
+        def _touch(self, pipe, turn_id, fields, **kw):
             if not Racy.fired and fields.get("status") == TurnStatus.cancelled.value:
                 Racy.fired = True
                 other.end_at_model_step(turn_id, 0, [], TurnStatus.completed, final_output="done")  # lands before EXEC
-            return super()._touch(pipe, turn_id, fields)
+            return super()._touch(pipe, turn_id, fields, **kw)
 
     racy = Racy(redis.Redis.from_url(redis_url), progress_timeout=60)
     tid = _new(racy, agent="guard-f")

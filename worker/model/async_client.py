@@ -37,8 +37,8 @@ class AsyncModelClient:
     """Coroutine model calls of ``wire`` at ``base_url`` (like ``https://api.openai.com/v1``).
 
     ``timeout`` (seconds): the longest wait for the next bytes of an answer (a read timeout, as
-    the synchronous client's); ``connect_timeout`` (seconds): connecting, or waiting for a free
-    connection of the pool; ``deadline`` (seconds, None: none): the longest a whole call may take,
+    the synchronous client's); ``connect_timeout`` (seconds): opening a connection (a call that
+    waits for a free connection of a full pool is bounded by ``deadline`` only); ``deadline`` (seconds, None: none): the longest a whole call may take,
     headers to last byte, since a stream that trickles a byte now and then never trips the read
     timeout; ``max_connections``: the pool's cap; ``max_reply_bytes``: the cap on one answer as read
     (``worker.model.http_pool.ReplySize``). The API key is sent as a bearer token and never logged.
@@ -62,7 +62,11 @@ class AsyncModelClient:
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._timeout = aiohttp.ClientTimeout(total=deadline, connect=connect_timeout, sock_read=timeout)
+        # ``sock_connect``, not ``connect``: aiohttp's ``connect`` also counts the wait for a free
+        # connection of the pool, so a burst beyond ``max_connections`` failed as "timed out" after
+        # ``connect_timeout`` (and was retried) while no server was slow; a queued call waits for
+        # its turn within ``deadline`` instead (bench/README.md, "Ten thousand turns in flight").
+        self._timeout = aiohttp.ClientTimeout(total=deadline, sock_connect=connect_timeout, sock_read=timeout)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 

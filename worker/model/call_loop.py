@@ -4,6 +4,10 @@ A Celery worker thread hands a coroutine to ``CallLoop.submit`` and returns at o
 every call of the process concurrently (``worker.model.async_client``), and a call's completion is
 reported through the returned ``concurrent.futures.Future``. Made lazily after fork (a prefork
 child gets its own loop; a loop never crosses a fork).
+
+The loop is uvloop's (libuv, in C): the loop's own work per call (scheduling callbacks, polling
+sockets, reading aiohttp's responses) was about a tenth of a steps worker's CPU on asyncio's
+pure-Python loop (a py-spy profile of ``bench/concurrency.py``; bench/README.md, "Cost of a turn").
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import asyncio
 import concurrent.futures
 import threading
 from typing import Any, Callable, Coroutine, TypeVar
+
+import uvloop
 
 T = TypeVar("T")
 
@@ -26,7 +32,7 @@ class CallLoop:
     """
 
     def __init__(self, name: str = "agent-model-calls"):
-        self.loop = asyncio.new_event_loop()
+        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name=name, daemon=True)
         self._thread.start()

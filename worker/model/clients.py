@@ -10,6 +10,7 @@ asynchronous one (``AsyncModelClient``). Both take the same connection settings,
 from __future__ import annotations
 
 from worker.model.async_client import AsyncModelClient
+from worker.model.open_files import connection_cap
 from worker.model.sync_client import SyncModelClient
 from worker.model.wire_styles import wire_format
 from worker.settings import Settings
@@ -31,7 +32,9 @@ def model_client(settings: Settings) -> SyncModelClient:
 
 def async_model_client(settings: Settings) -> AsyncModelClient:
     """An ``AsyncModelClient`` for ``settings.openai_base_url`` in ``settings.openai_api_style``,
-    its whole call bounded by ``Settings.model_call_lease`` (seconds). Raises ``UnknownWireStyle``."""
+    its whole call bounded by ``Settings.model_call_lease`` (seconds), its pool by
+    ``AGENT_MODEL_MAX_CONNECTIONS`` and the open-files limit (``open_files.connection_cap``, which
+    raises the soft limit first). Raises ``UnknownWireStyle``."""
     return AsyncModelClient(
         wire_format(settings.openai_api_style),
         settings.openai_base_url,
@@ -41,7 +44,8 @@ def async_model_client(settings: Settings) -> AsyncModelClient:
         # A call that outlives its step's claim may be made again elsewhere (paid twice), and its
         # turn is re-driven at that point anyway: the claim's lease bounds the call.
         deadline=settings.model_call_lease,
-        max_connections=settings.model_max_connections,
+        # One socket per call in flight: the pool is cut to what the open-files limit allows.
+        max_connections=connection_cap(settings.model_max_connections),
         max_reply_bytes=settings.model_max_reply_bytes,
     )
 

@@ -12,7 +12,9 @@
    ``validate_json(raw, strict=True, extra="forbid")`` (one pass): ``forbid`` sends every
    call with a key the model does not declare to the checked path, so an unknown or markup
    key gets the same treatment as on a raw-schema tool (an envelope, whose keys a tool does
-   not declare, too). Other text is parsed with ``orjson`` first (which refuses ``NaN``,
+   not declare, too). A raw-schema tool's text free of those hints is parsed once and taken
+   as sent when every key is declared and the compiled validator accepts it (``_raw_as_sent``;
+   the float rule of step 5 applied there too). Other text is parsed with ``orjson`` first (which refuses ``NaN``,
    ``Infinity``, ``1e400`` and lone surrogates: those go to the ladder, which refuses them).
    Valid JSON as sent keeps standard semantics for a repeated key (the last value wins);
    text that needs repair is held to more (a repeated key is refused).
@@ -48,7 +50,7 @@ failure (a broken tool schema, a bug) becomes an error output.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
@@ -57,9 +59,10 @@ from worker.tooling.coercion import coerce, has_float_token, whole_numbers
 from worker.tooling.contract import WorkerTool
 from worker.tooling.json_checks import CUT_OFF_ERROR, MAX_NESTING_DEPTH, Refused, check_depth, too_deep_error
 from worker.tooling.keys import name_sent_keys, near_miss_error
-from worker.tooling.markup import markup_hinted, markup_key_error, markup_value_error, value_markup_hinted
-from worker.tooling.model_flags import accepted_names, fast_path_eligible
+from worker.tooling.markup import markup_hinted, markup_key_error, markup_value_error
+from worker.tooling.model_flags import FAST_PATHS, accepted_names, fast_path
 from worker.tooling.object_rungs import ENVELOPE_KEYS, decode_encoded_fields, unwrap_candidate, unwrap_envelope
+from worker.tooling.outcome import ArgumentsOutcome, ErrorKind, accepted
 from worker.tooling.oversized import held_arguments, too_large_reason, utf8_size
 from worker.tooling.param_validation import params_to_data, validate_params
 from worker.tooling.repair import repair_arguments
@@ -77,9 +80,6 @@ __all__ = [
     "validate_params",
     "validate_tool_arguments",
 ]
-
-ErrorKind = Literal["cut_off", "too_large", "parse", "validation"]
-"""Why arguments were refused (``ArgumentsOutcome.error_kind``; a label of ``agent_invalid_calls_total``)."""
 
 MAX_UNWRAP = 2
 """Wrapper keys unwrapped at most, one inside the other (``{"input": {"arguments": ...}}``)."""
@@ -122,76 +122,6 @@ about 105 MB: docs/arguments.md, "Order", 0). 1 MiB holds about twice the longes
 
 DEFAULT_MAX_RAW_ECHO = 2_000
 """Default cap (characters) of the raw arguments echoed back in an error (``settings.max_raw_arguments_echo``)."""
-
-
-class ArgumentsOutcome:
-    """Result of ``validate_tool_arguments``.
-
-    - ``ok``: params validated; ``params`` is the model instance (or dict for a raw schema).
-    - ``data``: the JSON object that validated (after repairs), JSON-serialisable.
-      For pydantic tools it is ``params.model_dump(mode="json")``, computed on
-      first access (the happy path does not pay for it).
-    - ``repairs``: names of the repairs applied, in order (empty when the string parsed as is).
-    - ``error``: when not ok, the text sent back to the model (failing fields,
-      the capped raw arguments, and a request for a corrected call).
-    - ``errors``: when validation failed, each failing field.
-    - ``error_kind``: ``None`` when ok, else an ``ErrorKind``: ``"cut_off"`` (response
-      incomplete), ``"too_large"`` (over the arguments cap), ``"parse"`` (not a usable JSON
-      object) or ``"validation"`` (schema rejected the object). The loop's per-tool retry budget
-      can count these.
-
-    Built with keywords only (``validated`` for the happy path).
-    """
-
-    __slots__ = ("ok", "params", "_data", "repairs", "error", "errors", "error_kind", "_tool")
-
-    def __init__(
-        self,
-        *,
-        ok: bool,
-        params: Any = None,
-        data: dict[str, Any] | None = None,
-        repairs: list[str] | None = None,
-        error: str | None = None,
-        errors: list[FieldError] | None = None,
-        error_kind: ErrorKind | None = None,
-        tool: WorkerTool[Any] | None = None,
-    ):
-        self.ok = ok
-        self.params = params
-        self._data = data
-        self.repairs = repairs if repairs is not None else []
-        self.error = error
-        self.errors = errors if errors is not None else []
-        self.error_kind = error_kind
-        self._tool = tool
-
-    @classmethod
-    def validated(cls, tool: WorkerTool[Any], params: Any, data: dict[str, Any] | None = None) -> ArgumentsOutcome:
-        """Params of ``tool`` that validated as sent, without a repair (``data`` computed when read
-        unless given). The happy path of every call: slots set directly, no keyword parsing."""
-        out = cls.__new__(cls)
-        out.ok, out.params, out._data, out.repairs, out.errors, out._tool = True, params, data, [], [], tool
-        out.error = out.error_kind = None
-        return out
-
-    @property
-    def data(self) -> dict[str, Any] | None:
-        if self._data is None and self.ok and self._tool is not None:
-            self._data = params_to_data(self._tool, self.params)
-        return self._data
-
-    @data.setter
-    def data(self, value: dict[str, Any] | None) -> None:
-        """The validated params as a JSON object (computed on first read for pydantic tools)."""
-        self._data = value
-
-    def __repr__(self) -> str:
-        return (
-            f"ArgumentsOutcome(ok={self.ok!r}, params={self.params!r}, data={self.data!r}, "
-            f"repairs={self.repairs!r}, error={self.error!r}, errors={self.errors!r}, "
-            f"error_kind={self.error_kind!r})"
-        )
 
 
 def _echo(raw: str, cap: int) -> str:
@@ -278,27 +208,37 @@ def validate_tool_arguments(
     for the steps and ``worker.tooling.repair`` for the ladder; an unexpected failure (a
     broken tool schema, a bug) becomes an error output.
     """
-    model = tool.input_model
     if (
-        model is not None
-        and type(raw) is str
-        and len(raw) <= max_arguments_bytes // 4
-        and ("\\" not in raw or "\\u" not in raw)  # one memchr first: most text has no backslash
-        and not value_markup_hinted(raw)
-        and fast_path_eligible(model, raw)
+        type(raw) is str
+        and len(raw) <= max_arguments_bytes >> 2
+        and "<" not in raw
+        and ("\\" not in raw or "\\u" not in raw)
     ):
-        # Happy path: one strict pydantic-core pass over the text. With no field that takes a float,
-        # what JSON forbids but pydantic-core accepts (NaN, Infinity, 1e400) cannot validate;
-        # without ``\\u`` escapes there is no lone surrogate; the bracket count (or a model whose
-        # schema bounds the depth) bounds nesting; without ``<`` no value holds markup; ``extra="forbid"`` leaves every unknown key (so every
-        # markup key and every envelope) to the checked path, and a model with open maps is only
-        # taken without any markup hint; 4 bytes per character bound the size.
-        try:
-            return ArgumentsOutcome.validated(
-                tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid")
-            )
-        except ValidationError:
-            pass
+        # The happy paths, one per kind of tool: 4 bytes per character bound the size; without
+        # ``<`` no value holds markup (every value form has one: worker.tooling.markup); without
+        # ``\\u`` escapes no lone surrogate or hidden markup.
+        model = tool.input_model
+        if model is not None:
+            # One strict pydantic-core pass over the text (model_flags.fast_path: a model with a field
+            # that takes a float has no ``validate``: pydantic-core accepts NaN, Infinity and 1e400
+            # there, which JSON forbids). The bracket count (or a model whose schema bounds the depth)
+            # bounds nesting; ``extra="forbid"`` leaves every unknown key (so every markup key and
+            # every envelope) to the checked path, and a model with open maps is only taken without
+            # any markup hint.
+            validate, open_keys, bounded = FAST_PATHS.get(model) or fast_path(model)
+            if (
+                validate is not None
+                and not (open_keys and markup_hinted(raw))
+                and (bounded or len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH)
+            ):
+                try:
+                    return accepted(tool, validate(raw, strict=True, extra="forbid"), None)
+                except ValidationError:
+                    pass
+        elif response_status == "completed" and not tool.strict:
+            done = _raw_as_sent(tool, raw)
+            if done is not None:
+                return done
     try:
         if raw is None:
             raw = ""  # no arguments at all (Gemini omits a no-argument call's args): as empty
@@ -345,15 +285,9 @@ def _validate_tool_arguments(
     except orjson.JSONDecodeError:
         parsed = _UNPARSED
     hinted = _hinted(raw, parsed)
-    if type(parsed) is dict and model is None and not hinted and response_status == "completed" and not tool.strict:
-        done = _raw_as_sent(tool, raw, parsed)
-        if done is not None:
-            return done
     if type(parsed) is dict and model is not None and not hinted:
         try:
-            return ArgumentsOutcome.validated(
-                tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid")
-            )
+            return accepted(tool, model.__pydantic_validator__.validate_json(raw, strict=True, extra="forbid"), None)
         except ValidationError:
             pass
     info = validation_info(tool)
@@ -383,7 +317,8 @@ def _validate_tool_arguments(
     except Refused as exc:
         return _failure(tool, raw, "parse", str(exc), max_raw_echo)
 
-    floats = model is None and info.integers and has_float_token(raw)
+    # Repaired text and decoded literals may spell a float as ``.0``: any "." counts here.
+    floats = model is None and info.integers and ("." in raw or has_float_token(raw))
     params, errors, used, notes = _validate(tool, data, info, floats)
     if not errors:
         if response_status == "incomplete" and (repairs or any(n.startswith("coerced:") for n in notes)):
@@ -404,20 +339,42 @@ def _validate_tool_arguments(
     return _failure(tool, raw, "validation", "", max_raw_echo, errors=errors, data=used, repairs=repairs + notes)
 
 
-def _raw_as_sent(tool: WorkerTool[Any], raw: str, parsed: dict[str, Any]) -> ArgumentsOutcome | None:
-    """The happy path of a raw-schema tool, or None for the checked path: an object (no markup or
-    envelope hint) whose keys are all declared (or whose schema declares none), that validates as
-    sent and holds no float an integer field would take. What it skips (the respelled-key check,
-    the strict nulls, the float rule) cannot apply to such an object."""
-    info = validation_info(tool)
-    props = info.properties
-    if props and not parsed.keys() <= props.keys() or info.integers and has_float_token(raw):
+def _raw_as_sent(tool: WorkerTool[Any], raw: str) -> ArgumentsOutcome | None:
+    """The happy path of a raw-schema tool (text already free of ``<`` and ``\\u``, within the size
+    cap; a completed response; not a strict tool), or None for the checked path: a JSON object with
+    no markup or envelope hint, nested within ``MAX_NESTING_DEPTH``, whose keys are all declared (or
+    whose schema declares none), that validates as sent. What it skips cannot apply to such an
+    object: the envelope, markup and respelled-key checks, the strict nulls, the text ladder. Its
+    integral floats where the schema takes an integer are made integers (``coerced:<f>``, the float
+    rule of ``_validate``)."""
+    if len(raw) > MAX_NESTING_DEPTH and raw.count("[") + raw.count("{") > MAX_NESTING_DEPTH or markup_hinted(raw):
         return None
     try:
-        valid = info.validator.is_valid(parsed)
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(parsed) is not dict or not ENVELOPE_KEYS.isdisjoint(parsed):
+        return None
+    info = validation_info(tool)
+    props = info.properties
+    if props and not parsed.keys() <= props.keys():
+        return None
+    try:
+        if not info.validator.is_valid(parsed):
+            return None
     except Exception:  # a schema that cannot be applied: the checked path says so
         return None
-    return ArgumentsOutcome.validated(tool, parsed, parsed) if valid else None
+    if info.integers and has_float_token(raw):
+        applied: list[str] = []
+        try:
+            parsed = whole_numbers(parsed, info.schema, info.resolve, applied)
+        except Exception:  # never raises: the checked path turns any fault into an error output
+            return None
+        if applied:
+            return ArgumentsOutcome(
+                ok=True, params=parsed, data=parsed, repairs=[f"coerced:{a}" for a in applied], tool=tool
+            )
+    return accepted(tool, parsed, parsed)
 
 
 def _object_checks(

@@ -127,15 +127,19 @@ def whole_numbers(value: Any, schema: Any, resolve: Callable[[Any], Any], applie
 
 def has_float_token(raw: str) -> bool:
     """Whether JSON text ``raw`` may hold a float (a number with a fraction or an exponent): a cheap
-    superset test (``.`` anywhere, or a digit before ``e``/``E``), so the walk of ``whole_numbers``
-    runs only where a float can be."""
-    if "." in raw:
-        return True
-    # A literal first character lets the regex engine jump from "e" to "e" (a character class
+    superset test (a digit before ``.``, ``e`` or ``E``: JSON's grammar puts one there in every
+    number with a fraction or an exponent), so the walk of ``whole_numbers`` runs only where a
+    float can be. A sentence's full stop in a string value (``"done."``) is not a float token.
+    Only for valid JSON text: repaired text or a decoded Python literal may spell a float without a
+    digit before the point (``.0``), so the checked path also counts any ``.``."""
+    # A literal first character lets the regex engine jump from "." to "." (a character class
     # first made it test every position: 1.2 us on a 270-character call, against 0.2 us).
+    if "." in raw and _FRACTION.search(raw) is not None:
+        return True
     return "e" in raw and _EXP_LOWER.search(raw) is not None or "E" in raw and _EXP_UPPER.search(raw) is not None
 
 
+_FRACTION = re.compile(r"\.(?<=[0-9]\.)")
 _EXP_LOWER = re.compile(r"e(?<=[0-9]e)")
 _EXP_UPPER = re.compile(r"E(?<=[0-9]E)")
 

@@ -64,7 +64,6 @@ _HARMONY_HEADER = re.compile(r"<\|channel\|>\s*(?:commentary|analysis|final)\b")
 _ANY_CLOSE = re.compile(r"</\s*[A-Za-z_][\w:.-]*\s*>")
 # The parameter-level closers, and the opener each one closes.
 _PARAM_CLOSERS = {"arg_key": "<arg_key>", "arg_value": "<arg_value>", "parameter": "<parameter"}
-_CONTROL_TOKENS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[TOOL_RESULTS]")
 
 
 def markup_hinted(raw: str) -> bool:
@@ -75,13 +74,10 @@ def markup_hinted(raw: str) -> bool:
         return True
     if "|" in raw and "|>" in raw:
         return True
-    # every control token ends in "S]" or "D]" (a superset test: two needles instead of four)
-    return "[" in raw and ("S]" in raw or "D]" in raw)
-
-
-def value_markup_hinted(raw: str) -> bool:
-    """True when a value in ``raw`` may hold leaked markup (every value form has a ``<``)."""
-    return "<" in raw
+    # Every control token ends in "S]" or "D]" (a superset test: two needles instead of four). A
+    # two-character needle is searched character by character (about 1 ns each: 0.2 us on a
+    # 270-character call), a single character at ``memchr`` speed, so "S" or "D" is looked for first.
+    return "[" in raw and ("S" in raw and "S]" in raw or "D" in raw and "D]" in raw)
 
 
 def markup_key_error(value: Any, declared: Any) -> str | None:

@@ -1,9 +1,10 @@
 """What argument validation needs to know about a pydantic tool's model, computed once per model.
 
-- ``fast_path_eligible(model, raw)``: whether a call may take the one-pass happy path of
-  ``worker.tooling.arguments`` (no field that takes a float; a model with open maps only when the
-  text has no markup hint; text nested deeper than ``MAX_NESTING_DEPTH`` never, which a model whose
-  schema bounds the depth proves without counting the text's brackets);
+- ``fast_path(model)``: what the one-pass happy path of ``worker.tooling.arguments`` needs of the
+  model, as ``(validate_json, open_keys, bounded_depth)``: ``validate_json`` is ``None`` when a field
+  takes a float (the path is never taken), ``open_keys`` that a call takes it only without a markup
+  hint, ``bounded_depth`` that the model's schema bounds the nesting (else the text's brackets are
+  counted: text nested deeper than ``MAX_NESTING_DEPTH`` must reach the checked path);
 - ``accepted_names(model)``: every top-level key the model takes (field names and aliases), so a
   field name beside its alias is never taken for a respelled parameter.
 """
@@ -11,7 +12,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 from worker.tooling.json_checks import MAX_NESTING_DEPTH
 from worker.tooling.markup import markup_hinted
@@ -35,30 +36,49 @@ def accepted_names(model: type) -> frozenset[str]:
     return frozenset(names)
 
 
-_FLAGS: dict[type, tuple[bool, bool, bool]] = {}
+FastPath = tuple[Callable[..., Any] | None, bool, bool]
+"""``(validate_json, open_keys, bounded_depth)``: see ``fast_path``."""
+
+FAST_PATHS: dict[type, FastPath] = {}
+"""``fast_path``'s cache, read directly on every call (``FAST_PATHS.get(model) or fast_path(model)``)."""
+
+
+def fast_path(model: type) -> FastPath:
+    """What the one-pass happy path needs of ``model``, computed once per model class:
+
+    - ``validate_json``: the model's own ``__pydantic_validator__.validate_json`` (bound), or
+      ``None`` when a field can take a float: pydantic-core accepts what JSON forbids (``NaN``,
+      ``Infinity``, ``1e400``) there, so every call takes the checked path, which parses with orjson;
+    - ``open_keys``: some object takes keys it does not declare, so ``extra="forbid"`` does not see a
+      markup key there: a call takes the path only when its text has no markup hint;
+    - ``bounded_depth``: no value nested deeper than ``MAX_NESTING_DEPTH`` can validate, so the
+      text's brackets need not be counted (``_bounded_depth``).
+    """
+    found = FAST_PATHS.get(model)
+    if found is None:
+        if len(FAST_PATHS) > 4096:
+            FAST_PATHS.clear()
+        validate = model.__pydantic_validator__.validate_json if _no_float_fields(model) else None  # type: ignore[attr-defined]
+        found = FAST_PATHS[model] = (validate, _open_keys(model), _bounded_depth(model))
+    return found
 
 
 def fast_path_eligible(model: type, raw: str) -> bool:
-    """Whether ``raw`` may take the one-pass happy path for ``model`` (after the text tests):
-    the model has no field that takes a float, and when it has open maps (keys it does not
-    declare are valid there, so ``extra="forbid"`` does not see them) the text has no markup hint."""
-    flags = _FLAGS.get(model)
-    if flags is None:
-        if len(_FLAGS) > 4096:
-            _FLAGS.clear()
-        flags = _FLAGS[model] = (_no_float_fields(model), _open_keys(model), _bounded_depth(model))
-    if not flags[0] or flags[1] and markup_hinted(raw):
+    """Whether ``raw`` may take the one-pass happy path for ``model`` (after the text tests of
+    ``worker.tooling.arguments``): the model has no field that takes a float, a model with open
+    maps only when the text has no markup hint, and nesting within ``MAX_NESTING_DEPTH`` (proved by
+    the model's schema, or by the text's brackets). ``validate_tool_arguments`` inlines this test."""
+    validate, open_keys, bounded = FAST_PATHS.get(model) or fast_path(model)
+    if validate is None or open_keys and markup_hinted(raw):
         return False
-    # Nesting over the limit must reach the checked path (which refuses it): a model whose values
-    # cannot nest that deep refuses such text itself, else the text's brackets bound its depth.
-    return flags[2] or len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH
+    return bounded or len(raw) <= MAX_NESTING_DEPTH or raw.count("[") + raw.count("{") <= MAX_NESTING_DEPTH
 
 
 def _bounded_depth(model: type) -> bool:
     """True when no JSON value nested deeper than ``MAX_NESTING_DEPTH`` can validate against
     ``model``: its schema has no recursion (a ``$ref`` reached again), no value that takes anything
     (``Any``, ``true``, an untyped node, ``additionalProperties: true``), and its own depth is
-    within the limit. Cached per model class (``_FLAGS``)."""
+    within the limit. Cached per model class (``FAST_PATHS``)."""
     try:
         schema = model.model_json_schema()  # type: ignore[attr-defined]  # a pydantic model class
     except Exception:
@@ -117,7 +137,7 @@ def _open_keys(model: type) -> bool:
 def _no_float_fields(model: type) -> bool:
     """True when no field of ``model`` (at any depth) can take a float: no ``number``
     type and no schema that accepts anything (``Any``, ``true``, open ``additionalProperties``).
-    Cached per model class (``_FLAGS``)."""
+    Cached per model class (``FAST_PATHS``)."""
 
     def walk(node: Any) -> bool:
         if node is True:

@@ -16,7 +16,7 @@ import orjson
 import redis
 
 from worker.turn.durability import NO_REPLICAS, NotDurable, ReplicaAck, run_script
-from worker.turn.guard import LUA_APPLY_WRITES, LUA_AT_STEP, LUA_TERMINAL, Writes, encode_writes
+from worker.turn.guard import LUA_APPLY_WRITES, LUA_TERMINAL, Writes, encode_writes
 from worker.turn.keys import WATCH_KEY
 from worker.turn.keys import key as _k
 from worker.turn.state import (
@@ -54,14 +54,18 @@ return {0, redis.call('HGET', KEYS[1], ARGV[1])}
 # not tried, 1 = won, 2 = held.
 _BEGIN_CALL_LUA = (
     LUA_TERMINAL
-    + LUA_AT_STEP
     + """
 local h = redis.call('HGETALL', KEYS[1])
 local plan = redis.call('GET', KEYS[2]) or ''
 local has = redis.call('HEXISTS', KEYS[3], ARGV[2])
-local cancelled = redis.call('EXISTS', KEYS[4])
+local f = {}
+for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+local cancelled = f['cancel'] == '1' and 1 or 0  -- the flag's hash field (KEYS[4], its key, is not read)
 if #h == 0 or plan == '' or has == 1 then return {h, plan, has, cancelled, 0, ''} end
-if not at_step(KEYS[1], ARGV[1], 'tools') then return {h, plan, has, cancelled, 0, ''} end
+-- the fence (the guard's test) on the hash just read: the script runs alone, it cannot have changed
+if not f['status'] or terminal[f['status']] or f['step'] ~= ARGV[1] or f['phase'] ~= 'tools' then
+  return {h, plan, has, cancelled, 0, ''}
+end
 local rest = redis.call('HGET', KEYS[7], ARGV[2])
 if not rest then return {h, plan, has, cancelled, 0, ''} end
 if redis.call('HSETNX', KEYS[5], ARGV[2], ARGV[3]) == 1 then
@@ -95,7 +99,6 @@ def started_rest(name: str, activity: str) -> bytes:
 # (closed).
 _RECORD_LUA = (
     LUA_TERMINAL
-    + LUA_AT_STEP
     + LUA_APPLY_WRITES
     + """
 local stored = 0
@@ -110,12 +113,17 @@ local function push_deadline()
 end
 local n = tonumber(ARGV[10])
 for i = 11, 10 + n do
-  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then push_deadline(); return {stored, 0} end
+  -- the caller's own call has a result now (HSETNX above stored it or found one): not asked again
+  if (ARGV[2] == '' or ARGV[i] ~= ARGV[1]) and redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
+    push_deadline(); return {stored, 0}
+  end
 end
 if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then push_deadline(); return {stored, 0} end
-local cancelled = redis.call('EXISTS', KEYS[5])
+-- the cancel flag is the hash's field (KEYS[5], its key, is not read); the fence on the same read
+local t = redis.call('HMGET', KEYS[2], 'status', 'step', 'phase', 'cancel')
+local cancelled = t[4] == '1' and 1 or 0
 if ARGV[11 + n] and cancelled == 0 and stored == 1 then  -- the writes carry this caller's result
-  if at_step(KEYS[2], ARGV[9], 'tools') then
+  if t[1] and not terminal[t[1]] and t[2] == ARGV[9] and t[3] == 'tools' then
     apply_writes(11 + n, 7)  -- the closing writes set the next step's deadline
     return {stored, 2}
   end
@@ -132,7 +140,8 @@ return {stored, 1, redis.call('HGETALL', KEYS[2]), cancelled, redis.call('HGETAL
 # records the turn as held by the caller's node (KEYS[8], ``worker.turn.liveness``), so a node
 # killed during its first model call is known to hold the turn before its heartbeat thread
 # writes its held tasks.
-# KEYS: turn hash, items, reply memo, cancel, step claim, watch zset, events, node's held tasks;
+# KEYS: turn hash, items, reply memo, cancel, step claim, watch zset, events, node's held tasks,
+# [the step's background response id];
 # ARGV: owner, lease s, deadline, step, now, events maxlen, turn id, the turn_started event's JSON
 # up to its agent_id value (the script completes it with the turn's agent id).
 # Returns {hash (flat), items, memo or '', cancelled, claim, started, holder}: claim 0 = not tried
@@ -146,14 +155,14 @@ local f, at = {}, {}
 for i = 1, #h, 2 do f[h[i]] = h[i + 1]; at[h[i]] = i + 1 end
 local items = redis.call('LRANGE', KEYS[2], 0, -1)
 local memo = redis.call('GET', KEYS[3])
-local cancelled = redis.call('EXISTS', KEYS[4])
+local cancelled = f['cancel'] == '1' and 1 or 0  -- the flag's hash field (KEYS[4], its key, is not read)
 if memo or cancelled == 1 or terminal[f['status']] or f['step'] ~= ARGV[4] or f['phase'] ~= 'model' then
   return {h, items, memo or '', cancelled, 0, 0, '', ''}
 end
 local won = redis.call('SET', KEYS[5], ARGV[1], 'NX', 'EX', ARGV[2])
 if won then redis.call('HSET', KEYS[8], 'step:' .. ARGV[7], ARGV[7]) end
 redis.call('ZADD', KEYS[6], 'XX', 'GT', ARGV[3], ARGV[7])
-local response = redis.call('GET', KEYS[9]) or ''
+local response = KEYS[9] and redis.call('GET', KEYS[9]) or ''  -- only asked for in background mode
 if not won then return {h, items, '', 0, 2, 0, redis.call('GET', KEYS[5]) or '', response} end
 local started = 0
 if f['status'] == 'queued' then
@@ -289,14 +298,17 @@ class Claims:
         )
         return CallRead(_pairs(h), plan, bool(has), bool(cancelled), outcome)
 
-    def begin_step(self, turn_id: str, step: int, owner: str, lease: float, held_key: str) -> StepView:
+    def begin_step(
+        self, turn_id: str, step: int, owner: str, lease: float, held_key: str, *, background: bool = True
+    ) -> StepView:
         """Read model step ``step``'s view and, if it is runnable and not memoized, take its model
         call for ``owner`` (``lease`` seconds; the progress deadline is pushed past it), moving a
         queued turn to ``running`` with its ``turn_started`` event: one round trip. ``held_key``:
         the caller's node's held tasks (``worker.turn.liveness.held_key``), where a won claim is
         recorded. The view's ``claim`` says what happened: ``StepClaim(tried, holder, started)``;
         its ``response_id``, the background response a former attempt of the step started
-        (``ReplyMemo.note_response``), when the step may be claimed."""
+        (``ReplyMemo.note_response``), when the step may be claimed; not read with ``background``
+        False (a node that does not use background mode has no use for it: always None)."""
         now = round(time.time(), 3)
         h, items, memo, cancelled, claim, started, holder, response = self._begin_step(
             keys=[
@@ -308,7 +320,7 @@ class Claims:
                 WATCH_KEY,
                 _k(turn_id, "events"),
                 held_key,
-                _k(turn_id, "response", step),
+                *([_k(turn_id, "response", step)] if background else []),
             ],
             args=[
                 owner,

@@ -38,10 +38,13 @@ class TurnEnd:
         final_output: str | None = None,
         hooks: bool | None = None,
         usage: dict[str, int] | None = None,
+        created_at: float | None = None,
     ) -> Ended:
         """What follows every terminal transition (see the module docstring). ``hooks``: whether the
         turn has end hooks (read from the store when None). ``usage``: the turn's totals, when the
-        transition already wrote the ``turn_finished`` event with them (``TurnStore.end_at_model_step``)."""
+        transition already wrote the ``turn_finished`` event with them (``TurnStore.end_at_model_step``).
+        ``created_at`` (epoch s): the turn's, when the caller read it (else read from the store for
+        the duration metric)."""
         store = self.rt.store
         if usage is None:
             usage = self.rt.usage.totals(turn_id)
@@ -50,6 +53,8 @@ class TurnEnd:
             )
         if not self.count_here:
             self.rt.dispatcher.count_ended(turn_id)
+        elif created_at:
+            metrics.turn_ended(status.value, error, self.rt.clock() - created_at)
         elif (state := store.load(turn_id)) is not None:
             metrics.turn_ended(status.value, error, self.rt.clock() - state.created_at)
         else:

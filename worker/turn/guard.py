@@ -26,7 +26,7 @@ import redis
 from redis.commands.core import CoreCommands
 
 from worker.turn.keys import key
-from worker.turn.request import TurnStatus
+from worker.turn.request import TurnRefused, TurnStatus
 from worker.turn.state import StaleStep
 
 # Write commands a transition may record: each takes its one key as the first argument.
@@ -56,14 +56,6 @@ _CHUNKED = frozenset({"RPUSH", "LPUSH", "SADD", "SREM", "HDEL", "ZREM", "HSET"})
 # A Lua table of the terminal statuses (``TurnStatus.terminal``), for the scripts that fence on them.
 LUA_TERMINAL = "local terminal = {" + ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal) + "}\n"
 
-# A Lua function: true when the turn hash ``key`` is at ``step`` (a string) and ``phase`` and not
-# ended, the fence of every guarded write (after ``LUA_TERMINAL``).
-LUA_AT_STEP = """
-local function at_step(key, step, phase)
-  local h = redis.call('HMGET', key, 'status', 'step', 'phase')
-  return h[1] and not terminal[h[1]] and h[2] == step and h[3] == phase
-end
-"""
 
 # A Lua function applying recorded writes (``encode_writes``): from ARGV[i] on, per write, its
 # argument count after the key, the command name, its arguments; its key is KEYS[k], KEYS[k + 1]...
@@ -210,9 +202,9 @@ class GuardScript:
 # agent's index (``keys.index_key``), the idempotency key ('' for none), then the target of each
 # message command (a queue's list, an event's channel). ARGV: agent id, turn id, retention s, watch
 # deadline, last index kept in the agent's list, turn_queued event, events maxlen, hash argument
-# count, hash field/value pairs..., the initial items' count, the items..., then per message
-# command its name (LPUSH or PUBLISH) and payload. The indexes are scored by ``created_at``; their
-# entries older than twice the retention are pruned, and the sets expire as long after. The
+# count, hash field/value pairs..., created_at, the initial items' count, the items..., then per
+# message command its name (LPUSH or PUBLISH) and payload. The indexes are scored by ``created_at``;
+# their entries older than twice the retention are pruned, and the sets expire as long after. The
 # message commands run only when the turn is created, after its writes.
 # Returns {1, turn id} (created), {0, existing turn id} (the key or the id of this agent was used),
 # or {-1, ''} (the id belongs to another agent).
@@ -229,16 +221,16 @@ end
 if KEYS[8] ~= '' then redis.call('SET', KEYS[8], ARGV[2], 'EX', ARGV[3]) end
 local nh = tonumber(ARGV[8])
 redis.call('HSET', KEYS[1], unpack(ARGV, 9, 8 + nh))
-local ni = tonumber(ARGV[9 + nh])
-local last = 9 + nh + ni
-for i = 10 + nh, last, 1000 do  -- unpack is limited to a few thousand values: push in chunks
+local ni = tonumber(ARGV[10 + nh])
+local last = 10 + nh + ni
+for i = 11 + nh, last, 1000 do  -- unpack is limited to a few thousand values: push in chunks
   redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, last)))
 end
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
-redis.call('LPUSH', KEYS[4], ARGV[2])
-redis.call('LTRIM', KEYS[4], 0, ARGV[5])
+-- LPUSH answers the list's length: trimmed only when it is longer than kept
+if redis.call('LPUSH', KEYS[4], ARGV[2]) > tonumber(ARGV[5]) + 1 then redis.call('LTRIM', KEYS[4], 0, ARGV[5]) end
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[6])
-local created = tonumber(redis.call('HGET', KEYS[1], 'created_at'))
+local created = tonumber(ARGV[9 + nh])  -- the hash's created_at, as the caller wrote it
 for k = 6, 7 do
   redis.call('ZADD', KEYS[k], created, ARGV[2])
   redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. (created - 2 * tonumber(ARGV[3])))
@@ -252,6 +244,33 @@ end
 return {1, ARGV[2]}
 """
 CREATE_LUA = _CREATE_LUA  # for a caller that registers it on its own (asyncio) client
+
+
+# KEYS: turn hash, cancel flag, recent cancels (``keys.CANCELS_KEY``), events; ARGV: retention s,
+# now, turn id, recent cancels kept since (epoch s), events maxlen, cancel_requested event.
+# The flag goes three ways: the hash's ``cancel`` field (read by the scripts that already read the
+# hash, for free), the flag key (tools' abort probe), the recent cancels (a node's watch over its
+# model calls: one read for all of them). The field only on a turn that exists (HSET would create one).
+_CANCEL_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'cancel', '1') end
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[4])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[6])
+"""
+
+
+class CancelScript:
+    """The cancel request script registered on ``client`` (a ``redis.Redis``)."""
+
+    def __init__(self, client: redis.Redis):
+        self._script = client.register_script(_CANCEL_LUA)
+
+    def run(self, keys: list[str], *, retention: int, now: float, turn_id: str, kept_since: float, events_maxlen: int,
+            event: bytes) -> None:  # fmt: skip
+        """Set the cancel flag of ``turn_id`` (``keys``: its hash, flag key, the recent cancels,
+        its events) with its ``cancel_requested`` event ``event``. Raises redis-py's errors."""
+        self._script(keys=keys, args=[retention, now, turn_id, kept_since, events_maxlen, event])
 
 
 class CreateScript:
@@ -284,21 +303,23 @@ class CreateScript:
             if name not in ("LPUSH", "PUBLISH"):
                 raise ValueError(f"{name} is not a queue message's command")
         pairs: list[Any] = [x for kv in fields.items() for x in kv]
-        args = [agent_id, turn_id, retention, deadline, keep - 1, event, events_maxlen, len(pairs), *pairs]
+        created = fields["created_at"]  # the indexes' score (``worker.turn.listing``)
+        args = [agent_id, turn_id, retention, deadline, keep - 1, event, events_maxlen, len(pairs), *pairs, created]
         args += [len(items), *items]
         for name, _target, payload in message:
             args += [name, payload]
         return [*keys, idempotency_key or "", *(target for _name, target, _payload in message)], args
 
     @staticmethod
-    def outcome(reply: Any) -> tuple[int, str]:
-        """The script's reply as ``(code, turn id)``: see ``run``."""
-        code, tid = reply
-        return int(code), tid.decode() if isinstance(tid, bytes) else str(tid)
+    def outcome(turn_id: str, reply: Any) -> tuple[str, bool]:
+        """The script's reply as ``(turn id, created)``: ``(turn_id, True)`` when created,
+        ``(existing_id, False)`` when the key or the id was already used by this agent. Raises
+        ``TurnRefused`` when ``turn_id`` is another agent's."""
+        code, tid = int(reply[0]), reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        if code < 0:
+            raise TurnRefused(f"turn id {turn_id!r} is already used by another agent; choose another id")
+        return tid, code == 1
 
-    def run(self, keys: list[str], args: list[Any]) -> tuple[int, str]:
-        """Store the turn (``arguments``: ``keys`` are the turn hash, items, watch set, agent's list,
-        events and the two indexes). Returns ``(1, turn_id)`` when created, ``(0, existing_id)``
-        when the key or the id was already used by this agent, ``(-1, "")`` when the id is
-        another agent's."""
-        return self.outcome(self._script(keys=keys, args=args))
+    def run(self, turn_id: str, keys: list[str], args: list[Any]) -> tuple[str, bool]:
+        """Store the turn ``turn_id`` (``arguments``' ``keys`` and ``args``): ``outcome``."""
+        return self.outcome(turn_id, self._script(keys=keys, args=args))

@@ -28,7 +28,10 @@ The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cl
 - ``turn:{id}:stepclaim:{n}``: the owner making step n's model call (one model call per step).
 - ``turn:{id}:adv:{n}:{b}``: set once by whoever completes batch b (the barrier).
 - ``turn:{id}:events`` stream: activity events for the control plane.
-- ``turn:{id}:cancel``: the cancel flag.
+- ``turn:{id}:cancel``: the cancel flag (tools' abort probe); also the turn hash's ``cancel``
+  field (``1``), which the step and call scripts read with the hash, and ``turns:cancels``.
+- ``turns:cancels`` sorted set: turn id scored by when its cancel was asked, kept
+  ``CANCELS_KEPT`` seconds: a node's watch over its model calls in flight reads it once for all.
 - ``turns:watch`` sorted set: turn id scored by its progress deadline (watchdog).
 - ``turn:{id}:approvals:{n}``, ``turn:{id}:gate:{n}:{b}``, ``approvals:pending``: approvals,
   written by ``worker.turn.approvals`` (``ApprovalRecords``, held as ``store.approvals``).
@@ -52,6 +55,11 @@ from typing import Final
 
 WATCH_KEY: Final = "turns:watch"
 """Sorted set: turn id scored by its progress deadline (the watchdog's re-drives)."""
+CANCELS_KEY: Final = "turns:cancels"
+"""Sorted set: turns whose cancel was asked, scored by when (epoch s), for ``CANCELS_KEPT`` s."""
+CANCELS_KEPT: Final = 600
+"""Seconds a cancel stays in ``CANCELS_KEY``: far more than a node's watch takes between two reads
+(a second); a call that missed it still ends at its step boundary, which reads the flag."""
 FINISHING_KEY: Final = "turns:finishing"
 """Sorted set: ended turns whose end hooks have not reported done, scored by their deadline."""
 PENDING_APPROVALS_KEY: Final = "approvals:pending"

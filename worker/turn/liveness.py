@@ -114,6 +114,19 @@ class Liveness:
                 p.hset(key, mapping=held)
             p.execute()
 
+    def update_held(self, node_id: str, added: dict[str, str], removed: list[str]) -> None:
+        """Change the node's held set: ``added`` (``task_id`` -> ``turn_id``) set, ``removed`` task ids
+        deleted; one round trip (none when both are empty)."""
+        if not added and not removed:
+            return
+        key = held_key(node_id)
+        with self._r.pipeline(transaction=False) as p:
+            if removed:
+                p.hdel(key, *removed)
+            if added:
+                p.hset(key, mapping=added)
+            p.execute()
+
     def release(self, node_id: str, *task_ids: str) -> None:
         """The tasks ended (ran or were dropped): the node no longer holds them. One round trip."""
         if task_ids:

@@ -17,7 +17,7 @@ import orjson
 import redis
 
 from worker.turn.durability import NO_REPLICAS, ReplicaAck, run_script
-from worker.turn.guard import LUA_APPLY_WRITES, LUA_AT_STEP, LUA_TERMINAL, Writes, encode_writes
+from worker.turn.guard import LUA_APPLY_WRITES, LUA_TERMINAL, Writes, encode_writes
 from worker.turn.keys import key as _k
 from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, event_json
 
@@ -32,20 +32,21 @@ from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, event_json
 # rows when the move was applied (the turn goes on to its tools: nothing reads its totals now).
 _SAVE_REPLY_LUA = (
     LUA_TERMINAL
-    + LUA_AT_STEP
     + LUA_APPLY_WRITES
     + """
 local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
 local n = tonumber(ARGV[8])
 for i = 9, 8 + n do redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[i]) end
-local cancelled = redis.call('EXISTS', KEYS[2])
+-- the cancel flag is the hash's field (KEYS[2], its key, is not read); the fence on the same read
+local t = redis.call('HMGET', KEYS[5], 'status', 'step', 'phase', 'cancel')
+local cancelled = t[4] == '1' and 1 or 0
 local usage_stored = redis.call('HSETNX', KEYS[3], ARGV[4], ARGV[5])
 redis.call('EXPIRE', KEYS[3], ARGV[6])
 if not won then
   return {0, redis.call('GET', KEYS[1]) or '', cancelled, usage_stored, redis.call('HVALS', KEYS[3]), 0}
 end
 if cancelled == 0 and ARGV[9 + n] then
-  if at_step(KEYS[5], ARGV[7], 'model') then
+  if t[1] and not terminal[t[1]] and t[2] == ARGV[7] and t[3] == 'model' then
     apply_writes(9 + n, 6)
     return {1, '', 0, usage_stored, {}, 1}  -- the turn goes on: its totals are not needed now
   end

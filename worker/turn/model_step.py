@@ -105,7 +105,9 @@ class ModelStep:
         # The claim covers the model call (up to model_timeout), as does the progress deadline.
         lease = self.rt.settings.model_call_lease
         claimant = owner() if self.calls is None else call_owner()
-        view = self.rt.store.claims.begin_step(turn_id, step, claimant, lease, held_key(node()))
+        settings = self.rt.settings  # the background response is only used by a streamed call in background mode
+        background = settings.model_background and settings.model_stream
+        view = self.rt.store.claims.begin_step(turn_id, step, claimant, lease, held_key(node()), background=background)
         state = view.state
         if state is None:
             return StepOutcome("dropped", "unknown turn")

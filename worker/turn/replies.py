@@ -99,11 +99,18 @@ class ReplyHandler:
                 final_output=reply.text,
                 error=error,
                 finished_event=finished.fields(),
+                model_calls=prepared.state.model_calls + 1,
             )
         except StaleStep:
             return StepOutcome("dropped", "already completed")
         ended = self.end.finished(
-            prepared.turn_id, status, final_output=reply.text, error=error, hooks=hooks, usage=totals
+            prepared.turn_id,
+            status,
+            final_output=reply.text,
+            error=error,
+            hooks=hooks,
+            usage=totals,
+            created_at=prepared.state.created_at,
         )
         return StepOutcome(action, ended=ended)
 
@@ -187,7 +194,15 @@ class ReplyHandler:
         batch_of = plan.batch_indexes()
         events = [CallPlanned.of(step, call, batch_of.get(call.call_id)).event() for call in planned]
         writes = self.rt.store.begin_tools_writes(
-            turn_id, step, items, plan, known_outputs, invalid_counts, also=asks, events=events
+            turn_id,
+            step,
+            items,
+            plan,
+            known_outputs,
+            invalid_counts,
+            also=asks,
+            events=events,
+            model_calls=prepared.state.model_calls + 1,
         )
         # The first batch's messages go with the move when they can (then ``_dispatch`` sends
         # nothing): the script that moves the step to its tools phase also queues its calls.

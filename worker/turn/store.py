@@ -30,12 +30,12 @@ from worker.turn.approvals import ApprovalRecords
 from worker.turn.claims import Claims, started_rest
 from worker.turn.dispatch import Plan, PlannedCall
 from worker.turn.durability import NO_REPLICAS, ReplicaAck
-from worker.turn.guard import CreateScript, GuardScript, Writes
-from worker.turn.keys import FINISHING_KEY, WATCH_KEY, agent_turns_key, idem_key, index_key
+from worker.turn.guard import CancelScript, CreateScript, GuardScript, Writes
+from worker.turn.keys import CANCELS_KEPT, CANCELS_KEY, FINISHING_KEY, WATCH_KEY, agent_turns_key, idem_key, index_key
 from worker.turn.keys import key as _k
 from worker.turn.listing import TurnListing, title_of
 from worker.turn.memo import ReplyMemo
-from worker.turn.request import END_HOOK_METADATA, TurnRefused, TurnStatus
+from worker.turn.request import END_HOOK_METADATA, TurnStatus
 from worker.turn.state import (
     EVENTS_MAXLEN,
     RETENTION_SECONDS,
@@ -86,6 +86,7 @@ class TurnStore:
         self.listing = TurnListing(client)
         self._guard = GuardScript(client, FINISHING_KEY)
         self._create = CreateScript(client)
+        self._cancel = CancelScript(client)
         self._plans: dict[tuple[str, int], Plan] = {}
 
     # ----- reading ---------------------------------------------------------
@@ -125,15 +126,14 @@ class TurnStore:
         return plan
 
     def advance_view(self, turn_id: str, step: int) -> AdvanceView:
-        """What closing a batch reads: state, cancel flag and the step's results, in one round trip
-        (the barrier's winner gets it from ``record_and_check``; a re-drive reads it here)."""
+        """What closing a batch reads: state, cancel flag (the hash's field) and the step's results,
+        in one round trip (the barrier's winner gets it from ``record_and_check``; a re-drive reads it here)."""
         with self._r.pipeline(transaction=False) as p:
             p.hgetall(_k(turn_id))
-            p.exists(_k(turn_id, "cancel"))
             p.hgetall(_k(turn_id, "results", step))
-            h, cancelled, results = p.execute()
+            h, results = p.execute()
         state = TurnState.from_hash(turn_id, h) if h else None
-        return AdvanceView(state, bool(cancelled), parse_results(results))
+        return AdvanceView(state, h.get(b"cancel") == b"1", parse_results(results))
 
     def call_view(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> CallView:
         """State, plan, whether the call has a result, and the cancel flag, in one round trip,
@@ -158,14 +158,12 @@ class TurnStore:
         return bool(self._r.exists(_k(turn_id, "cancel")))
 
     def cancelled_of(self, turn_ids: list[str]) -> set[str]:
-        """Which of ``turn_ids`` the control plane asked to cancel: one round trip (a pipeline of
-        ``EXISTS``), for a node's watch over its model calls in flight."""
+        """Which of ``turn_ids`` were asked to cancel in the last ``CANCELS_KEPT`` s, for a node's watch
+        over its model calls in flight: one read of the recent cancels for all of them."""
         if not turn_ids:
             return set()
-        p = self._r.pipeline(transaction=False)
-        for turn_id in turn_ids:
-            p.exists(_k(turn_id, "cancel"))
-        return {turn_id for turn_id, flag in zip(turn_ids, p.execute()) if flag}
+        recent = self._r.zrangebyscore(CANCELS_KEY, time.time() - CANCELS_KEPT, "+inf")
+        return set(turn_ids) & {x.decode() for x in recent}
 
     def find_by_idempotency_key(self, agent_id: str, key: str) -> str | None:
         """The turn id ``agent_id`` enqueued with this idempotency key, if any."""
@@ -227,7 +225,7 @@ class TurnStore:
         already exists *for the same agent* (enqueueing is idempotent on the turn id). Raises
         ``TurnRefused`` when ``turn_id`` belongs to another agent: nothing is overwritten or returned."""
         keys, args = self.create_call(turn_id, request, initial_items, idempotency_key, fields)
-        return self.created(turn_id, self._create.run(keys, args))
+        return self._create.run(turn_id, keys, args)
 
     def create_call(
         self,
@@ -240,7 +238,7 @@ class TurnStore:
     ) -> tuple[list[str], list[Any]]:
         """``create``'s script call, ``(keys, args)`` for ``guard.CREATE_LUA``, sent by the caller on
         a client of its own (the HTTP API's asyncio one); ``message``: the first step's queue
-        message as Redis commands, sent only if the turn is created. The reply goes to ``created``."""
+        message as Redis commands, sent only if the turn is created. The reply: ``CreateScript.outcome``."""
         agent_id = request.get("agent_id", "agent")
         now = time.time()
         keys = [_k(turn_id), _k(turn_id, "items"), WATCH_KEY, agent_turns_key(agent_id), _k(turn_id, "events")]
@@ -264,13 +262,6 @@ class TurnStore:
             keep=500, event=event_json("turn_queued", {}), events_maxlen=EVENTS_MAXLEN,
             idempotency_key=idem if idempotency_key else None, message=message,
         )  # fmt: skip
-
-    @staticmethod
-    def created(turn_id: str, outcome: tuple[int, str]) -> tuple[str, bool]:
-        """``create``'s result from the script's ``(code, turn id)``; raises ``TurnRefused`` as it does."""
-        if outcome[0] < 0:
-            raise TurnRefused(f"turn id {turn_id!r} is already used by another agent; choose another id")
-        return outcome[1], outcome[0] == 1
 
     def _guarded(
         self,
@@ -298,11 +289,20 @@ class TurnStore:
             hooks_deadline=time.time() + HOOK_TIMEOUT if ends else None,
         )
 
-    def _touch(self, pipe: Any, turn_id: str, fields: dict[str, Any]) -> None:
-        # Progress: a new deadline, and the watchdog's re-drive count starts again.
+    def _touch(self, pipe: Any, turn_id: str, fields: dict[str, Any], *, ends: bool = False) -> None:
+        # Progress: a new deadline (none when it ``ends``: ``_retire`` unwatches), re-drives from 0.
         now = time.time()
         pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
-        pipe.zadd(WATCH_KEY, {turn_id: now + self.progress_timeout})
+        if not ends:
+            pipe.zadd(WATCH_KEY, {turn_id: now + self.progress_timeout})
+
+    @staticmethod
+    def _count_model_call(pipe: Any, turn_id: str, fields: dict[str, Any], model_calls: int | None) -> None:
+        """``model_calls`` (the count with this call) into ``fields``, else an ``HINCRBY`` (exact: docs/architecture.md)."""
+        if model_calls is None:
+            pipe.hincrby(_k(turn_id), "model_calls", 1)
+        else:
+            fields["model_calls"] = model_calls
 
     def mark_running(self, turn_id: str, step: int, event: dict[str, Any] | None = None) -> None:
         """``queued`` -> ``running`` at the first step, with the ``turn_started`` event ``event``
@@ -332,11 +332,12 @@ class TurnStore:
         loaded_tools: list[str] | None = None,
         also: Callable[[Any], None] | None = None,
         events: Sequence[tuple[str, dict[str, Any]]] = (),
+        model_calls: int | None = None,
     ) -> Writes:
         """The writes that record the reply's items and the dispatch plan and move the step to its
         tools phase, unguarded (``apply_begin_tools``, or ``ReplyMemo.save_and_check``'s ``then``).
         ``events`` (``[(kind, fields)]``, e.g. ``call_planned``) are appended and ``also(w)`` adds
-        writes (the approval requests of ``worker.turn.approvals``)."""
+        writes (the approval requests of ``worker.turn.approvals``); ``model_calls``: ``_count_model_call``."""
         writes = Writes()
 
         def w(pipe: Any) -> None:
@@ -363,8 +364,8 @@ class TurnStore:
             fields = {"phase": "tools", "invalid_counts": orjson.dumps(invalid_counts)}
             if loaded_tools is not None:
                 fields["loaded_tools"] = orjson.dumps(loaded_tools)
+            self._count_model_call(pipe, turn_id, fields, model_calls)
             self._touch(pipe, turn_id, fields)
-            pipe.hincrby(_k(turn_id), "model_calls", 1)
             for kind, data in events:
                 self._xadd(pipe, turn_id, kind, data)
             if also is not None:
@@ -422,7 +423,7 @@ class TurnStore:
         fields: dict[str, Any] = {"step": step + 1, "phase": "model", **(ended or {})}
         if loaded_tools is not None:
             fields["loaded_tools"] = orjson.dumps(loaded_tools)
-        self._touch(pipe, turn_id, fields)
+        self._touch(pipe, turn_id, fields, ends=bool(ended))
 
     def continue_after_reply(
         self, turn_id: str, step: int, items: list[dict[str, Any]], fields: dict[str, Any] | None = None
@@ -447,6 +448,7 @@ class TurnStore:
         error: str | None = None,
         count_model_call: bool = True,
         finished_event: dict[str, Any] | None = None,
+        model_calls: int | None = None,
     ) -> bool:
         """End the turn at a model step (final answer, cap reached, failure), with the
         ``turn_finished`` event ``finished_event`` if given. Returns True when the turn has end
@@ -460,9 +462,9 @@ class TurnStore:
                 fields["final_output"] = final_output
             if error:
                 fields["error"] = error
-            self._touch(pipe, turn_id, fields)
             if count_model_call:
-                pipe.hincrby(_k(turn_id), "model_calls", 1)
+                self._count_model_call(pipe, turn_id, fields, model_calls)
+            self._touch(pipe, turn_id, fields, ends=True)
             if finished_event is not None:
                 self._xadd(pipe, turn_id, "turn_finished", finished_event)
             self._retire(pipe, turn_id)
@@ -504,7 +506,9 @@ class TurnStore:
             if outputs:
                 pipe.rpush(_k(turn_id, "items"), *outputs)
             pipe.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
-            self._touch(pipe, turn_id, {"status": status.value, "error": error})
+            pipe.zadd(CANCELS_KEY, {turn_id: time.time()})  # model calls in flight see it (``cancelled_of``)
+            pipe.zremrangebyscore(CANCELS_KEY, "-inf", f"({time.time() - CANCELS_KEPT}")
+            self._touch(pipe, turn_id, {"status": status.value, "error": error, "cancel": 1}, ends=True)
             self._retire(pipe, turn_id)
             if h.get(b"end_hooks") == b"1":  # until its hooks have run (``hooks_done``), the watchdog re-sends them
                 pipe.zadd(FINISHING_KEY, {turn_id: time.time() + HOOK_TIMEOUT})
@@ -515,9 +519,9 @@ class TurnStore:
 
     def _retire(self, pipe: Any, turn_id: str) -> None:
         """Queue the retirement of an ended turn in ``pipe``: no longer watched, its keys expire. (Its
-        end hooks are scheduled by the caller: ``_guarded(ends=True)`` or ``fail``.)"""
+        end hooks are scheduled by the caller: ``_guarded(ends=True)`` or ``fail``.) Not the cancel flag's: set with it."""
         pipe.zrem(WATCH_KEY, turn_id)
-        for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events"), _k(turn_id, "cancel")):
+        for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events")):
             pipe.expire(key, RETENTION_SECONDS)
 
     def awaits_hooks(self, turn_id: str) -> bool:
@@ -552,8 +556,10 @@ class TurnStore:
         return int(n)
 
     def request_cancel(self, turn_id: str, by: str = "control plane") -> None:
-        """Set the cancel flag that steps and running tools observe, and note it in the event stream."""
-        p = self._r.pipeline(transaction=False)
-        p.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
-        self._xadd(p, turn_id, "cancel_requested", {"by": by})
-        p.execute()
+        """Set the cancel flag that steps, running tools and model calls observe (``keys``), and note it
+        in the event stream: one round trip (``worker.turn.guard.CancelScript``)."""
+        now = time.time()
+        keys = [_k(turn_id), _k(turn_id, "cancel"), CANCELS_KEY, _k(turn_id, "events")]
+        event = event_json("cancel_requested", {"by": by})
+        self._cancel.run(keys, retention=RETENTION_SECONDS, now=now, turn_id=turn_id, kept_since=now - CANCELS_KEPT,
+                         events_maxlen=EVENTS_MAXLEN, event=event)  # fmt: skip

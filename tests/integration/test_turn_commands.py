@@ -1,0 +1,214 @@
+"""The Redis commands a turn costs (issue 34), counted with ``INFO commandstats`` on a Redis of the
+test's own (no worker, beat or other test sends anything to it, so every count is exact): a command a
+Lua script runs counts as one, and so do ``MULTI`` and ``EXEC``.
+
+- kombu's record of a fetched message and its ack (``tasks.broker.QoS``): a plain pipeline each, no
+  transaction; a fetched message is still given back by kombu's restore (a dead worker's).
+- The turn's scripts (``worker.turn.guard``, ``claims``, ``store``): the reads and writes each one
+  does not need are gone (the fence's second read of the turn hash, the barrier's check of the
+  caller's own result, the deadline an ending undoes, the list trim below its length, the
+  ``model_calls`` increment, the cancel flag's second expiry).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Iterator
+
+import pytest
+import redis
+
+from devtools.embedded_redis import EmbeddedRedis
+from tasks import broker
+from tests.integration.conftest import broker_app
+from tests.support.turn_store import begin_tools
+from worker.turn.claims import CLOSED
+from worker.turn.dispatch import Batch, Plan, PlannedCall
+from worker.turn.keys import WATCH_KEY, agent_turns_key, index_key, key
+from worker.turn.request import TurnStatus
+from worker.turn.state import CallResult
+from worker.turn.store import TurnStore
+
+
+@pytest.fixture(scope="module")
+def own_redis() -> Iterator[str]:
+    srv = EmbeddedRedis()
+    srv.start()
+    yield srv.url
+    srv.stop()
+
+
+@contextmanager
+def _counted(r: redis.Redis) -> Iterator[dict[str, int]]:
+    """Commands run inside, per name (lower case); the first ``INFO`` reading (counted in the second)
+    is left out."""
+    out: dict[str, int] = {}
+
+    def read() -> dict[str, int]:
+        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in r.info("commandstats").items()}
+
+    before = read()
+    yield out
+    after = read()
+    after["info"] -= 1
+    out.update({k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)})
+
+
+def test_a_fetch_and_its_ack_cost_four_commands_and_no_transaction(own_redis):
+    r = redis.Redis.from_url(own_redis)
+    app = broker_app(own_redis)
+    queue = f"cmds-{uuid.uuid4().hex[:8]}"
+    app.send_task("tasks.health.ping", (), queue=queue)
+    with app.connection_for_read() as conn:
+        q = conn.SimpleQueue(queue)
+        with _counted(r) as fetch:
+            message = q.get(timeout=5)
+        assert r.hexists("unacked", message.delivery_tag) and r.zscore("unacked_index", message.delivery_tag)
+        with _counted(r) as ack:
+            message.ack()
+            assert r.hexists("unacked", message.delivery_tag)  # in the process's next batch
+            broker.ACKS.flush()
+    assert not r.hexists("unacked", message.delivery_tag) and r.zscore("unacked_index", message.delivery_tag) is None
+    assert "multi" not in fetch and "exec" not in fetch and fetch["hset"] == 1 and fetch["zadd"] == 1
+    assert ack == {"zrem": 1, "hdel": 1, "hexists": 1}
+
+
+def test_acks_go_in_batches_of_one_zrem_and_one_hdel(own_redis):
+    r = redis.Redis.from_url(own_redis)
+    app = broker_app(own_redis)
+    queue = f"cmds-{uuid.uuid4().hex[:8]}"
+    for _ in range(10):
+        app.send_task("tasks.health.ping", (), queue=queue)
+    with app.connection_for_read() as conn:
+        q = conn.SimpleQueue(queue)
+        messages = [q.get(timeout=5) for _ in range(10)]
+        assert r.hlen("unacked") >= 10
+        with _counted(r) as acks:
+            for m in messages:
+                m.ack()
+            deadline = time.monotonic() + 5  # the batch thread sends them within ACK_BATCH_DELAY
+            while any(r.hexists("unacked", m.delivery_tag) for m in messages) and time.monotonic() < deadline:
+                time.sleep(0.02)
+    assert not any(r.hexists("unacked", m.delivery_tag) for m in messages)
+    assert acks["zrem"] + acks["hdel"] <= 4, acks  # kombu: 10 of each, in 10 transactions
+
+
+def test_a_fetched_message_is_still_given_back_by_kombus_restore(own_redis):
+    r = redis.Redis.from_url(own_redis)
+    app = broker_app(own_redis)
+    queue = f"cmds-{uuid.uuid4().hex[:8]}"
+    app.send_task("tasks.health.ping", ("back",), queue=queue)
+    with app.connection_for_read() as conn:
+        message = conn.SimpleQueue(queue).get(timeout=5)
+        assert r.llen(queue) == 0
+        assert broker.restore(conn.default_channel, [message.delivery_tag]) == 1  # a dead worker's message
+    assert r.llen(queue) == 1 and not r.hexists("unacked", message.delivery_tag)
+    assert r.zscore("unacked_index", message.delivery_tag) is None
+
+
+@pytest.fixture
+def store(own_redis) -> TurnStore:
+    return TurnStore(redis.Redis.from_url(own_redis), progress_timeout=60)
+
+
+def _create(store: TurnStore, agent: str = "cmds-a") -> str:
+    tid = uuid.uuid4().hex
+    store.create(tid, {"agent_id": agent, "input": "x"}, [])
+    return tid
+
+
+def test_a_creation_trims_the_agents_list_only_past_its_length_and_indexes_by_created_at(store):
+    agent = f"cmds-{uuid.uuid4().hex[:6]}"
+    with _counted(store._r) as counted:
+        tid = _create(store, agent)
+    assert "ltrim" not in counted and "hget" in counted  # the owner check only: created_at is an argument
+    assert counted["hget"] == 1
+    created = float(store._r.hget(key(tid), "created_at"))
+    assert store._r.zscore(index_key(None), tid) == created and store._r.zscore(index_key(agent), tid) == created
+    store._r.rpush(agent_turns_key(agent), *[f"old-{i}" for i in range(500)])  # the list at its length kept
+    with _counted(store._r) as counted:
+        newest = _create(store, agent)
+    assert counted["ltrim"] == 1
+    kept = store._r.lrange(agent_turns_key(agent), 0, -1)
+    assert len(kept) == 500 and kept[0] == newest.encode()
+
+
+def _at_tools(store: TurnStore) -> str:
+    tid = _create(store)
+    call = PlannedCall("c1", "read_thing", 0, data={}, activity="Reading")
+    plan = Plan([call], [Batch("parallel", ["c1"])])
+    begin_tools(store, tid, 0, [{"type": "function_call", "call_id": "c1"}], plan, {}, {}, model_calls=1)
+    return tid
+
+
+def test_the_tool_path_reads_the_turn_once_and_checks_only_the_other_calls(store):
+    tid = _at_tools(store)
+    assert store._r.hget(key(tid), "model_calls") == b"1"  # set with the move, not incremented
+    with _counted(store._r) as read:
+        view = store.call_view(tid, 0, "c1", "owner-a", 60)
+    assert view.claim.won
+    assert "hmget" not in read and read["hgetall"] == 1  # the fence reads the hash the script read
+    assert "exists" not in read  # the cancel flag is the hash's field
+    closing = store.next_step_writes(tid, 0, [{"type": "function_call_output", "call_id": "c1", "output": "o"}])
+    with _counted(store._r) as recorded:
+        stored, closed = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
+    assert stored and closed is CLOSED
+    assert "hexists" not in recorded  # the caller's own result was just stored
+    assert "exists" not in recorded and recorded["hmget"] == 1  # the flag and the fence in one read
+    # a second call of the batch still waits for the other's result
+    tid2 = _create(store)
+    calls = [PlannedCall(c, "read_thing", 0, data={}) for c in ("c1", "c2")]
+    begin_tools(store, tid2, 0, [{"type": "function_call", "call_id": c.call_id} for c in calls],
+                Plan(calls, [Batch("parallel", ["c1", "c2"])]), {}, {})  # fmt: skip
+    assert store.claims.record_and_check(tid2, 0, "c1", CallResult("o1"), 0, ["c1", "c2"]) == (True, None)
+    stored, view = store.claims.record_and_check(tid2, 0, "c2", CallResult("o2"), 0, ["c1", "c2"])
+    assert stored and view is not None and view is not CLOSED
+
+
+def test_an_ending_pushes_no_deadline_and_counts_the_model_call_in_its_hash_write(store):
+    tid = _create(store)
+    store.claims.begin_step(tid, 0, "owner-a", 60, "held-test")
+    with _counted(store._r) as ended:
+        store.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done", model_calls=1)
+    assert "zadd" not in ended and "hincrby" not in ended and ended["zrem"] == 1
+    assert ended["expire"] == 3  # the hash, its items, its events (the cancel flag expires with its own write)
+    assert store._r.zscore(WATCH_KEY, tid) is None
+    state = store.load(tid)
+    assert state is not None and state.status == TurnStatus.completed and state.model_calls == 1
+
+
+def test_a_cancel_is_a_hash_field_the_scripts_read_and_one_read_for_a_nodes_model_calls(store):
+    tids = [_create(store) for _ in range(3)]
+    store.request_cancel(tids[0])
+    assert store._r.hget(key(tids[0]), "cancel") == b"1" and store._r.exists(key(tids[0], "cancel"))
+    with _counted(store._r) as watched:
+        assert store.cancelled_of(tids) == {tids[0]}
+    assert watched == {"zrangebyscore": 1}  # not one EXISTS per turn in flight
+    with _counted(store._r) as begun:
+        view = store.claims.begin_step(tids[0], 0, "owner-a", 60, "held-test")
+    assert view.cancelled and not view.claim.tried and "exists" not in begun
+    assert not store.claims.begin_step(tids[1], 0, "owner-a", 60, "held-test").cancelled
+    unknown = uuid.uuid4().hex
+    store.request_cancel(unknown)  # no hash is made for a turn that does not exist
+    assert not store._r.exists(key(unknown)) and store.cancelled_of([unknown]) == {unknown}
+
+
+def test_a_cancel_flag_set_before_the_end_keeps_its_own_expiry(store):
+    tid = _create(store)
+    store.request_cancel(tid)
+    assert store.fail(tid, TurnStatus.cancelled, "cancelled")
+    assert 0 < store._r.ttl(key(tid, "cancel")) and 0 < store._r.ttl(key(tid))
+    assert store._r.zscore(WATCH_KEY, tid) is None
+
+
+def test_a_step_reads_its_background_response_only_on_a_node_in_background_mode(store):
+    plain, background = _create(store), _create(store)
+    with _counted(store._r) as begun:
+        assert store.claims.begin_step(plain, 0, "owner-a", 60, "held-test", background=False).claim.tried
+    assert begun["get"] == 1  # the reply memo only
+    store.memo.note_response(background, 0, "resp_1")
+    with _counted(store._r) as begun:
+        view = store.claims.begin_step(background, 0, "owner-a", 60, "held-test")
+    assert begun["get"] == 2 and view.response_id == "resp_1"
