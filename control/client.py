@@ -16,7 +16,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import kombu.exceptions
 import redis
@@ -28,9 +28,12 @@ from worker.placement.records import Placement
 from worker.redis_connection import RedisEndpoint, redis_endpoint
 from worker.settings import get_settings
 from worker.tools.toolsets import toolset_names
-from worker.turn import approvals
+from worker.turn import approvals, telemetry
 from worker.turn.durability import ReplicaAck
 from worker.turn.engine import TurnEngine
+from worker.turn.guard import CreateScript
+from worker.turn.intake import NewTurn
+from worker.turn.interfaces import step_label
 from worker.turn.request import TurnRefused, TurnRequest, TurnStatus, request_problem
 from worker.turn.store import TurnStore
 
@@ -56,6 +59,29 @@ __all__ = [
 INTERNAL_TOOLSETS = {
     "workflow_task": "workflow task turns are started with ControlPlane().workflows().start_workflow_task"
 }
+
+
+@dataclass(frozen=True)
+class CreateCall:
+    """``ControlPlane.create_call``: the creation script's ``keys`` and ``args``
+    (``worker.turn.guard.CREATE_LUA``) for the turn ``turn_id``. ``sends_message``: the first
+    step's message rides in the script; when False (a publish that cannot be recorded), call
+    ``send_step()`` (synchronous, one round trip; raises ``ControlPlaneUnavailable``) once the
+    script created the turn."""
+
+    turn_id: str
+    keys: list[str]
+    args: list[Any]
+    sends_message: bool
+    send_step: Callable[[], None]
+
+    def result(self, reply: Any) -> tuple[str, bool]:
+        """``(turn_id, created)`` from the script's reply, as ``ControlPlane.create`` returns it.
+        Raises ``Refused`` when the turn id is another agent's."""
+        try:
+            return CreateScript.outcome(self.turn_id, reply)
+        except TurnRefused as exc:
+            raise Refused(str(exc)) from None
 
 
 @dataclass
@@ -127,13 +153,8 @@ class ControlPlane:
         self._toolsets = toolset_names(settings)
         # Enqueueing and ending turns only: this engine never calls a model nor imports tool code.
         self.placement = Placement(client, settings.liveness_ttl)
-        self._engine = TurnEngine(
-            self.store,
-            settings,
-            CeleryDispatcher(broker=self.endpoint, placement=self.placement),
-            redis=client,
-            count_ends=False,
-        )
+        self._dispatcher = CeleryDispatcher(broker=self.endpoint, placement=self.placement)
+        self._engine = TurnEngine(self.store, settings, self._dispatcher, redis=client, count_ends=False)
 
     @property
     def display_url(self) -> str:
@@ -160,6 +181,14 @@ class ControlPlane:
         """``enqueue``, returning ``(turn_id, created)``: ``created`` is False when an idempotency
         key or turn id of the same agent named an existing turn (nothing was enqueued). Raises
         like ``enqueue``."""
+        req = self._checked(request)
+        try:
+            with _redis_errors(self.url):
+                return self._engine.create_turn(req, turn_id or uuid.uuid4().hex)
+        except TurnRefused as exc:
+            raise Refused(str(exc)) from None
+
+    def _checked(self, request: TurnRequest | dict[str, Any]) -> TurnRequest:
         req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
         problem = request_problem(req)
         if problem is not None:
@@ -169,11 +198,39 @@ class ControlPlane:
                 f"unknown toolset {req.toolset!r}; configured: {', '.join(self._toolsets)} "
                 "(extra toolsets come from AGENT_EXTRA_TOOLSETS, as on the workers)"
             )
+        return req
+
+    def create_call(self, request: TurnRequest, turn_id: str | None = None) -> CreateCall:
+        """``create`` for a caller with a Redis client of its own (the HTTP API's asyncio one): the
+        same checks, and the creation script's call with the first step's queue message inside
+        (sent by the script only if it creates the turn, atomically with it). Nothing is sent here
+        (but the broker channel's first opening, one round trip, on the first call). Run
+        ``CreateCall.keys``/``args`` with ``worker.turn.guard.CREATE_LUA``, then
+        ``CreateCall.result``. Raises like ``enqueue``."""
+        req = self._checked(request)
+        tid = turn_id or uuid.uuid4().hex
         try:
-            with _redis_errors(self.url):
-                return self._engine.create_turn(req, turn_id or uuid.uuid4().hex)
+            new = self._engine.intake.prepare(req, tid)
+            with telemetry.under_turn(new.traceparent), _redis_errors(self.url):
+                label = step_label(req.agent_id, tid, 0)
+                message = self._dispatcher.own_step_message(tid, 0, queue=req.queue, label=label)
         except TurnRefused as exc:
             raise Refused(str(exc)) from None
+        keys, args = self.store.create_call(
+            tid, new.request, new.items, req.idempotency_key, new.fields, message=message or ()
+        )
+        return CreateCall(tid, keys, args, message is not None, lambda: self._send_first_step(req, tid, new))
+
+    def open_broker(self) -> None:
+        """Open the broker channel ``create_call`` records messages with (one round trip; a
+        server calls it at start, in a thread, so that no request waits for it). Raises
+        ``ControlPlaneUnavailable`` when Redis does not answer."""
+        with _redis_errors(self.url):
+            self._dispatcher.own_step_message("0" * 32, 0, queue="turns")
+
+    def _send_first_step(self, req: TurnRequest, turn_id: str, new: NewTurn) -> None:
+        with telemetry.under_turn(new.traceparent), _redis_errors(self.url):
+            self._dispatcher.enqueue_step(turn_id, 0, queue=req.queue, label=step_label(req.agent_id, turn_id, 0))
 
     def status(self, turn_id: str) -> TurnView:
         """The turn's current view. Raises ``ControlPlaneError`` for an unknown turn."""

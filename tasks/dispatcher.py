@@ -127,6 +127,8 @@ class CeleryDispatcher:
         # script only when the app's broker is that Redis (the same primary, whatever failover).
         self._store_broker_url = redis_endpoint().celery_url() if broker is None else None
         self.placement = placement
+        self._routes: _Routes | None = None  # own_step_message's, once known (None: cannot record)
+        self._routes_known = False
 
     def _options(self) -> dict[str, Any]:
         if not self._broker_url or self._broker_url == app.conf.broker_url:
@@ -148,16 +150,42 @@ class CeleryDispatcher:
         when the producer must connect first."""
         return self._recorded(self._step_sender(turn_id, step, queue, label))
 
+    def own_step_message(self, turn_id: str, step: int, *, queue: str, label: str = "") -> MessageCommands | None:
+        """``step_message`` for a control plane on its own broker, which is its turn store's Redis
+        (``control.client.ControlPlane``: one endpoint for both): the commands, recorded with the
+        event channels as this dispatcher's own connection names them, for the turn's creation
+        script (``worker.turn.guard.CreateScript``). None when the publish cannot be recorded
+        (``Unrecordable``, a global key prefix). The first call opens the connection's channel (one
+        round trip); raises kombu's ``OperationalError`` when the broker is away then."""
+        routes = self._own_routes()
+        if routes is None:
+            return None
+        return self._record(routes, self._step_sender(turn_id, step, queue, label))
+
+    def _own_routes(self) -> _Routes | None:
+        if self._broker is None:
+            return _broker_routes()
+        if not self._routes_known:
+            connection = self._options().get("connection")
+            if connection is None:  # the app's own broker: the process's routes
+                return _broker_routes()
+            channel = connection.default_channel
+            self._routes = None if getattr(channel, "global_keyprefix", "") else _Routes(channel)
+            self._routes_known = True
+        return self._routes
+
     def _step_sender(self, turn_id: str, step: int, queue: str, label: str) -> Callable[[dict[str, Any]], Any]:
-        """What sends ``turn_step(turn_id, step)`` to ``queue``, given extra ``apply_async`` options."""
+        """What sends ``turn_step(turn_id, step)`` to ``queue``, given extra ``apply_async`` options
+        (a ``producer`` given there replaces this dispatcher's own connection: Celery would
+        publish on a new producer of a connection passed with it)."""
         sig = app.signature(TURN_STEP, (turn_id, step))
-        options = {
-            **SEND_OPTIONS,
-            **self._options(),
-            "queue": queue,
-            "argsrepr": label or f"turn={turn_id} step={step}",
-        }
-        return lambda extra: sig.apply_async(**options, **extra)
+        options = {**SEND_OPTIONS, "queue": queue, "argsrepr": label or f"turn={turn_id} step={step}"}
+
+        def send(extra: dict[str, Any]) -> Any:
+            own = {} if "producer" in extra else self._options()
+            return sig.apply_async(**options, **own, **extra)
+
+        return send
 
     def batch_message(
         self, turn_id: str, step: int, batch: Batch, *, queue: str, labels: dict[str, str] | None = None
@@ -181,6 +209,11 @@ class CeleryDispatcher:
             return None
         if routes is None:
             return None
+        return self._record(routes, send)
+
+    @staticmethod
+    def _record(routes: _Routes, send: Callable[[dict[str, Any]], Any]) -> MessageCommands | None:
+        """What ``send`` publishes, recorded with ``routes``; None when ``Unrecordable``."""
         producer = RecordingProducer(routes.topics, routes.expiring)
         try:
             send({"producer": producer})

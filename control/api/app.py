@@ -2,8 +2,9 @@
 (``make api``) serves it with uvicorn.
 
 One process holds: a ``ControlPlane`` (sync Redis client and Celery producer, used by the routes
-in the thread pool), an asyncio Redis client (tokens, rate limits, event streams) and a
-``StreamHub`` (one ``XREAD`` for every event stream followed). Redis is the control user's
+in the thread pool; an enqueue only builds its creation script there, ``ControlPlane.create_call``),
+an asyncio Redis client (tokens, rate limits, enqueues, event streams) and a ``StreamHub`` (one
+``XREAD`` for every event stream followed). Redis is the control user's
 (``CONTROL_REDIS_URL``, else ``REDIS_URL``).
 """
 
@@ -30,6 +31,7 @@ from control.client import ControlPlane
 from control.errors import ControlPlaneUnavailable
 from worker.redis_connection import RedisEndpoint, redis_endpoint
 from worker.settings import get_settings
+from worker.turn.guard import CREATE_LUA
 
 log = logging.getLogger("agent.api")
 
@@ -55,7 +57,9 @@ async def _connect(endpoint: RedisEndpoint) -> ControlPlane:
     waited = 0.0
     while True:
         try:
-            return await asyncio.to_thread(ControlPlane, endpoint)
+            control = await asyncio.to_thread(ControlPlane, endpoint)
+            await asyncio.to_thread(control.open_broker)
+            return control
         except ControlPlaneUnavailable as exc:
             if waited == 0.0 or waited % 10 < 1:
                 log.warning("waiting for Redis at %s: %s", endpoint.display, exc)
@@ -77,8 +81,9 @@ def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -
             max_connections=REDIS_CONNECTIONS, wait_for_connection=10, socket_timeout=10
         )
         hub_client = endpoint.async_client(socket_timeout=HUB_BLOCK_MS / 1000 + 10)
+        app.state.create_turn = app.state.aredis.register_script(CREATE_LUA)  # ControlPlane.create_call's
         app.state.tokens = TokenStore(app.state.aredis)
-        app.state.hub = StreamHub(hub_client, block_ms=HUB_BLOCK_MS)
+        app.state.hub = StreamHub(hub_client, block_ms=HUB_BLOCK_MS, heartbeat=settings.heartbeat)
         app.state.hub.start()
         app.state.stream_caps = StreamCaps(settings.max_streams_per_token)
         app.state.started = time.time()

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
 from control.api.auth import Caller, caller, turn_caller
@@ -127,7 +128,7 @@ def _who(c: Caller, by: str | None) -> str:
 
 
 @router.post("/turns", status_code=201, response_model=TurnCreated, responses={**ERRORS, 200: {"model": TurnCreated}})
-def enqueue_turn(
+async def enqueue_turn(
     body: TurnRequest,
     request: Request,
     response: Response,
@@ -148,20 +149,15 @@ def enqueue_turn(
     # Who enqueued it, for the pages (set here: a client's own value is replaced).
     body = body.model_copy(update={"metadata": {**body.metadata, "enqueued_by": f"token {c.token.name}"}})
     control = _control(request)
-    turn_id, created = control.create(body)
-    if (
-        not created
-        and body.idempotency_key is not None
-        and control.stored_request(turn_id) != body.model_dump(mode="json")
-    ):
-        raise ApiError(
-            422,
-            f"idempotency key {body.idempotency_key!r} was used for another request (turn {turn_id}); "
-            "a new request needs a new key",
-            param=key_param,
-        )
-    status = "queued" if created else control.status(turn_id).status.value
+    # On the event loop, no thread: the turn's creation script carries its first step's message
+    # (one round trip on the process's asyncio client; ``ControlPlane.create_call``).
+    call = control.create_call(body)
+    turn_id, created = call.result(await request.app.state.create_turn(keys=call.keys, args=call.args))
+    if created and not call.sends_message:
+        await run_in_threadpool(call.send_step)
+    status = "queued"
     if not created:
+        status = await run_in_threadpool(_repeated, control, turn_id, body, key_param)
         response.status_code = 200
     return TurnCreated(
         turn_id=turn_id,
@@ -170,6 +166,19 @@ def enqueue_turn(
         created=created,
         events_url=f"/v1/turns/{turn_id}/events",
     )
+
+
+def _repeated(control: ControlPlane, turn_id: str, body: TurnRequest, key_param: str) -> str:
+    """The status of the existing turn an enqueue named again; raises ``ApiError`` 422 when its
+    idempotency key was used for another request."""
+    if body.idempotency_key is not None and control.stored_request(turn_id) != body.model_dump(mode="json"):
+        raise ApiError(
+            422,
+            f"idempotency key {body.idempotency_key!r} was used for another request (turn {turn_id}); "
+            "a new request needs a new key",
+            param=key_param,
+        )
+    return control.status(turn_id).status.value
 
 
 def _check_request(body: TurnRequest, c: Caller) -> None:
@@ -314,7 +323,7 @@ async def stream_events(
             400, f"unknown event kind {unknown[0][:40]!r} (one of {', '.join(sorted(EVENT_KINDS))})", param="kinds"
         )
     state = request.app.state
-    body = turn_events(state.hub, state.aredis, turn_id, position, heartbeat=state.settings.heartbeat, kinds=want)
+    body = turn_events(state.hub, state.aredis, turn_id, position, kinds=want)
     state.stream_caps.admit(c.token.id)  # last: nothing may raise between admitting and the response
     return CappedStream(body, state.stream_caps, c.token.id)
 

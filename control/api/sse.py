@@ -10,13 +10,13 @@ JSON. The stream ends after ``turn_finished``; for a turn already ended, after i
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, cast
+from typing import Any, AsyncIterator, Callable, cast
 
 import orjson
 import redis
 import redis.asyncio
 
-from control.api.hub import RawEntry, StreamHub, id_tuple
+from control.api.hub import HEARTBEAT, Event, HubEvent, RawEntry, StreamHub, Subscription, id_tuple
 from worker.turn.async_reads import AsyncTurnReads
 
 KEEPALIVE = b": keep-alive\n\n"
@@ -50,16 +50,11 @@ async def _terminal(r: redis.asyncio.Redis, turn_id: str) -> bool:
 
 
 async def turn_events(
-    hub: StreamHub,
-    r: redis.asyncio.Redis,
-    turn_id: str,
-    after: str,
-    *,
-    heartbeat: float,
-    kinds: frozenset[str] | None = None,
+    hub: StreamHub, r: redis.asyncio.Redis, turn_id: str, after: str, *, kinds: frozenset[str] | None = None
 ) -> AsyncIterator[bytes]:
     """The event stream of ``turn_id`` after stream id ``after``, as SSE frames. ``kinds``: only
-    these kinds (the stream still ends at ``turn_finished``). Ends quietly when Redis fails on a
+    these kinds (the stream still ends at ``turn_finished``); a keep-alive comment when the hub
+    says the stream was idle (``StreamHub``'s ``heartbeat``). Ends quietly when Redis fails on a
     read of its own (the client reconnects with its ``Last-Event-ID``)."""
     key = AsyncTurnReads.events_key(turn_id)
     yield RETRY
@@ -75,34 +70,69 @@ async def turn_events(
             return
     except redis.RedisError:
         return
-    sub = hub.subscribe(key, after)
-    last = after
+    sub = hub.subscribe(key, after, beats=True)
     try:
-        if sub.backlog is not None:
-            async for eid, ev in read_range(r, key, *sub.backlog):
-                last = eid
-                if wanted(ev):
-                    yield frame(eid, ev.get("kind", "event"), ev)
-                if ev.get("kind") == "turn_finished":
-                    return
-        while True:
-            if sub.lagging and sub.queue.empty():
-                return
-            try:
-                _key, eid, ev = await asyncio.wait_for(sub.queue.get(), timeout=heartbeat)
-            except asyncio.TimeoutError:
-                yield KEEPALIVE
-                if await _terminal(r, turn_id) and sub.queue.empty():
-                    return  # ended with its last events trimmed away, or the turn's keys expired
-                continue
-            if id_tuple(eid) <= id_tuple(last):
-                continue
-            last = eid
-            if wanted(ev):
-                yield frame(eid, ev.get("kind", "event"), ev)
-            if ev.get("kind") == "turn_finished":
-                return
+        async for chunk in _follow(sub, r, turn_id, wanted):
+            yield chunk
     except redis.RedisError:
         return
     finally:
         hub.unsubscribe(sub)
+
+
+async def _follow(
+    sub: Subscription, r: redis.asyncio.Redis, turn_id: str, wanted: Callable[[dict[str, Any]], bool]
+) -> AsyncIterator[bytes]:
+    """``turn_events`` once subscribed: the backlog the client reads itself, then the live events.
+
+    Live events come framed by the hub (``HubEvent``: decoded and encoded once per entry, whatever
+    the number of clients); what has arrived when this client's task runs goes out in one write
+    (one chunk); keep-alives come from the hub's one timer (``HEARTBEAT``), not a timer per wait."""
+    last = id_tuple(sub.backlog[0]) if sub.backlog is not None else (0, 0)
+    if sub.backlog is not None:
+        async for eid, ev in read_range(r, sub.key, *sub.backlog):
+            last = id_tuple(eid)
+            if wanted(ev):
+                yield frame(eid, ev.get("kind", "event"), ev)
+            if ev.get("kind") == "turn_finished":
+                return
+    queue = sub.queue
+    while True:
+        if sub.lagging and queue.empty():
+            return
+        first = await queue.get()
+        if first is HEARTBEAT:
+            yield KEEPALIVE
+            if await _terminal(r, turn_id) and queue.empty():
+                return  # ended with its last events trimmed away, or the turn's keys expired
+            continue
+        chunk, last, finished = _batch(first, queue, last, wanted)
+        if chunk:
+            yield chunk
+        if finished:
+            return
+
+
+def _batch(
+    first: Event, queue: asyncio.Queue[Event], last: tuple[int, int], wanted: Callable[[dict[str, Any]], bool]
+) -> tuple[bytes, tuple[int, int], bool]:
+    """``first`` and every entry waiting in ``queue`` after it, as one chunk of frames: the
+    entries after position ``last`` that are ``wanted``, up to ``turn_finished``. Returns
+    ``(chunk, new last position, finished)``."""
+    entries = [first]
+    while not queue.empty():
+        entries.append(queue.get_nowait())
+    out: list[bytes] = []
+    for entry in entries:
+        if entry is HEARTBEAT:  # events came with it: they keep the connection alive enough
+            continue
+        _key, eid, ev = entry
+        position = ev.position if isinstance(ev, HubEvent) else id_tuple(eid)
+        if position <= last:
+            continue
+        last = position
+        if wanted(ev):
+            out.append(ev.frame if isinstance(ev, HubEvent) else frame(eid, ev.get("kind", "event"), ev))
+        if ev.get("kind") == "turn_finished":
+            return b"".join(out), last, True
+    return b"".join(out), last, False

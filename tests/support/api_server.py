@@ -22,10 +22,12 @@ class ApiServer:
     """``ApiServer(redis_url, **env).start()``; ``base_url``; ``tokens`` (a sync ``TokenStore``);
     ``token(agents)`` makes one; ``stop()``."""
 
-    def __init__(self, redis_url: str, endpoint: object = None, **env: str):
+    def __init__(self, redis_url: str, endpoint: object = None, root: Path = ROOT, **env: str):
         """``endpoint``: the ``RedisEndpoint`` the test process reaches ``redis_url`` with, when the
-        settings the server gets in ``env`` are not the session's (TLS, Sentinels)."""
+        settings the server gets in ``env`` are not the session's (TLS, Sentinels). ``root``: the
+        source tree the server runs from (the benches' earlier version of the code)."""
         self.redis_url = redis_url
+        self.root = root
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "CONTROL_REDIS_URL": redis_url, **env}
@@ -38,7 +40,12 @@ class ApiServer:
     def start(self, timeout: float = 60) -> "ApiServer":
         argv = [sys.executable, "-m", "control.api", "--port", str(self.port), "--log-level", "warning"]
         self.proc = subprocess.Popen(
-            argv, cwd=ROOT, env=self.env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=self.root,
+            env=self.env,
+            stdout=open(self.log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

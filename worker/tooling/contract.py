@@ -331,7 +331,12 @@ def define_worker_tool(
         raise ToolDefinitionError(f"tool {name!r}: execute must be callable")
     if not (isinstance(needs_approval, bool) or callable(needs_approval)):
         raise ToolDefinitionError(f"tool {name!r}: needs_approval must be a bool or a callable (params, context)")
-    tool = WorkerTool(
+    # The frozen dataclass's own __init__ sets each of the 16 fields through object.__setattr__
+    # (2.9 us a tool); a category creator defines all its tools again for every step and call, so
+    # the fields go in with one dict update (every field, as WorkerTool(...) would set them:
+    # tests/unit/tooling/test_accepted_path.py compares the two).
+    tool: WorkerTool[Any] = _new_tool(WorkerTool)
+    tool.__dict__.update(
         name=name,
         description=description,
         execute=execute,
@@ -362,6 +367,8 @@ def define_worker_tool(
             _CHECKED.add(checked)
     return tool
 
+
+_new_tool = object.__new__
 
 # Definitions checked so far, by what their checks read (``_definition_key``).
 _CHECKED: set[tuple[Any, ...]] = set()

@@ -20,13 +20,13 @@ listing indexes (``worker.turn.listing``) and ``turn_queued`` event: one round t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import redis
 from redis.commands.core import CoreCommands
 
 from worker.turn.keys import key
-from worker.turn.request import TurnStatus
+from worker.turn.request import TurnRefused, TurnStatus
 from worker.turn.state import StaleStep
 
 # Write commands a transition may record: each takes its one key as the first argument.
@@ -199,14 +199,17 @@ class GuardScript:
 
 
 # KEYS: turn hash, items, watch zset, agent's turn list, events, the index of every turn, the
-# agent's index (``keys.index_key``), [idempotency key]. ARGV: agent id, turn id, retention s, watch
+# agent's index (``keys.index_key``), the idempotency key ('' for none), then the target of each
+# message command (a queue's list, an event's channel). ARGV: agent id, turn id, retention s, watch
 # deadline, last index kept in the agent's list, turn_queued event, events maxlen, hash argument
-# count, hash field/value pairs..., created_at, the initial items... The indexes are scored by ``created_at``;
-# their entries older than twice the retention are pruned, and the sets expire as long after.
+# count, hash field/value pairs..., created_at, the initial items' count, the items..., then per
+# message command its name (LPUSH or PUBLISH) and payload. The indexes are scored by ``created_at``;
+# their entries older than twice the retention are pruned, and the sets expire as long after. The
+# message commands run only when the turn is created, after its writes.
 # Returns {1, turn id} (created), {0, existing turn id} (the key or the id of this agent was used),
 # or {-1, ''} (the id belongs to another agent).
 _CREATE_LUA = """
-if KEYS[8] then
+if KEYS[8] ~= '' then
   local existing = redis.call('GET', KEYS[8])
   if existing then return {0, existing} end
 end
@@ -215,11 +218,13 @@ if owner then
   if owner ~= ARGV[1] then return {-1, ''} end
   return {0, ARGV[2]}
 end
-if KEYS[8] then redis.call('SET', KEYS[8], ARGV[2], 'EX', ARGV[3]) end
+if KEYS[8] ~= '' then redis.call('SET', KEYS[8], ARGV[2], 'EX', ARGV[3]) end
 local nh = tonumber(ARGV[8])
 redis.call('HSET', KEYS[1], unpack(ARGV, 9, 8 + nh))
-for i = 10 + nh, #ARGV, 1000 do  -- unpack is limited to a few thousand values: push in chunks
-  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+local ni = tonumber(ARGV[10 + nh])
+local last = 10 + nh + ni
+for i = 11 + nh, last, 1000 do  -- unpack is limited to a few thousand values: push in chunks
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, last)))
 end
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
 -- LPUSH answers the list's length: trimmed only when it is longer than kept
@@ -231,8 +236,14 @@ for k = 6, 7 do
   redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. (created - 2 * tonumber(ARGV[3])))
   redis.call('EXPIRE', KEYS[k], 2 * tonumber(ARGV[3]))
 end
+local k = 9
+for i = last + 1, #ARGV, 2 do
+  redis.call(ARGV[i], KEYS[k], ARGV[i + 1])
+  k = k + 1
+end
 return {1, ARGV[2]}
 """
+CREATE_LUA = _CREATE_LUA  # for a caller that registers it on its own (asyncio) client
 
 
 # KEYS: turn hash, cancel flag, recent cancels (``keys.CANCELS_KEY``), events; ARGV: retention s,
@@ -268,8 +279,8 @@ class CreateScript:
     def __init__(self, client: redis.Redis):
         self._script = client.register_script(_CREATE_LUA)
 
-    def run(
-        self,
+    @staticmethod
+    def arguments(
         keys: list[str],
         agent_id: str,
         turn_id: str,
@@ -281,13 +292,34 @@ class CreateScript:
         keep: int,
         event: bytes,
         events_maxlen: int,
-    ) -> tuple[int, str]:
-        """Store the turn (``keys``: turn hash, items, watch set, agent's list, events, the two
-        indexes, and the idempotency key if any). Returns ``(1, turn_id)`` when created, ``(0, existing_id)`` when the
-        key or the id was already used by this agent, ``(-1, "")`` when the id is another agent's."""
+        idempotency_key: str | None = None,
+        message: Sequence[tuple[str, str, bytes]] = (),
+    ) -> tuple[list[str], list[Any]]:
+        """The script's ``(keys, args)`` (see ``run``), for a caller that runs ``CREATE_LUA`` on a
+        client of its own (an asyncio one). ``message``: a queue message's commands (``LPUSH`` onto
+        its queue, ``PUBLISH`` of its event: ``Dispatcher.step_message``), sent only if the turn is
+        created, atomically with it. Raises ``ValueError`` for another command."""
+        for name, _target, _payload in message:
+            if name not in ("LPUSH", "PUBLISH"):
+                raise ValueError(f"{name} is not a queue message's command")
         pairs: list[Any] = [x for kv in fields.items() for x in kv]
         created = fields["created_at"]  # the indexes' score (``worker.turn.listing``)
         args = [agent_id, turn_id, retention, deadline, keep - 1, event, events_maxlen, len(pairs), *pairs, created]
-        args += items
-        code, tid = self._script(keys=keys, args=args)
-        return int(code), tid.decode() if isinstance(tid, bytes) else str(tid)
+        args += [len(items), *items]
+        for name, _target, payload in message:
+            args += [name, payload]
+        return [*keys, idempotency_key or "", *(target for _name, target, _payload in message)], args
+
+    @staticmethod
+    def outcome(turn_id: str, reply: Any) -> tuple[str, bool]:
+        """The script's reply as ``(turn id, created)``: ``(turn_id, True)`` when created,
+        ``(existing_id, False)`` when the key or the id was already used by this agent. Raises
+        ``TurnRefused`` when ``turn_id`` is another agent's."""
+        code, tid = int(reply[0]), reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        if code < 0:
+            raise TurnRefused(f"turn id {turn_id!r} is already used by another agent; choose another id")
+        return tid, code == 1
+
+    def run(self, turn_id: str, keys: list[str], args: list[Any]) -> tuple[str, bool]:
+        """Store the turn ``turn_id`` (``arguments``' ``keys`` and ``args``): ``outcome``."""
+        return self.outcome(turn_id, self._script(keys=keys, args=args))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -12,6 +13,21 @@ from worker.turn import telemetry
 from worker.turn.interfaces import step_label
 from worker.turn.request import TurnRefused, TurnRequest, check_turn_id
 from worker.turn.runtime import TurnRuntime
+
+
+@dataclass(frozen=True)
+class NewTurn:
+    """A turn about to be stored (``TurnIntake.prepare``): its request as JSON, its first items,
+    and the root of its trace (``traceparent``)."""
+
+    request: dict[str, Any]
+    items: list[dict[str, Any]]
+    traceparent: str
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """Extra fields of the turn's hash (``TurnStore.create``'s ``fields``)."""
+        return {"traceparent": self.traceparent}
 
 
 class TurnIntake:
@@ -28,6 +44,18 @@ class TurnIntake:
         Raises ``TurnRefused`` (nothing stored) for a turn id not matching ``ID_PATTERN``, a turn
         id of another agent, or a request whose JSON is over ``settings.max_input_bytes``.
         """
+        new = self.prepare(request, turn_id)
+        tid, created = self.rt.store.create(
+            turn_id, new.request, new.items, idempotency_key=request.idempotency_key, fields=new.fields
+        )
+        if created:
+            with telemetry.under_turn(new.traceparent):
+                self.rt.dispatcher.enqueue_step(tid, 0, queue=request.queue, label=step_label(request.agent_id, tid, 0))
+        return tid, created
+
+    def prepare(self, request: TurnRequest, turn_id: str) -> NewTurn:
+        """What ``create`` stores for ``request`` (no I/O): its JSON, first items and trace. Raises
+        ``TurnRefused`` as ``create`` does (the id, the size)."""
         check_turn_id(turn_id)
         dumped = request.model_dump(mode="json")
         size = len(orjson.dumps(dumped))
@@ -38,14 +66,7 @@ class TurnIntake:
                 f"the limit is {limit:,} (AGENT_MAX_INPUT_BYTES)"
             )
         items = [user_message(request.input)] if isinstance(request.input, str) else list(request.input)
-        traceparent = telemetry.new_traceparent()
-        tid, created = self.rt.store.create(
-            turn_id, dumped, items, idempotency_key=request.idempotency_key, fields={"traceparent": traceparent}
-        )
-        if created:
-            with telemetry.under_turn(traceparent):
-                self.rt.dispatcher.enqueue_step(tid, 0, queue=request.queue, label=step_label(request.agent_id, tid, 0))
-        return tid, created
+        return NewTurn(dumped, items, telemetry.new_traceparent())
 
     def enqueue(self, request: dict[str, Any] | TurnRequest, turn_id: str | None = None) -> str:
         """The ``enqueue_turn`` tool service: validate ``request`` and start a turn; returns its id

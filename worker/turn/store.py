@@ -35,7 +35,7 @@ from worker.turn.keys import CANCELS_KEPT, CANCELS_KEY, FINISHING_KEY, WATCH_KEY
 from worker.turn.keys import key as _k
 from worker.turn.listing import TurnListing, title_of
 from worker.turn.memo import ReplyMemo
-from worker.turn.request import END_HOOK_METADATA, TurnRefused, TurnStatus
+from worker.turn.request import END_HOOK_METADATA, TurnStatus
 from worker.turn.state import (
     EVENTS_MAXLEN,
     RETENTION_SECONDS,
@@ -220,19 +220,29 @@ class TurnStore:
     ) -> tuple[str, bool]:
         """Create the turn with its ``turn_queued`` event, atomically and in one round trip
         (``worker.turn.guard.CreateScript``); ``fields``: extra hash fields (e.g. the ``traceparent``).
+        Returns ``(turn_id, True)`` for a new turn; ``(existing_id, False)``, storing nothing, when
+        the agent already used ``idempotency_key`` (keys are scoped per agent), or when ``turn_id``
+        already exists *for the same agent* (enqueueing is idempotent on the turn id). Raises
+        ``TurnRefused`` when ``turn_id`` belongs to another agent: nothing is overwritten or returned."""
+        keys, args = self.create_call(turn_id, request, initial_items, idempotency_key, fields)
+        return self._create.run(turn_id, keys, args)
 
-        Returns ``(turn_id, True)`` for a new turn. Returns ``(existing_id, False)``, storing
-        nothing, when the agent already used ``idempotency_key`` (keys are scoped per agent),
-        or when ``turn_id`` already exists *for the same agent* (enqueueing is idempotent on
-        the turn id). Raises ``TurnRefused`` when ``turn_id`` belongs to another agent:
-        nothing is overwritten and nothing of that turn is returned.
-        """
+    def create_call(
+        self,
+        turn_id: str,
+        request: dict[str, Any],
+        initial_items: list[dict[str, Any]],
+        idempotency_key: str | None = None,
+        fields: dict[str, Any] | None = None,
+        message: Sequence[tuple[str, str, bytes]] = (),
+    ) -> tuple[list[str], list[Any]]:
+        """``create``'s script call, ``(keys, args)`` for ``guard.CREATE_LUA``, sent by the caller on
+        a client of its own (the HTTP API's asyncio one); ``message``: the first step's queue
+        message as Redis commands, sent only if the turn is created. The reply: ``CreateScript.outcome``."""
         agent_id = request.get("agent_id", "agent")
         now = time.time()
         keys = [_k(turn_id), _k(turn_id, "items"), WATCH_KEY, agent_turns_key(agent_id), _k(turn_id, "events")]
         keys += [index_key(None), index_key(agent_id)]  # listing turns (worker.turn.listing)
-        if idempotency_key:
-            keys.append(idem_key(agent_id, idempotency_key))
         hash_fields: dict[str, Any] = {
             "status": TurnStatus.queued.value,
             "step": 0,
@@ -243,29 +253,15 @@ class TurnStore:
             "end_hooks": int(any((request.get("metadata") or {}).get(k) for k in END_HOOK_METADATA)),
             "agent_id": agent_id,
             "title": title_of(request),
-            "terminate": "0",
-            "invalid_counts": "{}",
-            "loaded_tools": "[]",
-            "created_at": now,
-            "updated_at": now,
-            "redrives": 0,
-            **(fields or {}),
+            **{"terminate": "0", "invalid_counts": "{}", "loaded_tools": "[]", "created_at": now},
+            **{"updated_at": now, "redrives": 0, **(fields or {})},
         }
-        code, tid = self._create.run(
-            keys,
-            agent_id,
-            turn_id,
-            hash_fields,
-            [orjson.dumps(i) for i in initial_items],
-            retention=RETENTION_SECONDS,
-            deadline=now + self.progress_timeout,
-            keep=500,
-            event=event_json("turn_queued", {}),
-            events_maxlen=EVENTS_MAXLEN,
-        )
-        if code < 0:
-            raise TurnRefused(f"turn id {turn_id!r} is already used by another agent; choose another id")
-        return tid, code == 1
+        items, idem = [orjson.dumps(i) for i in initial_items], idem_key(agent_id, idempotency_key or "")
+        return CreateScript.arguments(
+            keys, agent_id, turn_id, hash_fields, items, retention=RETENTION_SECONDS, deadline=now + self.progress_timeout,
+            keep=500, event=event_json("turn_queued", {}), events_maxlen=EVENTS_MAXLEN,
+            idempotency_key=idem if idempotency_key else None, message=message,
+        )  # fmt: skip
 
     def _guarded(
         self,

@@ -142,3 +142,27 @@ def test_a_tool_defined_again_shares_its_compiled_validator():
     other = _raw({"type": "object", "properties": {"n": {"type": "string"}}}, name="again")
     assert validation_info(other).validator is not validation_info(first).validator
     assert not validate_tool_arguments(other, '{"n": 3}').ok and validate_tool_arguments(second, '{"n": 3}').ok
+
+
+def test_a_defined_tool_has_every_field_the_dataclass_would_set():
+    """``define_worker_tool`` fills the frozen dataclass with one dict update (category creators define
+    every tool again per call): the same fields and values as ``WorkerTool(...)``, nothing more."""
+    import dataclasses
+
+    from worker.tooling.contract import WorkerTool
+
+    def run(p, c):
+        return ToolResult("ok")
+
+    kw = dict(name="every_field", description="d", execute=run, json_schema={"type": "object"}, strict=False,
+              namespace="ns", namespace_description="the ns", defer_loading=True, execution_mode="sequential",
+              is_read_only=False, is_destructive=True, describe_activity=lambda p: "a",
+              describe_completed_activity=lambda p, r: "b", needs_approval=True, needs_computer=True)  # fmt: skip
+    defined = define_worker_tool(**kw)
+    assert vars(defined) == vars(WorkerTool(**kw))
+    assert set(vars(defined)) == {f.name for f in dataclasses.fields(WorkerTool)}
+    assert dataclasses.replace(defined, defer_loading=False).defer_loading is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        defined.name = "other"  # type: ignore[misc]
+    minimal = define_worker_tool(name="minimal", description="d", execute=run)
+    assert vars(minimal) == vars(WorkerTool(name="minimal", description="d", execute=run))

@@ -1,0 +1,200 @@
+"""The HTTP edge's fast paths (issue 34) against a real API server and Redis, on a database of their
+own where no worker consumes, so queued messages stay to be read back:
+
+- an enqueue over HTTP runs on the event loop: one script stores the turn and queues its first
+  step (``ControlPlane.create_call``), the same message ``ControlPlane.create`` sends, and a
+  repeated idempotency key queues nothing;
+- live events are decoded and framed once per entry by the hub: a stored event whose JSON spans
+  lines still goes out as one ``data:`` line, and one hub serves a thousand streams with its own
+  packed ``XREAD``;
+- keep-alives come from the hub's one timer, and an idle stream whose turn is gone ends;
+- the server runs on uvloop and httptools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import threading
+import time
+import uuid
+
+import httpx
+import orjson
+import pytest
+import redis
+import redis.asyncio
+
+from control.api.hub import StreamHub
+from control.client import ControlPlane
+from tests.support.api_server import ApiServer
+from worker.turn.async_reads import AsyncTurnReads
+from worker.turn.guard import CREATE_LUA
+from worker.turn.request import TurnRequest
+
+DB = 10  # a database of its own: no worker consumes its queues
+
+
+def _db_url(name: str) -> str:
+    return os.environ[name].rsplit("/", 1)[0] + f"/{DB}"
+
+
+@pytest.fixture(scope="module")
+def api(redis_url):
+    srv = ApiServer(_db_url("CONTROL_REDIS_URL"), AGENT_API_HEARTBEAT="1").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def cp(redis_url) -> ControlPlane:
+    return ControlPlane(_db_url("CONTROL_REDIS_URL"))
+
+
+@pytest.fixture(scope="module")
+def r(redis_url) -> redis.Redis:
+    return redis.Redis.from_url(_db_url("REDIS_URL"))
+
+
+def _agent() -> str:
+    return f"fast-{uuid.uuid4().hex[:8]}"
+
+
+def _messages(r: redis.Redis, turn_id: str) -> list[dict]:
+    """The ``turns`` queue's messages for ``turn_id``, decoded: ``{"args", "headers", "properties"}``."""
+    out = []
+    for raw in r.lrange("turns", 0, -1):
+        msg = json.loads(raw)
+        args, _kwargs, _embed = json.loads(base64.b64decode(msg["body"]))
+        if args and args[0] == turn_id:
+            out.append({"args": args, "headers": msg["headers"], "properties": msg["properties"], "raw": msg})
+    return out
+
+
+def test_create_call_queues_the_first_step_in_the_creation_script_as_create_does(cp, r):
+    agent = _agent()
+    call = cp.create_call(TurnRequest(agent_id=agent, input="hello"))
+    assert call.sends_message  # the message rides in the script: no second round trip, no turn without it
+    script = r.register_script(CREATE_LUA)
+    turn_id, created = call.result(script(keys=call.keys, args=call.args))
+    assert (turn_id, created) == (call.turn_id, True)
+    assert cp.status(turn_id).status.value == "queued"
+    (mine,) = _messages(r, turn_id)
+
+    other, _ = cp.create({"agent_id": agent, "input": "hello"})  # the Python client's own publish
+    (theirs,) = _messages(r, other)
+    assert mine["args"] == [turn_id, 0] and theirs["args"] == [other, 0]
+    assert mine["headers"]["task"] == theirs["headers"]["task"] == "tasks.turns.turn_step"
+    assert set(mine["headers"]) == set(theirs["headers"]) and set(mine["raw"]) == set(theirs["raw"])
+    assert mine["properties"]["delivery_info"] == theirs["properties"]["delivery_info"]
+    assert mine["headers"]["argsrepr"] == theirs["headers"]["argsrepr"].replace(other, turn_id)
+
+    # The same call again (a retried script): the turn exists, nothing more is queued.
+    assert call.result(script(keys=call.keys, args=call.args)) == (turn_id, False)
+    assert len(_messages(r, turn_id)) == 1
+
+
+def test_an_http_enqueue_queues_one_step_and_a_repeated_key_queues_nothing(api, r):
+    agent = _agent()
+    c = api.client(api.token([agent]))
+    body = {"agent_id": agent, "input": "hello"}
+    first = c.post("/v1/turns", json=body, headers={"Idempotency-Key": "k-1"})
+    assert first.status_code == 201, first.text
+    turn_id = first.json()["turn_id"]
+    assert first.json()["status"] == "queued" and first.json()["created"] is True
+    (msg,) = _messages(r, turn_id)
+    assert msg["headers"]["task"] == "tasks.turns.turn_step" and msg["args"] == [turn_id, 0]
+    again = c.post("/v1/turns", json=body, headers={"Idempotency-Key": "k-1"})
+    assert again.status_code == 200 and again.json()["turn_id"] == turn_id and again.json()["created"] is False
+    assert len(_messages(r, turn_id)) == 1
+    other = c.post("/v1/turns", json={**body, "input": "something else"}, headers={"Idempotency-Key": "k-1"})
+    assert other.status_code == 422 and other.json()["error"]["param"] == "Idempotency-Key"
+    assert len(_messages(r, turn_id)) == 1
+
+
+def _events(c: httpx.Client, turn_id: str, until: float, stop_at: int = 0) -> list[str]:
+    lines: list[str] = []
+    with c.stream("GET", f"/v1/turns/{turn_id}/events", timeout=until + 5) as resp:
+        assert resp.status_code == 200
+        deadline = time.monotonic() + until
+        for line in resp.iter_lines():
+            lines.append(line)
+            if time.monotonic() > deadline or (
+                stop_at and len([x for x in lines if x.startswith("data: ")]) >= stop_at
+            ):
+                break
+    return lines
+
+
+def test_an_event_stored_over_several_lines_still_goes_out_as_one_data_line(api, r):
+    agent = _agent()
+    c = api.client(api.token([agent]))
+    turn_id = c.post("/v1/turns", json={"agent_id": agent, "input": "x"}).json()["turn_id"]
+    events_key = AsyncTurnReads.events_key(turn_id)
+
+    def add_later() -> None:  # live: once the stream is followed by the hub
+        time.sleep(1.0)
+        r.xadd(events_key, {"e": json.dumps({"kind": "model_delta", "delta": "a\nb"}, indent=2)})
+        r.xadd(events_key, {"e": orjson.dumps({"kind": "model_delta", "delta": "c"})})
+
+    t = threading.Thread(target=add_later)
+    t.start()
+    lines = _events(c, turn_id, until=15, stop_at=3)  # turn_queued, then the two deltas
+    t.join()
+    data = [json.loads(x[6:]) for x in lines if x.startswith("data: ")]
+    assert [d["kind"] for d in data] == ["turn_queued", "model_delta", "model_delta"]
+    assert data[1]["delta"] == "a\nb" and data[2]["delta"] == "c"
+    ids = [x[4:] for x in lines if x.startswith("id: ")]
+    assert len(ids) == 3 and len(set(ids)) == 3  # every event keeps its stream id (resume)
+
+
+def test_an_idle_stream_gets_keep_alives_and_ends_once_its_turn_is_gone(api, r):
+    agent = _agent()
+    c = api.client(api.token([agent]))
+    turn_id = c.post("/v1/turns", json={"agent_id": agent, "input": "x"}).json()["turn_id"]
+    lines: list[str] = []
+    started = time.monotonic()
+    with c.stream("GET", f"/v1/turns/{turn_id}/events", timeout=30) as resp:
+        for line in resp.iter_lines():
+            lines.append(line)
+            if line == ": keep-alive" and lines.count(": keep-alive") == 2:
+                for key in r.scan_iter(f"*{turn_id}*"):  # the turn's keys expired
+                    r.delete(key)
+    # AGENT_API_HEARTBEAT=1: keep-alives within a second of idling, and the end after the next one.
+    assert lines.count(": keep-alive") >= 3
+    assert time.monotonic() - started < 15
+
+
+def test_one_hub_serves_a_thousand_streams_each_its_own_event(redis_url):
+    async def run() -> None:
+        url = _db_url("REDIS_URL")
+        writer = redis.asyncio.Redis.from_url(url)
+        hub = StreamHub(redis.asyncio.Redis.from_url(url), block_ms=2000)
+        hub.start()
+        try:
+            keys = [f"test:hub:{uuid.uuid4().hex}:events" for _ in range(1000)]
+            subs = [hub.subscribe(k, "0-0") for k in keys]
+            await asyncio.sleep(0.3)
+            async with writer.pipeline(transaction=False) as p:
+                for i, k in enumerate(keys):
+                    p.xadd(k, {"e": orjson.dumps({"kind": "n", "i": i})})
+                await p.execute()
+            for i, sub in enumerate(subs):
+                key, _eid, ev = await asyncio.wait_for(sub.queue.get(), timeout=10)
+                assert (key, ev) == (keys[i], {"kind": "n", "i": i})
+            assert all(s.queue.empty() for s in subs)
+            for s in subs:
+                hub.unsubscribe(s)
+            await writer.delete(*keys)
+        finally:
+            await hub.stop()
+            await writer.aclose()
+
+    asyncio.run(run())
+
+
+def test_the_api_runs_on_uvloop_and_httptools(api):
+    maps = open(f"/proc/{api.proc.pid}/maps").read()
+    assert "uvloop" in maps and "httptools" in maps
