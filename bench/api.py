@@ -16,10 +16,11 @@ against an earlier version of the API (``--before REF``) served side by side in 
    (p50/p99). K=1 is the floor.
 
 ``--before REF``: the API of git revision ``REF`` (exported with ``git archive`` into a temporary
-folder) is started beside the current one, on the same Redis, without uvloop and httptools (which
-it did not depend on: modules of those names that raise ``ImportError`` come first on its path, so
-uvicorn's automatic choice falls back to asyncio and h11 as it did), and every measure alternates
-between the two; ``--before ''`` measures the current API alone.
+folder) is started beside the current one, on the same Redis, without httptools (which it did not
+depend on: a module of that name that raises ``ImportError`` comes first on its path, so uvicorn's
+automatic choice falls back to h11 as it did; ``--hide uvloop,httptools`` for a version older than
+the uvloop dependency), and every measure alternates between the two; ``--before ''`` measures the
+current API alone.
 
 ``python bench/api.py [--before REF] [--enqueues N] [--rounds R] [--streams 1,100,500,1000,2000]``;
 prints tables for bench/README.md. Everything runs on this machine: an embedded Redis and the API
@@ -62,15 +63,15 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def export_tree(ref: str, into: Path) -> tuple[Path, Path]:
-    """The files of git revision ``ref`` under ``into``, and a folder of modules hiding uvloop and
-    httptools: ``(tree, hiding)``."""
+def export_tree(ref: str, into: Path, hide: list[str]) -> tuple[Path, Path]:
+    """The files of git revision ``ref`` under ``into``, and a folder of modules hiding the
+    packages ``hide``: ``(tree, hiding)``."""
     tree, hiding = into / "tree", into / "hide"
     tree.mkdir()
     hiding.mkdir()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    for name in ("uvloop", "httptools"):
+    for name in hide:
         (hiding / f"{name}.py").write_text(f"raise ImportError('{name}: not a dependency of this version')\n")
     return tree, hiding
 
@@ -226,6 +227,7 @@ def _fmt(values: list[float], unit: str = "") -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", default="", help="git revision of the API to compare with ('' for none)")
+    parser.add_argument("--hide", default="httptools", help="packages the earlier API did not depend on")
     parser.add_argument("--enqueues", type=int, default=1600, help="enqueues per path, over all rounds")
     parser.add_argument("--rounds", type=int, default=8, help="alternated rounds (enqueue)")
     parser.add_argument("--fanout-rounds", type=int, default=3, help="alternated rounds per stream count")
@@ -251,7 +253,7 @@ def main() -> None:
     servers: dict[str, Any] = {}
     scratch = tempfile.TemporaryDirectory(prefix="bench-api-before-")
     if args.before:
-        tree, hiding = export_tree(args.before, Path(scratch.name))
+        tree, hiding = export_tree(args.before, Path(scratch.name), [h for h in args.hide.split(",") if h])
         pythonpath = f"{hiding}{os.pathsep}{tree}"
         servers["before"] = ApiServer(emb.control_url, root=tree, PYTHONPATH=pythonpath, **limits)
     servers["after"] = ApiServer(emb.control_url, PYTHONPATH=str(ROOT), **limits)

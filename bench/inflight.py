@@ -17,8 +17,9 @@ Measured per round, while the turns run:
 - the gateway's peak of requests in flight, and the steps worker's peak of open file descriptors;
 - peak RSS of the node (the steps worker's ``VmHWM`` plus the tools worker's processes at their
   sampled peak), its sampled peak PSS (the RSS sum counts the pages a prefork parent shares with
-  its children once per process; PSS splits them), and per 1,000 waiting turns: the steps worker's growth over its idle RSS divided
-  by the peak of model calls in flight (thousands);
+  its children once per process; PSS splits them), and per 1,000 waiting turns: the steps worker's
+  RSS over idle when the most calls were in flight, divided by them (thousands), and its peak
+  over idle divided by the peak in flight;
 - ``GET /metrics`` of the steps worker from a separate probe process every ``--probe-interval``
   seconds with a 10 s timeout (the health check's): failures, median, p99 and max latency;
 - the node's heartbeat: the least time its ``agent:alive`` key had left (0 or less: the watchdog
@@ -275,6 +276,8 @@ def run_round(srv: EmbeddedRedis, args: argparse.Namespace, logs: Path, scripts:
         timed_out = sum(v for k, v in reasons.items() if "timed out" in k)
         retries = sum(reasons.values())
         in_flight_k = max(sampler.peak["in_flight"], 1) / 1000
+        at_peak = max(sampler.timeline, key=lambda row: row[2], default=(0.0, idle_rss, 1, 0))
+        waiting_per_1000 = (at_peak[1] - idle_rss) / max(at_peak[2], 1) * 1000  # MB, at the peak in flight
         every = max(1, round(10 / sampler.interval))  # a row per 10 s
         timeline = [(t - started, rss, f, w) for t, rss, f, w in sampler.timeline[::every] if t >= started]
         return {
@@ -283,7 +286,7 @@ def run_round(srv: EmbeddedRedis, args: argparse.Namespace, logs: Path, scripts:
             "connections": gw_stats["connections"], "fds": int(sampler.peak["fds"]),
             "node_rss": steps_hwm + sampler.peak["tools_rss"], "node_pss": sampler.peak["node_pss"], "steps_hwm": steps_hwm, "steps_idle": idle_rss,
             "tools_peak": sampler.peak["tools_rss"], "tools_idle": idle_tools,
-            "per_1000": (steps_hwm - idle_rss) / in_flight_k, "node_per_1000": (steps_hwm + sampler.peak["tools_rss"]) / in_flight_k,
+            "per_1000": (steps_hwm - idle_rss) / in_flight_k, "waiting_per_1000": waiting_per_1000, "node_per_1000": (steps_hwm + sampler.peak["tools_rss"]) / in_flight_k,
             "heartbeat_left": sampler.heartbeat_left, "timeline": timeline, "probe": _probe_summary(probe_out, t_start, t_end), "cpu": cpu,
         }  # fmt: skip
     finally:
@@ -302,7 +305,8 @@ def _print(i: int, m: dict[str, Any], ideal: float) -> None:
           f"steps worker open files {m['fds']}", flush=True)  # fmt: skip
     print(f"  RSS: node peak {m['node_rss']:.0f} MB, PSS {m['node_pss']:.0f} MB (steps worker {m['steps_hwm']:.0f} MB, idle {m['steps_idle']:.0f}; "
           f"tools worker {m['tools_peak']:.0f} MB, idle {m['tools_idle']:.0f}); per 1,000 waiting turns: "
-          f"{m['per_1000']:.1f} MB over idle (steps worker), {m['node_per_1000']:.1f} MB of node peak", flush=True)  # fmt: skip
+          f"{m['waiting_per_1000']:.1f} MB over idle at the peak in flight, {m['per_1000']:.1f} MB over idle at the "
+          f"steps worker's peak, {m['node_per_1000']:.1f} MB of node peak", flush=True)  # fmt: skip
     print(f"  /metrics during the run: {p['n']} probes, {p['failed']} failed, median {p['p50'] * 1000:.0f} ms, "
           f"p99 {p['p99'] * 1000:.0f} ms, max {p['max'] * 1000:.0f} ms; heartbeat least time left "
           f"{m['heartbeat_left']:.2f} s; CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in m["cpu"].items()), flush=True)  # fmt: skip

@@ -306,7 +306,9 @@ def serve_until_stopped(server: LlamaServer) -> None:
     def terminated(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, terminated)
+    # SIGINT too, explicitly: a process started in the background by a shell inherits SIGINT
+    # ignored, and Python then never raises KeyboardInterrupt for it.
+    previous = {sig: signal.signal(sig, terminated) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         url = server.start()
         print(
@@ -318,7 +320,8 @@ def serve_until_stopped(server: LlamaServer) -> None:
         pass
     finally:
         server.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> None:
