@@ -43,7 +43,11 @@ TURN_TASKS = frozenset({"tasks.turns.turn_step", "tasks.turns.tool_call"})
 HELD_FLUSH_SECONDS = 0.5
 # How often the whole held set is written instead of its changes (seconds): a write the Redis primary
 # acknowledged and lost in a failover (replication is asynchronous) is made good within this time.
-HELD_WHOLE_SECONDS = 5.0
+# It must stay well under the watchdog's SETTLE_AFTER_RESTART (3 s): the reconciliation after a
+# failover re-drives every turn no node holds, and a held record still missing then re-drives a
+# step whose model call is in flight, which pays that call again (seen at 5 s: 4 re-paid calls in
+# one primary kill of `make deploy-check --scale`).
+HELD_WHOLE_SECONDS = 1.0
 
 _stop = threading.Event()
 _records: tuple[int, liveness.Liveness] | None = None
@@ -70,8 +74,9 @@ def _heartbeat(node: str, records: liveness.Liveness) -> None:
             if time.monotonic() >= next_beat:
                 records.beat(node)
                 next_beat = time.monotonic() + interval
-        except redis.RedisError as exc:  # Redis restarting: beat again next time
+        except redis.RedisError as exc:  # Redis restarting or failing over: beat again next time,
             log.warning("heartbeat of %s not written: %s", node, exc)
+            next_whole = 0.0  # and write the whole held set first: the new primary may lack some
 
 
 def flush_held(node: str, records: liveness.Liveness) -> None:
