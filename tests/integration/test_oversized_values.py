@@ -22,6 +22,10 @@ from worker.turn.request import TurnStatus
 BIG_ARGUMENTS = 20 * 1024 * 1024
 BIG_CALL_ID = 3 * 1024 * 1024
 FEW_KB = 8 * 1024
+# Server-wide ``used_memory`` also moves with things no turn owns: a keyspace dict that doubles its
+# buckets, a client's query buffer, heartbeats of a loaded machine (one full-suite run saw +23 KB).
+# The fault this guards against kept 49 MB, so 256 KB still catches any copy of the 23 MB.
+SERVER_SLACK = 256 * 1024
 
 
 def _turn_keys_bytes(r, turn_id: str) -> dict[str, int]:
@@ -112,7 +116,7 @@ def test_a_20_mb_argument_and_a_3_mb_call_id_cost_what_small_ones_cost(unstreame
     )
     # The oversized turn's records are the small one's, plus its placeholders and refusals.
     assert sum(big_keys.values()) <= sum(small_keys.values()) + FEW_KB, big_keys
-    assert grew_big <= grew_small + FEW_KB, (grew_small, grew_big)
+    assert grew_big <= grew_small + SERVER_SLACK, (grew_small, grew_big)
     assert peak_after - peak_before < 1024 * 1024  # the 23 MB never reached Redis, not even in passing
     size = len(orjson.dumps(big))
     _refused_and_nothing_ran(control, big_id, homes_root, size, BIG_CALL_ID)
