@@ -217,3 +217,6 @@ def test_a_waiting_call_holds_no_tools_and_a_handled_call_leaves_nothing_behind(
     view = stack.control.wait(tid, timeout=60)
     assert view.status.value == "completed" and view.final_output == "done"
     wait_for(all_freed(3), timeout=10)
+    # Step 0's request, its reply's plan, the tool call, step 1's request: the final answer,
+    # with no call in its text, builds none.
+    assert counts() == {"built": 4, "freed": 4}
