@@ -162,3 +162,61 @@ def test_a_turn_stays_one_trace_when_its_calls_are_asynchronous(stack, gateway, 
     assert all(c["parent_id"] == replies[0]["context"]["span_id"] for c in calls)
     chats = [s for s in spans if s["name"] == f"chat {script_name}"]
     assert len(chats) == 2 and step0["context"]["span_id"] in {c["parent_id"] for c in chats}
+
+
+def test_a_waiting_call_holds_no_tools_and_a_handled_call_leaves_nothing_behind(stack, gateway, script_name):
+    """While the model answers, the step holds none of the turn's tools: they were built for the
+    request and let go, and the reply's handling builds them again to plan its call (the turn
+    completes). Once a call is handled, nothing of it stays in a reference cycle: the worker's
+    cyclic collector is off and every tool set it built is freed (``tests.support.toolkits``)."""
+    asked = [threading.Event(), threading.Event()]
+    answer = [threading.Event(), threading.Event()]
+
+    def held_until_answered(n: int, reply: dict):
+        def respond(body: dict) -> dict:
+            asked[n].set()
+            assert answer[n].wait(60)
+            return reply
+
+        return respond
+
+    gateway.add_script(
+        script_name,
+        [
+            held_until_answered(0, {"output": [fc("read_thing", {"label": "x"})]}),
+            held_until_answered(1, {"output": [msg("done")]}),
+        ],
+    )
+    warm = f"{script_name}-warm-up"
+    gateway.add_script(warm, [{"output": [fc("read_thing", {"label": "x"})]}, {"output": [msg("warm")]}])
+    stack.start_worker(env={"AGENT_EXTRA_TOOLSETS": "testing=tests.support.toolkits:counted_testing_tools"})
+    # A first turn loads the Redis scripts: a process's first script call fails with NOSCRIPT once,
+    # and that exception's traceback, a cycle, holds the frames above it (their step included).
+    turn = {"agent_id": "lean", "input": "go", "model": warm, "toolset": "testing"}
+    assert stack.control.wait(stack.control.enqueue(turn), timeout=60).status.value == "completed"
+    tid = stack.control.enqueue({**turn, "model": script_name})
+    redis = stack.client()
+
+    def counts() -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in redis.hgetall(f"test:toolkits:{tid}").items()}
+
+    def all_freed(least: int):
+        return lambda: (c := counts()).get("built", 0) >= least and c.get("freed") == c["built"]
+
+    try:
+        assert asked[0].wait(30)
+        wait_for(all_freed(1), timeout=10)  # the first call waits, holding no tools
+        answer[0].set()
+        assert asked[1].wait(30)
+        # Built again to plan the reply's call, then for the tool call and the second request;
+        # the first call, handled, holds none of them (its cycle would keep them for good).
+        wait_for(all_freed(3), timeout=10)
+    finally:
+        answer[0].set()
+        answer[1].set()
+    view = stack.control.wait(tid, timeout=60)
+    assert view.status.value == "completed" and view.final_output == "done"
+    wait_for(all_freed(3), timeout=10)
+    # Step 0's request, its reply's plan, the tool call, step 1's request: the final answer,
+    # with no call in its text, builds none.
+    assert counts() == {"built": 4, "freed": 4}

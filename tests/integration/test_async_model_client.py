@@ -7,13 +7,15 @@ hundreds of calls on one loop, and each failure as the ``GatewayError`` the retr
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
+from devtools.async_endpoint import AsyncEndpoint
 from devtools.hosted_endpoint import HostedEndpoint
 from devtools.ports import free_port
 from devtools.scripted_gateway import ScriptedGateway
-from worker.model.async_client import AsyncModelClient
+from worker.model.async_client import AsyncModelClient, SentOnce
 from worker.model.interface import Delta, GatewayError, ModelRequest
 from worker.model.responses import RESPONSES
 from worker.model.sync_client import SyncModelClient
@@ -126,3 +128,27 @@ def test_a_stream_cut_midway_is_retryable(gateway, style):
     with pytest.raises(GatewayError) as cut:
         _run(_with(AsyncModelClient(wire, gateway.base_url), lambda c: c.stream(_request("cut"), seen.append)))
     assert cut.value.retryable and seen
+
+
+def test_a_waiting_call_holds_no_request_body():
+    """The body reaches the server whole (the script's reply comes back), and while the answer is
+    awaited the client's payload (``SentOnce``) holds none of its bytes: aiohttp keeps a request's
+    payload until the response arrives, which for a model may be minutes."""
+    ep = AsyncEndpoint(ScriptedGateway(SCRIPTS), latency=1.0).start()
+    history = [{"role": "user", "content": "z" * 300_000}]
+
+    async def call(client):
+        for n, make in enumerate((client.create, lambda request: client.stream(request, lambda d: None))):
+            task = asyncio.ensure_future(make(ModelRequest(model="m", input=history)))
+            while ep.answered <= n:  # until the server has read the whole body
+                await asyncio.sleep(0.01)
+            bodies = [o for o in gc.get_objects() if isinstance(o, SentOnce)]
+            assert len(bodies) == 1 and bodies[0].size > 300_000 and bodies[0].decode() == ""
+            del bodies
+            assert (await task).text == "hello"
+
+    try:
+        _run(_with(AsyncModelClient(RESPONSES, ep.base_url), call))
+    finally:
+        ep.stop()
+    assert ep.answered == 2

@@ -23,6 +23,8 @@ import asyncio
 import ssl
 
 import aiohttp
+import aiohttp.abc
+import aiohttp.payload
 import certifi
 import orjson
 
@@ -84,7 +86,7 @@ class AsyncModelClient:
         answer above ``max_reply_bytes``)."""
         wire = self.wire
         try:
-            async with self.session.post(self.url, data=orjson.dumps(wire.body(request))) as resp:
+            async with self.session.post(self.url, data=SentOnce(orjson.dumps(wire.body(request)))) as resp:
                 if resp.status >= 400:
                     raise status_error_of(resp.status, await _error_text(resp))
                 return wire.parse(await _read_body(resp, self.max_reply_bytes))
@@ -111,7 +113,7 @@ class AsyncModelClient:
         if background is not None:
             body, reader = background_body(body), WatchCreated(reader, background.on_created)
         try:
-            async with self.session.post(self.url, data=orjson.dumps(body)) as resp:
+            async with self.session.post(self.url, data=SentOnce(orjson.dumps(body))) as resp:
                 return await self._answer(resp, reader)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _transport_error(exc, streamed=True) from exc
@@ -149,6 +151,31 @@ class AsyncModelClient:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+
+
+class SentOnce(aiohttp.payload.BytesPayload):
+    """A JSON request body (``bytes``) that lets its bytes go once written.
+
+    aiohttp keeps a request's payload until its response arrives, and a model call may wait
+    minutes for it: a waiting call held its whole serialized request (the conversation and every
+    tool's schema, 8 KB in the benchmark's turn) for nothing. aiohttp never writes a POST body
+    twice (it retries idempotent methods only), so nothing reads the bytes after the write.
+    """
+
+    def __init__(self, value: bytes):
+        super().__init__(value, content_type="application/json")
+
+    async def write(self, writer: aiohttp.abc.AbstractStreamWriter) -> None:
+        """Write the bytes, then drop them."""
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(self, writer: aiohttp.abc.AbstractStreamWriter, content_length: int | None) -> None:
+        """Write the bytes (at most ``content_length``), then drop them."""
+        try:
+            await super().write_with_length(writer, content_length)
+        finally:
+            self._value = b""
+            self._consumed = True
 
 
 async def _read_body(resp: aiohttp.ClientResponse, limit: int) -> bytes:

@@ -145,7 +145,7 @@ class AsyncModelCalls:
                 self._watch = threading.Thread(target=self._watch_cancels, name="agent-model-cancels", daemon=True)
                 self._watch.start()
         call.future = self.loop.submit(self._request(call))
-        call.future.add_done_callback(lambda _: self._finishers.submit(self._finish, call))
+        call.future.add_done_callback(lambda future: self._finishers.submit(self._finish, call, future))
         return StepOutcome("waiting", "model call in flight")
 
     async def _request(self, call: _InFlight) -> ModelReply:
@@ -230,11 +230,9 @@ class AsyncModelCalls:
         if call.response_id:  # a background response goes on without its client: stop it by id
             self.loop.submit(self.client.cancel(call.response_id))
 
-    def _finish(self, call: _InFlight) -> None:
+    def _finish(self, call: _InFlight, future: concurrent.futures.Future[ModelReply]) -> None:
         """On a finisher thread: store and handle the reply, or retry or end the turn; inside the
         step's trace (``telemetry.reply_span``)."""
-        future = call.future
-        assert future is not None
         if future.cancelled() and not call.aborted:  # drained: ``drain`` published the step again
             return
         prepared = call.prepared
@@ -301,6 +299,11 @@ class AsyncModelCalls:
         finally:
             with self._lock:
                 self._in_flight.discard(call)
+                # Breaks the cycle call -> future -> its done callback -> call: the call, its
+                # prepared step and its reply are freed now, not at the next full collection (a
+                # few per run with the worker's thresholds, ``tasks.app.GC_THRESHOLDS``), which
+                # left a first wave of calls alive while the second allocated.
+                call.future = call.published = None
                 if not self._in_flight:
                     self._idle.notify_all()
 

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from opentelemetry import trace
 
@@ -40,7 +40,7 @@ from worker.turn.events import ModelReplied
 from worker.turn.liveness import held_key, node, owner
 from worker.turn.outage import Unsaved, until_redis_answers
 from worker.turn.outcome import StepOutcome
-from worker.turn.prepared import PreparedStep, StoredReply
+from worker.turn.prepared import PreparedStep, StoredReply, Toolkit
 from worker.turn.replies import ReplyHandler
 from worker.turn.request import TurnRequest, TurnStatus
 from worker.turn.runtime import TurnRuntime
@@ -93,6 +93,9 @@ class ModelStep:
         if isinstance(prepared, StepOutcome):
             return prepared
         if prepared.memo is None and self.calls is not None:
+            # The request is built: while the model answers, the call holds no tools; the
+            # reply's handling builds them again (about 40 us, against 11 KB held per call).
+            prepared.shed_tools()
             return self.calls.start(prepared, self.finish_call)
         stored = StoredReply(prepared.memo) if prepared.memo is not None else self.call(prepared)
         if isinstance(stored, StepOutcome):
@@ -120,14 +123,24 @@ class ModelStep:
         capped = self._caps(turn_id, step, state, request)
         if capped is not None:
             return capped
-        ctx = self.toolbox.context(state, request)
-        tools = self.toolbox.tools(ctx, request)
+        toolkit = self._toolkit(state, request)
+        built = toolkit()
         if log.isEnabledFor(logging.INFO):  # the join is not free, and workers usually log at WARNING
-            log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, ", ".join(t.name for t in tools))
+            names = ", ".join(t.name for t in built[1])
+            log.info("turn %s step %s toolset %s: %s", turn_id, step, request.toolset, names)
         model = request.model or self.rt.settings.model
-        prepared = PreparedStep(turn_id, step, state, request, ctx, tools, view.items, lease, model, claimant)
+        prepared = PreparedStep(turn_id, step, state, request, toolkit, view.items, lease, model, claimant, built=built)
         prepared.response_id = view.response_id
         return self._memo(prepared, view) or self._claimed(prepared, view.claim)
+
+    def _toolkit(self, state: TurnState, request: TurnRequest) -> Callable[[], Toolkit]:
+        """What builds the step's context and tools (``PreparedStep.toolkit``)."""
+
+        def build() -> Toolkit:
+            ctx = self.toolbox.context(state, request)
+            return ctx, self.toolbox.tools(ctx, request)
+
+        return build
 
     def _caps(self, turn_id: str, step: int, state: TurnState, request: TurnRequest) -> StepOutcome | None:
         """The outcome of a step stopped by the model-call cap or the token budget, else None."""

@@ -3,8 +3,8 @@ these, ``worker.turn.replies`` reads them)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from worker.model.interface import ModelRequest
 from worker.tooling.contract import WorkerTool
@@ -14,6 +14,9 @@ from worker.turn.guard import Writes
 from worker.turn.request import TurnRequest
 from worker.turn.state import TurnState
 
+# The step's context and tool set (``Toolbox.context``, ``Toolbox.tools``).
+Toolkit = tuple[TurnContext, list[WorkerTool[Any]]]
+
 
 @dataclass
 class PreparedStep:
@@ -21,14 +24,17 @@ class PreparedStep:
 
     ``memo`` is the step's stored reply (JSON) when it already has one; otherwise ``owner`` holds
     the step's model-call claim for ``lease`` seconds and ``model_request`` is the call to make.
+
+    ``context`` and ``tools`` are built by ``toolkit`` on first use and kept; ``shed_tools`` drops
+    them (a model call in flight does not hold them: thirteen tools with their closures were half
+    of what a waiting call held), and the next use builds them again, the same for the same state.
     """
 
     turn_id: str
     step: int
     state: TurnState
     request: TurnRequest
-    context: TurnContext
-    tools: list[WorkerTool[Any]]
+    toolkit: Callable[[], Toolkit]
     history: list[dict[str, Any]]
     lease: float
     model: str
@@ -37,6 +43,26 @@ class PreparedStep:
     model_request: ModelRequest | None = None
     # The background response a former attempt of the step started (``worker.model.background``).
     response_id: str | None = None
+    built: Toolkit | None = field(default=None, repr=False)
+
+    @property
+    def context(self) -> TurnContext:
+        """The step's ``TurnContext`` (built on first use)."""
+        return self._kit()[0]
+
+    @property
+    def tools(self) -> list[WorkerTool[Any]]:
+        """The step's tool set (built on first use)."""
+        return self._kit()[1]
+
+    def _kit(self) -> Toolkit:
+        if self.built is None:
+            self.built = self.toolkit()
+        return self.built
+
+    def shed_tools(self) -> None:
+        """Drop the built context and tools; the next use of either builds them again."""
+        self.built = None
 
 
 @dataclass(frozen=True)

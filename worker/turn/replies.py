@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 from worker.model.interface import ModelReply
 from worker.model.items import cut_replayed_arguments, normalize_reply_calls, user_message
@@ -159,8 +159,12 @@ class ReplyHandler:
         written in its text are read first (``worker.model.text_calls``, ``AGENT_MODEL_TEXT_CALLS``)."""
         history_ids = {str(i.get("call_id")) for i in prepared.history if i.get("type") == "function_call"}
         output = reply.output
-        if self.rt.settings.model_text_calls and prepared.tools:
-            output = calls_from_text(output, _offered_schemas(prepared), prepared.step) or output
+        if self.rt.settings.model_text_calls:
+            # Read first, the tools asked after: a reply with no call in its text (a final answer)
+            # does not build again the tools its step shed while the model answered.
+            found = calls_from_text(output, _OfferedSchemas(prepared), prepared.step)
+            if found and prepared.tools:
+                output = found
         items, calls = normalize_reply_calls(output, history_ids, prepared.step)
         return [_clean_item(i) for i in items], calls
 
@@ -228,6 +232,29 @@ class ReplyHandler:
         if not self.gate.dispatch(turn_id, step, 0, plan, agent_id=request.agent_id):
             return StepOutcome("parked", "calls await approval")
         return StepOutcome("dispatched", detail)
+
+
+class _OfferedSchemas(Mapping[str, Mapping[str, Any]]):
+    """``_offered_schemas(prepared)``, made on first read (only a fenced block in a reply's text
+    reads them)."""
+
+    def __init__(self, prepared: PreparedStep):
+        self._prepared = prepared
+        self._schemas: dict[str, dict[str, Any]] | None = None
+
+    def _made(self) -> dict[str, dict[str, Any]]:
+        if self._schemas is None:
+            self._schemas = _offered_schemas(self._prepared)
+        return self._schemas
+
+    def __getitem__(self, name: str) -> Mapping[str, Any]:
+        return self._made()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._made())
+
+    def __len__(self) -> int:
+        return len(self._made())
 
 
 def _offered_schemas(prepared: PreparedStep) -> dict[str, dict[str, Any]]:

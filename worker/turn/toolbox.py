@@ -3,6 +3,7 @@ instructions with the enabled skills, and the ``ToolServices`` its tools may use
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +19,10 @@ from worker.turn.runtime import TurnRuntime
 from worker.turn.state import TurnState
 
 _HOMES: dict[tuple[str, str], Path] = {}  # (homes root, agent) -> resolved home, made once per process
+# At most this many: a long-lived worker sees every agent of the deployment (10,000 in an hour of
+# bench/inflight.py, about 0.5 KB each), and one not kept only costs a realpath and a mkdir again.
+_HOMES_MAX = 4096
+_HOMES_LOCK = threading.Lock()  # a threads pool's steps add at once
 
 
 def agent_home(settings: Settings, agent_id: str) -> Path:
@@ -27,7 +32,10 @@ def agent_home(settings: Settings, agent_id: str) -> Path:
     if home is None or not home.is_dir():  # one stat per step instead of realpath + mkdir
         home = (Path(settings.homes_root) / agent_id).resolve()
         home.mkdir(parents=True, exist_ok=True)
-        _HOMES[key] = home
+        with _HOMES_LOCK:
+            if len(_HOMES) >= _HOMES_MAX:  # the oldest goes
+                del _HOMES[next(iter(_HOMES))]
+            _HOMES[key] = home
     return home
 
 
