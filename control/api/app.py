@@ -20,13 +20,13 @@ import redis
 from fastapi import Depends, FastAPI, Request
 
 from control.api import errors, metrics, page, routes
-from control.api.auth import caller
+from control.api.auth import authenticate_first, caller
 from control.api.hub import StreamHub
 from control.api.json_response import JsonResponse
 from control.api.limits import BodySizeLimit
 from control.api.settings import ApiSettings
 from control.api.streams import StreamCaps
-from control.api.tokens import TokenStore
+from control.api.tokens import AuthenticatedScript, TokenStore
 from control.client import ControlPlane
 from control.errors import ControlPlaneUnavailable
 from worker.redis_connection import RedisEndpoint, redis_endpoint
@@ -82,6 +82,8 @@ def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -
         )
         hub_client = endpoint.async_client(socket_timeout=HUB_BLOCK_MS / 1000 + 10)
         app.state.create_turn = app.state.aredis.register_script(CREATE_LUA)  # ControlPlane.create_call's
+        # An enqueue with a token seen before: its checks and the turn's creation in one script.
+        app.state.enqueue = AuthenticatedScript(app.state.aredis, CREATE_LUA)
         app.state.tokens = TokenStore(app.state.aredis)
         app.state.hub = StreamHub(hub_client, block_ms=HUB_BLOCK_MS, heartbeat=settings.heartbeat)
         app.state.hub.start()
@@ -106,7 +108,9 @@ def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -
         default_response_class=JsonResponse,
     )
     app.state.settings = settings
-    errors.install(app, settings.retry_after)
+    errors.install(
+        app, settings.retry_after, authenticate_first=authenticate_first, self_checking=frozenset({routes.enqueue_turn})
+    )
     app.include_router(routes.router)
     page.install(app)
     metrics.install(app)

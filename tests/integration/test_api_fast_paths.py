@@ -28,6 +28,7 @@ import redis
 import redis.asyncio
 
 from control.api.hub import StreamHub
+from control.api.tokens import digest, token_key
 from control.client import ControlPlane
 from tests.support.api_server import ApiServer
 from worker.turn.async_reads import AsyncTurnReads
@@ -198,3 +199,94 @@ def test_one_hub_serves_a_thousand_streams_each_its_own_event(redis_url):
 def test_the_api_runs_on_uvloop_and_httptools(api):
     maps = open(f"/proc/{api.proc.pid}/maps").read()
     assert "uvloop" in maps and "httptools" in maps
+
+
+# ----- an enqueue with a token seen before: its checks in the turn's creation script -----------
+
+
+def _scripts_run(r: redis.Redis) -> int:
+    stats = r.info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("eval", "evalsha"))
+
+
+def test_an_enqueue_with_a_token_seen_before_is_one_script_and_refusals_keep_their_order():
+    from devtools.embedded_redis import EmbeddedRedis
+
+    with EmbeddedRedis() as emb:
+        srv = ApiServer(emb.control_url, AGENT_APPROVAL_MODE="destructive").start()
+        try:
+            r = redis.Redis.from_url(emb.control_url)
+            agent = _agent()
+            clear, tok = srv.tokens.create("fast", [agent], rate=1000, burst=1000)
+            c = srv.client(clear)
+            body = {"agent_id": agent, "input": "hello"}
+            # The first sight checks the token on its own; the second loads the one script.
+            assert [c.post("/v1/turns", json=body).status_code for _ in range(2)] == [201, 201]
+            before = _scripts_run(r)
+            ids = [c.post("/v1/turns", json=body).json()["turn_id"] for _ in range(10)]
+            assert _scripts_run(r) - before == 10  # one script per enqueue: the checks and the creation
+            assert len(set(ids)) == 10 and all(_messages(r, t) for t in ids)
+            stored = ControlPlane(emb.control_url).stored_request(ids[-1])
+            assert stored is not None and stored["metadata"]["enqueued_by"] == "token fast"
+
+            # Refusals answer as on the first sight, in the same order, and create nothing.
+            count = r.llen("turns")
+            err = c.post("/v1/turns", json={"agent_id": "someone-else", "input": "x"})
+            assert err.status_code == 403 and "does not cover agent" in err.json()["error"]["message"]
+            err = c.post("/v1/turns", json={"agent_id": agent, "input": "x", "approval": {"mode": "declared"}})
+            assert err.status_code == 403 and err.json()["error"]["param"] == "approval.mode"
+            assert c.post("/v1/turns", json={"agent_id": agent, "input": 3}).status_code == 422
+            assert r.llen("turns") == count
+
+            # The record changed in Redis (an operator's edit): the script runs nothing, and the
+            # request is checked again against the record as it is now.
+            key = token_key(digest(clear))
+            r.hset(key, "agents", '["another-agent"]')
+            err = c.post("/v1/turns", json=body)
+            assert err.status_code == 403 and "does not cover agent" in err.json()["error"]["message"]
+            assert r.llen("turns") == count
+            r.hset(key, "agents", orjson.dumps([agent]).decode())
+            assert c.post("/v1/turns", json=body).status_code == 201
+
+            # Revoked: refused at the next enqueue, also with a body that does not validate.
+            assert srv.tokens.revoke(tok.id)
+            count = r.llen("turns")
+            err = c.post("/v1/turns", json=body)
+            assert err.status_code == 401 and err.json()["error"]["type"] == "authentication"
+            assert c.post("/v1/turns", json={"agent_id": agent, "input": 3}).status_code == 401
+            assert (
+                c.post("/v1/turns", content=b"{not json", headers={"content-type": "application/json"}).status_code
+                == 401
+            )
+            assert r.llen("turns") == count
+        finally:
+            srv.stop()
+
+
+def test_a_token_seen_before_still_meets_its_rate_and_its_address_throttle():
+    from devtools.embedded_redis import EmbeddedRedis
+
+    with EmbeddedRedis() as emb:
+        srv = ApiServer(emb.control_url, AGENT_API_AUTH_FAILURES="3", AGENT_API_AUTH_FAILURE_WINDOW="3").start()
+        try:
+            r = redis.Redis.from_url(emb.control_url)
+            agent = _agent()
+            c = srv.client(srv.token([agent], rate=0.5, burst=3))
+            body = {"agent_id": agent, "input": "hello"}
+            codes = [c.post("/v1/turns", json=body).status_code for _ in range(5)]
+            assert codes == [201, 201, 201, 429, 429], codes
+            resp = c.post("/v1/turns", json=body)
+            assert resp.status_code == 429 and int(resp.headers["Retry-After"]) >= 1
+            assert r.llen("turns") == 3
+
+            good = srv.client(srv.token([agent], rate=1000, burst=1000))
+            assert good.post("/v1/turns", json=body).status_code == 201  # seen: the next one is one script
+            forged = srv.client("atr_00000000_forged")
+            assert [forged.post("/v1/turns", json=body).status_code for _ in range(3)] == [401] * 3
+            resp = good.post("/v1/turns", json=body)  # the address is throttled, whatever it sends
+            assert resp.status_code == 429 and "authentication" in resp.json()["error"]["message"]
+            assert r.llen("turns") == 4
+            time.sleep(3.2)
+            assert good.post("/v1/turns", json=body).status_code == 201
+        finally:
+            srv.stop()
