@@ -17,6 +17,8 @@ import asyncio
 import base64
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -199,6 +201,18 @@ def test_one_hub_serves_a_thousand_streams_each_its_own_event(redis_url):
 def test_the_api_runs_on_uvloop_and_httptools(api):
     maps = open(f"/proc/{api.proc.pid}/maps").read()
     assert "uvloop" in maps and "httptools" in maps
+
+
+def test_the_server_process_tunes_the_collector_as_a_worker_does():
+    # ``python -m control.api`` calls ``tune_process`` before serving (control/api/__main__.py).
+    code = (
+        "import gc; from tasks.app import GC_THRESHOLDS; from control.api.__main__ import tune_process; "
+        "import control.api.app; assert gc.get_threshold() == (700, 10, 10); tune_process(); "
+        "assert gc.get_threshold() == GC_THRESHOLDS, gc.get_threshold(); "
+        "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count(); print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 # ----- an enqueue with a token seen before: its checks in the turn's creation script -----------
