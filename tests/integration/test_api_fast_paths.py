@@ -198,6 +198,43 @@ def test_one_hub_serves_a_thousand_streams_each_its_own_event(redis_url):
     asyncio.run(run())
 
 
+def test_no_collection_runs_between_a_round_and_the_clients_it_woke(redis_url):
+    import gc
+
+    async def run() -> None:
+        url = _db_url("REDIS_URL")
+        writer = redis.asyncio.Redis.from_url(url)
+        hub = StreamHub(redis.asyncio.Redis.from_url(url), block_ms=2000)
+        hub.start()
+        seen: list[tuple[bool, bool]] = []
+
+        async def client(sub) -> None:
+            await sub.queue.get()
+            during = gc.isenabled()  # woken by the round: the collector is still paused
+            await asyncio.sleep(0)
+            seen.append((during, gc.isenabled()))
+
+        try:
+            keys = [f"test:hub:{uuid.uuid4().hex}:events" for _ in range(50)]
+            tasks = [asyncio.create_task(client(hub.subscribe(k, "0-0"))) for k in keys]
+            await asyncio.sleep(0.3)
+            assert gc.isenabled()
+            async with writer.pipeline(transaction=False) as p:
+                for k in keys:
+                    p.xadd(k, {"e": orjson.dumps({"kind": "n"})})
+                await p.execute()
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+            assert seen == [(False, True)] * 50
+            assert gc.isenabled()  # and on again once they ran
+            await writer.delete(*keys)
+        finally:
+            await hub.stop()
+            await writer.aclose()
+            gc.enable()
+
+    asyncio.run(run())
+
+
 def test_the_api_runs_on_uvloop_and_httptools(api):
     maps = open(f"/proc/{api.proc.pid}/maps").read()
     assert "uvloop" in maps and "httptools" in maps
