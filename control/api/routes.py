@@ -5,6 +5,7 @@ approve, reject, change feed). Each route is a thin front of ``control.client.Co
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -17,7 +18,7 @@ from control.api.errors import ApiError
 from control.api.feed import approvals_feed
 from control.api.hub import parse_event_id
 from control.api.json_response import JsonResponse
-from control.api.sse import turn_events
+from control.api.sse import send_turn_events
 from control.api.streams import CappedStream
 from control.api.tokens import Token
 from control.client import INTERNAL_TOOLSETS, ControlPlane
@@ -368,9 +369,9 @@ async def stream_events(
             400, f"unknown event kind {unknown[0][:40]!r} (one of {', '.join(sorted(EVENT_KINDS))})", param="kinds"
         )
     state = request.app.state
-    body = turn_events(state.hub, state.aredis, turn_id, position, kinds=want)
+    writer = partial(send_turn_events, hub=state.hub, r=state.aredis, turn_id=turn_id, after=position, kinds=want)
     state.stream_caps.admit(c.token.id)  # last: nothing may raise between admitting and the response
-    return CappedStream(body, state.stream_caps, c.token.id)
+    return CappedStream(None, state.stream_caps, c.token.id, writer=writer)
 
 
 @router.get("/approvals", response_model=ApprovalList, responses=ERRORS)

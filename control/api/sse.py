@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, cast
 import orjson
 import redis
 import redis.asyncio
+from starlette.types import Send
 
 from control.api.hub import HEARTBEAT, Event, HubEvent, RawEntry, StreamHub, id_tuple
 from worker.turn.async_reads import AsyncTurnReads
@@ -49,41 +50,42 @@ async def _terminal(r: redis.asyncio.Redis, turn_id: str) -> bool:
     return status is None or status.terminal
 
 
-async def turn_events(
-    hub: StreamHub, r: redis.asyncio.Redis, turn_id: str, after: str, *, kinds: frozenset[str] | None = None
-) -> AsyncIterator[bytes]:
-    """The event stream of ``turn_id`` after stream id ``after``, as SSE frames. ``kinds``: only
-    these kinds (the stream still ends at ``turn_finished``); a keep-alive comment when the hub
-    says the stream was idle (``StreamHub``'s ``heartbeat``). Ends quietly when Redis fails on a
-    read of its own (the client reconnects with its ``Last-Event-ID``)."""
+async def send_turn_events(
+    send: Send, hub: StreamHub, r: redis.asyncio.Redis, turn_id: str, after: str, *, kinds: frozenset[str] | None = None
+) -> None:
+    """Write the event stream of ``turn_id`` after stream id ``after`` with ``send`` (ASGI
+    ``http.response.body`` messages, ``more_body`` set: the response's start and end are the
+    caller's, ``streams.CappedStream``), as SSE frames. ``kinds``: only these kinds (the stream
+    still ends at ``turn_finished``); a keep-alive comment when the hub says the stream was idle
+    (``StreamHub``'s ``heartbeat``). Returns quietly when Redis fails on a read of its own (the
+    client reconnects with its ``Last-Event-ID``).
+
+    Written with ``send`` itself, not yielded to a streaming response: an async generator between
+    the hub's queue and the socket cost a resumption and a suspension per event and client, and
+    each layer of them was a share of the fan-out's CPU (bench/README.md, the HTTP edge)."""
+    body = "http.response.body"
     key = AsyncTurnReads.events_key(turn_id)
-    yield RETRY
-
-    def wanted(ev: dict[str, Any]) -> bool:
-        return kinds is None or ev.get("kind") in kinds
-
+    await send({"type": body, "body": RETRY, "more_body": True})
     try:
         if await _terminal(r, turn_id):  # ended: its turn_finished is already in the stream
             async for eid, ev in read_range(r, key, after):
-                if wanted(ev):
-                    yield frame(eid, ev.get("kind", "event"), ev)
+                if kinds is None or ev.get("kind") in kinds:
+                    await send({"type": body, "body": frame(eid, ev.get("kind", "event"), ev), "more_body": True})
             return
     except redis.RedisError:
         return
     sub = hub.subscribe(key, after, beats=True)
-    # Then the backlog the client reads itself, then the live events, in this one generator: a
-    # generator nested in it cost a resumption and a suspension more per event and client.
-    # Live events come framed by the hub (``HubEvent``: decoded and encoded once per entry,
-    # whatever the number of clients); what has arrived when this client's task runs goes out in
-    # one write (one chunk); keep-alives come from the hub's one timer (``HEARTBEAT``), not a
-    # timer per wait.
+    # Then the backlog the client reads itself, then the live events. Live events come framed by
+    # the hub (``HubEvent``: decoded and encoded once per entry, whatever the number of clients);
+    # what has arrived when this client's task runs goes out in one write (one chunk); keep-alives
+    # come from the hub's one timer (``HEARTBEAT``), not a timer per wait.
     try:
         last = id_tuple(sub.backlog[0]) if sub.backlog is not None else (0, 0)
         if sub.backlog is not None:
             async for eid, ev in read_range(r, sub.key, *sub.backlog):
                 last = id_tuple(eid)
-                if wanted(ev):
-                    yield frame(eid, ev.get("kind", "event"), ev)
+                if kinds is None or ev.get("kind") in kinds:
+                    await send({"type": body, "body": frame(eid, ev.get("kind", "event"), ev), "more_body": True})
                 if ev.get("kind") == "turn_finished":
                     return
         queue = sub.queue
@@ -92,13 +94,13 @@ async def turn_events(
                 return
             first = await queue.get()
             if first is HEARTBEAT:
-                yield KEEPALIVE
+                await send({"type": body, "body": KEEPALIVE, "more_body": True})
                 if await _terminal(r, turn_id) and queue.empty():
                     return  # ended with its last events trimmed away, or the turn's keys expired
                 continue
             chunk, last, finished = _batch(first, queue, last, kinds)
             if chunk:
-                yield chunk
+                await send({"type": body, "body": chunk, "more_body": True})
             if finished:
                 return
     except redis.RedisError:
