@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 import redis
 from fastapi import Depends, FastAPI, Request
 
-from control.api import errors, metrics, page, routes
+from control.api import collector, errors, metrics, page, routes
 from control.api.auth import authenticate_first, caller
 from control.api.hub import StreamHub
 from control.api.json_response import JsonResponse
@@ -87,12 +87,16 @@ def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -
         app.state.tokens = TokenStore(app.state.aredis)
         app.state.hub = StreamHub(hub_client, block_ms=HUB_BLOCK_MS, heartbeat=settings.heartbeat)
         app.state.hub.start()
+        # Garbage collected between bursts of events, not inside one (``control.api.collector``).
+        pacer = asyncio.get_running_loop().create_task(collector.pace(app.state.hub.idle_for), name="gc-pacer")
         app.state.stream_caps = StreamCaps(settings.max_streams_per_token)
         app.state.started = time.time()
         log.info("control-plane API on Redis %s", endpoint.display)
         try:
             yield
         finally:
+            pacer.cancel()
+            await asyncio.wait({pacer})
             await app.state.hub.stop()
             await hub_client.aclose()
             await app.state.aredis.aclose()

@@ -27,6 +27,7 @@ import asyncio
 import gc
 import logging
 import re
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,6 +152,7 @@ class StreamHub:
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self.rounds = 0  # XREAD calls made (for tests and benches)
+        self._delivered_at = 0.0  # time.monotonic() once the last round's clients ran (``idle_for``)
         self._key_segs: dict[str, bytes] = {}  # each followed stream's name, packed (``_command``)
 
     @property
@@ -351,15 +353,26 @@ class StreamHub:
             # every object the open streams hold (about 250 each: at 2,000 streams a young one
             # took 100-130 ms), and it stopped the loop in the middle of a burst. Turned back on
             # once the clients this round woke have run (``call_soon`` runs in order: their wakeups
-            # were queued first), so a collection that is due runs after them.
+            # were queued first), so a collection that is due runs after them. (The API process
+            # collects from its own task, ``control.api.collector``: the collector is off, and
+            # ``idle_for`` tells that task when a burst has gone out.)
             paused = gc.isenabled()
             if paused:
                 gc.disable()
             try:
                 self._round(res)
             finally:
-                if paused:
-                    asyncio.get_running_loop().call_soon(gc.enable)
+                asyncio.get_running_loop().call_soon(self._after_round, paused)
+
+    def _after_round(self, paused: bool) -> None:
+        self._delivered_at = time.monotonic()
+        if paused:
+            gc.enable()
+
+    def idle_for(self) -> float:
+        """Seconds since the clients woken by the last read's events have run (a large number
+        before any)."""
+        return time.monotonic() - self._delivered_at
 
     def _round(self, reply: Any) -> None:
         """Deliver one ``XREAD`` reply's entries to the subscribers of their streams."""
