@@ -19,14 +19,14 @@ from typing import Any, AsyncIterator
 import redis
 from fastapi import Depends, FastAPI, Request
 
-from control.api import errors, metrics, page, routes
-from control.api.auth import caller
+from control.api import collector, errors, metrics, page, routes
+from control.api.auth import authenticate_first, caller
 from control.api.hub import StreamHub
 from control.api.json_response import JsonResponse
 from control.api.limits import BodySizeLimit
 from control.api.settings import ApiSettings
 from control.api.streams import StreamCaps
-from control.api.tokens import TokenStore
+from control.api.tokens import AuthenticatedScript, TokenStore
 from control.client import ControlPlane
 from control.errors import ControlPlaneUnavailable
 from worker.redis_connection import RedisEndpoint, redis_endpoint
@@ -82,15 +82,21 @@ def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -
         )
         hub_client = endpoint.async_client(socket_timeout=HUB_BLOCK_MS / 1000 + 10)
         app.state.create_turn = app.state.aredis.register_script(CREATE_LUA)  # ControlPlane.create_call's
+        # An enqueue with a token seen before: its checks and the turn's creation in one script.
+        app.state.enqueue = AuthenticatedScript(app.state.aredis, CREATE_LUA)
         app.state.tokens = TokenStore(app.state.aredis)
         app.state.hub = StreamHub(hub_client, block_ms=HUB_BLOCK_MS, heartbeat=settings.heartbeat)
         app.state.hub.start()
+        # Garbage collected between bursts of events, not inside one (``control.api.collector``).
+        pacer = asyncio.get_running_loop().create_task(collector.pace(app.state.hub.idle_for), name="gc-pacer")
         app.state.stream_caps = StreamCaps(settings.max_streams_per_token)
         app.state.started = time.time()
         log.info("control-plane API on Redis %s", endpoint.display)
         try:
             yield
         finally:
+            pacer.cancel()
+            await asyncio.wait({pacer})
             await app.state.hub.stop()
             await hub_client.aclose()
             await app.state.aredis.aclose()
@@ -106,7 +112,9 @@ def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -
         default_response_class=JsonResponse,
     )
     app.state.settings = settings
-    errors.install(app, settings.retry_after)
+    errors.install(
+        app, settings.retry_after, authenticate_first=authenticate_first, self_checking=frozenset({routes.enqueue_turn})
+    )
     app.include_router(routes.router)
     page.install(app)
     metrics.install(app)

@@ -18,7 +18,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from control.api.errors import ApiError
-from control.api.tokens import Token
+from control.api.tokens import AuthResult, Token
 from worker.turn.request import is_valid_id
 
 COOKIE = "atr_session"
@@ -52,10 +52,14 @@ async def authenticate(request: Request, creds: HTTPAuthorizationCredentials | N
     change), 404 (unknown or foreign turn), 429 (over the token's rate, or the client address over
     its failed authentications, ``AGENT_API_AUTH_FAILURES``; with ``Retry-After``);
     ``redis.RedisError`` when Redis fails (answered 503)."""
+    return await verify(request, _checked_token(request, creds), turn_id)
+
+
+def _checked_token(request: Request, creds: HTTPAuthorizationCredentials | None) -> str:
     token, by_cookie = _presented(request, creds)
     if by_cookie and request.method not in ("GET", "HEAD") and not request.headers.get(CSRF_HEADER):
         raise ApiError(403, f"a change made with the page's session cookie needs the {CSRF_HEADER} header")
-    return await verify(request, token, turn_id)
+    return token
 
 
 async def verify(request: Request, token: str, turn_id: str | None = None) -> Caller:
@@ -71,25 +75,51 @@ async def verify(request: Request, token: str, turn_id: str | None = None) -> Ca
         failures=settings.auth_failures,
         window=settings.auth_failure_window,
     )
+    refused = refusal(found)
+    if refused is not None:
+        raise refused
+    assert found.token is not None  # refusal says so
+    if turn_id is not None and not found.token.covers(found.turn_agent):
+        raise ApiError(404, f"unknown turn {turn_id}")
+    return Caller(found.token, turn_id, found.turn_agent)
+
+
+def refusal(found: AuthResult) -> ApiError | None:
+    """The error answering a token's failed checks (``TokenStore.authenticate``'s result): 429 for
+    a throttled address or a token over its rate (``Retry-After``), 401 for an unknown or revoked
+    token; None when it passed."""
     if found.throttled_ms:
         seconds = max(1, -(-found.throttled_ms // 1000))
-        raise ApiError(
+        return ApiError(
             429,
             f"too many failed authentications from this address; retry in {seconds} s",
             headers={"Retry-After": str(seconds)},
         )
     if found.token is None:
-        raise ApiError(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
+        return ApiError(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
     if found.retry_after_ms:
         seconds = max(1, -(-found.retry_after_ms // 1000))
-        raise ApiError(
+        return ApiError(
             429,
             f"token {found.token.id} is over its rate limit; retry in {seconds} s",
             headers={"Retry-After": str(seconds)},
         )
-    if turn_id is not None and not found.token.covers(found.turn_agent):
-        raise ApiError(404, f"unknown turn {turn_id}")
-    return Caller(found.token, turn_id, found.turn_agent)
+    return None
+
+
+async def presented_token(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> str:
+    """Dependency of a route that checks its token itself, in its own script
+    (``tokens.AuthenticatedScript``): the token presented, not yet checked. Raises ``ApiError`` 401
+    (none) and 403 (cookie without ``X-Requested-With`` on a change). Its route's validation
+    errors are answered only after the token's checks (``authenticate_first``)."""
+    return _checked_token(request, creds)
+
+
+async def authenticate_first(request: Request) -> None:
+    """``authenticate`` for a request refused before its route ran (a body that does not validate)
+    by a route that checks its token itself: an unknown token still gets 401, not the body's
+    error. Raises like ``authenticate``."""
+    await authenticate(request, await bearer(request), None)
 
 
 async def caller(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Caller:

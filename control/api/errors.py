@@ -12,7 +12,7 @@ the API itself, logged with its traceback; the message names no internals), 503 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import kombu.exceptions
 import orjson
@@ -88,8 +88,31 @@ def first_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
     return path, str(e["msg"])
 
 
-def install(app: FastAPI, retry_after: int) -> None:
-    """Register the handlers that turn every failure into the one error shape."""
+async def _refused(
+    request: Request, authenticate_first: Callable[[Request], Awaitable[None]]
+) -> JsonResponse | redis.RedisError | None:
+    """The answer of ``authenticate_first`` refusing ``request`` (or the Redis error it met); None
+    when the token passed."""
+    try:
+        await authenticate_first(request)
+    except ApiError as refused:
+        return error_response(refused.status, refused.message, refused.param, refused.headers)
+    except redis.RedisError as failed:
+        return failed
+    return None
+
+
+def install(
+    app: FastAPI,
+    retry_after: int,
+    *,
+    authenticate_first: Callable[[Request], Awaitable[None]] | None = None,
+    self_checking: frozenset[Callable[..., Any]] = frozenset(),
+) -> None:
+    """Register the handlers that turn every failure into the one error shape. A request to a
+    route among ``self_checking`` (endpoints that check their token themselves) refused by
+    validation is first put through ``authenticate_first`` (which raises ``ApiError``): the
+    token's refusal (401, 429) comes before the body's."""
 
     def unavailable(exc: Exception) -> JsonResponse:
         log.warning("Redis unavailable: %s", exc.__class__.__name__)
@@ -104,7 +127,11 @@ def install(app: FastAPI, retry_after: int) -> None:
         return error_response(exc.status, exc.message, exc.param, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JsonResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JsonResponse:
+        if authenticate_first is not None and getattr(request.scope.get("route"), "endpoint", None) in self_checking:
+            refused = await _refused(request, authenticate_first)
+            if refused is not None:
+                return refused if isinstance(refused, JsonResponse) else unavailable(refused)
         errors = list(exc.errors())
         if not errors:
             return error_response(422, "invalid request")

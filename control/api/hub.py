@@ -24,8 +24,10 @@ resumes by reconnecting with its last event id.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,6 +152,7 @@ class StreamHub:
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self.rounds = 0  # XREAD calls made (for tests and benches)
+        self._delivered_at = 0.0  # time.monotonic() once the last round's clients ran (``idle_for``)
         self._key_segs: dict[str, bytes] = {}  # each followed stream's name, packed (``_command``)
 
     @property
@@ -294,9 +297,9 @@ class StreamHub:
         parts.append(_bulk(self._wake_cursor.encode()))
         return b"".join(parts)
 
-    async def _xread(self) -> list[tuple[bytes, list[RawEntry]]]:
-        """One ``XREAD`` round on a connection of the hub's client: its streams with new entries
-        (none: the wait ended empty). Raises ``redis.ResponseError`` when Redis refuses the read,
+    async def _xread(self) -> Any:
+        """One ``XREAD`` round on a connection of the hub's client: Redis's reply (``_entries``
+        reads it). Raises ``redis.ResponseError`` when Redis refuses the read,
         redis-py's connection errors when it fails (the connection is then dropped: a reply may
         still be on its way)."""
         pool = self.r.connection_pool
@@ -311,6 +314,11 @@ class StreamHub:
             raise
         finally:
             await pool.release(conn)
+        return reply
+
+    @staticmethod
+    def _entries(reply: Any) -> list[tuple[bytes, list[RawEntry]]]:
+        """An ``XREAD`` reply as its streams with new entries (none: the wait ended empty)."""
         streams = reply.items() if isinstance(reply, dict) else reply or []  # RESP3 answers a map
         return [(key, [(eid, dict(zip(flat[::2], flat[1::2]))) for eid, flat in entries]) for key, entries in streams]
 
@@ -341,16 +349,43 @@ class StreamHub:
                 backoff = min(backoff * 2, 2.0)
                 continue
             self.rounds += 1
-            for raw_key, entries in res:
-                key = raw_key.decode()
-                if key == self._wake_key:
-                    self._wake_cursor = entries[-1][0].decode()
-                    continue
-                try:
-                    self._deliver(key, entries)
-                except Exception:  # a fault with one stream's entries: its readers go, the hub goes on
-                    log.exception("stream hub: dropping the readers of %s", key)
-                    self._drop(key)
+            # No collection between a round's reply and its clients' writes: a collection walks
+            # every object the open streams hold (about 250 each: at 2,000 streams a young one
+            # took 100-130 ms), and it stopped the loop in the middle of a burst. Turned back on
+            # once the clients this round woke have run (``call_soon`` runs in order: their wakeups
+            # were queued first), so a collection that is due runs after them. (The API process
+            # collects from its own task, ``control.api.collector``: the collector is off, and
+            # ``idle_for`` tells that task when a burst has gone out.)
+            paused = gc.isenabled()
+            if paused:
+                gc.disable()
+            try:
+                self._round(res)
+            finally:
+                asyncio.get_running_loop().call_soon(self._after_round, paused)
+
+    def _after_round(self, paused: bool) -> None:
+        self._delivered_at = time.monotonic()
+        if paused:
+            gc.enable()
+
+    def idle_for(self) -> float:
+        """Seconds since the clients woken by the last read's events have run (a large number
+        before any)."""
+        return time.monotonic() - self._delivered_at
+
+    def _round(self, reply: Any) -> None:
+        """Deliver one ``XREAD`` reply's entries to the subscribers of their streams."""
+        for raw_key, entries in self._entries(reply):
+            key = raw_key.decode()
+            if key == self._wake_key:
+                self._wake_cursor = entries[-1][0].decode()
+                continue
+            try:
+                self._deliver(key, entries)
+            except Exception:  # a fault with one stream's entries: its readers go, the hub goes on
+                log.exception("stream hub: dropping the readers of %s", key)
+                self._drop(key)
 
     def _drop(self, key: str) -> None:
         """Stop reading ``key``: its subscribers are marked ``lagging`` and woken (an entry that

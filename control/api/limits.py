@@ -57,11 +57,13 @@ class BodySizeLimit:
                     raise BodyTooLarge(self.max)
             return message
 
-        async def tracking_send(message: Any) -> None:
+        def tracking_send(message: Any) -> Any:
+            # Not a coroutine of its own: it hands back ``send``'s, a frame less per message sent
+            # (each event of a stream is one).
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, limited_receive, tracking_send)

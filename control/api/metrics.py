@@ -63,14 +63,15 @@ class RequestMetrics:
         started = time.perf_counter()
         seen: dict[str, Any] = {"status": 500, "stream": None}
 
-        async def counted_send(message: Any) -> None:
+        def counted_send(message: Any) -> Any:
+            # Not a coroutine of its own: it hands back ``send``'s (``limits.BodySizeLimit``).
             if message["type"] == "http.response.start":
                 seen["status"] = message["status"]
                 headers = dict(message.get("headers") or [])
                 if headers.get(b"content-type", b"").startswith(b"text/event-stream"):
                     seen["stream"] = _route(scope)
                     OPEN_STREAMS.labels(seen["stream"]).inc()
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, counted_send)

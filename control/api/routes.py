@@ -5,20 +5,24 @@ approve, reject, change feed). Each route is a thin front of ``control.client.Co
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
-from control.api.auth import Caller, caller, turn_caller
+from control.api.auth import Caller, caller, presented_token, refusal, turn_caller, verify
 from control.api.errors import ApiError
 from control.api.feed import approvals_feed
 from control.api.hub import parse_event_id
-from control.api.sse import turn_events
+from control.api.json_response import JsonResponse
+from control.api.sse import send_turn_events
 from control.api.streams import CappedStream
+from control.api.tokens import Token
 from control.client import INTERNAL_TOOLSETS, ControlPlane
+from control.errors import ControlPlaneError
 from worker.settings import get_settings
 from worker.turn.approval_policy import below_floor
 from worker.turn.events import EVENT_KINDS
@@ -131,41 +135,83 @@ def _who(c: Caller, by: str | None) -> str:
 async def enqueue_turn(
     body: TurnRequest,
     request: Request,
-    response: Response,
-    c: Caller = Depends(caller),
+    token: str = Depends(presented_token),
     idempotency_key: str | None = Header(None, max_length=200, description="Enqueue at most once per key and agent"),
-) -> TurnCreated:
+) -> Any:
     """Enqueue a turn (the body is a turn request; its JSON Schema is in this document). With an
     ``Idempotency-Key`` header (or the body's ``idempotency_key``), a repeat answers 200 with the
     same turn and enqueues nothing."""
-    if not c.token.covers(body.agent_id):
-        raise ApiError(403, f"token {c.token.id} does not cover agent {body.agent_id}", param="agent_id")
+    state = request.app.state
+    control = _control(request)
+    settings = state.settings
+    known = state.tokens.known(token)
+    call = None
+    if known is not None:
+        # A token seen before: the request is checked against its remembered record, and its
+        # checks in Redis (revoked? its rate) run in the turn's creation script, one round trip.
+        # Any refusal takes the path below, which checks the token first, as every route does.
+        try:
+            req, key_param = _prepared(body, idempotency_key, known.token)
+            call = control.create_call(req)
+        except (ApiError, ControlPlaneError):
+            call = None
+    if call is not None and known is not None:
+        refused, reply = await state.enqueue.run(
+            token,
+            known,
+            call.keys,
+            call.args,
+            rate=settings.rate,
+            burst=settings.burst,
+            address=request.client.host if request.client else "unknown",
+            failures=settings.auth_failures,
+            window=settings.auth_failure_window,
+        )
+        if refused is not None:
+            if refused.token is None:  # revoked (or the address throttled): not remembered
+                state.tokens.forget(token)
+            raise refusal(refused) or ApiError(401, "unknown or revoked token")
+        if reply is None:  # the record changed in Redis: nothing ran; checked again below
+            state.tokens.forget(token)
+            call = None
+    if call is None:
+        c = await verify(request, token)
+        req, key_param = _prepared(body, idempotency_key, c.token)
+        call = control.create_call(req)
+        reply = await state.create_turn(keys=call.keys, args=call.args)
+    turn_id, created = call.result(reply)
+    if created and not call.sends_message:
+        await run_in_threadpool(call.send_step)
+    status = "queued"
+    if not created:
+        status = await run_in_threadpool(_repeated, control, turn_id, req, key_param)
+    # Encoded here, not by FastAPI's response model (validated again, then encoded): the same JSON.
+    return JsonResponse(
+        {
+            "turn_id": turn_id,
+            "agent_id": req.agent_id,
+            "status": status,
+            "created": created,
+            "events_url": f"/v1/turns/{turn_id}/events",
+        },
+        status_code=201 if created else 200,
+    )
+
+
+def _prepared(body: TurnRequest, idempotency_key: str | None, token: Token) -> tuple[TurnRequest, str]:
+    """The request to store for ``token``'s enqueue: the header's idempotency key in it, and who
+    enqueued it (``metadata.enqueued_by``: a client's own value is replaced), with the name of the
+    parameter that gave the key. Raises ``ApiError``: 403 for an agent the token does not cover,
+    then 400 for a header and body that name different keys, then ``_check_request``'s."""
+    if not token.covers(body.agent_id):
+        raise ApiError(403, f"token {token.id} does not cover agent {body.agent_id}", param="agent_id")
     key_param = "idempotency_key"
     if idempotency_key is not None:
         if body.idempotency_key not in (None, idempotency_key):
             raise ApiError(400, "Idempotency-Key and the body's idempotency_key differ", param="idempotency_key")
         body, key_param = body.model_copy(update={"idempotency_key": idempotency_key}), "Idempotency-Key"
-    _check_request(body, c)
-    # Who enqueued it, for the pages (set here: a client's own value is replaced).
-    body = body.model_copy(update={"metadata": {**body.metadata, "enqueued_by": f"token {c.token.name}"}})
-    control = _control(request)
-    # On the event loop, no thread: the turn's creation script carries its first step's message
-    # (one round trip on the process's asyncio client; ``ControlPlane.create_call``).
-    call = control.create_call(body)
-    turn_id, created = call.result(await request.app.state.create_turn(keys=call.keys, args=call.args))
-    if created and not call.sends_message:
-        await run_in_threadpool(call.send_step)
-    status = "queued"
-    if not created:
-        status = await run_in_threadpool(_repeated, control, turn_id, body, key_param)
-        response.status_code = 200
-    return TurnCreated(
-        turn_id=turn_id,
-        agent_id=body.agent_id,
-        status=status,
-        created=created,
-        events_url=f"/v1/turns/{turn_id}/events",
-    )
+    _check_request(body, token)
+    return body.model_copy(update={"metadata": {**body.metadata, "enqueued_by": f"token {token.name}"}}), key_param
 
 
 def _repeated(control: ControlPlane, turn_id: str, body: TurnRequest, key_param: str) -> str:
@@ -181,7 +227,7 @@ def _repeated(control: ControlPlane, turn_id: str, body: TurnRequest, key_param:
     return control.status(turn_id).status.value
 
 
-def _check_request(body: TurnRequest, c: Caller) -> None:
+def _check_request(body: TurnRequest, token: Token) -> None:
     """What the API refuses in a request its schema accepts: runtime metadata, internal toolsets,
     an empty message, egress hosts without egress, and less approval than the server's
     ``AGENT_APPROVAL_MODE`` (a floor, unless the token was granted ``lower_approval``)."""
@@ -194,7 +240,7 @@ def _check_request(body: TurnRequest, c: Caller) -> None:
     if problem is not None:
         raise ApiError(400, problem[1], param=problem[0])
     floor = get_settings().approval_mode
-    if below_floor(body.approval.mode, floor) and not c.token.lower_approval:
+    if below_floor(body.approval.mode, floor) and not token.lower_approval:
         raise ApiError(
             403,
             f"approval mode {body.approval.mode!r} asks for less approval than this server's AGENT_APPROVAL_MODE "
@@ -323,9 +369,9 @@ async def stream_events(
             400, f"unknown event kind {unknown[0][:40]!r} (one of {', '.join(sorted(EVENT_KINDS))})", param="kinds"
         )
     state = request.app.state
-    body = turn_events(state.hub, state.aredis, turn_id, position, kinds=want)
+    writer = partial(send_turn_events, hub=state.hub, r=state.aredis, turn_id=turn_id, after=position, kinds=want)
     state.stream_caps.admit(c.token.id)  # last: nothing may raise between admitting and the response
-    return CappedStream(body, state.stream_caps, c.token.id)
+    return CappedStream(None, state.stream_caps, c.token.id, writer=writer)
 
 
 @router.get("/approvals", response_model=ApprovalList, responses=ERRORS)

@@ -10,13 +10,14 @@ JSON. The stream ends after ``turn_finished``; for a turn already ended, after i
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable, cast
+from typing import Any, AsyncIterator, cast
 
 import orjson
 import redis
 import redis.asyncio
+from starlette.types import Send
 
-from control.api.hub import HEARTBEAT, Event, HubEvent, RawEntry, StreamHub, Subscription, id_tuple
+from control.api.hub import HEARTBEAT, Event, HubEvent, RawEntry, StreamHub, id_tuple
 from worker.turn.async_reads import AsyncTurnReads
 
 KEEPALIVE = b": keep-alive\n\n"
@@ -49,76 +50,71 @@ async def _terminal(r: redis.asyncio.Redis, turn_id: str) -> bool:
     return status is None or status.terminal
 
 
-async def turn_events(
-    hub: StreamHub, r: redis.asyncio.Redis, turn_id: str, after: str, *, kinds: frozenset[str] | None = None
-) -> AsyncIterator[bytes]:
-    """The event stream of ``turn_id`` after stream id ``after``, as SSE frames. ``kinds``: only
-    these kinds (the stream still ends at ``turn_finished``); a keep-alive comment when the hub
-    says the stream was idle (``StreamHub``'s ``heartbeat``). Ends quietly when Redis fails on a
-    read of its own (the client reconnects with its ``Last-Event-ID``)."""
+async def send_turn_events(
+    send: Send, hub: StreamHub, r: redis.asyncio.Redis, turn_id: str, after: str, *, kinds: frozenset[str] | None = None
+) -> None:
+    """Write the event stream of ``turn_id`` after stream id ``after`` with ``send`` (ASGI
+    ``http.response.body`` messages, ``more_body`` set: the response's start and end are the
+    caller's, ``streams.CappedStream``), as SSE frames. ``kinds``: only these kinds (the stream
+    still ends at ``turn_finished``); a keep-alive comment when the hub says the stream was idle
+    (``StreamHub``'s ``heartbeat``). Returns quietly when Redis fails on a read of its own (the
+    client reconnects with its ``Last-Event-ID``).
+
+    Written with ``send`` itself, not yielded to a streaming response: an async generator between
+    the hub's queue and the socket cost a resumption and a suspension per event and client, and
+    each layer of them was a share of the fan-out's CPU (bench/README.md, the HTTP edge)."""
+    body = "http.response.body"
     key = AsyncTurnReads.events_key(turn_id)
-    yield RETRY
-
-    def wanted(ev: dict[str, Any]) -> bool:
-        return kinds is None or ev.get("kind") in kinds
-
+    await send({"type": body, "body": RETRY, "more_body": True})
     try:
         if await _terminal(r, turn_id):  # ended: its turn_finished is already in the stream
             async for eid, ev in read_range(r, key, after):
-                if wanted(ev):
-                    yield frame(eid, ev.get("kind", "event"), ev)
+                if kinds is None or ev.get("kind") in kinds:
+                    await send({"type": body, "body": frame(eid, ev.get("kind", "event"), ev), "more_body": True})
             return
     except redis.RedisError:
         return
     sub = hub.subscribe(key, after, beats=True)
+    # Then the backlog the client reads itself, then the live events. Live events come framed by
+    # the hub (``HubEvent``: decoded and encoded once per entry, whatever the number of clients);
+    # what has arrived when this client's task runs goes out in one write (one chunk); keep-alives
+    # come from the hub's one timer (``HEARTBEAT``), not a timer per wait.
     try:
-        async for chunk in _follow(sub, r, turn_id, wanted):
-            yield chunk
+        last = id_tuple(sub.backlog[0]) if sub.backlog is not None else (0, 0)
+        if sub.backlog is not None:
+            async for eid, ev in read_range(r, sub.key, *sub.backlog):
+                last = id_tuple(eid)
+                if kinds is None or ev.get("kind") in kinds:
+                    await send({"type": body, "body": frame(eid, ev.get("kind", "event"), ev), "more_body": True})
+                if ev.get("kind") == "turn_finished":
+                    return
+        queue = sub.queue
+        while True:
+            if sub.lagging and queue.empty():
+                return
+            first = await queue.get()
+            if first is HEARTBEAT:
+                await send({"type": body, "body": KEEPALIVE, "more_body": True})
+                if await _terminal(r, turn_id) and queue.empty():
+                    return  # ended with its last events trimmed away, or the turn's keys expired
+                continue
+            chunk, last, finished = _batch(first, queue, last, kinds)
+            if chunk:
+                await send({"type": body, "body": chunk, "more_body": True})
+            if finished:
+                return
     except redis.RedisError:
         return
     finally:
         hub.unsubscribe(sub)
 
 
-async def _follow(
-    sub: Subscription, r: redis.asyncio.Redis, turn_id: str, wanted: Callable[[dict[str, Any]], bool]
-) -> AsyncIterator[bytes]:
-    """``turn_events`` once subscribed: the backlog the client reads itself, then the live events.
-
-    Live events come framed by the hub (``HubEvent``: decoded and encoded once per entry, whatever
-    the number of clients); what has arrived when this client's task runs goes out in one write
-    (one chunk); keep-alives come from the hub's one timer (``HEARTBEAT``), not a timer per wait."""
-    last = id_tuple(sub.backlog[0]) if sub.backlog is not None else (0, 0)
-    if sub.backlog is not None:
-        async for eid, ev in read_range(r, sub.key, *sub.backlog):
-            last = id_tuple(eid)
-            if wanted(ev):
-                yield frame(eid, ev.get("kind", "event"), ev)
-            if ev.get("kind") == "turn_finished":
-                return
-    queue = sub.queue
-    while True:
-        if sub.lagging and queue.empty():
-            return
-        first = await queue.get()
-        if first is HEARTBEAT:
-            yield KEEPALIVE
-            if await _terminal(r, turn_id) and queue.empty():
-                return  # ended with its last events trimmed away, or the turn's keys expired
-            continue
-        chunk, last, finished = _batch(first, queue, last, wanted)
-        if chunk:
-            yield chunk
-        if finished:
-            return
-
-
 def _batch(
-    first: Event, queue: asyncio.Queue[Event], last: tuple[int, int], wanted: Callable[[dict[str, Any]], bool]
+    first: Event, queue: asyncio.Queue[Event], last: tuple[int, int], kinds: frozenset[str] | None
 ) -> tuple[bytes, tuple[int, int], bool]:
     """``first`` and every entry waiting in ``queue`` after it, as one chunk of frames: the
-    entries after position ``last`` that are ``wanted``, up to ``turn_finished``. Returns
-    ``(chunk, new last position, finished)``."""
+    entries after position ``last`` of the ``kinds`` wanted (None: all), up to ``turn_finished``.
+    Returns ``(chunk, new last position, finished)``."""
     entries = [first]
     while not queue.empty():
         entries.append(queue.get_nowait())
@@ -131,8 +127,9 @@ def _batch(
         if position <= last:
             continue
         last = position
-        if wanted(ev):
+        kind = ev.get("kind")
+        if kinds is None or kind in kinds:
             out.append(ev.frame if isinstance(ev, HubEvent) else frame(eid, ev.get("kind", "event"), ev))
-        if ev.get("kind") == "turn_finished":
+        if kind == "turn_finished":
             return b"".join(out), last, True
     return b"".join(out), last, False

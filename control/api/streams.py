@@ -10,7 +10,7 @@ finished, the client went away, the response failed or never started streaming).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -59,13 +59,31 @@ class StreamCaps:
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing
+
+
 class CappedStream(StreamingResponse):
     """A server-sent event stream admitted by ``caps`` for ``token_id``: its place is released
-    once, when the response ends."""
+    once, when the response ends. Its body: ``body``'s chunks (an async iterator of bytes), or
+    what ``writer(send)`` writes with the ASGI ``send`` it is given (``http.response.body``
+    messages with ``more_body`` set; the start and the end are this response's)."""
 
-    def __init__(self, body: Any, caps: StreamCaps, token_id: str):
-        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    def __init__(
+        self, body: Any, caps: StreamCaps, token_id: str, *, writer: Callable[[Send], Awaitable[None]] | None = None
+    ):
+        super().__init__(_nothing() if body is None else body, media_type="text/event-stream", headers=SSE_HEADERS)
         self._caps, self._token_id, self._released = caps, token_id, False
+        self._writer = writer
+
+    async def stream_response(self, send: Send) -> None:
+        if self._writer is None:
+            await super().stream_response(send)
+            return
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await self._writer(send)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def release(self) -> None:
         if not self._released:

@@ -18,7 +18,9 @@ Keys (the control plane's Redis):
   before any token is looked up, until the window ends.
 
 ``authenticate`` is one Lua script: the token lookup, the rate limit and (optionally) the agent
-owning a turn, in one round trip per request.
+owning a turn, in one round trip per request. ``AuthenticatedScript`` runs the same checks and,
+when they pass, another script in the same call (an enqueue: the turn's creation), for a token
+this process has already seen (``TokenStore.known``).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ class AuthResult:
 # unknown token counts one failure ({0}).
 # GCRA: each request moves the theoretical arrival time (tat) on by 1/rate; a request is allowed
 # while tat - burst/rate <= now. Redis's clock (TIME) is the one clock of every API process.
-_AUTH_LUA = """
+_AUTH_BODY = """
 local fails = tonumber(redis.call('GET', KEYS[3]) or '0')
 if fails >= tonumber(ARGV[4]) then return {3, math.max(redis.call('PTTL', KEYS[3]), 1)} end
 local rec = redis.call('HMGET', KEYS[1], 'id', 'name', 'agents', 'rate', 'burst', 'created_at', 'lower_approval')
@@ -140,10 +142,43 @@ end
 redis.call('SET', KEYS[2], string.format('%.3f', new_tat), 'PX', math.ceil(new_tat - now) + 1000)
 return {1, rec[1], rec[2], rec[3], rec[4] or '', rec[5] or '', rec[6] or '', 0, owner, rec[7] or ''}
 """
+# As a Lua function of its own KEYS and ARGV (the names shadow the script's), for the scripts below.
+_AUTH_FN = "local function authenticate(KEYS, ARGV)\n" + _AUTH_BODY + "end\n"
+_AUTH_LUA = _AUTH_FN + "return authenticate(KEYS, ARGV)\n"
+
+# ``authenticate``, then the script ``body`` (wrapped as a function of its own KEYS and ARGV) when
+# the token passes and its record is the one the caller assumed. KEYS: the three of the auth
+# script, then the body's. ARGV: the five of the auth script, the record's name, agents and
+# lower_approval as assumed, then the body's. Returns the auth reply when it refuses (codes 0, 2,
+# 3, as ``_AUTH_LUA``), {4} when the record differs from the one assumed (nothing run), else
+# {1, the body's reply...}.
+_AUTHENTICATED = """
+local auth = authenticate({KEYS[1], KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]})
+if auth[1] ~= 1 then return auth end
+if auth[3] ~= ARGV[6] or auth[4] ~= ARGV[7] or auth[10] ~= ARGV[8] then return {4} end
+local bk, ba = {}, {}
+for i = 4, #KEYS do bk[#bk + 1] = KEYS[i] end
+for i = 9, #ARGV do ba[#ba + 1] = ARGV[i] end
+local out = body(bk, ba)
+table.insert(out, 1, 1)
+return out
+"""
+
+KNOWN_TOKENS = 4096  # records kept per process (``TokenStore.known``); the oldest go first
 
 
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else ("" if v is None or v is False else str(v))
+
+
+@dataclass(frozen=True)
+class Known:
+    """A token's record as last authenticated here (``TokenStore.known``): the ``token``, and its
+    ``agents`` and ``lower_approval`` fields as stored (what ``AuthenticatedScript`` compares)."""
+
+    token: Token
+    agents: str
+    lower_approval: str
 
 
 class TokenStore:
@@ -152,6 +187,7 @@ class TokenStore:
     def __init__(self, client: Any):
         self.r = client
         self._auth = client.register_script(_AUTH_LUA)
+        self._known: dict[str, Known] = {}  # token key (its digest) -> its record (``known``)
 
     # ----- operator side (sync) ----------------------------------------------
     def create(
@@ -236,21 +272,92 @@ class TokenStore:
         for the client ``address``; once it has ``failures`` within ``window`` seconds, every
         request from it is refused (``throttled_ms``) until the window ends. Raises
         ``redis.RedisError`` when Redis fails."""
-        parts = token[len(PREFIX) :].split("_", 1) if token.startswith(PREFIX) else []
-        well_formed = len(parts) == 2 and len(token) <= 200
-        keys = [token_key(digest(token) if well_formed else "-"), rate_key(parts[0] if well_formed else "-")]
-        keys.append(auth_fail_key(address))
+        keys = _auth_keys(token, address)
         if turn_id is not None:
             keys.append(hash_key(turn_id))
         res = await self._auth(keys=keys, args=[rate, burst, AGENT_FIELD, failures, int(window * 1000)])
-        if res and res[0] == 3:
-            return AuthResult(None, throttled_ms=int(res[1]))
-        if not res or res[0] == 0:
-            return AuthResult(None)
-        tid, name, agents, rate_, burst_, created = (_s(x) for x in res[1:7])
-        tok = Token.from_fields(tid, name, agents, rate_, burst_, created, _s(res[9]) if len(res) > 9 else "")
-        owner = _s(res[8]) or None
-        return AuthResult(tok, int(res[7]) if res[0] == 2 else 0, owner)
+        found = _auth_result(res)
+        if found.token is not None:
+            self._remember(keys[0], Known(found.token, _s(res[3]), _s(res[9]) if len(res) > 9 else ""))
+        return found
+
+    def known(self, token: str) -> Known | None:
+        """The record of ``token`` as this process last authenticated it, or None (never seen,
+        or forgotten: at most ``KNOWN_TOKENS`` are kept). Only a guess: the token may have been
+        revoked since; ``AuthenticatedScript`` checks it in Redis."""
+        return self._known.get(_auth_keys(token, "")[0])
+
+    def _remember(self, key: str, known: Known) -> None:
+        if key not in self._known and len(self._known) >= KNOWN_TOKENS:
+            del self._known[next(iter(self._known))]
+        self._known[key] = known
+
+    def forget(self, token: str) -> None:
+        """Drop ``token``'s remembered record (``known``)."""
+        self._known.pop(_auth_keys(token, "")[0], None)
+
+
+def _auth_keys(token: str, address: str) -> list[str]:
+    """The auth script's first three keys for a presented ``token`` (one not even shaped like a
+    token looks up nothing and still counts a failure) from client ``address``."""
+    parts = token[len(PREFIX) :].split("_", 1) if token.startswith(PREFIX) else []
+    well_formed = len(parts) == 2 and len(token) <= 200
+    return [
+        token_key(digest(token) if well_formed else "-"),
+        rate_key(parts[0] if well_formed else "-"),
+        auth_fail_key(address),
+    ]
+
+
+def _auth_result(res: Any) -> AuthResult:
+    """The auth script's reply (``_AUTH_LUA``) as an ``AuthResult``."""
+    if res and res[0] == 3:
+        return AuthResult(None, throttled_ms=int(res[1]))
+    if not res or res[0] == 0:
+        return AuthResult(None)
+    tid, name, agents, rate_, burst_, created = (_s(x) for x in res[1:7])
+    tok = Token.from_fields(tid, name, agents, rate_, burst_, created, _s(res[9]) if len(res) > 9 else "")
+    owner = _s(res[8]) or None
+    return AuthResult(tok, int(res[7]) if res[0] == 2 else 0, owner)
+
+
+class AuthenticatedScript:
+    """A script run in the same call as a token's checks (``TokenStore.authenticate``: failed
+    authentications per address, the token, its rate): one round trip where the two took two.
+    ``body``: the script's Lua text (it reads its own ``KEYS`` and ``ARGV``), registered on
+    ``client`` (a ``redis.asyncio.Redis``)."""
+
+    def __init__(self, client: Any, body: str):
+        self._script = client.register_script(
+            _AUTH_FN + "local function body(KEYS, ARGV)\n" + body + "\nend\n" + _AUTHENTICATED
+        )
+
+    async def run(
+        self,
+        token: str,
+        assumed: Known,
+        keys: list[str],
+        args: list[Any],
+        *,
+        rate: float,
+        burst: int,
+        address: str = "unknown",
+        failures: int = 60,
+        window: float = 60.0,
+    ) -> tuple[AuthResult | None, Any]:
+        """Check ``token`` as ``TokenStore.authenticate`` does (the same arguments), and when it
+        passes and its record is ``assumed`` (``TokenStore.known``'s), run the body with ``keys``
+        and ``args``. Returns ``(None, the body's reply)`` when it ran; else ``(the refusal, None)``
+        (an ``AuthResult`` without token, or over its rate), or ``(None, None)`` when the record
+        differs from ``assumed`` (nothing ran: authenticate again). Raises ``redis.RedisError``."""
+        auth_args = [rate, burst, AGENT_FIELD, failures, int(window * 1000)]
+        expected = [assumed.token.name, assumed.agents, assumed.lower_approval]
+        res = await self._script(keys=[*_auth_keys(token, address), *keys], args=[*auth_args, *expected, *args])
+        if res and res[0] == 4:
+            return None, None
+        if res and res[0] == 1:
+            return None, res[1:]
+        return _auth_result(res), None
 
 
 def sync_client(endpoint: RedisEndpoint | str) -> redis.Redis:

@@ -17,6 +17,8 @@ import asyncio
 import base64
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -28,6 +30,7 @@ import redis
 import redis.asyncio
 
 from control.api.hub import StreamHub
+from control.api.tokens import digest, token_key
 from control.client import ControlPlane
 from tests.support.api_server import ApiServer
 from worker.turn.async_reads import AsyncTurnReads
@@ -195,6 +198,146 @@ def test_one_hub_serves_a_thousand_streams_each_its_own_event(redis_url):
     asyncio.run(run())
 
 
+def test_no_collection_runs_between_a_round_and_the_clients_it_woke(redis_url):
+    import gc
+
+    async def run() -> None:
+        url = _db_url("REDIS_URL")
+        writer = redis.asyncio.Redis.from_url(url)
+        hub = StreamHub(redis.asyncio.Redis.from_url(url), block_ms=2000)
+        hub.start()
+        seen: list[tuple[bool, bool]] = []
+
+        async def client(sub) -> None:
+            await sub.queue.get()
+            during = gc.isenabled()  # woken by the round: the collector is still paused
+            await asyncio.sleep(0)
+            seen.append((during, gc.isenabled()))
+
+        try:
+            keys = [f"test:hub:{uuid.uuid4().hex}:events" for _ in range(50)]
+            tasks = [asyncio.create_task(client(hub.subscribe(k, "0-0"))) for k in keys]
+            await asyncio.sleep(0.3)
+            assert gc.isenabled()
+            async with writer.pipeline(transaction=False) as p:
+                for k in keys:
+                    p.xadd(k, {"e": orjson.dumps({"kind": "n"})})
+                await p.execute()
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+            assert seen == [(False, True)] * 50
+            assert gc.isenabled()  # and on again once they ran
+            await writer.delete(*keys)
+        finally:
+            await hub.stop()
+            await writer.aclose()
+            gc.enable()
+
+    asyncio.run(run())
+
+
 def test_the_api_runs_on_uvloop_and_httptools(api):
     maps = open(f"/proc/{api.proc.pid}/maps").read()
     assert "uvloop" in maps and "httptools" in maps
+
+
+def test_the_server_process_tunes_the_collector_as_a_worker_does():
+    # ``python -m control.api`` calls ``tune_process`` before serving (control/api/__main__.py).
+    code = (
+        "import gc; from tasks.app import GC_THRESHOLDS; from control.api.__main__ import tune_process; "
+        "import control.api.app; assert gc.get_threshold() == (700, 10, 10); tune_process(); "
+        "assert gc.get_threshold() == GC_THRESHOLDS, gc.get_threshold(); "
+        "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count(); print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# ----- an enqueue with a token seen before: its checks in the turn's creation script -----------
+
+
+def _scripts_run(r: redis.Redis) -> int:
+    stats = r.info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("eval", "evalsha"))
+
+
+def test_an_enqueue_with_a_token_seen_before_is_one_script_and_refusals_keep_their_order():
+    from devtools.embedded_redis import EmbeddedRedis
+
+    with EmbeddedRedis() as emb:
+        srv = ApiServer(emb.control_url, AGENT_APPROVAL_MODE="destructive").start()
+        try:
+            r = redis.Redis.from_url(emb.control_url)
+            agent = _agent()
+            clear, tok = srv.tokens.create("fast", [agent], rate=1000, burst=1000)
+            c = srv.client(clear)
+            body = {"agent_id": agent, "input": "hello"}
+            # The first sight checks the token on its own; the second loads the one script.
+            assert [c.post("/v1/turns", json=body).status_code for _ in range(2)] == [201, 201]
+            before = _scripts_run(r)
+            ids = [c.post("/v1/turns", json=body).json()["turn_id"] for _ in range(10)]
+            assert _scripts_run(r) - before == 10  # one script per enqueue: the checks and the creation
+            assert len(set(ids)) == 10 and all(_messages(r, t) for t in ids)
+            stored = ControlPlane(emb.control_url).stored_request(ids[-1])
+            assert stored is not None and stored["metadata"]["enqueued_by"] == "token fast"
+
+            # Refusals answer as on the first sight, in the same order, and create nothing.
+            count = r.llen("turns")
+            err = c.post("/v1/turns", json={"agent_id": "someone-else", "input": "x"})
+            assert err.status_code == 403 and "does not cover agent" in err.json()["error"]["message"]
+            err = c.post("/v1/turns", json={"agent_id": agent, "input": "x", "approval": {"mode": "declared"}})
+            assert err.status_code == 403 and err.json()["error"]["param"] == "approval.mode"
+            assert c.post("/v1/turns", json={"agent_id": agent, "input": 3}).status_code == 422
+            assert r.llen("turns") == count
+
+            # The record changed in Redis (an operator's edit): the script runs nothing, and the
+            # request is checked again against the record as it is now.
+            key = token_key(digest(clear))
+            r.hset(key, "agents", '["another-agent"]')
+            err = c.post("/v1/turns", json=body)
+            assert err.status_code == 403 and "does not cover agent" in err.json()["error"]["message"]
+            assert r.llen("turns") == count
+            r.hset(key, "agents", orjson.dumps([agent]).decode())
+            assert c.post("/v1/turns", json=body).status_code == 201
+
+            # Revoked: refused at the next enqueue, also with a body that does not validate.
+            assert srv.tokens.revoke(tok.id)
+            count = r.llen("turns")
+            err = c.post("/v1/turns", json=body)
+            assert err.status_code == 401 and err.json()["error"]["type"] == "authentication"
+            assert c.post("/v1/turns", json={"agent_id": agent, "input": 3}).status_code == 401
+            assert (
+                c.post("/v1/turns", content=b"{not json", headers={"content-type": "application/json"}).status_code
+                == 401
+            )
+            assert r.llen("turns") == count
+        finally:
+            srv.stop()
+
+
+def test_a_token_seen_before_still_meets_its_rate_and_its_address_throttle():
+    from devtools.embedded_redis import EmbeddedRedis
+
+    with EmbeddedRedis() as emb:
+        srv = ApiServer(emb.control_url, AGENT_API_AUTH_FAILURES="3", AGENT_API_AUTH_FAILURE_WINDOW="3").start()
+        try:
+            r = redis.Redis.from_url(emb.control_url)
+            agent = _agent()
+            c = srv.client(srv.token([agent], rate=0.5, burst=3))
+            body = {"agent_id": agent, "input": "hello"}
+            codes = [c.post("/v1/turns", json=body).status_code for _ in range(5)]
+            assert codes == [201, 201, 201, 429, 429], codes
+            resp = c.post("/v1/turns", json=body)
+            assert resp.status_code == 429 and int(resp.headers["Retry-After"]) >= 1
+            assert r.llen("turns") == 3
+
+            good = srv.client(srv.token([agent], rate=1000, burst=1000))
+            assert good.post("/v1/turns", json=body).status_code == 201  # seen: the next one is one script
+            forged = srv.client("atr_00000000_forged")
+            assert [forged.post("/v1/turns", json=body).status_code for _ in range(3)] == [401] * 3
+            resp = good.post("/v1/turns", json=body)  # the address is throttled, whatever it sends
+            assert resp.status_code == 429 and "authentication" in resp.json()["error"]["message"]
+            assert r.llen("turns") == 4
+            time.sleep(3.2)
+            assert good.post("/v1/turns", json=body).status_code == 201
+        finally:
+            srv.stop()
