@@ -26,9 +26,10 @@ from tests.integration.conftest import broker_app
 from tests.support.turn_store import begin_tools
 from worker.turn.claims import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
-from worker.turn.keys import WATCH_KEY, agent_turns_key, index_key, key
+from worker.turn.guard import PRUNE_EVERY, CreateScript
+from worker.turn.keys import WATCH_KEY, index_key, key
 from worker.turn.request import TurnStatus
-from worker.turn.state import CallResult
+from worker.turn.state import RETENTION_SECONDS, CallResult
 from worker.turn.store import TurnStore
 
 
@@ -119,20 +120,46 @@ def _create(store: TurnStore, agent: str = "cmds-a") -> str:
     return tid
 
 
-def test_a_creation_trims_the_agents_list_only_past_its_length_and_indexes_by_created_at(store):
+def test_a_creation_indexes_by_created_at_and_keeps_no_agent_list(store):
     agent = f"cmds-{uuid.uuid4().hex[:6]}"
     with _counted(store._r) as counted:
         tid = _create(store, agent)
-    assert "ltrim" not in counted and "hget" in counted  # the owner check only: created_at is an argument
-    assert counted["hget"] == 1
+    assert "ltrim" not in counted and "lpush" not in counted  # the agent's turns are its index
+    assert counted["hget"] == 1  # the owner check only: created_at is an argument
+    assert counted["expire"] == 1  # the agent's index; the index of every turn is the sweep's
     created = float(store._r.hget(key(tid), "created_at"))
     assert store._r.zscore(index_key(None), tid) == created and store._r.zscore(index_key(agent), tid) == created
-    store._r.rpush(agent_turns_key(agent), *[f"old-{i}" for i in range(500)])  # the list at its length kept
-    with _counted(store._r) as counted:
-        newest = _create(store, agent)
-    assert counted["ltrim"] == 1
-    kept = store._r.lrange(agent_turns_key(agent), 0, -1)
-    assert len(kept) == 500 and kept[0] == newest.encode()
+    newest = _create(store, agent)
+    assert store.agent_turns(agent) == [newest, tid] and store.agent_turns(agent, limit=1) == [newest]
+
+
+def test_an_agents_index_is_pruned_at_one_creation_in_sixteen_and_every_turns_by_the_sweep(store):
+    agent = f"cmds-{uuid.uuid4().hex[:6]}"
+    kept = 2 * RETENTION_SECONDS
+    ms = int(time.time() * 1000) // PRUNE_EVERY * PRUNE_EVERY
+
+    def create(at_ms: int) -> dict[str, int]:
+        tid, created = uuid.uuid4().hex, (at_ms + 0.5) / 1000  # the creation's milliseconds are at_ms
+        keys = [key(tid), key(tid, "items"), WATCH_KEY, key(tid, "events"), index_key(None), index_key(agent)]
+        fields = {"status": "queued", "step": 0, "phase": "model", "agent_id": agent, "created_at": created}
+        keys, args = CreateScript.arguments(keys, agent, tid, fields, [], retention=RETENTION_SECONDS,
+                                            deadline=created + 60, event=b"{}", events_maxlen=100)  # fmt: skip
+        with _counted(store._r) as counted:
+            assert store._create.run(tid, keys, args) == (tid, True)
+        return counted
+
+    old = time.time() - kept - 60
+    store._r.zadd(index_key(agent), {"old-a": old})
+    store._r.zadd(index_key(None), {"old-g": old})
+    assert "zremrangebyscore" not in create(ms + 5)
+    assert store._r.zscore(index_key(agent), "old-a") is not None
+    assert create(ms + PRUNE_EVERY)["zremrangebyscore"] == 1
+    assert store._r.zscore(index_key(agent), "old-a") is None
+    assert store._r.zscore(index_key(None), "old-g") is not None  # not at a creation
+    assert 0 < store._r.ttl(index_key(agent)) <= kept and store._r.ttl(index_key(None)) == -1
+    assert store.prune_listing(every=0) >= 1
+    assert store._r.zscore(index_key(None), "old-g") is None
+    assert store.prune_listing() == 0  # at most once a minute per process
 
 
 def _at_tools(store: TurnStore) -> str:
@@ -173,7 +200,9 @@ def test_an_ending_pushes_no_deadline_and_counts_the_model_call_in_its_hash_writ
     with _counted(store._r) as ended:
         store.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done", model_calls=1)
     assert "zadd" not in ended and "hincrby" not in ended and ended["zrem"] == 1
-    assert ended["expire"] == 3  # the hash, its items, its events (the cancel flag expires with its own write)
+    # the hash, its items, its events, its usage (which a step's record leaves without an expiry);
+    # the cancel flag expires with its own write
+    assert ended["expire"] == 4
     assert store._r.zscore(WATCH_KEY, tid) is None
     state = store.load(tid)
     assert state is not None and state.status == TurnStatus.completed and state.model_calls == 1
@@ -212,3 +241,42 @@ def test_a_step_reads_its_background_response_only_on_a_node_in_background_mode(
     with _counted(store._r) as begun:
         view = store.claims.begin_step(background, 0, "owner-a", 60, "held-test")
     assert begun["get"] == 2 and view.response_id == "resp_1"
+
+
+def test_a_steps_usage_record_sets_no_expiry_until_the_turn_ends(store):
+    tid = _create(store)
+    store.claims.begin_step(tid, 0, "owner-a", 60, "held-test")
+    with _counted(store._r) as saved:
+        store.memo.save_and_check(tid, 0, {"id": "r0"}, {"step": 0}, ("0", b'{"step":0}'))
+    assert "expire" not in saved and store._r.ttl(key(tid, "usage")) == -1
+    store.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done", model_calls=1)
+    assert 0 < store._r.ttl(key(tid, "usage")) <= RETENTION_SECONDS
+    # a reply stored after the end (a late delivery) gives its new usage hash an expiry of its own
+    late = _create(store)
+    assert store.fail(late, TurnStatus.cancelled, "cancelled")
+    store._r.delete(key(late, "usage"))
+    with _counted(store._r) as saved:
+        store.memo.save_and_check(late, 0, {"id": "r0"}, {"step": 0}, ("0", b'{"step":0}'))
+    assert saved["expire"] == 1 and 0 < store._r.ttl(key(late, "usage"))
+
+
+def test_a_step_pushes_the_watch_only_when_its_lease_outlives_the_last_transitions_deadline(store):
+    tid = _create(store)  # deadline: now + 60 s (the fixture's progress timeout)
+    deadline = store._r.zscore(WATCH_KEY, tid)
+    assert float(store._r.hget(key(tid), "deadline")) == deadline
+    with _counted(store._r) as begun:
+        assert store.claims.begin_step(tid, 0, "owner-a", 30, "held-test").claim.tried
+    assert "zadd" not in begun and store._r.zscore(WATCH_KEY, tid) == deadline
+    later = _create(store)
+    with _counted(store._r) as begun:
+        assert store.claims.begin_step(later, 0, "owner-a", 90, "held-test").claim.tried  # a lease past it
+    assert begun["zadd"] == 1 and store._r.zscore(WATCH_KEY, later) >= time.time() + 89
+    old = _create(store)
+    store._r.hdel(key(old), "deadline")  # a turn stored before the field: always pushed
+    with _counted(store._r) as begun:
+        store.claims.begin_step(old, 0, "owner-a", 30, "held-test")
+    assert begun["zadd"] == 1
+    # the transition to the tools phase sets both
+    begin_tools(store, tid, 0, [{"type": "function_call", "call_id": "c1"}],
+                Plan([PlannedCall("c1", "read_thing", 0, data={})], [Batch("parallel", ["c1"])]), {}, {})  # fmt: skip
+    assert float(store._r.hget(key(tid), "deadline")) == store._r.zscore(WATCH_KEY, tid) > deadline

@@ -143,7 +143,7 @@ return {stored, 1, redis.call('HGETALL', KEYS[2]), cancelled, redis.call('HGETAL
 # KEYS: turn hash, items, reply memo, cancel, step claim, watch zset, events, node's held tasks,
 # [the step's background response id];
 # ARGV: owner, lease s, deadline, step, now, events maxlen, turn id, the turn_started event's JSON
-# up to its agent_id value (the script completes it with the turn's agent id).
+# up to its agent_id value (the script completes it with the turn's agent id), the lease's end.
 # Returns {hash (flat), items, memo or '', cancelled, claim, started, holder}: claim 0 = not tried
 # (nothing to claim), 1 = won, 2 = held by ``holder``.
 _BEGIN_STEP_LUA = (
@@ -161,7 +161,9 @@ if memo or cancelled == 1 or terminal[f['status']] or f['step'] ~= ARGV[4] or f[
 end
 local won = redis.call('SET', KEYS[5], ARGV[1], 'NX', 'EX', ARGV[2])
 if won then redis.call('HSET', KEYS[8], 'step:' .. ARGV[7], ARGV[7]) end
-redis.call('ZADD', KEYS[6], 'XX', 'GT', ARGV[3], ARGV[7])
+-- the watch's deadline is pushed only when the claim's lease would outlive the one the turn's last
+-- transition set (the hash's ``deadline``: never above the watch's score), most steps need no write
+if (tonumber(f['deadline'] or '') or 0) < tonumber(ARGV[9]) then redis.call('ZADD', KEYS[6], 'XX', 'GT', ARGV[3], ARGV[7]) end
 local response = KEYS[9] and redis.call('GET', KEYS[9]) or ''  -- only asked for in background mode
 if not won then return {h, items, '', 0, 2, 0, redis.call('GET', KEYS[5]) or '', response} end
 local started = 0
@@ -302,7 +304,8 @@ class Claims:
         self, turn_id: str, step: int, owner: str, lease: float, held_key: str, *, background: bool = True
     ) -> StepView:
         """Read model step ``step``'s view and, if it is runnable and not memoized, take its model
-        call for ``owner`` (``lease`` seconds; the progress deadline is pushed past it), moving a
+        call for ``owner`` (``lease`` seconds; the progress deadline is pushed past it when the
+        turn's last transition did not set it past already: the hash's ``deadline``), moving a
         queued turn to ``running`` with its ``turn_started`` event: one round trip. ``held_key``:
         the caller's node's held tasks (``worker.turn.liveness.held_key``), where a won claim is
         recorded. The view's ``claim`` says what happened: ``StepClaim(tried, holder, started)``;
@@ -331,6 +334,7 @@ class Claims:
                 EVENTS_MAXLEN,
                 turn_id,
                 event_json("turn_started", {})[:-1] + b',"agent_id":',
+                now + max(1, int(lease)),
             ],
         )
         pairs = _pairs(h)

@@ -4,7 +4,9 @@ A part of the store (``worker.turn.keys`` names the keys): the creation script
 (``worker.turn.guard.CreateScript``) adds every turn to two indexes, sorted sets scored by the
 turn's ``created_at``: ``index_key(None)`` (every agent's turns, for tokens that cover all agents)
 and ``index_key(agent_id)`` (one agent's). Entries older than twice the turns' retention are pruned
-at creation, and an entry whose turn expired is skipped (and removed) when a listing meets it.
+by the watchdog's sweep (``prune``: the index of every turn) and at one creation in
+``guard.PRUNE_EVERY`` (an agent's), and an entry whose turn expired is skipped (and removed) when a
+listing meets it.
 
 A status filter is applied to the turns the index yields, not by an index of its own: a page
 examines at most ``scan_limit`` entries, so a page may hold fewer than ``limit`` turns and still
@@ -199,6 +201,12 @@ class TurnListing:
                 p.hmget(hash_key(turn_id), FIELDS)
             rows: list[list[Any]] = p.execute()
         return rows
+
+    def prune(self, older_than: float) -> int:
+        """Drop the entries of the index of every turn created before ``older_than`` (epoch
+        seconds; the watchdog's sweep passes twice the retention ago): one command, so that a
+        creation pays none. Returns how many were dropped."""
+        return int(self._r.zremrangebyscore(index_key(None), "-inf", f"({older_than!r}"))
 
     def _forget(self, keys: list[str], turn_ids: list[str]) -> None:
         """Drop index entries whose turn expired."""

@@ -31,7 +31,7 @@ from worker.turn.claims import Claims, started_rest
 from worker.turn.dispatch import Plan, PlannedCall
 from worker.turn.durability import NO_REPLICAS, ReplicaAck
 from worker.turn.guard import CancelScript, CreateScript, GuardScript, Writes
-from worker.turn.keys import CANCELS_KEPT, CANCELS_KEY, FINISHING_KEY, WATCH_KEY, agent_turns_key, idem_key, index_key
+from worker.turn.keys import CANCELS_KEPT, CANCELS_KEY, FINISHING_KEY, WATCH_KEY, idem_key, index_key
 from worker.turn.keys import key as _k
 from worker.turn.listing import TurnListing, title_of
 from worker.turn.memo import ReplyMemo
@@ -88,6 +88,7 @@ class TurnStore:
         self._create = CreateScript(client)
         self._cancel = CancelScript(client)
         self._plans: dict[tuple[str, int], Plan] = {}
+        self._pruned_at = 0.0  # prune_listing's last run (epoch s)
 
     # ----- reading ---------------------------------------------------------
     def load(self, turn_id: str) -> TurnState | None:
@@ -171,8 +172,8 @@ class TurnStore:
         return v.decode() if v else None
 
     def agent_turns(self, agent_id: str, limit: int = 50) -> list[str]:
-        """The agent's most recent turn ids, newest first."""
-        return [x.decode() for x in self._r.lrange(agent_turns_key(agent_id), 0, limit - 1)]
+        """The agent's most recent turn ids, newest first (its listing index: ``worker.turn.listing``)."""
+        return [x.decode() for x in self._r.zrevrange(index_key(agent_id), 0, limit - 1)]
 
     def overdue(self, now: float | None = None, limit: int = 100) -> list[str]:
         """Turn ids whose progress deadline has passed (for the watchdog)."""
@@ -241,7 +242,7 @@ class TurnStore:
         message as Redis commands, sent only if the turn is created. The reply: ``CreateScript.outcome``."""
         agent_id = request.get("agent_id", "agent")
         now = time.time()
-        keys = [_k(turn_id), _k(turn_id, "items"), WATCH_KEY, agent_turns_key(agent_id), _k(turn_id, "events")]
+        keys = [_k(turn_id), _k(turn_id, "items"), WATCH_KEY, _k(turn_id, "events")]
         keys += [index_key(None), index_key(agent_id)]  # listing turns (worker.turn.listing)
         hash_fields: dict[str, Any] = {
             "status": TurnStatus.queued.value,
@@ -254,12 +255,13 @@ class TurnStore:
             "agent_id": agent_id,
             "title": title_of(request),
             **{"terminate": "0", "invalid_counts": "{}", "loaded_tools": "[]", "created_at": now},
-            **{"updated_at": now, "redrives": 0, **(fields or {})},
+            # The watch's deadline as set here (``_touch`` keeps it): a step's claim reads it with the hash.
+            **{"updated_at": now, "deadline": now + self.progress_timeout, "redrives": 0, **(fields or {})},
         }
         items, idem = [orjson.dumps(i) for i in initial_items], idem_key(agent_id, idempotency_key or "")
         return CreateScript.arguments(
             keys, agent_id, turn_id, hash_fields, items, retention=RETENTION_SECONDS, deadline=now + self.progress_timeout,
-            keep=500, event=event_json("turn_queued", {}), events_maxlen=EVENTS_MAXLEN,
+            event=event_json("turn_queued", {}), events_maxlen=EVENTS_MAXLEN,
             idempotency_key=idem if idempotency_key else None, message=message,
         )  # fmt: skip
 
@@ -291,10 +293,16 @@ class TurnStore:
 
     def _touch(self, pipe: Any, turn_id: str, fields: dict[str, Any], *, ends: bool = False) -> None:
         # Progress: a new deadline (none when it ``ends``: ``_retire`` unwatches), re-drives from 0.
+        # The hash's ``deadline`` is the one set here, read by ``Claims.begin_step`` (which then
+        # need not push the watch's); other writers of the watch only push it later, so the field
+        # never claims a later deadline than the watch holds.
         now = time.time()
-        pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
-        if not ends:
-            pipe.zadd(WATCH_KEY, {turn_id: now + self.progress_timeout})
+        if ends:
+            pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
+            return
+        deadline = now + self.progress_timeout
+        pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now, "deadline": deadline})
+        pipe.zadd(WATCH_KEY, {turn_id: deadline})
 
     @staticmethod
     def _count_model_call(pipe: Any, turn_id: str, fields: dict[str, Any], model_calls: int | None) -> None:
@@ -521,7 +529,8 @@ class TurnStore:
         """Queue the retirement of an ended turn in ``pipe``: no longer watched, its keys expire. (Its
         end hooks are scheduled by the caller: ``_guarded(ends=True)`` or ``fail``.) Not the cancel flag's: set with it."""
         pipe.zrem(WATCH_KEY, turn_id)
-        for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events")):
+        # The usage hash has no expiry of its own before (``ReplyMemo.save_and_check``).
+        for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events"), _k(turn_id, "usage")):
             pipe.expire(key, RETENTION_SECONDS)
 
     def awaits_hooks(self, turn_id: str) -> bool:
@@ -540,6 +549,16 @@ class TurnStore:
         if ids:
             self._r.zadd(FINISHING_KEY, {i: now + HOOK_TIMEOUT for i in ids})
         return ids
+
+    def prune_listing(self, now: float | None = None, every: float = 60.0) -> int:
+        """Drop the entries of the index of every turn older than twice the retention (the
+        creation script no longer does: ``worker.turn.guard``), at most once per ``every`` seconds
+        in this process (the watchdog's sweep calls it at each run). Returns how many were dropped."""
+        now = time.time() if now is None else now
+        if now - self._pruned_at < every:
+            return 0
+        self._pruned_at = now
+        return self.listing.prune(now - 2 * RETENTION_SECONDS)
 
     def unwatch(self, turn_id: str) -> None:
         """Stop watching the progress of a turn that ended or is gone (the re-drive finds it so)."""
