@@ -23,7 +23,7 @@ import redis
 from devtools.embedded_redis import EmbeddedRedis
 from tasks import broker
 from tests.integration.conftest import broker_app
-from tests.support.turn_store import begin_tools
+from tests.support.turn_store import begin_tools, call_view
 from worker.turn.claims import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
 from worker.turn.guard import PRUNE_EVERY, CreateScript
@@ -174,10 +174,11 @@ def test_the_tool_path_reads_the_turn_once_and_checks_only_the_other_calls(store
     tid = _at_tools(store)
     assert store._r.hget(key(tid), "model_calls") == b"1"  # set with the move, not incremented
     with _counted(store._r) as read:
-        view = store.call_view(tid, 0, "c1", "owner-a", 60)
+        view = call_view(store, tid, 0, "c1", "owner-a", 60)
     assert view.claim.won
     assert "hmget" not in read and read["hgetall"] == 1  # the fence reads the hash the script read
     assert "exists" not in read  # the cancel flag is the hash's field
+    assert "hget" not in read and not store._r.exists(key(tid, "start", 0))  # claimable: the message says
     closing = store.next_step_writes(tid, 0, [{"type": "function_call_output", "call_id": "c1", "output": "o"}])
     with _counted(store._r) as recorded:
         stored, closed = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)

@@ -44,12 +44,14 @@ return {0, redis.call('HGET', KEYS[1], ARGV[1])}
 
 # Read a tool call's view (the turn hash, the step's plan, whether the call has a result, the
 # cancel flag) and, when the call can be claimed at once, claim it with its ``call_started``
-# event: one round trip. A call can be claimed at once when the step's plan marked it so
-# (``turn:{id}:start:{n}`` holds its event's end: runnable, no approval, no computer; the
-# ``begin_tools`` transition writes it), it has no result, and the turn is at the step's tools
-# phase, not ended.
-# KEYS: turn hash, plan, results, cancel, claims, events, start; ARGV: step, call_id, claim JSON,
-# ttl, the call_started event up to its call_id (the script ends it), events maxlen.
+# event: one round trip. A call can be claimed at once when its message says so (it carries the
+# end of its event: runnable, no approval, no computer, from the step's plan: the dispatcher's
+# ``started``), it has no result, and the turn is at the step's tools phase, not ended. A message
+# sent before issue 34 carries nothing: then ``turn:{id}:start:{n}`` (the old writers' hash of
+# those ends) says it.
+# KEYS: turn hash, plan, results, cancel, claims, events, start (old writers'); ARGV: step, call_id,
+# claim JSON, ttl, the call_started event up to its call_id (the script ends it), events maxlen,
+# the event's end from the message ('-': not claimable at once; '': none carried, read KEYS[7]).
 # Returns {hash (flat), plan or '', has result, cancelled, claim, holder's claim or ''}: claim 0 =
 # not tried, 1 = won, 2 = held.
 _BEGIN_CALL_LUA = (
@@ -61,12 +63,13 @@ local has = redis.call('HEXISTS', KEYS[3], ARGV[2])
 local f = {}
 for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
 local cancelled = f['cancel'] == '1' and 1 or 0  -- the flag's hash field (KEYS[4], its key, is not read)
-if #h == 0 or plan == '' or has == 1 then return {h, plan, has, cancelled, 0, ''} end
+if #h == 0 or plan == '' or has == 1 or ARGV[7] == '-' then return {h, plan, has, cancelled, 0, ''} end
 -- the fence (the guard's test) on the hash just read: the script runs alone, it cannot have changed
 if not f['status'] or terminal[f['status']] or f['step'] ~= ARGV[1] or f['phase'] ~= 'tools' then
   return {h, plan, has, cancelled, 0, ''}
 end
-local rest = redis.call('HGET', KEYS[7], ARGV[2])
+local rest = ARGV[7]
+if rest == '' then rest = redis.call('HGET', KEYS[7], ARGV[2]) end
 if not rest then return {h, plan, has, cancelled, 0, ''} end
 if redis.call('HSETNX', KEYS[5], ARGV[2], ARGV[3]) == 1 then
   redis.call('EXPIRE', KEYS[5], ARGV[4])
@@ -78,10 +81,11 @@ return {h, plan, has, cancelled, 2, redis.call('HGET', KEYS[5], ARGV[2]) or ''}
 )
 
 
-def started_rest(name: str, activity: str) -> bytes:
+def started_rest(name: str, activity: str) -> str:
     """The end of a call's ``call_started`` event after its ``call_id`` (``,"name":...,
-    "activity":...}``), as ``begin_tools`` stores it for ``Claims.begin_call``."""
-    return b"," + orjson.dumps({"name": name, "activity": activity})[1:]
+    "activity":...}``), as the call's message carries it for ``Claims.begin_call``
+    (``TurnStore.started_at_once``)."""
+    return "," + orjson.dumps({"name": name, "activity": activity})[1:].decode()
 
 
 # Store a call's result (first write wins), announce it, push the progress deadline and pass the
@@ -271,10 +275,15 @@ class Claims:
             return True, None
         return False, orjson.loads(raw) if raw else None
 
-    def begin_call(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> CallRead:
+    def begin_call(
+        self, turn_id: str, step: int, call_id: str, owner: str, lease: float, started: str | None = None
+    ) -> CallRead:
         """Read call ``call_id``'s view and, when it can be claimed at once (see the script), claim
         it for ``owner`` (``lease`` seconds) with its ``call_started`` event: one round trip.
-        Raises redis-py's errors as they come (callers wait an outage out: ``worker.turn.outage``)."""
+        ``started``: what the call's message carries (``TurnStore.started_at_once``): the end of its
+        event when it may be claimed at once, ``""`` when not; None for a message that carries
+        nothing (sent by a version before it: the old writers' start hash is read). Raises
+        redis-py's errors as they come (callers wait an outage out: ``worker.turn.outage``)."""
         claim = {"owner": owner, "lease_until": time.time() + lease}
         h, plan, has, cancelled, tried, existing = self._begin_call(
             keys=[
@@ -293,6 +302,7 @@ class Claims:
                 RETENTION_SECONDS,
                 event_json("call_started", {"step": step, "call_id": call_id})[:-1],
                 EVENTS_MAXLEN,
+                "" if started is None else (started or "-"),
             ],
         )
         outcome = CallClaim(

@@ -136,11 +136,13 @@ class TurnStore:
         state = TurnState.from_hash(turn_id, h) if h else None
         return AdvanceView(state, h.get(b"cancel") == b"1", parse_results(results))
 
-    def call_view(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> CallView:
+    def call_view(
+        self, turn_id: str, step: int, call_id: str, owner: str, lease: float, started: str | None = None
+    ) -> CallView:
         """State, plan, whether the call has a result, and the cancel flag, in one round trip,
         with the call's claim for ``owner`` (``lease`` seconds) when it can be taken at once
-        (``Claims.begin_call``)."""
-        read = self.claims.begin_call(turn_id, step, call_id, owner, lease)
+        (``Claims.begin_call``; ``started``: what the call's message carries, see there)."""
+        read = self.claims.begin_call(turn_id, step, call_id, owner, lease, started)
         state = TurnState.from_hash(turn_id, read.turn_hash) if read.turn_hash else None
         plan = self._plans.get((turn_id, step)) or self._parse_plan(turn_id, step, read.raw_plan)
         return CallView(state, plan, read.has_result, read.cancelled, read.claim)
@@ -351,19 +353,9 @@ class TurnStore:
         def w(pipe: Any) -> None:
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
+            # The calls a tool-call task may claim with its first read are named by their messages
+            # (``started_at_once``), no longer in a hash of the step's.
             pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
-            # A call_id that any planned call not claimable at once shares is not either: the
-            # runner reads the first planned call of an id (Plan.call), which may be gated.
-            fenced = self.durability.enabled
-            gated = {c.call_id for c in plan.calls if not _claimable_at_once(c, fenced)}
-            at_once = {
-                c.call_id: started_rest(c.name, c.activity)
-                for c in plan.calls
-                if _claimable_at_once(c, fenced) and c.call_id not in gated
-            }
-            if at_once:  # the calls a tool-call task claims with its first read (Claims.begin_call)
-                pipe.hset(_k(turn_id, "start", step), mapping=at_once)
-                pipe.expire(_k(turn_id, "start", step), RETENTION_SECONDS)
             if pre_results:
                 pipe.hset(
                     _k(turn_id, "results", step), mapping={k: orjson.dumps(v.to_json()) for k, v in pre_results.items()}
@@ -381,6 +373,22 @@ class TurnStore:
 
         w(writes)
         return writes
+
+    def started_at_once(self, plan: Plan) -> dict[str, str]:
+        """The calls of ``plan`` a tool-call task may claim with its first read
+        (``Claims.begin_call``: no approval, no computer, not a destructive call whose claim must
+        reach a replica first): ``call_id`` -> the end of its ``call_started`` event
+        (``claims.started_rest``), which the call's message carries (the dispatcher's ``started``),
+        so that no command writes or reads it. A call absent is claimed the long way."""
+        # A call_id that any planned call not claimable at once shares is not either: the runner
+        # reads the first planned call of an id (Plan.call), which may be gated.
+        fenced = self.durability.enabled
+        gated = {c.call_id for c in plan.calls if not _claimable_at_once(c, fenced)}
+        return {
+            c.call_id: started_rest(c.name, c.activity)
+            for c in plan.calls
+            if _claimable_at_once(c, fenced) and c.call_id not in gated
+        }
 
     def _xadd(self, pipe: Any, turn_id: str, kind: str, data: dict[str, Any]) -> None:
         pipe.xadd(_k(turn_id, "events"), {"e": event_json(kind, data)}, maxlen=EVENTS_MAXLEN, approximate=True)
