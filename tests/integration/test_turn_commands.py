@@ -185,6 +185,9 @@ def test_the_tool_path_reads_the_turn_once_and_checks_only_the_other_calls(store
     assert stored and closed is CLOSED
     assert "hexists" not in recorded  # the caller's own result was just stored
     assert "exists" not in recorded and recorded["hmget"] == 1  # the flag and the fence in one read
+    assert "set" not in recorded and not store._r.exists(key(tid, "adv", 0, 0))  # closed with it: no barrier key
+    again = store.claims.record_and_check(tid, 0, "c1", CallResult("o2"), 0, ["c1"], closing=closing)
+    assert again == (False, None)  # a redelivery finds the turn moved on
     # a second call of the batch still waits for the other's result
     tid2 = _create(store)
     calls = [PlannedCall(c, "read_thing", 0, data={}) for c in ("c1", "c2")]

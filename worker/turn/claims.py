@@ -122,16 +122,32 @@ for i = 11, 10 + n do
     push_deadline(); return {stored, 0}
   end
 end
-if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then push_deadline(); return {stored, 0} end
 -- the cancel flag is the hash's field (KEYS[5], its key, is not read); the fence on the same read
-local t = redis.call('HMGET', KEYS[2], 'status', 'step', 'phase', 'cancel')
-local cancelled = t[4] == '1' and 1 or 0
-if ARGV[11 + n] and cancelled == 0 and stored == 1 then  -- the writes carry this caller's result
-  if t[1] and not terminal[t[1]] and t[2] == ARGV[9] and t[3] == 'tools' then
+local function fence() return redis.call('HMGET', KEYS[2], 'status', 'step', 'phase', 'cancel') end
+local function closes(t)  -- the closing writes carry this caller's result: applied if the fence holds
+  if ARGV[11 + n] and t[4] ~= '1' and stored == 1 and t[1] and not terminal[t[1]] and t[2] == ARGV[9]
+    and t[3] == 'tools' then
     apply_writes(11 + n, 7)  -- the closing writes set the next step's deadline
-    return {stored, 2}
+    return true
+  end
+  return false
+end
+local t = nil
+-- The batch is this caller's call alone, given its closing writes: the caller that stores the
+-- result applies them here, in the same script, so the turn moves on before anyone else can see
+-- the result; a later delivery (its result not stored) finds it moved on and stops here. The
+-- barrier key is only needed when the closing writes did not apply (a cancel, an ended turn).
+if n == 1 and ARGV[11] == ARGV[1] and ARGV[12] then
+  t = fence()
+  if closes(t) then return {stored, 2} end
+  if stored == 0 and (not t[1] or terminal[t[1]] or t[2] ~= ARGV[9] or t[3] ~= 'tools') then
+    push_deadline(); return {stored, 0}
   end
 end
+if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then push_deadline(); return {stored, 0} end
+t = t or fence()
+local cancelled = t[4] == '1' and 1 or 0
+if closes(t) then return {stored, 2} end
 push_deadline()
 return {stored, 1, redis.call('HGETALL', KEYS[2]), cancelled, redis.call('HGETALL', KEYS[1])}
 """
