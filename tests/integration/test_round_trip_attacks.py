@@ -24,6 +24,7 @@ from tests.support.turn_store import begin_tools, call_view
 from worker.model.interface import GatewayError
 from worker.turn.claims import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
+from worker.turn.durability import ReplicaAck
 from worker.turn.keys import key
 from worker.turn.request import TurnStatus
 from worker.turn.state import AdvanceView, CallResult
@@ -116,6 +117,19 @@ def test_a_call_is_claimed_by_its_read_only_when_its_message_says_so_and_its_pla
     assert view2.plan is None and not view2.claim.tried
     assert not store._r.exists(key(tid, "claims", 0)) and not store._r.exists(key(tid2, "claims", 0))
     assert _events(store, tid, "call_started") == [] and _events(store, tid2, "call_started") == []
+
+
+def test_a_destructive_call_is_claimed_at_once_only_by_a_worker_without_replicas_to_wait_for(store):
+    """The message marks a destructive call (``!``); the receiving worker decides, whatever the
+    sender's settings (a control plane releasing a batch may have none)."""
+    tid = _turn_at_tools(store, [PlannedCall("d1", "delete_thing", 0, data={}, destructive=True)])
+    started = TurnStore.started_at_once(store.plan(tid, 0))["d1"]
+    assert started.startswith("!,")
+    fenced = TurnStore(store._r, progress_timeout=60, durability=ReplicaAck(1, 0.1))
+    assert not fenced.call_view(tid, 0, "d1", "owner-a", 60, started).claim.tried  # claimed, then WAIT
+    assert store.call_view(tid, 0, "d1", "owner-a", 60, started).claim.won  # no replica configured
+    [event] = _events(store, tid, "call_started")
+    assert event["name"] == "delete_thing"
 
 
 def test_a_message_from_before_the_cut_is_claimed_by_the_old_writers_start_hash(store):

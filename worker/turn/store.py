@@ -51,11 +51,12 @@ from worker.turn.usage import UsageLedger
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
 
 
-def _claimable_at_once(call: PlannedCall, fenced: bool) -> bool:
+def _claimable_at_once(call: PlannedCall) -> bool:
     # A call that awaits a person's decision, or the node holding the agent's home, is claimed
     # only once admitted (worker.turn.call_runner); a destructive one, when its claim must reach a
-    # replica first (``fenced``), by a claim of its own followed by WAIT (worker.turn.durability).
-    return call.runnable and not call.needs_approval and not call.computer and not (fenced and call.destructive)
+    # replica first, by a claim of its own followed by WAIT (worker.turn.durability): the
+    # receiving worker decides that one (``TurnStore.call_view``).
+    return call.runnable and not call.needs_approval and not call.computer
 
 
 def _interrupted(status: TurnStatus, started: bool) -> str:
@@ -141,7 +142,10 @@ class TurnStore:
     ) -> CallView:
         """State, plan, whether the call has a result, and the cancel flag, in one round trip,
         with the call's claim for ``owner`` (``lease`` seconds) when it can be taken at once
-        (``Claims.begin_call``; ``started``: what the call's message carries, see there)."""
+        (``Claims.begin_call``; ``started``: what the call's message carries, see there and
+        ``started_at_once``)."""
+        if started and started[0] == "!":  # a destructive call: at once only without replicas to wait for
+            started = "" if self.durability.enabled else started[1:]
         read = self.claims.begin_call(turn_id, step, call_id, owner, lease, started)
         state = TurnState.from_hash(turn_id, read.turn_hash) if read.turn_hash else None
         plan = self._plans.get((turn_id, step)) or self._parse_plan(turn_id, step, read.raw_plan)
@@ -374,20 +378,22 @@ class TurnStore:
         w(writes)
         return writes
 
-    def started_at_once(self, plan: Plan) -> dict[str, str]:
+    @staticmethod
+    def started_at_once(plan: Plan) -> dict[str, str]:
         """The calls of ``plan`` a tool-call task may claim with its first read
-        (``Claims.begin_call``: no approval, no computer, not a destructive call whose claim must
-        reach a replica first): ``call_id`` -> the end of its ``call_started`` event
-        (``claims.started_rest``), which the call's message carries (the dispatcher's ``started``),
-        so that no command writes or reads it. A call absent is claimed the long way."""
+        (``Claims.begin_call``: no approval, no computer): ``call_id`` -> the end of its
+        ``call_started`` event (``claims.started_rest``), prefixed with ``!`` for a destructive
+        call, which the call's message carries (the dispatcher's ``started``), so that no command
+        writes or reads it. A call absent is claimed the long way; so is a ``!`` call by a worker
+        whose destructive claims must reach a replica first (``call_view``: the receiver decides,
+        whatever the sender's settings)."""
         # A call_id that any planned call not claimable at once shares is not either: the runner
         # reads the first planned call of an id (Plan.call), which may be gated.
-        fenced = self.durability.enabled
-        gated = {c.call_id for c in plan.calls if not _claimable_at_once(c, fenced)}
+        gated = {c.call_id for c in plan.calls if not _claimable_at_once(c)}
         return {
-            c.call_id: started_rest(c.name, c.activity)
+            c.call_id: ("!" if c.destructive else "") + started_rest(c.name, c.activity)
             for c in plan.calls
-            if _claimable_at_once(c, fenced) and c.call_id not in gated
+            if _claimable_at_once(c) and c.call_id not in gated
         }
 
     def _xadd(self, pipe: Any, turn_id: str, kind: str, data: dict[str, Any]) -> None:
