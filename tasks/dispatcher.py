@@ -42,7 +42,7 @@ COUNT_ENDED = "tasks.turns.count_ended"
 SEND_OPTIONS: dict[str, Any] = {"ignore_result": True, "kwargsrepr": "{}", "declare": []}
 
 # The message header of a ``tool_call`` that says whether its task may claim the call with its first
-# read: the end of its ``call_started`` event, or "" (``TurnStore.started_at_once``).
+# read: the end of its ``call_started`` event, or "" (``Plan.started_at_once``).
 STARTED_HEADER = "call_started"
 
 

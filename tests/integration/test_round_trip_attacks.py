@@ -106,7 +106,7 @@ def test_hostile_call_ids_are_claimed_once_with_a_well_formed_event(store, call_
 
 def test_a_call_is_claimed_by_its_read_only_when_its_message_says_so_and_its_plan_is_there(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    started = store.started_at_once(store.plan(tid, 0))["c1"]
+    started = store.plan(tid, 0).started_at_once()["c1"]
     assert not store._r.exists(key(tid, "start", 0))  # carried by the message, not stored
     assert not store.call_view(tid, 0, "c1", "owner-a", 60, "").claim.tried  # the message says no
     assert not store.call_view(tid, 0, "c1", "owner-a", 60).claim.tried  # says nothing, no old start hash
@@ -123,7 +123,7 @@ def test_a_destructive_call_is_claimed_at_once_only_by_a_worker_without_replicas
     """The message marks a destructive call (``!``); the receiving worker decides, whatever the
     sender's settings (a control plane releasing a batch may have none)."""
     tid = _turn_at_tools(store, [PlannedCall("d1", "delete_thing", 0, data={}, destructive=True)])
-    started = TurnStore.started_at_once(store.plan(tid, 0))["d1"]
+    started = store.plan(tid, 0).started_at_once()["d1"]
     assert started.startswith("!,")
     fenced = TurnStore(store._r, progress_timeout=60, durability=ReplicaAck(1, 0.1))
     assert not fenced.call_view(tid, 0, "d1", "owner-a", 60, started).claim.tried  # claimed, then WAIT

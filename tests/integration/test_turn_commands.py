@@ -157,9 +157,9 @@ def test_an_agents_index_is_pruned_at_one_creation_in_sixteen_and_every_turns_by
     assert store._r.zscore(index_key(agent), "old-a") is None
     assert store._r.zscore(index_key(None), "old-g") is not None  # not at a creation
     assert 0 < store._r.ttl(index_key(agent)) <= kept and store._r.ttl(index_key(None)) == -1
-    assert store.prune_listing(every=0) >= 1
+    assert store.listing.prune(every=0) >= 1
     assert store._r.zscore(index_key(None), "old-g") is None
-    assert store.prune_listing() == 0  # at most once a minute per process
+    assert store.listing.prune() == 0  # at most once a minute per process
 
 
 def _at_tools(store: TurnStore) -> str:

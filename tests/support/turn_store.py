@@ -17,7 +17,7 @@ def begin_tools(store: TurnStore, turn_id: str, step: int, *args: Any, **kwargs:
 
 def call_view(store: TurnStore, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> CallView:
     """``TurnStore.call_view`` as a ``tool_call`` task runs it: with what the call's message
-    carries (``TurnStore.started_at_once`` of the step's plan, ``""`` for a call absent)."""
+    carries (``Plan.started_at_once`` of the step's plan, ``""`` for a call absent)."""
     plan = store.plan(turn_id, step)
-    started = store.started_at_once(plan).get(call_id, "") if plan is not None else ""
+    started = plan.started_at_once().get(call_id, "") if plan is not None else ""
     return store.call_view(turn_id, step, call_id, owner, lease, started)

@@ -47,7 +47,7 @@ return {0, redis.call('HGET', KEYS[1], ARGV[1])}
 # event: one round trip. A call can be claimed at once when its message says so (it carries the
 # end of its event: runnable, no approval, no computer, from the step's plan: the dispatcher's
 # ``started``), it has no result, and the turn is at the step's tools phase, not ended. A message
-# sent before issue 34 carries nothing: then ``turn:{id}:start:{n}`` (the old writers' hash of
+# sent by an earlier version carries nothing: then ``turn:{id}:start:{n}`` (the old writers' hash of
 # those ends) says it.
 # KEYS: turn hash, plan, results, cancel, claims, events, start (old writers'); ARGV: step, call_id,
 # claim JSON, ttl, the call_started event up to its call_id (the script ends it), events maxlen,
@@ -79,13 +79,6 @@ end
 return {h, plan, has, cancelled, 2, redis.call('HGET', KEYS[5], ARGV[2]) or ''}
 """
 )
-
-
-def started_rest(name: str, activity: str) -> str:
-    """The end of a call's ``call_started`` event after its ``call_id`` (``,"name":...,
-    "activity":...}``), as the call's message carries it for ``Claims.begin_call``
-    (``TurnStore.started_at_once``)."""
-    return "," + orjson.dumps({"name": name, "activity": activity})[1:].decode()
 
 
 # Store a call's result (first write wins), announce it, push the progress deadline and pass the
@@ -296,7 +289,7 @@ class Claims:
     ) -> CallRead:
         """Read call ``call_id``'s view and, when it can be claimed at once (see the script), claim
         it for ``owner`` (``lease`` seconds) with its ``call_started`` event: one round trip.
-        ``started``: what the call's message carries (``TurnStore.started_at_once``): the end of its
+        ``started``: what the call's message carries (``Plan.started_at_once``): the end of its
         event when it may be claimed at once, ``""`` when not; None for a message that carries
         nothing (sent by a version before it: the old writers' start hash is read). Raises
         redis-py's errors as they come (callers wait an outage out: ``worker.turn.outage``)."""

@@ -93,7 +93,7 @@ class ApprovalGate:
                 queue="tools",
                 labels=call_labels(agent_id, turn_id, step, calls),
                 computer=computer_calls(agent_id, calls),
-                started=self.rt.store.started_at_once(plan),
+                started=plan.started_at_once(),
             )
         return True
 
@@ -113,7 +113,7 @@ class ApprovalGate:
             batch,
             queue="tools",
             labels=call_labels(agent_id, turn_id, step, calls),
-            started=self.rt.store.started_at_once(plan),
+            started=plan.started_at_once(),
         )
 
     def admit(self, turn_id: str, step: int, call: PlannedCall) -> tuple[PlannedCall | None, CallResult | None]:

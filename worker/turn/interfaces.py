@@ -60,7 +60,7 @@ class Dispatcher(Protocol):
         """Run the batch's calls: together (``parallel``) or one after another (``sequential``).
         ``labels`` describes each call by ``call_id`` for monitors (``call_labels``); the calls
         named in ``computer`` go to the queue of the node holding the agent's home instead of
-        ``queue`` (``docs/placement.md``). ``started`` (``TurnStore.started_at_once``): each call's
+        ``queue`` (``docs/placement.md``). ``started`` (``Plan.started_at_once``): each call's
         message carries its entry (``""`` for a call absent), which its task gives
         ``TurnEngine.run_call``; None: the messages carry nothing."""
 

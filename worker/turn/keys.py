@@ -26,10 +26,12 @@ The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cl
 - ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
 - ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
 - ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).
-- ``turn:{id}:start:{n}`` hash ``call_id`` -> the end of its ``call_started`` event, for each call
-  a tool-call task claims with its first read (``Claims.begin_call``: no approval, no computer).
+- ``turn:{id}:start:{n}`` hash ``call_id`` -> the end of its ``call_started`` event: written by
+  earlier versions for the calls a tool-call task claims with its first read, now carried by each
+  call's message (``Plan.started_at_once``); read only for a message that carries nothing.
 - ``turn:{id}:stepclaim:{n}``: the owner making step n's model call (one model call per step).
-- ``turn:{id}:adv:{n}:{b}``: set once by whoever completes batch b (the barrier).
+- ``turn:{id}:adv:{n}:{b}``: set once by whoever completes batch b (the barrier); not written when
+  a one-call batch's result is stored with the step's closing writes (nothing can close it twice).
 - ``turn:{id}:events`` stream: activity events for the control plane.
 - ``turn:{id}:cancel``: the cancel flag (tools' abort probe); also the turn hash's ``cancel``
   field (``1``), which the step and call scripts read with the hash, and ``turns:cancels``.
@@ -46,8 +48,8 @@ The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cl
   one agent) scored by its ``created_at``, for listing turns (``worker.turn.listing``) and an
   agent's most recent turns; added at creation. Entries older than twice the retention are pruned
   by the watchdog's sweep (every turn's) and at one creation in ``guard.PRUNE_EVERY`` (the agent's,
-  which expires twice the retention after its newest turn). Until issue 34 an agent's turns were
-  also in a list ``agent:<agent_id>:turns``, no longer written nor read (a leftover one never
+  which expires twice the retention after its newest turn). Earlier versions also kept an agent's
+  turns in a list ``agent:<agent_id>:turns``, no longer written nor read (a leftover one never
   expired: it may be deleted).
 
 Readers outside the store that need a key as an opaque name (the HTTP control plane's asyncio

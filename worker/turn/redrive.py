@@ -76,7 +76,7 @@ class Redrive:
                     queue="tools",
                     labels=labels,
                     computer=computer,
-                    started=self.rt.store.started_at_once(plan),
+                    started=plan.started_at_once(),
                 )
                 return StepOutcome("redriven", f"batch {i}")
         # All results present but the barrier never closed the last batch: close it now.

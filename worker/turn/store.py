@@ -27,8 +27,8 @@ import redis
 
 from worker.model.items import unanswered_call_ids
 from worker.turn.approvals import ApprovalRecords
-from worker.turn.claims import Claims, started_rest
-from worker.turn.dispatch import Plan, PlannedCall
+from worker.turn.claims import Claims
+from worker.turn.dispatch import Plan
 from worker.turn.durability import NO_REPLICAS, ReplicaAck
 from worker.turn.guard import CancelScript, CreateScript, GuardScript, Writes
 from worker.turn.keys import CANCELS_KEPT, CANCELS_KEY, FINISHING_KEY, WATCH_KEY, idem_key, index_key
@@ -49,14 +49,6 @@ from worker.turn.state import (
 from worker.turn.usage import UsageLedger
 
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
-
-
-def _claimable_at_once(call: PlannedCall) -> bool:
-    # A call that awaits a person's decision, or the node holding the agent's home, is claimed
-    # only once admitted (worker.turn.call_runner); a destructive one, when its claim must reach a
-    # replica first, by a claim of its own followed by WAIT (worker.turn.durability): the
-    # receiving worker decides that one (``TurnStore.call_view``).
-    return call.runnable and not call.needs_approval and not call.computer
 
 
 def _interrupted(status: TurnStatus, started: bool) -> str:
@@ -89,7 +81,6 @@ class TurnStore:
         self._create = CreateScript(client)
         self._cancel = CancelScript(client)
         self._plans: dict[tuple[str, int], Plan] = {}
-        self._pruned_at = 0.0  # prune_listing's last run (epoch s)
 
     # ----- reading ---------------------------------------------------------
     def load(self, turn_id: str) -> TurnState | None:
@@ -143,7 +134,7 @@ class TurnStore:
         """State, plan, whether the call has a result, and the cancel flag, in one round trip,
         with the call's claim for ``owner`` (``lease`` seconds) when it can be taken at once
         (``Claims.begin_call``; ``started``: what the call's message carries, see there and
-        ``started_at_once``)."""
+        ``Plan.started_at_once``)."""
         if started and started[0] == "!":  # a destructive call: at once only without replicas to wait for
             started = "" if self.durability.enabled else started[1:]
         read = self.claims.begin_call(turn_id, step, call_id, owner, lease, started)
@@ -358,7 +349,7 @@ class TurnStore:
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
             # The calls a tool-call task may claim with its first read are named by their messages
-            # (``started_at_once``), no longer in a hash of the step's.
+            # (``Plan.started_at_once``), no longer in a hash of the step's.
             pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
             if pre_results:
                 pipe.hset(
@@ -377,24 +368,6 @@ class TurnStore:
 
         w(writes)
         return writes
-
-    @staticmethod
-    def started_at_once(plan: Plan) -> dict[str, str]:
-        """The calls of ``plan`` a tool-call task may claim with its first read
-        (``Claims.begin_call``: no approval, no computer): ``call_id`` -> the end of its
-        ``call_started`` event (``claims.started_rest``), prefixed with ``!`` for a destructive
-        call, which the call's message carries (the dispatcher's ``started``), so that no command
-        writes or reads it. A call absent is claimed the long way; so is a ``!`` call by a worker
-        whose destructive claims must reach a replica first (``call_view``: the receiver decides,
-        whatever the sender's settings)."""
-        # A call_id that any planned call not claimable at once shares is not either: the runner
-        # reads the first planned call of an id (Plan.call), which may be gated.
-        gated = {c.call_id for c in plan.calls if not _claimable_at_once(c)}
-        return {
-            c.call_id: ("!" if c.destructive else "") + started_rest(c.name, c.activity)
-            for c in plan.calls
-            if _claimable_at_once(c) and c.call_id not in gated
-        }
 
     def _xadd(self, pipe: Any, turn_id: str, kind: str, data: dict[str, Any]) -> None:
         pipe.xadd(_k(turn_id, "events"), {"e": event_json(kind, data)}, maxlen=EVENTS_MAXLEN, approximate=True)
@@ -563,16 +536,6 @@ class TurnStore:
         if ids:
             self._r.zadd(FINISHING_KEY, {i: now + HOOK_TIMEOUT for i in ids})
         return ids
-
-    def prune_listing(self, now: float | None = None, every: float = 60.0) -> int:
-        """Drop the entries of the index of every turn older than twice the retention (the
-        creation script no longer does: ``worker.turn.guard``), at most once per ``every`` seconds
-        in this process (the watchdog's sweep calls it at each run). Returns how many were dropped."""
-        now = time.time() if now is None else now
-        if now - self._pruned_at < every:
-            return 0
-        self._pruned_at = now
-        return self.listing.prune(now - 2 * RETENTION_SECONDS)
 
     def unwatch(self, turn_id: str) -> None:
         """Stop watching the progress of a turn that ended or is gone (the re-drive finds it so)."""
