@@ -284,3 +284,98 @@ def test_a_step_pushes_the_watch_only_when_its_lease_outlives_the_last_transitio
     begin_tools(store, tid, 0, [{"type": "function_call", "call_id": "c1"}],
                 Plan([PlannedCall("c1", "read_thing", 0, data={})], [Batch("parallel", ["c1"])]), {}, {})  # fmt: skip
     assert float(store._r.hget(key(tid), "deadline")) == store._r.zscore(WATCH_KEY, tid) > deadline
+
+
+class _ScriptedMessages:
+    """A dispatcher whose messages ride in the store's scripts, as a worker's do (an ``LPUSH`` on a
+    list of the test's own); it keeps what each call's message carries (``started``)."""
+
+    def __init__(self) -> None:
+        self.queue = f"test:queue:{uuid.uuid4().hex}"
+        self.started: dict[str, str] = {}
+
+    def enqueue_step(self, turn_id, step, *, queue, label=""):
+        pass
+
+    def step_message(self, turn_id, step, *, queue, label=""):
+        return [("LPUSH", self.queue, f"step {turn_id} {step}".encode())]
+
+    def batch_message(self, turn_id, step, batch, *, queue, labels=None, started=None):
+        self.started.update({c: (started or {}).get(c, "") for c in batch.call_ids})
+        return [("LPUSH", self.queue, f"batch {turn_id} {step}".encode())]
+
+    def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue, labels=None, computer=None, started=None):
+        raise AssertionError("the first batch rides in the reply's script")
+
+    def services(self, request):
+        from worker.tooling.contract import ToolServices
+
+        return ToolServices()
+
+    def turn_finished(self, turn_id):
+        pass
+
+
+# The bench turn's commands in the turn store (issue 34), per command: a model call that makes one
+# call, the call, a model call that answers. Not counted: Celery's and kombu's own (each message's
+# fetch and ack, its task-sent event, the workers' task events and heartbeats) and the first
+# step's message (the control plane sends it after the creation script). ``rpush`` includes the test
+# tool's own log line. Before the cuts (main 559d8b4, the same test): 78, with lpush 3 (the agent's
+# list), zremrangebyscore 2 (the indexes), expire 10 (the index of every turn, the usage hash at
+# each record, the start hash), zadd 7 (each begin_step's push), hset 8 and hget 2 (the start hash),
+# set 6 (the barrier key).
+BENCH_TURN_STORE_COMMANDS = {
+    # create, 2 x begin_step, 2 x the reply's memo (with the move, or not), begin_call, the result, the end
+    "evalsha": 8,
+    "hget": 1,  # the creation's owner check
+    "hset": 7,  # the hash at creation, running, at each move, the end; 2 x the node's held step
+    "rpush": 5,  # the items: input, the reply's call, the output, the answer; the tool's log line
+    "zadd": 5,  # the watch at creation and at the two moves; the two listing indexes
+    "xadd": 8,  # turn_queued, turn_started, 2 x model_reply, call_planned, call_started, call_completed, turn_finished
+    "expire": 7,  # the agent's index, the call's claim and result; at the end the hash, items, events, usage
+    "hgetall": 3,  # 2 x begin_step, begin_call
+    "lrange": 2,  # the items, at each model step
+    "get": 3,  # the reply memo at each begin_step, the plan at begin_call
+    "set": 5,  # 2 x the step claim, 2 x the memo, the plan
+    "hsetnx": 4,  # 2 x usage, the claim, the result
+    "hmget": 4,  # the fences of the two memos, of the result, of the end
+    "hexists": 1,  # begin_call: the call has no result yet
+    "hvals": 1,  # the usage rows, for the answer's totals
+    "lpush": 2,  # the call's message, step 1's message (both in the scripts)
+    "zrem": 1,  # the watch, at the end
+}
+
+
+def test_a_bench_turn_costs_the_pinned_commands_in_the_store(own_redis, gateway, script_name):
+    from tests.support.scripts import fc, msg
+    from worker.model.responses import RESPONSES
+    from worker.model.sync_client import SyncModelClient
+    from worker.settings import Settings
+    from worker.tools.toolsets import toolset_resolver
+    from worker.turn.engine import TurnEngine
+    from worker.turn.request import TurnRequest
+
+    settings, d = Settings(model_stream=False), _ScriptedMessages()  # as the bench: no deltas
+    store = TurnStore(redis.Redis.from_url(own_redis), progress_timeout=600)
+    client = SyncModelClient(RESPONSES, gateway.base_url)
+    engine = TurnEngine(store, settings, d, toolset_resolver(settings), client, redis=store._r)
+    gateway.add_script(script_name, [{"output": [fc("read_thing", '{"label": "a"}')]}, {"output": [msg("done")]}] * 2)
+
+    def turn() -> None:
+        turn_id = uuid.uuid4().hex
+        agent = f"cmds-{uuid.uuid4().hex[:6]}"
+        engine.create_turn(TurnRequest(agent_id=agent, input="go", model=script_name, toolset="testing"), turn_id)
+        assert engine.run_step(turn_id, 0).action == "dispatched"
+        [(call_id, started)] = d.started.items()
+        d.started.clear()
+        assert started.startswith(",")  # claimed with its first read
+        assert engine.run_call(turn_id, 0, call_id, 0, started).action == "advanced"
+        assert engine.run_step(turn_id, 1).action == "completed"
+
+    turn()  # the scripts loaded (a first EVALSHA of each is answered NOSCRIPT)
+    with _counted(store._r) as counted:
+        turn()
+    counted.pop("script|load", None)
+    counted.pop("zremrangebyscore", None)  # one creation in PRUNE_EVERY, by its milliseconds
+    assert counted == BENCH_TURN_STORE_COMMANDS, counted
+    assert sum(counted.values()) == 67
