@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from kombu.exceptions import BatchPublishError, OperationalError  # type: ignore[attr-defined]  # kombu 5.7; not in the stubs yet
 
@@ -40,6 +40,10 @@ COUNT_ENDED = "tasks.turns.count_ended"
 # which needs no declaration (the worker consuming the queue declares it); kombu would otherwise
 # copy and bind the Queue entity on every publish only to find it declared already.
 SEND_OPTIONS: dict[str, Any] = {"ignore_result": True, "kwargsrepr": "{}", "declare": []}
+
+# The message header of a ``tool_call`` that says whether its task may claim the call with its first
+# read: the end of its ``call_started`` event, or "" (``Plan.started_at_once``).
+STARTED_HEADER = "call_started"
 
 
 def publish(send: Callable[[dict[str, Any]], Any], what: str, *, wait: bool) -> None:
@@ -188,11 +192,18 @@ class CeleryDispatcher:
         return send
 
     def batch_message(
-        self, turn_id: str, step: int, batch: Batch, *, queue: str, labels: dict[str, str] | None = None
+        self,
+        turn_id: str,
+        step: int,
+        batch: Batch,
+        *,
+        queue: str,
+        labels: dict[str, str] | None = None,
+        started: Mapping[str, str] | None = None,
     ) -> MessageCommands | None:
         """``dispatch_batch``'s messages for a batch without computer calls, as ``step_message``
         gives its one: the Redis commands, not sent, or None."""
-        return self._recorded(self._batch_sender(turn_id, step, batch, queue, labels, None))
+        return self._recorded(self._batch_sender(turn_id, step, batch, queue, labels, None, started))
 
     def _recorded(self, send: Callable[[dict[str, Any]], Any]) -> MessageCommands | None:
         """What ``send`` publishes, recorded on a ``RecordingProducer`` (``tasks.recorded_publish``)
@@ -231,13 +242,16 @@ class CeleryDispatcher:
         queue: str,
         labels: dict[str, str] | None = None,
         computer: ComputerCalls | None = None,
+        started: Mapping[str, str] | None = None,
     ) -> None:
         """Send the batch's ``tool_call`` tasks: one task, a group (parallel) or a chain (sequential).
+        ``started``: each call's message carries its entry in the ``STARTED_HEADER`` header (``""``
+        for a call absent; ``worker.turn.interfaces.Dispatcher.dispatch_batch``).
         ``labels[call_id]`` is what Flower shows as a call's args (``tool agent= turn= step= call=``);
         with ``placement``, the ``computer`` calls go to the queue of the node holding the agent's
         home (``tools.node.<node>``; placed first if it has no live node; one Redis round trip per
         batch), or to ``queue`` when no node can take it (its worker sends it on)."""
-        send = self._batch_sender(turn_id, step, batch, queue, labels, computer)
+        send = self._batch_sender(turn_id, step, batch, queue, labels, computer, started)
         publish(send, f"calls of step {step} of {turn_id}", wait=self._wait)
 
     def _batch_sender(
@@ -248,9 +262,17 @@ class CeleryDispatcher:
         queue: str,
         labels: dict[str, str] | None,
         computer: ComputerCalls | None,
+        started: Mapping[str, str] | None = None,
     ) -> Callable[[dict[str, Any]], None]:
         """What sends the batch's messages, given extra ``apply_async`` options (``publish``)."""
         labels = labels or {}
+        # A header, not an argument: a worker of an earlier version ignores it (and reads what its
+        # own writers stored), where an unknown argument would fail its task.
+        headers: dict[str, Any] = (
+            {cid: {"headers": {STARTED_HEADER: started.get(cid, "")}} for cid in batch.call_ids}
+            if started is not None
+            else {}
+        )
         queues = dict.fromkeys(batch.call_ids, queue)
         if computer is not None and self.placement is not None:
             routed = [cid for cid in batch.call_ids if cid in computer.call_ids]
@@ -260,7 +282,10 @@ class CeleryDispatcher:
         sigs = [
             # Signature.set passes any option on to apply_async; celery-types declares only some of them.
             app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(  # type: ignore[call-arg]
-                **SEND_OPTIONS, queue=queues[cid], argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}"
+                **SEND_OPTIONS,
+                queue=queues[cid],
+                argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}",
+                **headers.get(cid, {}),
             )
             for cid in batch.call_ids
         ]

@@ -21,6 +21,7 @@ from typing import Any, Callable, TypeVar, assert_never
 from celery import Task
 
 from tasks.app import app
+from tasks.dispatcher import STARTED_HEADER
 from tasks.placement import forward
 from tasks.runtime import get_engine
 from worker.errors import AgentRuntimeError
@@ -140,8 +141,12 @@ def tool_call(self: Task[Any, Any], turn_id: str, step: int, call_id: str) -> di
     destructive call whose claim no replica acknowledged in time is sent again later (the task
     retried with a countdown: no thread waits; docs/failover.md)."""
     engine = get_engine()
+    # What the message carries about claiming the call with its first read (None: a message without
+    # it, e.g. from an earlier version; ``tasks.dispatcher.STARTED_HEADER``).
+    started = self.request.get(STARTED_HEADER)
     outcome = _through_outages(
-        lambda: engine.run_call(turn_id, step, call_id, self.request.retries), f"call {call_id} of turn {turn_id}"
+        lambda: engine.run_call(turn_id, step, call_id, self.request.retries, started),
+        f"call {call_id} of turn {turn_id}",
     )
     return _report(self, turn_id, outcome)
 

@@ -178,6 +178,7 @@ def sweep() -> dict[str, str]:
     for turn_id in engine.store.hooks_overdue():  # a lost turn_finished message
         engine.dispatcher.turn_finished(turn_id)
         done[turn_id] = "hooks re-sent"
+    engine.store.listing.prune()  # the listing index's old entries (no longer pruned at each creation)
     failed = sorted(t for t, action in done.items() if action == "failed")
     if failed:
         queue = (sweep.request.delivery_info or {}).get("routing_key") or "turns"

@@ -16,7 +16,7 @@ import orjson
 import pytest
 import redis
 
-from tests.support.turn_store import begin_tools
+from tests.support.turn_store import begin_tools, call_view
 from worker.turn.claims import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
 from worker.turn.keys import key
@@ -50,13 +50,13 @@ def _events(store: TurnStore, tid: str, kind: str) -> list[dict]:
 
 def test_a_plain_call_is_claimed_by_its_first_read(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={}, activity="Reading")])
-    view = store.call_view(tid, 0, "c1", "owner-a", 60)
+    view = call_view(store, tid, 0, "c1", "owner-a", 60)
     assert view.state is not None and view.plan is not None and not view.has_result
     assert view.claim.tried and view.claim.won
     assert orjson.loads(store._r.hget(key(tid, "claims", 0), "c1"))["owner"] == "owner-a"
     [started] = _events(store, tid, "call_started")
     assert started == {**started, "step": 0, "call_id": "c1", "name": "read_thing", "activity": "Reading"}
-    again = store.call_view(tid, 0, "c1", "owner-b", 60)  # a redelivery: held, not claimed twice
+    again = call_view(store, tid, 0, "c1", "owner-b", 60)  # a redelivery: held, not claimed twice
     assert again.claim.tried and not again.claim.won and again.claim.existing["owner"] == "owner-a"
     assert len(_events(store, tid, "call_started")) == 1
 
@@ -64,7 +64,7 @@ def test_a_plain_call_is_claimed_by_its_first_read(store):
 @pytest.mark.parametrize("flag", ["needs_approval", "computer"])
 def test_a_gated_or_computer_call_is_not_claimed_by_its_read(store, flag):
     tid = _turn_at_tools(store, [PlannedCall("c1", "write_thing", 0, data={}, **{flag: True})])
-    view = store.call_view(tid, 0, "c1", "owner-a", 60)
+    view = call_view(store, tid, 0, "c1", "owner-a", 60)
     assert view.plan is not None and not view.claim.tried
     assert not store._r.hexists(key(tid, "claims", 0), "c1")
     assert _events(store, tid, "call_started") == []
@@ -72,10 +72,10 @@ def test_a_gated_or_computer_call_is_not_claimed_by_its_read(store, flag):
 
 def test_no_claim_for_an_unknown_call_a_stale_step_or_a_call_with_a_result(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    assert not store.call_view(tid, 0, "nope", "o", 60).claim.tried
-    assert not store.call_view(tid, 1, "c1", "o", 60).claim.tried  # another step
+    assert not call_view(store, tid, 0, "nope", "o", 60).claim.tried
+    assert not call_view(store, tid, 1, "c1", "o", 60).claim.tried  # another step
     store.claims.record_and_check(tid, 0, "c1", CallResult("done"), 0, ["c1"])
-    view = store.call_view(tid, 0, "c1", "o", 60)
+    view = call_view(store, tid, 0, "c1", "o", 60)
     assert view.has_result and not view.claim.tried
     assert not store._r.hexists(key(tid, "claims", 0), "c1")
 

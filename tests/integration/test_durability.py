@@ -181,10 +181,10 @@ class _Recorded:
     def step_message(self, turn_id, step, *, queue, label=""):
         return None
 
-    def batch_message(self, turn_id, step, batch, *, queue, labels=None):
+    def batch_message(self, turn_id, step, batch, *, queue, labels=None, started=None):
         return None
 
-    def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue, labels=None, computer=None):
+    def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue, labels=None, computer=None, started=None):
         self.sent.append(("batch", turn_id, step, list(batch.call_ids)))
 
     def services(self, request):

@@ -35,10 +35,10 @@ class RecordingDispatcher:
     def step_message(self, turn_id, step, *, queue, label=""):
         return None  # sent by enqueue_step, so the test sees it
 
-    def batch_message(self, turn_id, step, batch, *, queue, labels=None):
+    def batch_message(self, turn_id, step, batch, *, queue, labels=None, started=None):
         return None  # sent by dispatch_batch, so the test sees it
 
-    def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue, labels=None, computer=None):
+    def dispatch_batch(self, turn_id, step, batch_index, batch, *, queue, labels=None, computer=None, started=None):
         self.sent.append(("batch", turn_id, step, batch_index, list(batch.call_ids), batch.mode))
 
     def services(self, request):
@@ -177,7 +177,7 @@ class CapturingDispatcher(RecordingDispatcher):
     def step_message(self, turn_id, step, *, queue, label=""):
         return [("LPUSH", self.queue, f"step {turn_id} {step}".encode())]
 
-    def batch_message(self, turn_id, step, batch, *, queue, labels=None):
+    def batch_message(self, turn_id, step, batch, *, queue, labels=None, started=None):
         return [("LPUSH", self.queue, f"batch {turn_id} {step}".encode())]
 
 

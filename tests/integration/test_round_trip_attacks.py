@@ -20,10 +20,11 @@ import redis
 from pydantic import BaseModel
 
 from tests.integration.conftest import broker_app
-from tests.support.turn_store import begin_tools
+from tests.support.turn_store import begin_tools, call_view
 from worker.model.interface import GatewayError
 from worker.turn.claims import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
+from worker.turn.durability import ReplicaAck
 from worker.turn.keys import key
 from worker.turn.request import TurnStatus
 from worker.turn.state import AdvanceView, CallResult
@@ -65,7 +66,7 @@ def test_only_the_plain_calls_of_a_mixed_plan_are_claimed_by_their_read(store):
         PlannedCall("both", "shell", 3, data={}, computer=True, needs_approval=True),
     ]
     tid = _turn_at_tools(store, calls)
-    claimed = {c.call_id: store.call_view(tid, 0, c.call_id, "owner-a", 60).claim.won for c in calls}
+    claimed = {c.call_id: call_view(store, tid, 0, c.call_id, "owner-a", 60).claim.won for c in calls}
     assert claimed == {"plain": True, "gated": False, "home": False, "both": False}
     assert set(store._r.hkeys(key(tid, "claims", 0))) == {b"plain"}
     assert [e["call_id"] for e in _events(store, tid, "call_started")] == ["plain"]
@@ -79,7 +80,7 @@ def test_a_duplicated_call_id_that_needs_approval_is_never_claimed_by_its_read(s
         PlannedCall("dup", "read_thing", 1, data={}),
     ]
     tid = _turn_at_tools(store, calls)
-    view = store.call_view(tid, 0, "dup", "owner-a", 60)
+    view = call_view(store, tid, 0, "dup", "owner-a", 60)
     assert view.plan is not None and view.plan.call("dup").needs_approval
     assert not view.claim.won
     assert not store._r.hexists(key(tid, "claims", 0), "dup")
@@ -91,8 +92,8 @@ def test_a_duplicated_call_id_that_needs_approval_is_never_claimed_by_its_read(s
 )
 def test_hostile_call_ids_are_claimed_once_with_a_well_formed_event(store, call_id):
     tid = _turn_at_tools(store, [PlannedCall(call_id, "read_thing", 0, data={}, activity='Rea"ding ✓')])
-    assert store.call_view(tid, 0, call_id, "owner-a", 60).claim.won
-    again = store.call_view(tid, 0, call_id, "owner-b", 60)
+    assert call_view(store, tid, 0, call_id, "owner-a", 60).claim.won
+    again = call_view(store, tid, 0, call_id, "owner-b", 60)
     assert again.claim.tried and not again.claim.won and again.claim.existing["owner"] == "owner-a"
     [started] = _events(store, tid, "call_started")  # parses as JSON: the spliced event is whole
     assert (started["call_id"], started["name"], started["activity"], started["step"]) == (
@@ -103,34 +104,63 @@ def test_hostile_call_ids_are_claimed_once_with_a_well_formed_event(store, call_
     )
 
 
-def test_a_plan_without_its_start_hash_and_a_start_hash_without_its_plan_claim_nothing(store):
+def test_a_call_is_claimed_by_its_read_only_when_its_message_says_so_and_its_plan_is_there(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store._r.delete(key(tid, "start", 0))  # the plan is there, the start hash is not (e.g. an old writer)
-    view = store.call_view(tid, 0, "c1", "owner-a", 60)
-    assert view.plan is not None and not view.claim.tried
+    started = store.plan(tid, 0).started_at_once()["c1"]
+    assert not store._r.exists(key(tid, "start", 0))  # carried by the message, not stored
+    assert not store.call_view(tid, 0, "c1", "owner-a", 60, "").claim.tried  # the message says no
+    assert not store.call_view(tid, 0, "c1", "owner-a", 60).claim.tried  # says nothing, no old start hash
     tid2 = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store._r.delete(key(tid2, "plan", 0))  # the reverse: a start hash with no plan
+    store._r.delete(key(tid2, "plan", 0))  # the message says yes, but there is no plan
     fresh = TurnStore(store._r, progress_timeout=60)  # no plan cached in this process
-    view2 = fresh.call_view(tid2, 0, "c1", "owner-a", 60)
+    view2 = fresh.call_view(tid2, 0, "c1", "owner-a", 60, started)
     assert view2.plan is None and not view2.claim.tried
     assert not store._r.exists(key(tid, "claims", 0)) and not store._r.exists(key(tid2, "claims", 0))
     assert _events(store, tid, "call_started") == [] and _events(store, tid2, "call_started") == []
+
+
+def test_a_destructive_call_is_claimed_at_once_only_by_a_worker_without_replicas_to_wait_for(store):
+    """The message marks a destructive call (``!``); the receiving worker decides, whatever the
+    sender's settings (a control plane releasing a batch may have none)."""
+    tid = _turn_at_tools(store, [PlannedCall("d1", "delete_thing", 0, data={}, destructive=True)])
+    started = store.plan(tid, 0).started_at_once()["d1"]
+    assert started.startswith("!,")
+    fenced = TurnStore(store._r, progress_timeout=60, durability=ReplicaAck(1, 0.1))
+    assert not fenced.call_view(tid, 0, "d1", "owner-a", 60, started).claim.tried  # claimed, then WAIT
+    assert store.call_view(tid, 0, "d1", "owner-a", 60, started).claim.won  # no replica configured
+    [event] = _events(store, tid, "call_started")
+    assert event["name"] == "delete_thing"
+
+
+def test_a_message_from_before_the_cut_is_claimed_by_the_old_writers_start_hash(store):
+    """A turn in flight across the upgrade: its plan's step wrote ``start:{n}`` (an earlier
+    version) and its call's message carries nothing: the read claims it as that version did."""
+    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={}, activity="Reading")])
+    store._r.hset(key(tid, "start", 0), "c1", b',"name":"read_thing","activity":"Reading"}')
+    view = store.call_view(tid, 0, "c1", "owner-a", 60)  # no header
+    assert view.claim.won
+    [started] = _events(store, tid, "call_started")
+    assert (started["name"], started["activity"]) == ("read_thing", "Reading")
+    # and a message that says no is never claimed by an old start hash
+    tid2 = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
+    store._r.hset(key(tid2, "start", 0), "c1", b',"name":"read_thing","activity":""}')
+    assert not store.call_view(tid2, 0, "c1", "owner-a", 60, "").claim.tried
 
 
 @pytest.mark.parametrize("status", TERMINAL)
 def test_an_ended_turn_is_never_claimed_by_a_read(store, status):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store._r.hset(key(tid), "status", status.value)
-    assert not store.call_view(tid, 0, "c1", "owner-a", 60).claim.tried
+    assert not call_view(store, tid, 0, "c1", "owner-a", 60).claim.tried
     assert not store._r.exists(key(tid, "claims", 0))
 
 
 def test_a_turn_moved_to_another_step_or_phase_is_not_claimed(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store._r.hset(key(tid), "phase", "model")
-    assert not store.call_view(tid, 0, "c1", "o", 60).claim.tried
+    assert not call_view(store, tid, 0, "c1", "o", 60).claim.tried
     store._r.hset(key(tid), mapping={"phase": "tools", "step": 1})
-    assert not store.call_view(tid, 0, "c1", "o", 60).claim.tried
+    assert not call_view(store, tid, 0, "c1", "o", 60).claim.tried
     assert not store._r.exists(key(tid, "claims", 0))
 
 
@@ -142,7 +172,7 @@ def test_racing_owners_claim_a_call_exactly_once(store, redis_url):
     def race(i: int) -> None:
         mine = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60)
         barrier.wait()
-        if mine.call_view(tid, 0, "c1", f"owner-{i}", 60).claim.won:
+        if call_view(mine, tid, 0, "c1", f"owner-{i}", 60).claim.won:
             wins.append(f"owner-{i}")
 
     threads = [threading.Thread(target=race, args=(i,)) for i in range(8)]
@@ -266,7 +296,6 @@ def test_a_second_delivery_with_its_own_move_neither_overwrites_nor_moves_twice(
     assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "first"}
     assert store.plan(tid, 0).call("c1") is not None and store.plan(tid, 0).call("c2") is None
     assert store._r.llen(key(tid, "items")) == items and store._r.hget(key(tid), "model_calls") == calls
-    assert not store._r.hexists(key(tid, "start", 0), "c2")  # the loser's claimable calls were not written
     assert [orjson.loads(v)["input_tokens"] for v in store._r.hvals(key(tid, "usage"))] == [3]
     assert len(_events(store, tid, "call_planned")) == 1
 
@@ -278,7 +307,6 @@ def test_the_move_never_applies_to_an_ended_turn(store, status):
     saved = _save(store, tid, {"id": "r"}, then=_move(store, tid))
     assert not saved.began
     assert store.load(tid).phase == "model" and store.plan(tid, 0) is None
-    assert not store._r.exists(key(tid, "start", 0))
 
 
 def test_the_move_never_applies_to_a_turn_at_another_step(store):
@@ -534,7 +562,7 @@ def test_no_script_recreates_an_expired_turn_hash(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     closing = _closing(store, tid)
     store._r.delete(key(tid))  # the turn's hash expired (or was purged) meanwhile
-    assert not store.call_view(tid, 0, "c1", "o", 60).claim.tried
+    assert not call_view(store, tid, 0, "c1", "o", 60).claim.tried
     _, view = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
     assert view is not CLOSED and not store._r.exists(key(tid))
     model = _turn_at_model(store)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.turn.state import CallView
 from worker.turn.store import TurnStore
 
 
@@ -12,3 +13,11 @@ def begin_tools(store: TurnStore, turn_id: str, step: int, *args: Any, **kwargs:
     ``TurnStore.begin_tools_writes(turn_id, step, *args, **kwargs)`` applied, guarded (raises
     ``StaleStep`` when the turn is not at ``step``'s model phase)."""
     store.apply_begin_tools(turn_id, step, store.begin_tools_writes(turn_id, step, *args, **kwargs))
+
+
+def call_view(store: TurnStore, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> CallView:
+    """``TurnStore.call_view`` as a ``tool_call`` task runs it: with what the call's message
+    carries (``Plan.started_at_once`` of the step's plan, ``""`` for a call absent)."""
+    plan = store.plan(turn_id, step)
+    started = plan.started_at_once().get(call_id, "") if plan is not None else ""
+    return store.call_view(turn_id, step, call_id, owner, lease, started)

@@ -78,12 +78,13 @@ class CallRunner:
         self.completion = completion
         self.computers = computers
 
-    def run(self, turn_id: str, step: int, call_id: str, deferrals: int = 0) -> StepOutcome:
+    def run(self, turn_id: str, step: int, call_id: str, deferrals: int = 0, started: str | None = None) -> StepOutcome:
         """Run one planned call, store its result, and close the batch if it is the batch's last.
         ``deferrals``: how often this call was deferred already (its destructive claim reached no
         replica in time): ``deferred`` asks the caller to send it again in ``DEFERRALS[deferrals]``
-        seconds; after the last, the call is reported not run."""
-        view = self.rt.store.call_view(turn_id, step, call_id, owner(), self._lease())
+        seconds; after the last, the call is reported not run. ``started``: what the call's message
+        carries about claiming it with its first read (``TurnStore.call_view``)."""
+        view = self.rt.store.call_view(turn_id, step, call_id, owner(), self._lease(), started)
         state, plan = view.state, view.plan
         if state is None or state.status.terminal or state.step != step or state.phase != "tools":
             return StepOutcome("dropped", "stale call")

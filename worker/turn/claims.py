@@ -44,12 +44,14 @@ return {0, redis.call('HGET', KEYS[1], ARGV[1])}
 
 # Read a tool call's view (the turn hash, the step's plan, whether the call has a result, the
 # cancel flag) and, when the call can be claimed at once, claim it with its ``call_started``
-# event: one round trip. A call can be claimed at once when the step's plan marked it so
-# (``turn:{id}:start:{n}`` holds its event's end: runnable, no approval, no computer; the
-# ``begin_tools`` transition writes it), it has no result, and the turn is at the step's tools
-# phase, not ended.
-# KEYS: turn hash, plan, results, cancel, claims, events, start; ARGV: step, call_id, claim JSON,
-# ttl, the call_started event up to its call_id (the script ends it), events maxlen.
+# event: one round trip. A call can be claimed at once when its message says so (it carries the
+# end of its event: runnable, no approval, no computer, from the step's plan: the dispatcher's
+# ``started``), it has no result, and the turn is at the step's tools phase, not ended. A message
+# sent by an earlier version carries nothing: then ``turn:{id}:start:{n}`` (the old writers' hash of
+# those ends) says it.
+# KEYS: turn hash, plan, results, cancel, claims, events, start (old writers'); ARGV: step, call_id,
+# claim JSON, ttl, the call_started event up to its call_id (the script ends it), events maxlen,
+# the event's end from the message ('-': not claimable at once; '': none carried, read KEYS[7]).
 # Returns {hash (flat), plan or '', has result, cancelled, claim, holder's claim or ''}: claim 0 =
 # not tried, 1 = won, 2 = held.
 _BEGIN_CALL_LUA = (
@@ -61,12 +63,13 @@ local has = redis.call('HEXISTS', KEYS[3], ARGV[2])
 local f = {}
 for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
 local cancelled = f['cancel'] == '1' and 1 or 0  -- the flag's hash field (KEYS[4], its key, is not read)
-if #h == 0 or plan == '' or has == 1 then return {h, plan, has, cancelled, 0, ''} end
+if #h == 0 or plan == '' or has == 1 or ARGV[7] == '-' then return {h, plan, has, cancelled, 0, ''} end
 -- the fence (the guard's test) on the hash just read: the script runs alone, it cannot have changed
 if not f['status'] or terminal[f['status']] or f['step'] ~= ARGV[1] or f['phase'] ~= 'tools' then
   return {h, plan, has, cancelled, 0, ''}
 end
-local rest = redis.call('HGET', KEYS[7], ARGV[2])
+local rest = ARGV[7]
+if rest == '' then rest = redis.call('HGET', KEYS[7], ARGV[2]) end
 if not rest then return {h, plan, has, cancelled, 0, ''} end
 if redis.call('HSETNX', KEYS[5], ARGV[2], ARGV[3]) == 1 then
   redis.call('EXPIRE', KEYS[5], ARGV[4])
@@ -76,12 +79,6 @@ end
 return {h, plan, has, cancelled, 2, redis.call('HGET', KEYS[5], ARGV[2]) or ''}
 """
 )
-
-
-def started_rest(name: str, activity: str) -> bytes:
-    """The end of a call's ``call_started`` event after its ``call_id`` (``,"name":...,
-    "activity":...}``), as ``begin_tools`` stores it for ``Claims.begin_call``."""
-    return b"," + orjson.dumps({"name": name, "activity": activity})[1:]
 
 
 # Store a call's result (first write wins), announce it, push the progress deadline and pass the
@@ -118,16 +115,32 @@ for i = 11, 10 + n do
     push_deadline(); return {stored, 0}
   end
 end
-if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then push_deadline(); return {stored, 0} end
 -- the cancel flag is the hash's field (KEYS[5], its key, is not read); the fence on the same read
-local t = redis.call('HMGET', KEYS[2], 'status', 'step', 'phase', 'cancel')
-local cancelled = t[4] == '1' and 1 or 0
-if ARGV[11 + n] and cancelled == 0 and stored == 1 then  -- the writes carry this caller's result
-  if t[1] and not terminal[t[1]] and t[2] == ARGV[9] and t[3] == 'tools' then
+local function fence() return redis.call('HMGET', KEYS[2], 'status', 'step', 'phase', 'cancel') end
+local function closes(t)  -- the closing writes carry this caller's result: applied if the fence holds
+  if ARGV[11 + n] and t[4] ~= '1' and stored == 1 and t[1] and not terminal[t[1]] and t[2] == ARGV[9]
+    and t[3] == 'tools' then
     apply_writes(11 + n, 7)  -- the closing writes set the next step's deadline
-    return {stored, 2}
+    return true
+  end
+  return false
+end
+local t = nil
+-- The batch is this caller's call alone, given its closing writes: the caller that stores the
+-- result applies them here, in the same script, so the turn moves on before anyone else can see
+-- the result; a later delivery (its result not stored) finds it moved on and stops here. The
+-- barrier key is only needed when the closing writes did not apply (a cancel, an ended turn).
+if n == 1 and ARGV[11] == ARGV[1] and ARGV[12] then
+  t = fence()
+  if closes(t) then return {stored, 2} end
+  if stored == 0 and (not t[1] or terminal[t[1]] or t[2] ~= ARGV[9] or t[3] ~= 'tools') then
+    push_deadline(); return {stored, 0}
   end
 end
+if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then push_deadline(); return {stored, 0} end
+t = t or fence()
+local cancelled = t[4] == '1' and 1 or 0
+if closes(t) then return {stored, 2} end
 push_deadline()
 return {stored, 1, redis.call('HGETALL', KEYS[2]), cancelled, redis.call('HGETALL', KEYS[1])}
 """
@@ -143,7 +156,7 @@ return {stored, 1, redis.call('HGETALL', KEYS[2]), cancelled, redis.call('HGETAL
 # KEYS: turn hash, items, reply memo, cancel, step claim, watch zset, events, node's held tasks,
 # [the step's background response id];
 # ARGV: owner, lease s, deadline, step, now, events maxlen, turn id, the turn_started event's JSON
-# up to its agent_id value (the script completes it with the turn's agent id).
+# up to its agent_id value (the script completes it with the turn's agent id), the lease's end.
 # Returns {hash (flat), items, memo or '', cancelled, claim, started, holder}: claim 0 = not tried
 # (nothing to claim), 1 = won, 2 = held by ``holder``.
 _BEGIN_STEP_LUA = (
@@ -161,7 +174,9 @@ if memo or cancelled == 1 or terminal[f['status']] or f['step'] ~= ARGV[4] or f[
 end
 local won = redis.call('SET', KEYS[5], ARGV[1], 'NX', 'EX', ARGV[2])
 if won then redis.call('HSET', KEYS[8], 'step:' .. ARGV[7], ARGV[7]) end
-redis.call('ZADD', KEYS[6], 'XX', 'GT', ARGV[3], ARGV[7])
+-- the watch's deadline is pushed only when the claim's lease would outlive the one the turn's last
+-- transition set (the hash's ``deadline``: never above the watch's score), most steps need no write
+if (tonumber(f['deadline'] or '') or 0) < tonumber(ARGV[9]) then redis.call('ZADD', KEYS[6], 'XX', 'GT', ARGV[3], ARGV[7]) end
 local response = KEYS[9] and redis.call('GET', KEYS[9]) or ''  -- only asked for in background mode
 if not won then return {h, items, '', 0, 2, 0, redis.call('GET', KEYS[5]) or '', response} end
 local started = 0
@@ -269,10 +284,15 @@ class Claims:
             return True, None
         return False, orjson.loads(raw) if raw else None
 
-    def begin_call(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> CallRead:
+    def begin_call(
+        self, turn_id: str, step: int, call_id: str, owner: str, lease: float, started: str | None = None
+    ) -> CallRead:
         """Read call ``call_id``'s view and, when it can be claimed at once (see the script), claim
         it for ``owner`` (``lease`` seconds) with its ``call_started`` event: one round trip.
-        Raises redis-py's errors as they come (callers wait an outage out: ``worker.turn.outage``)."""
+        ``started``: what the call's message carries (``Plan.started_at_once``): the end of its
+        event when it may be claimed at once, ``""`` when not; None for a message that carries
+        nothing (sent by a version before it: the old writers' start hash is read). Raises
+        redis-py's errors as they come (callers wait an outage out: ``worker.turn.outage``)."""
         claim = {"owner": owner, "lease_until": time.time() + lease}
         h, plan, has, cancelled, tried, existing = self._begin_call(
             keys=[
@@ -291,6 +311,7 @@ class Claims:
                 RETENTION_SECONDS,
                 event_json("call_started", {"step": step, "call_id": call_id})[:-1],
                 EVENTS_MAXLEN,
+                "" if started is None else (started or "-"),
             ],
         )
         outcome = CallClaim(
@@ -302,7 +323,8 @@ class Claims:
         self, turn_id: str, step: int, owner: str, lease: float, held_key: str, *, background: bool = True
     ) -> StepView:
         """Read model step ``step``'s view and, if it is runnable and not memoized, take its model
-        call for ``owner`` (``lease`` seconds; the progress deadline is pushed past it), moving a
+        call for ``owner`` (``lease`` seconds; the progress deadline is pushed past it when the
+        turn's last transition did not set it past already: the hash's ``deadline``), moving a
         queued turn to ``running`` with its ``turn_started`` event: one round trip. ``held_key``:
         the caller's node's held tasks (``worker.turn.liveness.held_key``), where a won claim is
         recorded. The view's ``claim`` says what happened: ``StepClaim(tried, holder, started)``;
@@ -331,6 +353,7 @@ class Claims:
                 EVENTS_MAXLEN,
                 turn_id,
                 event_json("turn_started", {})[:-1] + b',"agent_id":',
+                now + max(1, int(lease)),
             ],
         )
         pairs = _pairs(h)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, NamedTuple
 
+import orjson
+
 Mode = Literal["parallel", "sequential"]
 
 
@@ -80,6 +82,27 @@ class Plan(NamedTuple):
         """The index of the batch that runs ``call_id``, or None (a call that does not run)."""
         return next((i for i, b in enumerate(self.batches) if call_id in b.call_ids), None)
 
+    def started_at_once(self) -> dict[str, str]:
+        """The calls a tool-call task may claim with its first read (``Claims.begin_call``): no
+        approval, no computer (those are claimed once admitted: ``worker.turn.call_runner``).
+        ``call_id`` -> the end of its ``call_started`` event (``started_rest``), prefixed with ``!``
+        for a destructive call, which the call's message carries (the dispatcher's ``started``):
+        no command writes or reads it. A call absent is claimed the long way; so is a ``!`` call by
+        a worker whose destructive claims must reach a replica first (``TurnStore.call_view``:
+        the receiver decides, whatever the sender's settings)."""
+
+        def at_once(c: PlannedCall) -> bool:
+            return c.runnable and not c.needs_approval and not c.computer
+
+        # A call_id that any planned call not claimable at once shares is not either: the runner
+        # reads the first planned call of an id (Plan.call), which may be gated.
+        gated = {c.call_id for c in self.calls if not at_once(c)}
+        return {
+            c.call_id: ("!" if c.destructive else "") + started_rest(c.name, c.activity)
+            for c in self.calls
+            if at_once(c) and c.call_id not in gated
+        }
+
     def batch_indexes(self) -> dict[str, int]:
         """``call_id`` -> the index of the batch that runs it, for every call that runs."""
         return {cid: i for i, b in enumerate(self.batches) for cid in b.call_ids}
@@ -98,6 +121,12 @@ class Plan(NamedTuple):
             [PlannedCall.from_json(c) for c in data["calls"]],
             [Batch(b["mode"], b["call_ids"]) for b in data["batches"]],
         )
+
+
+def started_rest(name: str, activity: str) -> str:
+    """The end of a call's ``call_started`` event after its ``call_id`` (``,"name":...,
+    "activity":...}``), as the call's message carries it (``Plan.started_at_once``)."""
+    return "," + orjson.dumps({"name": name, "activity": activity})[1:].decode()
 
 
 def plan_batches(calls: list[PlannedCall]) -> list[Batch]:

@@ -115,9 +115,11 @@ class TurnEngine:
         """Run model step ``step`` of the turn: ``ModelStep.run``. Raises ``GatewayError`` (retryable)."""
         return self.model_step.run(turn_id, step)
 
-    def run_call(self, turn_id: str, step: int, call_id: str, deferrals: int = 0) -> StepOutcome:
-        """Run one planned tool call: ``CallRunner.run`` (``deferrals``: see there)."""
-        return self.calls.run(turn_id, step, call_id, deferrals)
+    def run_call(
+        self, turn_id: str, step: int, call_id: str, deferrals: int = 0, started: str | None = None
+    ) -> StepOutcome:
+        """Run one planned tool call: ``CallRunner.run`` (``deferrals``, ``started``: see there)."""
+        return self.calls.run(turn_id, step, call_id, deferrals, started)
 
     def redrive(self, turn_id: str, max_redrives: int, reason: str = "no progress") -> StepOutcome:
         """Re-drive a turn that stopped making progress: ``Redrive.run``."""

@@ -93,6 +93,7 @@ class ApprovalGate:
                 queue="tools",
                 labels=call_labels(agent_id, turn_id, step, calls),
                 computer=computer_calls(agent_id, calls),
+                started=plan.started_at_once(),
             )
         return True
 
@@ -107,7 +108,12 @@ class ApprovalGate:
         if approvals.gated(batch, calls) or any(c.computer for c in calls if c.call_id in ids):
             return None
         return self.rt.dispatcher.batch_message(
-            turn_id, step, batch, queue="tools", labels=call_labels(agent_id, turn_id, step, calls)
+            turn_id,
+            step,
+            batch,
+            queue="tools",
+            labels=call_labels(agent_id, turn_id, step, calls),
+            started=plan.started_at_once(),
         )
 
     def admit(self, turn_id: str, step: int, call: PlannedCall) -> tuple[PlannedCall | None, CallResult | None]:

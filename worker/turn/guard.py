@@ -13,7 +13,7 @@ pipeline would build it; only single-key write commands are accepted, and each k
 ``KEYS``.
 
 ``CreateScript`` stores a new turn only if no turn has its id and its agent has not used its
-idempotency key, with its first items, watch deadline, place in the agent's list, places in the
+idempotency key, with its first items, watch deadline, places in the
 listing indexes (``worker.turn.listing``) and ``turn_queued`` event: one round trip where
 ``WATCH``/``GET``/``HGET``/``MULTI`` and the event took four.
 """
@@ -52,6 +52,9 @@ SINGLE_KEY_WRITES = frozenset(
 _CHUNK = 1000  # arguments per recorded write (an even number: HSET takes field/value pairs)
 # Writes whose arguments after the key are values (or HSET's pairs) that may be split in chunks.
 _CHUNKED = frozenset({"RPUSH", "LPUSH", "SADD", "SREM", "HDEL", "ZREM", "HSET"})
+
+# One creation in this many (by its ``created_at`` milliseconds) prunes its agent's listing index.
+PRUNE_EVERY = 16
 
 # A Lua table of the terminal statuses (``TurnStatus.terminal``), for the scripts that fence on them.
 LUA_TERMINAL = "local terminal = {" + ", ".join(f"['{s.value}'] = true" for s in TurnStatus if s.terminal) + "}\n"
@@ -198,19 +201,21 @@ class GuardScript:
         return bool(detail)
 
 
-# KEYS: turn hash, items, watch zset, agent's turn list, events, the index of every turn, the
-# agent's index (``keys.index_key``), the idempotency key ('' for none), then the target of each
-# message command (a queue's list, an event's channel). ARGV: agent id, turn id, retention s, watch
-# deadline, last index kept in the agent's list, turn_queued event, events maxlen, hash argument
-# count, hash field/value pairs..., created_at, the initial items' count, the items..., then per
-# message command its name (LPUSH or PUBLISH) and payload. The indexes are scored by ``created_at``;
-# their entries older than twice the retention are pruned, and the sets expire as long after. The
-# message commands run only when the turn is created, after its writes.
+# KEYS: turn hash, items, watch zset, events, the index of every turn, the agent's index
+# (``keys.index_key``), the idempotency key ('' for none), then the target of each message command (a
+# queue's list, an event's channel). ARGV: agent id, turn id, retention s, watch deadline, turn_queued
+# event, events maxlen, hash argument count, hash field/value pairs..., created_at, the initial
+# items' count, the items..., then per message command its name (LPUSH or PUBLISH) and payload.
+# The indexes are scored by ``created_at``. The agent's index expires twice the retention after its
+# newest turn; its entries older than that are pruned here at one creation in ``PRUNE_EVERY`` (by the
+# creation time's milliseconds: a listing skips and drops stale entries anyway), the index of every
+# turn by the watchdog's sweep (``TurnListing.prune``): no command of their own at most creations.
+# The message commands run only when the turn is created, after its writes.
 # Returns {1, turn id} (created), {0, existing turn id} (the key or the id of this agent was used),
 # or {-1, ''} (the id belongs to another agent).
 _CREATE_LUA = """
-if KEYS[8] ~= '' then
-  local existing = redis.call('GET', KEYS[8])
+if KEYS[7] ~= '' then
+  local existing = redis.call('GET', KEYS[7])
   if existing then return {0, existing} end
 end
 local owner = redis.call('HGET', KEYS[1], 'agent_id')
@@ -218,31 +223,31 @@ if owner then
   if owner ~= ARGV[1] then return {-1, ''} end
   return {0, ARGV[2]}
 end
-if KEYS[8] ~= '' then redis.call('SET', KEYS[8], ARGV[2], 'EX', ARGV[3]) end
-local nh = tonumber(ARGV[8])
-redis.call('HSET', KEYS[1], unpack(ARGV, 9, 8 + nh))
-local ni = tonumber(ARGV[10 + nh])
-local last = 10 + nh + ni
-for i = 11 + nh, last, 1000 do  -- unpack is limited to a few thousand values: push in chunks
+if KEYS[7] ~= '' then redis.call('SET', KEYS[7], ARGV[2], 'EX', ARGV[3]) end
+local nh = tonumber(ARGV[7])
+redis.call('HSET', KEYS[1], unpack(ARGV, 8, 7 + nh))
+local ni = tonumber(ARGV[9 + nh])
+local last = 9 + nh + ni
+for i = 10 + nh, last, 1000 do  -- unpack is limited to a few thousand values: push in chunks
   redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, last)))
 end
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
--- LPUSH answers the list's length: trimmed only when it is longer than kept
-if redis.call('LPUSH', KEYS[4], ARGV[2]) > tonumber(ARGV[5]) + 1 then redis.call('LTRIM', KEYS[4], 0, ARGV[5]) end
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[6])
-local created = tonumber(ARGV[9 + nh])  -- the hash's created_at, as the caller wrote it
-for k = 6, 7 do
-  redis.call('ZADD', KEYS[k], created, ARGV[2])
-  redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. (created - 2 * tonumber(ARGV[3])))
-  redis.call('EXPIRE', KEYS[k], 2 * tonumber(ARGV[3]))
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
+local created = tonumber(ARGV[8 + nh])  -- the hash's created_at, as the caller wrote it
+local kept = 2 * tonumber(ARGV[3])
+redis.call('ZADD', KEYS[5], created, ARGV[2])
+redis.call('ZADD', KEYS[6], created, ARGV[2])
+redis.call('EXPIRE', KEYS[6], kept)
+if math.floor(created * 1000) % PRUNE_EVERY == 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. (created - kept))
 end
-local k = 9
+local k = 8
 for i = last + 1, #ARGV, 2 do
   redis.call(ARGV[i], KEYS[k], ARGV[i + 1])
   k = k + 1
 end
 return {1, ARGV[2]}
-"""
+""".replace("PRUNE_EVERY", str(PRUNE_EVERY))
 CREATE_LUA = _CREATE_LUA  # for a caller that registers it on its own (asyncio) client
 
 
@@ -289,7 +294,6 @@ class CreateScript:
         *,
         retention: int,
         deadline: float,
-        keep: int,
         event: bytes,
         events_maxlen: int,
         idempotency_key: str | None = None,
@@ -304,7 +308,7 @@ class CreateScript:
                 raise ValueError(f"{name} is not a queue message's command")
         pairs: list[Any] = [x for kv in fields.items() for x in kv]
         created = fields["created_at"]  # the indexes' score (``worker.turn.listing``)
-        args = [agent_id, turn_id, retention, deadline, keep - 1, event, events_maxlen, len(pairs), *pairs, created]
+        args = [agent_id, turn_id, retention, deadline, event, events_maxlen, len(pairs), *pairs, created]
         args += [len(items), *items]
         for name, _target, payload in message:
             args += [name, payload]

@@ -8,7 +8,7 @@ work for monitors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from worker.tooling.contract import ToolServices, WorkerTool
 from worker.turn.context import TurnContext
@@ -32,7 +32,14 @@ class Dispatcher(Protocol):
         layer's broker is not the turn store's Redis): the caller sends it with ``enqueue_step``."""
 
     def batch_message(
-        self, turn_id: str, step: int, batch: Batch, *, queue: str, labels: dict[str, str] | None = None
+        self,
+        turn_id: str,
+        step: int,
+        batch: Batch,
+        *,
+        queue: str,
+        labels: dict[str, str] | None = None,
+        started: Mapping[str, str] | None = None,
     ) -> MessageCommands | None:
         """``dispatch_batch``'s messages for a batch without computer calls, as ``step_message``
         gives its one: the Redis commands that would send them, not sent, or None (the caller
@@ -48,11 +55,14 @@ class Dispatcher(Protocol):
         queue: str,
         labels: dict[str, str] | None = None,
         computer: ComputerCalls | None = None,
+        started: Mapping[str, str] | None = None,
     ) -> None:
         """Run the batch's calls: together (``parallel``) or one after another (``sequential``).
         ``labels`` describes each call by ``call_id`` for monitors (``call_labels``); the calls
         named in ``computer`` go to the queue of the node holding the agent's home instead of
-        ``queue`` (``docs/placement.md``)."""
+        ``queue`` (``docs/placement.md``). ``started`` (``Plan.started_at_once``): each call's
+        message carries its entry (``""`` for a call absent), which its task gives
+        ``TurnEngine.run_call``; None: the messages carry nothing."""
 
     def services(self, request: TurnRequest) -> ToolServices:
         """The queue layer's services for the turn's tools (e.g. schedule entries); the turn loop

@@ -10,10 +10,13 @@ The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cl
 - ``turn:{id}`` hash: ``status``, ``step``, ``phase`` (``model`` | ``tools``),
   ``model_calls``, ``request`` (JSON), ``agent_id``, ``final_output``,
   ``error``, ``terminate``, ``invalid_counts`` (JSON), ``loaded_tools``
-  (JSON), ``created_at``/``updated_at`` (epoch seconds), ``redrives``,
+  (JSON), ``created_at``/``updated_at`` (epoch seconds), ``deadline`` (the progress deadline
+  the last transition set in ``turns:watch``, epoch seconds; other writers only push the watch's
+  later, so a step's claim need not push it when its lease ends before), ``redrives``,
   ``traceparent`` (the turn's trace, ``worker.turn.telemetry``).
 - ``turn:{id}:usage`` hash step -> token usage of that model call (``worker.turn.usage``,
-  ``UsageLedger``, held as ``store.usage``).
+  ``UsageLedger``, held as ``store.usage``); it expires with the turn's hash, when the turn ends
+  (a step's record no longer sets its expiry).
 - ``turn:{id}:items`` list: the Responses input items (JSON), in order.
 - ``turn:{id}:reply:{n}``: the memoized model reply of step n (a crash
   never pays for the same tokens twice; written by ``worker.turn.memo``, held as ``store.memo``).
@@ -23,10 +26,12 @@ The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cl
 - ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
 - ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
 - ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).
-- ``turn:{id}:start:{n}`` hash ``call_id`` -> the end of its ``call_started`` event, for each call
-  a tool-call task claims with its first read (``Claims.begin_call``: no approval, no computer).
+- ``turn:{id}:start:{n}`` hash ``call_id`` -> the end of its ``call_started`` event: written by
+  earlier versions for the calls a tool-call task claims with its first read, now carried by each
+  call's message (``Plan.started_at_once``); read only for a message that carries nothing.
 - ``turn:{id}:stepclaim:{n}``: the owner making step n's model call (one model call per step).
-- ``turn:{id}:adv:{n}:{b}``: set once by whoever completes batch b (the barrier).
+- ``turn:{id}:adv:{n}:{b}``: set once by whoever completes batch b (the barrier); not written when
+  a one-call batch's result is stored with the step's closing writes (nothing can close it twice).
 - ``turn:{id}:events`` stream: activity events for the control plane.
 - ``turn:{id}:cancel``: the cancel flag (tools' abort probe); also the turn hash's ``cancel``
   field (``1``), which the step and call scripts read with the hash, and ``turns:cancels``.
@@ -39,10 +44,13 @@ The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cl
   have not reported done.
 - ``turn-idem:<agent_id>:<key>``: an agent's idempotency key -> turn id (per agent: agent ids
   cannot contain ``:``, so two agents never share a key).
-- ``agent:<agent_id>:turns`` list: the agent's most recent turn ids, newest first.
 - ``turns:index`` and ``turns:index:<agent_id>`` sorted sets: every turn id (of every agent, of
-  one agent) scored by its ``created_at``, for listing turns (``worker.turn.listing``); added at
-  creation, entries older than twice the retention pruned there, the sets expiring with it.
+  one agent) scored by its ``created_at``, for listing turns (``worker.turn.listing``) and an
+  agent's most recent turns; added at creation. Entries older than twice the retention are pruned
+  by the watchdog's sweep (every turn's) and at one creation in ``guard.PRUNE_EVERY`` (the agent's,
+  which expires twice the retention after its newest turn). Earlier versions also kept an agent's
+  turns in a list ``agent:<agent_id>:turns``, no longer written nor read (a leftover one never
+  expired: it may be deleted).
 
 Readers outside the store that need a key as an opaque name (the HTTP control plane's asyncio
 client follows a turn's event stream; its token check reads a turn's owner in its own script) take
@@ -78,11 +86,6 @@ def key(turn_id: str, *parts: str | int) -> str:
 def idem_key(agent_id: str, idempotency_key: str) -> str:
     """An agent's idempotency key -> turn id (per agent: agent ids cannot contain ``:``)."""
     return f"turn-idem:{agent_id}:{idempotency_key}"
-
-
-def agent_turns_key(agent_id: str) -> str:
-    """The list of an agent's most recent turn ids, newest first."""
-    return f"agent:{agent_id}:turns"
 
 
 def index_key(agent_id: str | None) -> str:

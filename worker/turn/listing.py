@@ -4,7 +4,9 @@ A part of the store (``worker.turn.keys`` names the keys): the creation script
 (``worker.turn.guard.CreateScript``) adds every turn to two indexes, sorted sets scored by the
 turn's ``created_at``: ``index_key(None)`` (every agent's turns, for tokens that cover all agents)
 and ``index_key(agent_id)`` (one agent's). Entries older than twice the turns' retention are pruned
-at creation, and an entry whose turn expired is skipped (and removed) when a listing meets it.
+by the watchdog's sweep (``TurnListing.prune``: the index of every turn) and at one creation in
+``guard.PRUNE_EVERY`` (an agent's), and an entry whose turn expired is skipped (and removed) when a
+listing meets it.
 
 A status filter is applied to the turns the index yields, not by an index of its own: a page
 examines at most ``scan_limit`` entries, so a page may hold fewer than ``limit`` turns and still
@@ -19,11 +21,13 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from worker.turn.keys import hash_key, index_key
 from worker.turn.request import TurnStatus
+from worker.turn.state import RETENTION_SECONDS
 
 FIELDS = ("status", "step", "model_calls", "agent_id", "created_at", "updated_at", "final_output", "error", "title")
 TITLE_CHARS = 200
@@ -122,6 +126,7 @@ class TurnListing:
 
     def __init__(self, client: Any):
         self._r: Any = client
+        self._pruned_at = 0.0  # prune's last run (epoch s)
 
     def page(
         self,
@@ -199,6 +204,17 @@ class TurnListing:
                 p.hmget(hash_key(turn_id), FIELDS)
             rows: list[list[Any]] = p.execute()
         return rows
+
+    def prune(self, now: float | None = None, every: float = 60.0) -> int:
+        """Drop the entries of the index of every turn created more than twice the retention ago
+        (the creation script no longer does: ``worker.turn.guard``), at most once per ``every``
+        seconds in this process (the watchdog's sweep calls it at each run): one command. Returns
+        how many were dropped."""
+        now = time.time() if now is None else now
+        if now - self._pruned_at < every:
+            return 0
+        self._pruned_at = now
+        return int(self._r.zremrangebyscore(index_key(None), "-inf", f"({now - 2 * RETENTION_SECONDS!r}"))
 
     def _forget(self, keys: list[str], turn_ids: list[str]) -> None:
         """Drop index entries whose turn expired."""

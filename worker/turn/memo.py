@@ -41,7 +41,8 @@ for i = 9, 8 + n do redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'e'
 local t = redis.call('HMGET', KEYS[5], 'status', 'step', 'phase', 'cancel')
 local cancelled = t[4] == '1' and 1 or 0
 local usage_stored = redis.call('HSETNX', KEYS[3], ARGV[4], ARGV[5])
-redis.call('EXPIRE', KEYS[3], ARGV[6])
+-- the usage hash expires with the turn (``TurnStore._retire``); a record made after the end has its own
+if usage_stored == 1 and (not t[1] or terminal[t[1]]) then redis.call('EXPIRE', KEYS[3], ARGV[6]) end
 if not won then
   return {0, redis.call('GET', KEYS[1]) or '', cancelled, usage_stored, redis.call('HVALS', KEYS[3]), 0}
 end

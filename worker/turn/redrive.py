@@ -69,7 +69,14 @@ class Redrive:
                 labels = call_labels(request.agent_id, turn_id, step, plan.calls)
                 computer = computer_calls(request.agent_id, plan.calls)
                 self.rt.dispatcher.dispatch_batch(
-                    turn_id, step, i, Batch(batch.mode, missing), queue="tools", labels=labels, computer=computer
+                    turn_id,
+                    step,
+                    i,
+                    Batch(batch.mode, missing),
+                    queue="tools",
+                    labels=labels,
+                    computer=computer,
+                    started=plan.started_at_once(),
                 )
                 return StepOutcome("redriven", f"batch {i}")
         # All results present but the barrier never closed the last batch: close it now.

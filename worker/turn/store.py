@@ -27,11 +27,11 @@ import redis
 
 from worker.model.items import unanswered_call_ids
 from worker.turn.approvals import ApprovalRecords
-from worker.turn.claims import Claims, started_rest
-from worker.turn.dispatch import Plan, PlannedCall
+from worker.turn.claims import Claims
+from worker.turn.dispatch import Plan
 from worker.turn.durability import NO_REPLICAS, ReplicaAck
 from worker.turn.guard import CancelScript, CreateScript, GuardScript, Writes
-from worker.turn.keys import CANCELS_KEPT, CANCELS_KEY, FINISHING_KEY, WATCH_KEY, agent_turns_key, idem_key, index_key
+from worker.turn.keys import CANCELS_KEPT, CANCELS_KEY, FINISHING_KEY, WATCH_KEY, idem_key, index_key
 from worker.turn.keys import key as _k
 from worker.turn.listing import TurnListing, title_of
 from worker.turn.memo import ReplyMemo
@@ -49,13 +49,6 @@ from worker.turn.state import (
 from worker.turn.usage import UsageLedger
 
 HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
-
-
-def _claimable_at_once(call: PlannedCall, fenced: bool) -> bool:
-    # A call that awaits a person's decision, or the node holding the agent's home, is claimed
-    # only once admitted (worker.turn.call_runner); a destructive one, when its claim must reach a
-    # replica first (``fenced``), by a claim of its own followed by WAIT (worker.turn.durability).
-    return call.runnable and not call.needs_approval and not call.computer and not (fenced and call.destructive)
 
 
 def _interrupted(status: TurnStatus, started: bool) -> str:
@@ -135,11 +128,16 @@ class TurnStore:
         state = TurnState.from_hash(turn_id, h) if h else None
         return AdvanceView(state, h.get(b"cancel") == b"1", parse_results(results))
 
-    def call_view(self, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> CallView:
+    def call_view(
+        self, turn_id: str, step: int, call_id: str, owner: str, lease: float, started: str | None = None
+    ) -> CallView:
         """State, plan, whether the call has a result, and the cancel flag, in one round trip,
         with the call's claim for ``owner`` (``lease`` seconds) when it can be taken at once
-        (``Claims.begin_call``)."""
-        read = self.claims.begin_call(turn_id, step, call_id, owner, lease)
+        (``Claims.begin_call``; ``started``: what the call's message carries, see there and
+        ``Plan.started_at_once``)."""
+        if started and started[0] == "!":  # a destructive call: at once only without replicas to wait for
+            started = "" if self.durability.enabled else started[1:]
+        read = self.claims.begin_call(turn_id, step, call_id, owner, lease, started)
         state = TurnState.from_hash(turn_id, read.turn_hash) if read.turn_hash else None
         plan = self._plans.get((turn_id, step)) or self._parse_plan(turn_id, step, read.raw_plan)
         return CallView(state, plan, read.has_result, read.cancelled, read.claim)
@@ -171,8 +169,8 @@ class TurnStore:
         return v.decode() if v else None
 
     def agent_turns(self, agent_id: str, limit: int = 50) -> list[str]:
-        """The agent's most recent turn ids, newest first."""
-        return [x.decode() for x in self._r.lrange(agent_turns_key(agent_id), 0, limit - 1)]
+        """The agent's most recent turn ids, newest first (its listing index: ``worker.turn.listing``)."""
+        return [x.decode() for x in self._r.zrevrange(index_key(agent_id), 0, limit - 1)]
 
     def overdue(self, now: float | None = None, limit: int = 100) -> list[str]:
         """Turn ids whose progress deadline has passed (for the watchdog)."""
@@ -241,7 +239,7 @@ class TurnStore:
         message as Redis commands, sent only if the turn is created. The reply: ``CreateScript.outcome``."""
         agent_id = request.get("agent_id", "agent")
         now = time.time()
-        keys = [_k(turn_id), _k(turn_id, "items"), WATCH_KEY, agent_turns_key(agent_id), _k(turn_id, "events")]
+        keys = [_k(turn_id), _k(turn_id, "items"), WATCH_KEY, _k(turn_id, "events")]
         keys += [index_key(None), index_key(agent_id)]  # listing turns (worker.turn.listing)
         hash_fields: dict[str, Any] = {
             "status": TurnStatus.queued.value,
@@ -254,12 +252,13 @@ class TurnStore:
             "agent_id": agent_id,
             "title": title_of(request),
             **{"terminate": "0", "invalid_counts": "{}", "loaded_tools": "[]", "created_at": now},
-            **{"updated_at": now, "redrives": 0, **(fields or {})},
+            # The watch's deadline as set here (``_touch`` keeps it): a step's claim reads it with the hash.
+            **{"updated_at": now, "deadline": now + self.progress_timeout, "redrives": 0, **(fields or {})},
         }
         items, idem = [orjson.dumps(i) for i in initial_items], idem_key(agent_id, idempotency_key or "")
         return CreateScript.arguments(
             keys, agent_id, turn_id, hash_fields, items, retention=RETENTION_SECONDS, deadline=now + self.progress_timeout,
-            keep=500, event=event_json("turn_queued", {}), events_maxlen=EVENTS_MAXLEN,
+            event=event_json("turn_queued", {}), events_maxlen=EVENTS_MAXLEN,
             idempotency_key=idem if idempotency_key else None, message=message,
         )  # fmt: skip
 
@@ -291,10 +290,16 @@ class TurnStore:
 
     def _touch(self, pipe: Any, turn_id: str, fields: dict[str, Any], *, ends: bool = False) -> None:
         # Progress: a new deadline (none when it ``ends``: ``_retire`` unwatches), re-drives from 0.
+        # The hash's ``deadline`` is the one set here, read by ``Claims.begin_step`` (which then
+        # need not push the watch's); other writers of the watch only push it later, so the field
+        # never claims a later deadline than the watch holds.
         now = time.time()
-        pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
-        if not ends:
-            pipe.zadd(WATCH_KEY, {turn_id: now + self.progress_timeout})
+        if ends:
+            pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
+            return
+        deadline = now + self.progress_timeout
+        pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now, "deadline": deadline})
+        pipe.zadd(WATCH_KEY, {turn_id: deadline})
 
     @staticmethod
     def _count_model_call(pipe: Any, turn_id: str, fields: dict[str, Any], model_calls: int | None) -> None:
@@ -343,19 +348,9 @@ class TurnStore:
         def w(pipe: Any) -> None:
             if reply_items:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
+            # The calls a tool-call task may claim with its first read are named by their messages
+            # (``Plan.started_at_once``), no longer in a hash of the step's.
             pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
-            # A call_id that any planned call not claimable at once shares is not either: the
-            # runner reads the first planned call of an id (Plan.call), which may be gated.
-            fenced = self.durability.enabled
-            gated = {c.call_id for c in plan.calls if not _claimable_at_once(c, fenced)}
-            at_once = {
-                c.call_id: started_rest(c.name, c.activity)
-                for c in plan.calls
-                if _claimable_at_once(c, fenced) and c.call_id not in gated
-            }
-            if at_once:  # the calls a tool-call task claims with its first read (Claims.begin_call)
-                pipe.hset(_k(turn_id, "start", step), mapping=at_once)
-                pipe.expire(_k(turn_id, "start", step), RETENTION_SECONDS)
             if pre_results:
                 pipe.hset(
                     _k(turn_id, "results", step), mapping={k: orjson.dumps(v.to_json()) for k, v in pre_results.items()}
@@ -521,7 +516,8 @@ class TurnStore:
         """Queue the retirement of an ended turn in ``pipe``: no longer watched, its keys expire. (Its
         end hooks are scheduled by the caller: ``_guarded(ends=True)`` or ``fail``.) Not the cancel flag's: set with it."""
         pipe.zrem(WATCH_KEY, turn_id)
-        for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events")):
+        # The usage hash has no expiry of its own before (``ReplyMemo.save_and_check``).
+        for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events"), _k(turn_id, "usage")):
             pipe.expire(key, RETENTION_SECONDS)
 
     def awaits_hooks(self, turn_id: str) -> bool:
