@@ -176,32 +176,30 @@ class TurnState:
     def from_hash(cls, turn_id: str, h: dict[bytes, bytes]) -> TurnState:
         """Parse the ``turn:{id}`` hash (bytes keys and values)."""
 
-        def g(k: str, d: Any = None) -> Any:
-            return h.get(k.encode(), d)
-
-        def dec(v: Any) -> Any:
-            return v.decode() if isinstance(v, bytes) else v
-
-        raw_request = g("request", b"{}")
+        # Read once per model step (a profile's 5% of the steps worker): bytes keys and one
+        # ``h.get`` each, no per-field closure or key encoding.
+        get = h.get
+        raw_request = get(b"request", b"{}")
+        final_output, error, traceparent = get(b"final_output"), get(b"error"), get(b"traceparent")
         return cls(
             turn_id=turn_id,
-            status=TurnStatus(dec(g("status", b"queued"))),
-            step=int(g("step", b"0")),
-            phase=dec(g("phase", b"model")),
-            model_calls=int(g("model_calls", b"0")),
+            status=TurnStatus(get(b"status", b"queued").decode()),
+            step=int(get(b"step", b"0")),
+            phase=get(b"phase", b"model").decode(),
+            model_calls=int(get(b"model_calls", b"0")),
             request=orjson.loads(raw_request),
-            agent_id=dec(g("agent_id", b"agent")),
-            final_output=dec(g("final_output")),
-            error=dec(g("error")),
-            terminate=g("terminate", b"0") == b"1",
-            finish_misses=int(g("finish_misses", b"0")),
-            unread_replies=int(g("unread_replies", b"0")),
-            invalid_counts=orjson.loads(g("invalid_counts", b"{}")),
-            loaded_tools=orjson.loads(g("loaded_tools", b"[]")),
-            created_at=float(g("created_at", b"0")),
-            updated_at=float(g("updated_at", b"0")),
-            redrives=int(g("redrives", b"0")),
-            traceparent=dec(g("traceparent")),
+            agent_id=get(b"agent_id", b"agent").decode(),
+            final_output=None if final_output is None else final_output.decode(),
+            error=None if error is None else error.decode(),
+            terminate=get(b"terminate", b"0") == b"1",
+            finish_misses=int(get(b"finish_misses", b"0")),
+            unread_replies=int(get(b"unread_replies", b"0")),
+            invalid_counts=orjson.loads(get(b"invalid_counts", b"{}")),
+            loaded_tools=orjson.loads(get(b"loaded_tools", b"[]")),
+            created_at=float(get(b"created_at", b"0")),
+            updated_at=float(get(b"updated_at", b"0")),
+            redrives=int(get(b"redrives", b"0")),
+            traceparent=None if traceparent is None else traceparent.decode(),
             request_raw=raw_request,
         )
 
