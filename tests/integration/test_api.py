@@ -16,6 +16,7 @@ import pytest
 from tests.support.api_server import ApiServer, declared_routes
 from tests.support.private_stack import PrivateStack
 from tests.support.scripts import fc, msg, output_texts, wait_for
+from worker.turn.store import TurnStore
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +164,7 @@ def test_enqueue_errors_have_one_shape_with_the_path(api):
     assert "unknown toolset" in err["message"]
     err = _error(c.post("/v1/turns", json={"agent_id": agent, "input": "x", "toolset": "workflow_task"}), 400)
     assert err["param"] == "toolset"
-    assert api.tokens.r.llen(f"agent:{agent}:turns") == 0  # nothing stored by a refused request
+    assert TurnStore(api.tokens.r).agent_turns(agent) == []  # nothing stored by a refused request
 
 
 def test_runtime_metadata_cannot_be_forged_through_the_api(api):
@@ -174,7 +175,7 @@ def test_runtime_metadata_cannot_be_forged_through_the_api(api):
     for key in ("background_job_id", "workflow_task_id"):
         err = _error(c.post("/v1/turns", json={"agent_id": agent, "input": "x", "metadata": {key: "job-of-b"}}), 400)
         assert err["param"] == f"metadata.{key}"
-    assert api.tokens.r.llen(f"agent:{agent}:turns") == 0
+    assert TurnStore(api.tokens.r).agent_turns(agent) == []
 
 
 def test_body_over_the_size_limit_is_refused_413(api):

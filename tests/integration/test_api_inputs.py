@@ -20,6 +20,7 @@ import pytest
 
 from control.client import ControlPlane, Refused
 from tests.support.api_server import ROOT, ApiServer
+from worker.turn.store import TurnStore
 
 DB = 14  # a database of its own: no worker takes these turns
 
@@ -47,7 +48,7 @@ def _error(resp: httpx.Response, status: int) -> dict:
 
 
 def _nothing_stored(api: ApiServer, agent: str) -> bool:
-    return api.tokens.r.llen(f"agent:{agent}:turns") == 0
+    return TurnStore(api.tokens.r).agent_turns(agent) == []
 
 
 def test_an_empty_message_is_refused_as_the_cli_refuses_it(api):
@@ -84,7 +85,7 @@ def test_an_idempotency_key_reused_for_another_body_is_422_naming_the_key(api):
     assert err["param"] == "Idempotency-Key" and key in err["message"] and first.json()["turn_id"] in err["message"]
     in_body = {"agent_id": agent, "input": "delete my files", "idempotency_key": key}
     assert _error(c.post("/v1/turns", json=in_body), 422)["param"] == "idempotency_key"
-    assert api.tokens.r.llen(f"agent:{agent}:turns") == 1  # the other bodies enqueued nothing
+    assert TurnStore(api.tokens.r).agent_turns(agent) == [first.json()["turn_id"]]  # the others enqueued nothing
 
 
 def test_unknown_event_kinds_are_refused(api):
