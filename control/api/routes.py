@@ -146,17 +146,19 @@ async def enqueue_turn(
     settings = state.settings
     known = state.tokens.known(token)
     call = None
+    checked: Token | None = None  # the token as this request's one check found it
     if known is not None:
         # A token seen before: the request is checked against its remembered record, and its
         # checks in Redis (revoked? its rate) run in the turn's creation script, one round trip.
-        # Any refusal takes the path below, which checks the token first, as every route does.
+        # A request the remembered record refuses takes the path below, which checks the token
+        # first, as every route does.
         try:
             req, key_param = _prepared(body, idempotency_key, known.token)
             call = control.create_call(req)
         except (ApiError, ControlPlaneError):
             call = None
     if call is not None and known is not None:
-        refused, reply = await state.enqueue.run(
+        found, reply = await state.enqueue.run(
             token,
             known,
             call.keys,
@@ -167,16 +169,21 @@ async def enqueue_turn(
             failures=settings.auth_failures,
             window=settings.auth_failure_window,
         )
-        if refused is not None:
-            if refused.token is None:  # revoked (or the address throttled): not remembered
-                state.tokens.forget(token)
-            raise refusal(refused) or ApiError(401, "unknown or revoked token")
-        if reply is None:  # the record changed in Redis: nothing ran; checked again below
+        if found is not None:
+            refused = refusal(found)
+            if refused is not None:
+                if found.token is None:  # revoked (or the address throttled): not remembered
+                    state.tokens.forget(token)
+                raise refused
+            # The record changed in Redis: nothing ran. The script passed the token and counted
+            # this request against its rate: it is checked below against the record as it is now,
+            # not authenticated (and charged) a second time.
             state.tokens.forget(token)
-            call = None
+            call, checked = None, found.token
     if call is None:
-        c = await verify(request, token)
-        req, key_param = _prepared(body, idempotency_key, c.token)
+        if checked is None:
+            checked = (await verify(request, token)).token
+        req, key_param = _prepared(body, idempotency_key, checked)
         call = control.create_call(req)
         reply = await state.create_turn(keys=call.keys, args=call.args)
     turn_id, created = call.result(reply)

@@ -150,12 +150,16 @@ _AUTH_LUA = _AUTH_FN + "return authenticate(KEYS, ARGV)\n"
 # the token passes and its record is the one the caller assumed. KEYS: the three of the auth
 # script, then the body's. ARGV: the five of the auth script, the record's name, agents and
 # lower_approval as assumed, then the body's. Returns the auth reply when it refuses (codes 0, 2,
-# 3, as ``_AUTH_LUA``), {4} when the record differs from the one assumed (nothing run), else
+# 3, as ``_AUTH_LUA``), {4, the auth reply...} when the record differs from the one assumed (the
+# token passed and its request was counted against its rate; the body did not run), else
 # {1, the body's reply...}.
 _AUTHENTICATED = """
 local auth = authenticate({KEYS[1], KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]})
 if auth[1] ~= 1 then return auth end
-if auth[3] ~= ARGV[6] or auth[4] ~= ARGV[7] or auth[10] ~= ARGV[8] then return {4} end
+if auth[3] ~= ARGV[6] or auth[4] ~= ARGV[7] or auth[10] ~= ARGV[8] then
+  table.insert(auth, 1, 4)
+  return auth
+end
 local bk, ba = {}, {}
 for i = 4, #KEYS do bk[#bk + 1] = KEYS[i] end
 for i = 9, #ARGV do ba[#ba + 1] = ARGV[i] end
@@ -348,13 +352,15 @@ class AuthenticatedScript:
         """Check ``token`` as ``TokenStore.authenticate`` does (the same arguments), and when it
         passes and its record is ``assumed`` (``TokenStore.known``'s), run the body with ``keys``
         and ``args``. Returns ``(None, the body's reply)`` when it ran; else ``(the refusal, None)``
-        (an ``AuthResult`` without token, or over its rate), or ``(None, None)`` when the record
-        differs from ``assumed`` (nothing ran: authenticate again). Raises ``redis.RedisError``."""
+        (an ``AuthResult`` without token, or over its rate), or ``(the token's check, None)`` when
+        the record differs from ``assumed``: an ``AuthResult`` that passed (its token as stored
+        now, this request already counted against its rate: do not authenticate it again), the
+        body not run. Raises ``redis.RedisError``."""
         auth_args = [rate, burst, AGENT_FIELD, failures, int(window * 1000)]
         expected = [assumed.token.name, assumed.agents, assumed.lower_approval]
         res = await self._script(keys=[*_auth_keys(token, address), *keys], args=[*auth_args, *expected, *args])
         if res and res[0] == 4:
-            return None, None
+            return _auth_result(res[1:]), None
         if res and res[0] == 1:
             return None, res[1:]
         return _auth_result(res), None

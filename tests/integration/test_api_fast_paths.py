@@ -341,3 +341,30 @@ def test_a_token_seen_before_still_meets_its_rate_and_its_address_throttle():
             assert good.post("/v1/turns", json=body).status_code == 201
         finally:
             srv.stop()
+
+
+def test_a_changed_record_costs_its_enqueue_one_request_of_the_token_rate():
+    """An operator's edit of a token's record (its agents, still covering the agent) between two
+    enqueues: the one script checks the token, charges its rate and finds the record changed.
+    The request is then checked against the record as it is now, without being charged a second
+    time: a token allowed two requests (``burst=2``, no refill to speak of) gets both."""
+    from devtools.embedded_redis import EmbeddedRedis
+
+    with EmbeddedRedis() as emb:
+        srv = ApiServer(emb.control_url).start()
+        try:
+            r = redis.Redis.from_url(emb.control_url)
+            agent = _agent()
+            clear, _ = srv.tokens.create("edited", [agent], rate=0.001, burst=2)
+            c = srv.client(clear)
+            body = {"agent_id": agent, "input": "hello"}
+            assert c.post("/v1/turns", json=body).status_code == 201  # the first sight: remembered
+            r.hset(token_key(digest(clear)), "agents", orjson.dumps([agent, "another-agent"]).decode())
+            resp = c.post("/v1/turns", json=body)  # the second of two allowed
+            assert resp.status_code == 201, resp.text
+            assert r.llen("turns") == 2
+            resp = c.post("/v1/turns", json=body)  # the third: over the rate, as on any path
+            assert resp.status_code == 429 and "rate limit" in resp.json()["error"]["message"]
+            assert r.llen("turns") == 2
+        finally:
+            srv.stop()

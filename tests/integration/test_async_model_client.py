@@ -152,3 +152,36 @@ def test_a_waiting_call_holds_no_request_body():
     finally:
         ep.stop()
     assert ep.answered == 2
+
+
+def test_a_call_redirected_307_or_308_sends_its_whole_body_again(gateway):
+    """An endpoint that answers a model call with 307 or 308 (a gateway that moved, a path with a
+    trailing slash) gets the same POST again at its new place, as before the body was let go once
+    written: the body is made again for the second write, whole (the gateway parses it and
+    answers from its script), not refused as a payload already consumed."""
+    from aiohttp import web
+
+    async def call() -> None:
+        app = web.Application()
+
+        async def moved(request: web.Request) -> web.Response:
+            status = 307 if request.path.endswith("307" + RESPONSES.path) else 308
+            return web.Response(status=status, headers={"Location": gateway.base_url + RESPONSES.path})
+
+        app.router.add_post("/{hop}" + RESPONSES.path, moved)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            for hop in ("307", "308"):
+                client = AsyncModelClient(RESPONSES, f"http://127.0.0.1:{port}/{hop}")
+                try:
+                    assert (await client.create(_request())).text == "hello"
+                    assert (await client.stream(_request(), lambda d: None)).text == "hello"
+                finally:
+                    await client.aclose()
+        finally:
+            await runner.cleanup()
+
+    _run(call())

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import Callable
 
 import aiohttp
 import aiohttp.abc
@@ -86,7 +87,8 @@ class AsyncModelClient:
         answer above ``max_reply_bytes``)."""
         wire = self.wire
         try:
-            async with self.session.post(self.url, data=SentOnce(orjson.dumps(wire.body(request)))) as resp:
+            body = SentOnce(lambda: orjson.dumps(wire.body(request)))
+            async with self.session.post(self.url, data=body) as resp:
                 if resp.status >= 400:
                     raise status_error_of(resp.status, await _error_text(resp))
                 return wire.parse(await _read_body(resp, self.max_reply_bytes))
@@ -113,7 +115,7 @@ class AsyncModelClient:
         if background is not None:
             body, reader = background_body(body), WatchCreated(reader, background.on_created)
         try:
-            async with self.session.post(self.url, data=SentOnce(orjson.dumps(body))) as resp:
+            async with self.session.post(self.url, data=SentOnce(lambda: orjson.dumps(body))) as resp:
                 return await self._answer(resp, reader)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _transport_error(exc, streamed=True) from exc
@@ -154,28 +156,34 @@ class AsyncModelClient:
 
 
 class SentOnce(aiohttp.payload.BytesPayload):
-    """A JSON request body (``bytes``) that lets its bytes go once written.
+    """A JSON request body that lets its bytes go once written, made by ``make`` (the same bytes
+    at each call: ``orjson.dumps`` of a request the caller holds while it waits anyway).
 
     aiohttp keeps a request's payload until its response arrives, and a model call may wait
     minutes for it: a waiting call held its whole serialized request (the conversation and every
-    tool's schema, 8 KB in the benchmark's turn) for nothing. aiohttp never writes a POST body
-    twice (it retries idempotent methods only), so nothing reads the bytes after the write.
+    tool's schema, 8 KB in the benchmark's turn) for nothing. aiohttp writes a POST body a second
+    time only to follow a 307 or 308 redirect (it retries idempotent methods only): that write
+    makes the bytes again (and lets them go again), where a payload marked consumed would fail
+    the call ("Cannot follow redirect with a consumed request body").
     """
 
-    def __init__(self, value: bytes):
-        super().__init__(value, content_type="application/json")
+    def __init__(self, make: Callable[[], bytes]):
+        super().__init__(make(), content_type="application/json")
+        self._make = make
 
     async def write(self, writer: aiohttp.abc.AbstractStreamWriter) -> None:
         """Write the bytes, then drop them."""
         await self.write_with_length(writer, None)
 
     async def write_with_length(self, writer: aiohttp.abc.AbstractStreamWriter, content_length: int | None) -> None:
-        """Write the bytes (at most ``content_length``), then drop them."""
+        """Write the bytes (at most ``content_length``; made again when an earlier write let
+        them go), then drop them."""
+        if not self._value and self._size:
+            self._value = self._make()
         try:
             await super().write_with_length(writer, content_length)
         finally:
             self._value = b""
-            self._consumed = True
 
 
 async def _read_body(resp: aiohttp.ClientResponse, limit: int) -> bytes:
