@@ -21,7 +21,7 @@ from control.api.json_response import JsonResponse
 from control.api.sse import send_turn_events
 from control.api.streams import CappedStream
 from control.api.tokens import Token
-from control.client import INTERNAL_TOOLSETS, ControlPlane
+from control.client import INTERNAL_TOOLSETS, ControlPlane, CreateCall
 from control.errors import ControlPlaneError
 from worker.settings import get_settings
 from worker.turn.approval_policy import below_floor
@@ -142,43 +142,63 @@ async def enqueue_turn(
     ``Idempotency-Key`` header (or the body's ``idempotency_key``), a repeat answers 200 with the
     same turn and enqueues nothing."""
     state = request.app.state
-    control = _control(request)
-    settings = state.settings
+    address = request.client.host if request.client else "unknown"
+    answered = await enqueue_known(state, token, body, idempotency_key, address)
+    if answered is not None:
+        return answered
+    c = await verify(request, token)
+    req, key_param = _prepared(body, idempotency_key, c.token)
+    call = state.control.create_call(req)
+    reply = await state.create_turn(keys=call.keys, args=call.args)
+    return await _enqueued(state.control, call, reply, req, key_param)
+
+
+async def enqueue_known(
+    state: Any, token: str, body: TurnRequest, idempotency_key: str | None, address: str
+) -> JsonResponse | None:
+    """``enqueue_turn`` for a token this process authenticated before (``TokenStore.known``): the
+    request checked against its remembered record, and the token's checks in Redis (revoked? its
+    rate) run in the turn's creation script, one round trip (``tokens.AuthenticatedScript``).
+    ``state``: the app's state; ``address``: the client's. Returns the answer, or None when the
+    request must take the checked way (``verify`` first, then the creation; nothing was created):
+    a token not seen here, a request its record refuses (the checked way answers the token's
+    errors before the request's), or a record that changed in Redis. Raises the route's errors
+    (``ApiError`` for the token's refusals, ``ControlPlaneError``, ``redis.RedisError``)."""
     known = state.tokens.known(token)
-    call = None
-    if known is not None:
-        # A token seen before: the request is checked against its remembered record, and its
-        # checks in Redis (revoked? its rate) run in the turn's creation script, one round trip.
-        # Any refusal takes the path below, which checks the token first, as every route does.
-        try:
-            req, key_param = _prepared(body, idempotency_key, known.token)
-            call = control.create_call(req)
-        except (ApiError, ControlPlaneError):
-            call = None
-    if call is not None and known is not None:
-        refused, reply = await state.enqueue.run(
-            token,
-            known,
-            call.keys,
-            call.args,
-            rate=settings.rate,
-            burst=settings.burst,
-            address=request.client.host if request.client else "unknown",
-            failures=settings.auth_failures,
-            window=settings.auth_failure_window,
-        )
-        if refused is not None:
-            if refused.token is None:  # revoked (or the address throttled): not remembered
-                state.tokens.forget(token)
-            raise refusal(refused) or ApiError(401, "unknown or revoked token")
-        if reply is None:  # the record changed in Redis: nothing ran; checked again below
-            state.tokens.forget(token)
-            call = None
-    if call is None:
-        c = await verify(request, token)
-        req, key_param = _prepared(body, idempotency_key, c.token)
+    if known is None:
+        return None
+    control: ControlPlane = state.control
+    settings = state.settings
+    try:
+        req, key_param = _prepared(body, idempotency_key, known.token)
         call = control.create_call(req)
-        reply = await state.create_turn(keys=call.keys, args=call.args)
+    except (ApiError, ControlPlaneError):
+        return None
+    refused, reply = await state.enqueue.run(
+        token,
+        known,
+        call.keys,
+        call.args,
+        rate=settings.rate,
+        burst=settings.burst,
+        address=address,
+        failures=settings.auth_failures,
+        window=settings.auth_failure_window,
+    )
+    if refused is not None:
+        if refused.token is None:  # revoked (or the address throttled): not remembered
+            state.tokens.forget(token)
+        raise refusal(refused) or ApiError(401, "unknown or revoked token")
+    if reply is None:  # the record changed in Redis: nothing ran; checked again
+        state.tokens.forget(token)
+        return None
+    return await _enqueued(control, call, reply, req, key_param)
+
+
+async def _enqueued(control: ControlPlane, call: CreateCall, reply: Any, req: TurnRequest, key_param: str) -> JsonResponse:
+    """The answer to an enqueue whose creation script answered ``reply``: 201 with the new turn, or
+    200 with the existing one an idempotency key named. Raises ``ApiError`` 422 for a key used for
+    another request, ``ControlPlaneError`` (``Refused``: the turn id is another agent's)."""
     turn_id, created = call.result(reply)
     if created and not call.sends_message:
         await run_in_threadpool(call.send_step)
