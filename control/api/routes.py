@@ -195,7 +195,9 @@ async def enqueue_known(
     return await _enqueued(control, call, reply, req, key_param)
 
 
-async def _enqueued(control: ControlPlane, call: CreateCall, reply: Any, req: TurnRequest, key_param: str) -> JsonResponse:
+async def _enqueued(
+    control: ControlPlane, call: CreateCall, reply: Any, req: TurnRequest, key_param: str
+) -> JsonResponse:
     """The answer to an enqueue whose creation script answered ``reply``: 201 with the new turn, or
     200 with the existing one an idempotency key named. Raises ``ApiError`` 422 for a key used for
     another request, ``ControlPlaneError`` (``Refused``: the turn id is another agent's)."""
