@@ -62,8 +62,7 @@ class Edge:
             await self.inner(scope, receive, send)
             return
         if scope["path"] != ROUTE or scope["method"] != "POST":
-            scope[SERVER_SEND] = send
-            await self.inner(scope, receive, send)
+            await self._lent(scope, receive, send)
             return
         heads = self._headers(scope["headers"])
         if heads is None:
@@ -79,11 +78,21 @@ class Edge:
             if request is not None:
                 response = await self._enqueue(scope, token, request, idempotency_key)
         if response is None:  # not the common case: the framework answers, the body replayed
-            scope[SERVER_SEND] = send
-            await self.inner(scope, _replay(received, receive), send)
+            await self._lent(scope, _replay(received, receive), send)
             return
         await response(scope, receive, send)
         metrics.count(ROUTE, "POST", response.status_code, time.perf_counter() - started)
+
+    async def _lent(self, scope: Any, receive: Any, send: Any) -> None:
+        """``inner``'s answer, its scope carrying ``send`` while it runs. Taken out after: the
+        server's ``send`` is a method of the object holding the scope, and that cycle would keep
+        every finished request's objects until a collection (at 2,000 streams, tens of MB and
+        longer collections)."""
+        scope[SERVER_SEND] = send
+        try:
+            await self.inner(scope, receive, send)
+        finally:
+            scope.pop(SERVER_SEND, None)
 
     def _traced(self) -> bool:
         """True when FastAPI's own telemetry is on (a tracer or meter provider configured in this

@@ -51,3 +51,21 @@ def test_without_a_lent_send_everything_goes_through_the_framework():
     wrapped, server, caps = _run({})
     assert [m.get("body") for m in wrapped[1:]] == [b"a", b"b", b""]
     assert server == [] and caps.open_streams("t") == 0
+
+
+def test_the_edge_lends_the_server_send_only_while_the_request_runs():
+    # The server's send is a method of the object that holds the scope: left in the scope, it
+    # would make a reference cycle of every finished request (kept until a collection).
+    from control.api.edge import Edge
+
+    seen: list[Any] = []
+
+    async def inner(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope.get(SERVER_SEND))
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    scope: dict[str, Any] = {"type": "http", "path": "/v1/turns/x/events", "method": "GET", "headers": []}
+    asyncio.run(Edge(inner, object(), 1024)(scope, None, send))
+    assert seen == [send] and SERVER_SEND not in scope
