@@ -18,6 +18,7 @@ from kombu.exceptions import BatchPublishError, OperationalError  # type: ignore
 from tasks.app import app, broker_connection
 from tasks.recorded_publish import RecordingProducer, Unrecordable
 from tasks.services import turn_services
+from tasks.step_template import StepTemplate
 from worker.placement.records import Placement, node_queue
 from worker.redis_connection import RedisEndpoint, redis_endpoint
 from worker.settings import get_settings
@@ -133,6 +134,7 @@ class CeleryDispatcher:
         self.placement = placement
         self._routes: _Routes | None = None  # own_step_message's, once known (None: cannot record)
         self._routes_known = False
+        self._templates: dict[str, StepTemplate] = {}  # own_step_message's, by queue
 
     def _options(self) -> dict[str, Any]:
         if not self._broker_url or self._broker_url == app.conf.broker_url:
@@ -164,7 +166,15 @@ class CeleryDispatcher:
         routes = self._own_routes()
         if routes is None:
             return None
-        return self._record(routes, self._step_sender(turn_id, step, queue, label))
+        label = label or f"turn={turn_id} step={step}"
+        # Built by Celery once per queue, then written per turn (``tasks.step_template``).
+        template = self._templates.get(queue)
+        if template is None or not template.usable:
+            template = StepTemplate.record(self._step_sender("0" * 32, 0, queue, "-"), routes.topics, routes.expiring)
+            if template is None:
+                return self._record(routes, self._step_sender(turn_id, step, queue, label))
+            self._templates[queue] = template
+        return template.message(turn_id, step, label)
 
     def _own_routes(self) -> _Routes | None:
         if self._broker is None:

@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI, Request
 
 from control.api import collector, errors, metrics, page, routes
 from control.api.auth import authenticate_first, caller
+from control.api.edge import Edge
 from control.api.hub import StreamHub
 from control.api.json_response import JsonResponse
 from control.api.limits import BodySizeLimit
@@ -132,4 +133,5 @@ def create_app(settings: ApiSettings | None = None, *, url: str | None = None) -
             return errors.error_response(503, "Redis is not answering", headers={"Retry-After": "2"})
         return JsonResponse({"ok": True})
 
-    return BodySizeLimit(app, settings.max_body_bytes)  # type: ignore[return-value]
+    # ``POST /v1/turns``'s common case and the event streams' writes skip the framework (``edge``).
+    return Edge(BodySizeLimit(app, settings.max_body_bytes), app, settings.max_body_bytes)  # type: ignore[return-value]

@@ -115,16 +115,11 @@ def install(
     token's refusal (401, 429) comes before the body's."""
 
     def unavailable(exc: Exception) -> JsonResponse:
-        log.warning("Redis unavailable: %s", exc.__class__.__name__)
-        return error_response(
-            503,
-            "the control plane's Redis is not answering; nothing was changed, retry later",
-            headers={"Retry-After": str(retry_after)},
-        )
+        return _unavailable(exc, retry_after)
 
     @app.exception_handler(ApiError)
     async def _api(_: Request, exc: ApiError) -> JsonResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.headers)
+        return answer(exc, retry_after)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JsonResponse:
@@ -143,43 +138,62 @@ def install(
             return error_response(400, f"a JSON object is required as the body (got {_JSON_NAMES.get(got, got)})")
         return error_response(422, f"{path}: {msg}" if path else msg, path or None)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JsonResponse:
-        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+    for kind in (
+        StarletteHTTPException,
+        ControlPlaneError,
+        redis.RedisError,
+        kombu.exceptions.OperationalError,
+        UnicodeEncodeError,
+        orjson.JSONEncodeError,
+        Exception,
+    ):
+        app.add_exception_handler(kind, _handler(retry_after))
 
-    @app.exception_handler(ControlPlaneError)
-    async def _control(_: Request, exc: ControlPlaneError) -> JsonResponse:
+
+def _handler(retry_after: int) -> Callable[[Request, Exception], Awaitable[JsonResponse]]:
+    async def handle(_: Request, exc: Exception) -> JsonResponse:
+        return answer(exc, retry_after)
+
+    return handle
+
+
+def _unavailable(exc: Exception, retry_after: int) -> JsonResponse:
+    log.warning("Redis unavailable: %s", exc.__class__.__name__)
+    return error_response(
+        503,
+        "the control plane's Redis is not answering; nothing was changed, retry later",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def _fault(exc: Exception) -> JsonResponse:
+    log.error("unhandled error: %s", exc.__class__.__name__, exc_info=exc)
+    return error_response(500, "the API failed on this request; it was logged")
+
+
+def answer(exc: Exception, retry_after: int) -> JsonResponse:
+    """The error answer to ``exc`` raised by a route (every kind but a request's validation
+    errors): ``ApiError`` as it says, 404/409/400 for the control plane's refusals, 503 with
+    ``Retry-After`` (``retry_after`` seconds) when Redis or the broker fails, 400 for text that
+    is not valid Unicode, else 500 (logged with its traceback)."""
+    if isinstance(exc, ApiError):
+        return error_response(exc.status, exc.message, exc.param, exc.headers)
+    if isinstance(exc, StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+    if isinstance(exc, ControlPlaneError):
         if isinstance(exc, ControlPlaneUnavailable):
-            return unavailable(exc)
+            return _unavailable(exc, retry_after)
         status = 404 if isinstance(exc, NotFound) else 409 if isinstance(exc, Conflict) else 400
         if not isinstance(exc, (NotFound, Conflict, Refused)):
             log.info("control-plane error: %s", exc)
         return error_response(status, str(exc))
-
-    @app.exception_handler(redis.RedisError)
-    async def _redis(_: Request, exc: redis.RedisError) -> JsonResponse:
-        return unavailable(exc)
-
-    @app.exception_handler(kombu.exceptions.OperationalError)
-    async def _broker(_: Request, exc: kombu.exceptions.OperationalError) -> JsonResponse:
-        return unavailable(exc)
-
-    @app.exception_handler(UnicodeEncodeError)
-    async def _not_unicode(_: Request, exc: UnicodeEncodeError) -> JsonResponse:
+    if isinstance(exc, (redis.RedisError, kombu.exceptions.OperationalError)):
+        return _unavailable(exc, retry_after)
+    if isinstance(exc, UnicodeEncodeError):
         # JSON may escape a lone surrogate (\ud800) that no UTF-8 text can hold: Redis and the
         # stored JSON refuse it when it is written, before anything is stored.
         return error_response(400, "the body holds text that is not valid Unicode (a lone surrogate)")
-
-    @app.exception_handler(orjson.JSONEncodeError)
-    async def _not_json(_: Request, exc: orjson.JSONEncodeError) -> JsonResponse:
+    if isinstance(exc, orjson.JSONEncodeError):
         if "surrogate" in str(exc) or "utf-8" in str(exc).lower():
             return error_response(400, "the body holds text that is not valid Unicode (a lone surrogate)")
-        return _fault(exc)
-
-    def _fault(exc: Exception) -> JsonResponse:
-        log.error("unhandled error: %s", exc.__class__.__name__, exc_info=exc)
-        return error_response(500, "the API failed on this request; it was logged")
-
-    @app.exception_handler(Exception)
-    async def _server_error(_: Request, exc: Exception) -> JsonResponse:
-        return _fault(exc)
+    return _fault(exc)

@@ -44,6 +44,13 @@ REQUEST_SECONDS = Histogram(
 OPEN_STREAMS = Gauge("agent_api_open_streams", "Server-sent event streams open now.", ["route"], registry=REGISTRY)
 
 
+def count(route: str, method: str, status: int, seconds: float) -> None:
+    """Count one answered request (``agent_api_requests_total``, ``agent_api_request_seconds``)
+    taking ``seconds`` to the end of its response, on ``route`` (a path template)."""
+    REQUESTS.labels(route, method, str(status)).inc()
+    REQUEST_SECONDS.labels(route).observe(seconds)
+
+
 def _route(scope: dict[str, Any]) -> str:
     route = scope.get("route")
     path = getattr(route, "path", None)
@@ -79,8 +86,7 @@ class RequestMetrics:
             route = _route(scope)
             if seen["stream"] is not None:
                 OPEN_STREAMS.labels(seen["stream"]).dec()
-            REQUESTS.labels(route, scope.get("method", ""), str(seen["status"])).inc()
-            REQUEST_SECONDS.labels(route).observe(time.perf_counter() - started)
+            count(route, scope.get("method", ""), seen["status"], time.perf_counter() - started)
 
 
 def install(app: FastAPI) -> None:

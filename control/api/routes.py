@@ -21,7 +21,7 @@ from control.api.json_response import JsonResponse
 from control.api.sse import send_turn_events
 from control.api.streams import CappedStream
 from control.api.tokens import Token
-from control.client import INTERNAL_TOOLSETS, ControlPlane
+from control.client import INTERNAL_TOOLSETS, ControlPlane, CreateCall
 from control.errors import ControlPlaneError
 from worker.settings import get_settings
 from worker.turn.approval_policy import below_floor
@@ -142,50 +142,73 @@ async def enqueue_turn(
     ``Idempotency-Key`` header (or the body's ``idempotency_key``), a repeat answers 200 with the
     same turn and enqueues nothing."""
     state = request.app.state
-    control = _control(request)
-    settings = state.settings
+    address = request.client.host if request.client else "unknown"
+    answered = await enqueue_known(state, token, body, idempotency_key, address)
+    if answered is not None:
+        return answered
+    c = await verify(request, token)
+    req, key_param = _prepared(body, idempotency_key, c.token)
+    call = state.control.create_call(req)
+    reply = await state.create_turn(keys=call.keys, args=call.args)
+    return await _enqueued(state.control, call, reply, req, key_param)
+
+
+async def enqueue_known(
+    state: Any, token: str, body: TurnRequest, idempotency_key: str | None, address: str
+) -> JsonResponse | None:
+    """``enqueue_turn`` for a token this process authenticated before (``TokenStore.known``): the
+    request checked against its remembered record, and the token's checks in Redis (revoked? its
+    rate) run in the turn's creation script, one round trip (``tokens.AuthenticatedScript``).
+    ``state``: the app's state; ``address``: the client's. Returns the answer, or None when the
+    request must take the checked way (``verify`` first, then the creation; nothing was created):
+    a token not seen here, a request its record refuses (the checked way answers the token's
+    errors before the request's). A record that changed in Redis is answered here, checked
+    against the record as the script found it (that script already counted the request against
+    the token's rate). Raises the route's errors
+    (``ApiError`` for the token's refusals, ``ControlPlaneError``, ``redis.RedisError``)."""
     known = state.tokens.known(token)
-    call = None
-    checked: Token | None = None  # the token as this request's one check found it
-    if known is not None:
-        # A token seen before: the request is checked against its remembered record, and its
-        # checks in Redis (revoked? its rate) run in the turn's creation script, one round trip.
-        # A request the remembered record refuses takes the path below, which checks the token
-        # first, as every route does.
-        try:
-            req, key_param = _prepared(body, idempotency_key, known.token)
-            call = control.create_call(req)
-        except (ApiError, ControlPlaneError):
-            call = None
-    if call is not None and known is not None:
-        found, reply = await state.enqueue.run(
-            token,
-            known,
-            call.keys,
-            call.args,
-            rate=settings.rate,
-            burst=settings.burst,
-            address=request.client.host if request.client else "unknown",
-            failures=settings.auth_failures,
-            window=settings.auth_failure_window,
-        )
-        if found is not None:
-            refused = refusal(found)
-            if refused is not None:
-                if found.token is None:  # revoked (or the address throttled): not remembered
-                    state.tokens.forget(token)
-                raise refused
-            # The record changed in Redis: nothing ran. The script passed the token and counted
-            # this request against its rate: it is checked below against the record as it is now,
-            # not authenticated (and charged) a second time.
-            state.tokens.forget(token)
-            call, checked = None, found.token
-    if call is None:
-        if checked is None:
-            checked = (await verify(request, token)).token
-        req, key_param = _prepared(body, idempotency_key, checked)
+    if known is None:
+        return None
+    control: ControlPlane = state.control
+    settings = state.settings
+    try:
+        req, key_param = _prepared(body, idempotency_key, known.token)
+        call = control.create_call(req)
+    except (ApiError, ControlPlaneError):
+        return None
+    found, reply = await state.enqueue.run(
+        token,
+        known,
+        call.keys,
+        call.args,
+        rate=settings.rate,
+        burst=settings.burst,
+        address=address,
+        failures=settings.auth_failures,
+        window=settings.auth_failure_window,
+    )
+    if found is not None:
+        refused = refusal(found)
+        if refused is not None:
+            if found.token is None:  # revoked (or the address throttled): not remembered
+                state.tokens.forget(token)
+            raise refused
+        # The record changed in Redis: nothing ran. The script passed the token and counted this
+        # request against its rate: the request is checked against the record as it is now, not
+        # authenticated (and charged) a second time.
+        state.tokens.forget(token)
+        req, key_param = _prepared(body, idempotency_key, found.token)
         call = control.create_call(req)
         reply = await state.create_turn(keys=call.keys, args=call.args)
+    return await _enqueued(control, call, reply, req, key_param)
+
+
+async def _enqueued(
+    control: ControlPlane, call: CreateCall, reply: Any, req: TurnRequest, key_param: str
+) -> JsonResponse:
+    """The answer to an enqueue whose creation script answered ``reply``: 201 with the new turn, or
+    200 with the existing one an idempotency key named. Raises ``ApiError`` 422 for a key used for
+    another request, ``ControlPlaneError`` (``Refused``: the turn id is another agent's)."""
     turn_id, created = call.result(reply)
     if created and not call.sends_message:
         await run_in_threadpool(call.send_step)

@@ -56,6 +56,9 @@ class StreamCaps:
             self._open.pop(token_id, None)
 
 
+# The scope key of the server's own ``send`` (``control.api.edge``): the events' body messages go
+# straight to it, past the framework's wrappers of ``send``, which look at a response's start only.
+SERVER_SEND = "agent.server_send"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -68,7 +71,8 @@ class CappedStream(StreamingResponse):
     """A server-sent event stream admitted by ``caps`` for ``token_id``: its place is released
     once, when the response ends. Its body: ``body``'s chunks (an async iterator of bytes), or
     what ``writer(send)`` writes with the ASGI ``send`` it is given (``http.response.body``
-    messages with ``more_body`` set; the start and the end are this response's)."""
+    messages with ``more_body`` set; the start and the end are this response's): the server's
+    own (``SERVER_SEND`` in the scope) when there is one."""
 
     def __init__(
         self, body: Any, caps: StreamCaps, token_id: str, *, writer: Callable[[Send], Awaitable[None]] | None = None
@@ -76,13 +80,14 @@ class CappedStream(StreamingResponse):
         super().__init__(_nothing() if body is None else body, media_type="text/event-stream", headers=SSE_HEADERS)
         self._caps, self._token_id, self._released = caps, token_id, False
         self._writer = writer
+        self._body_send: Send | None = None
 
     async def stream_response(self, send: Send) -> None:
         if self._writer is None:
             await super().stream_response(send)
             return
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        await self._writer(send)
+        await self._writer(self._body_send or send)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def release(self) -> None:
@@ -91,6 +96,7 @@ class CappedStream(StreamingResponse):
             self._caps.release(self._token_id)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._body_send = scope.get(SERVER_SEND)
         try:
             await super().__call__(scope, receive, send)
         finally:

@@ -368,3 +368,114 @@ def test_a_changed_record_costs_its_enqueue_one_request_of_the_token_rate():
             assert r.llen("turns") == 2
         finally:
             srv.stop()
+
+
+# ----- the edge in front of the framework (control.api.edge) ---------------------------------------
+
+FRAMEWORK = {"content-type": "application/json; charset=utf-8"}  # not the edge's case: the route answers
+
+
+def _answer(resp: httpx.Response, *names: str) -> tuple[int, str, dict[str, str | None]]:
+    """Status, body (turn ids and ``names`` masked) and headers of an answer, to compare two."""
+    text = resp.text
+    for turn_id in set(__import__("re").findall(r"[0-9a-f]{32}", text)):
+        text = text.replace(turn_id, "<turn>")
+    for i, name in enumerate(names):
+        text = text.replace(name, f"<name{i}>")
+    heads = {k: resp.headers.get(k) for k in ("content-type", "content-length", "retry-after", "www-authenticate")}
+    return resp.status_code, text, heads
+
+
+def _requests_counted(c: httpx.Client, status: int) -> float:
+    text = c.get("/metrics").text
+    for line in text.splitlines():
+        if line.startswith("agent_api_requests_total{") and 'route="/v1/turns"' in line and 'method="POST"' in line:
+            if f'status="{status}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_the_edge_answers_an_enqueue_as_the_framework_route_does():
+    from devtools.embedded_redis import EmbeddedRedis
+
+    with EmbeddedRedis() as emb:
+        srv = ApiServer(emb.control_url, AGENT_APPROVAL_MODE="destructive").start()
+        try:
+            r = redis.Redis.from_url(emb.control_url)
+            agent = _agent()
+            other = _agent()  # the framework's requests name this agent, the edge's ``agent``
+            clear, tok = srv.tokens.create("edge", [agent, other], rate=1000, burst=1000)
+            c = srv.client(clear)
+            ops = srv.client(srv.token(None))
+            body = {"agent_id": agent, "input": "hello"}
+            assert c.post("/v1/turns", json=body).status_code == 201  # first sight: the token is known now
+
+            # The same answers both ways: created, repeated, a key reused, refusals of the request.
+            cases = [
+                ({**body, "idempotency_key": "e-1"}, {}),
+                ({**body, "idempotency_key": "e-1"}, {}),  # repeated: 200, the same turn
+                ({**body, "input": "other", "idempotency_key": "e-1"}, {}),  # 422
+                (body, {"Idempotency-Key": "h-1"}),
+                ({**body, "idempotency_key": "b-1"}, {"Idempotency-Key": "h-2"}),  # 400: they differ
+                ({"agent_id": "someone-else", "input": "x"}, {}),  # 403
+                ({**body, "approval": {"mode": "declared"}}, {}),  # 403 below the floor
+                ({**body, "metadata": {"workflow_task_id": "x"}}, {}),  # 400: the runtime's
+                ({**body, "input": 3}, {}),  # 422, the body's schema
+                ({**body, "toolset": "no-such-toolset"}, {}),
+            ]
+            statuses = []
+            for payload, headers in cases:
+                theirs = {**payload, "agent_id": other} if payload["agent_id"] == agent else payload
+                edge = c.post(
+                    "/v1/turns", content=orjson.dumps(payload), headers={"content-type": "application/json", **headers}
+                )
+                framework = c.post("/v1/turns", content=orjson.dumps(theirs), headers={**FRAMEWORK, **headers})
+                assert _answer(edge, agent) == _answer(framework, other), (payload, edge.text, framework.text)
+                statuses.append(edge.status_code)
+            assert statuses == [201, 200, 422, 201, 400, 403, 403, 400, 422, 400], statuses
+            first = c.post("/v1/turns", json={**body, "idempotency_key": "same"})
+            again = c.post("/v1/turns", content=orjson.dumps({**body, "idempotency_key": "same"}), headers=FRAMEWORK)
+            assert (first.status_code, again.status_code) == (201, 200)
+            assert first.json()["turn_id"] == again.json()["turn_id"]
+
+            # Counted in the API's metrics like any request.
+            created = _requests_counted(ops, 201)
+            assert c.post("/v1/turns", json=body).status_code == 201
+            assert _requests_counted(ops, 201) == created + 1
+
+            # Refusals of the token itself, after it was seen: over its rate, revoked.
+            r.hset(token_key(digest(clear)), mapping={"rate": "0.001", "burst": "1"})
+            c.post("/v1/turns", json=body)  # the burst of one, used
+            edge, framework = c.post("/v1/turns", json=body), c.post("/v1/turns", json=body, headers=FRAMEWORK)
+            assert edge.status_code == framework.status_code == 429
+            assert _answer(edge)[1] == _answer(framework)[1]
+            assert srv.tokens.revoke(tok.id)
+            count = r.llen("turns")
+            edge, framework = c.post("/v1/turns", json=body), c.post("/v1/turns", json=body, headers=FRAMEWORK)
+            assert edge.status_code == framework.status_code == 401
+            assert _answer(edge) == _answer(framework)
+            assert r.llen("turns") == count
+        finally:
+            srv.stop()
+
+
+def test_the_edge_hands_a_chunked_or_oversized_body_to_the_framework():
+    from devtools.embedded_redis import EmbeddedRedis
+
+    with EmbeddedRedis() as emb:
+        srv = ApiServer(emb.control_url, AGENT_API_MAX_BODY_BYTES="2048").start()
+        try:
+            agent = _agent()
+            c = srv.client(srv.token([agent]))
+            body = {"agent_id": agent, "input": "hello"}
+            assert c.post("/v1/turns", json=body).status_code == 201
+
+            def chunks():
+                yield orjson.dumps(body)
+
+            resp = c.post("/v1/turns", content=chunks(), headers={"content-type": "application/json"})
+            assert resp.status_code == 201, resp.text  # no Content-Length: the framework's route
+            big = c.post("/v1/turns", json={**body, "input": "x" * 4000})
+            assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
+        finally:
+            srv.stop()
