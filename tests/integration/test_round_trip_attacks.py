@@ -29,6 +29,7 @@ from worker.turn.keys import key
 from worker.turn.request import TurnStatus
 from worker.turn.state import AdvanceView, CallResult
 from worker.turn.store import TurnStore
+from worker.turn.usage import UsageLedger
 
 TERMINAL = [s for s in TurnStatus if s.terminal]
 
@@ -274,29 +275,44 @@ def _turn_at_model(store: TurnStore) -> str:
     return tid
 
 
-def _move(store: TurnStore, tid: str, call_id: str = "c1"):
+def _layout(store: TurnStore, tid: str) -> int:
+    state = store.load(tid)
+    return state.layout if state is not None else 1
+
+
+def _move(store: TurnStore, tid: str, call_id: str = "c1", tokens: int = 3):
     plan = Plan([PlannedCall(call_id, "read_thing", 0, data={})], [Batch("parallel", [call_id])])
     items = [{"type": "function_call", "call_id": call_id}]
-    return store.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": call_id})])
+    layout = _layout(store, tid)
+    usage = UsageLedger.row(0, {"input_tokens": tokens}, "m", layout=2) if layout == 2 else None
+    return store.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": call_id})],
+                                    usage=usage, layout=layout)  # fmt: skip
 
 
 def _save(store: TurnStore, tid: str, reply: dict, then=None, deltas=(), tokens: int = 3):
-    usage = ("0", orjson.dumps({"step": 0, "model": "m", "input_tokens": tokens}))
+    usage = UsageLedger.row(0, {"input_tokens": tokens}, "m", layout=_layout(store, tid))
     return store.memo.save_and_check(tid, 0, reply, {"step": 0}, usage, deltas, then=then)
 
 
-def test_a_second_delivery_with_its_own_move_neither_overwrites_nor_moves_twice(store):
+@pytest.mark.parametrize("layout", [1, 2])
+def test_a_second_delivery_with_its_own_move_neither_overwrites_nor_moves_twice(store, monkeypatch, layout):
+    monkeypatch.setenv("AGENT_TURN_LAYOUT", str(layout))
     tid = _turn_at_model(store)
-    first = _save(store, tid, {"id": "first"}, then=_move(store, tid, "c1"), tokens=3)
+    first = _save(store, tid, {"id": "first"}, then=_move(store, tid, "c1", tokens=3), tokens=3)
     assert first.began
     items = store._r.llen(key(tid, "items"))
     calls = store._r.hget(key(tid), "model_calls")
-    second = _save(store, tid, {"id": "second"}, then=_move(store, tid, "c2"), tokens=99)
-    assert not second.began and second.reply == {"id": "first"}
-    assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "first"}
+    second = _save(store, tid, {"id": "second"}, then=_move(store, tid, "c2", tokens=99), tokens=99)
+    assert not second.began
+    if layout == 1:  # the first reply's memo answers the second
+        assert second.reply == {"id": "first"}
+        assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "first"}
+        assert [orjson.loads(v)["input_tokens"] for v in store._r.hvals(key(tid, "usage"))] == [3]
+    else:  # the first moved the turn on: the second keeps nothing (its own move is then fenced out)
+        assert not second.usage[0] and not store._r.exists(key(tid, "reply", 0))
+        assert store.usage.totals(tid)["input_tokens"] == 3 and store.usage.totals(tid)["model_calls"] == 1
     assert store.plan(tid, 0).call("c1") is not None and store.plan(tid, 0).call("c2") is None
     assert store._r.llen(key(tid, "items")) == items and store._r.hget(key(tid), "model_calls") == calls
-    assert [orjson.loads(v)["input_tokens"] for v in store._r.hvals(key(tid, "usage"))] == [3]
     assert len(_events(store, tid, "call_planned")) == 1
 
 
