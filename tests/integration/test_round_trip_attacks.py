@@ -113,6 +113,7 @@ def test_a_call_is_claimed_by_its_read_only_when_its_message_says_so_and_its_pla
     assert not store.call_view(tid, 0, "c1", "owner-a", 60).claim.tried  # says nothing, no old start hash
     tid2 = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store._r.delete(key(tid2, "plan", 0))  # the message says yes, but there is no plan
+    store._r.hdel(key(tid2), "plan", "plan_step")  # (a layout-2 turn keeps it in its hash)
     fresh = TurnStore(store._r, progress_timeout=60)  # no plan cached in this process
     view2 = fresh.call_view(tid2, 0, "c1", "owner-a", 60, started)
     assert view2.plan is None and not view2.claim.tried
@@ -254,9 +255,10 @@ def test_concurrent_duplicate_results_close_a_one_call_step_once(store, redis_ur
     assert store._r.llen(key(tid, "items")) == items + 1  # one output appended, once
     state = store.load(tid)
     assert (state.step, state.phase) == (1, "model")
-    winner = store.results(tid, 0)["c1"].output
     last = orjson.loads(store._r.lrange(key(tid, "items"), -1, -1)[0])
-    assert last["output"] == winner  # the output appended is the stored result's, not a loser's
+    kept = store.results(tid, 0)
+    # the output appended is the closing result's, not a loser's (a layout-2 one-call step keeps none)
+    assert kept == {} and last["output"] in {f"out-{i}" for i in range(6)}
     assert len(_events(store, tid, "call_completed")) <= 1
 
 
@@ -599,12 +601,19 @@ def test_a_lost_memo_never_moves_a_step_that_is_already_at_its_tools(store):
     assert store.plan(tid, 0).call("c2") is None
 
 
-def test_a_result_that_lost_the_store_never_closes_the_step_with_its_own_output(store):
+@pytest.mark.parametrize("layout", [1, 2])
+def test_a_result_that_lost_the_store_never_closes_the_step_with_its_own_output(store, monkeypatch, layout):
     """The call's result is already stored (a pre-result, or any writer that did not pass the
     barrier): a later result with its closing writes loses the store, so the output it would
-    append is not the stored one: the step must not be closed with it."""
-    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store._r.hset(key(tid, "results", 0), "c1", orjson.dumps(CallResult("stored first").to_json()))
+    append is not the stored one: the step must not be closed with it. (A layout-2 turn's writers
+    of a one-call step's results name the step in the hash: the pre-result here is the plan's.)"""
+    monkeypatch.setenv("AGENT_TURN_LAYOUT", str(layout))
+    tid = uuid.uuid4().hex
+    store.create(tid, {"agent_id": "attack-a", "input": "x"}, [])
+    plan = Plan([PlannedCall("c1", "read_thing", 0, data={})], [Batch("parallel", ["c1"])])
+    begin_tools(
+        store, tid, 0, [{"type": "function_call", "call_id": "c1"}], plan, {"c1": CallResult("stored first")}, {}
+    )
     stored, view = store.claims.record_and_check(
         tid, 0, "c1", CallResult("late"), 0, ["c1"], closing=_closing(store, tid, "late")
     )

@@ -108,13 +108,14 @@ local n = tonumber(ARGV[10])
 local t = nil
 -- The fence (``fence`` below) read once, up front, when this result may close the step by itself.
 if ARGV[2] ~= '' and n == 1 and ARGV[11] == ARGV[1] and ARGV[12] then
-  t = redis.call('HMGET', KEYS[2], 'status', 'step', 'phase', 'cancel', 'layout', 'plan_step')
+  t = redis.call('HMGET', KEYS[2], 'status', 'step', 'phase', 'cancel', 'layout', 'plan_step', 'results_step')
   -- A layout-2 turn (``keys``) whose step kept its plan in the hash (it asked no approval) and is
-  -- this one call: its result is not kept. The closing writes carry it to the turn's items, and
-  -- nothing reads a closed step's results (a redelivery is fenced out by the move: the results of
-  -- a step that ended the turn, or asked approvals, are stored as below).
-  if t[5] == '2' and t[6] == ARGV[9] and t[4] ~= '1' and t[1] and not terminal[t[1]] and t[2] == ARGV[9]
-    and t[3] == 'tools' then
+  -- this one call, with no result stored yet (every writer of such a step's results names the step
+  -- in the hash's ``results_step``): its result is not kept. The closing writes carry it to the
+  -- turn's items, and nothing reads a closed step's results (a redelivery is fenced out by the
+  -- move: the results of a step that ended the turn, or asked approvals, are stored as below).
+  if t[5] == '2' and t[6] == ARGV[9] and t[7] ~= ARGV[9] and t[4] ~= '1' and t[1] and not terminal[t[1]]
+    and t[2] == ARGV[9] and t[3] == 'tools' then
     if ARGV[5] ~= '' then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5]) end
     apply_writes(12, 7)
     return {1, 2}
@@ -127,6 +128,12 @@ local stored = 0
 if ARGV[2] ~= '' then stored = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
 if stored == 1 then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
+  -- a one-call step of a layout-2 turn with a stored result is never closed without it (above)
+  if n == 1 then
+    local layout
+    if t then layout = t[5] else layout = redis.call('HGET', KEYS[2], 'layout') end
+    if layout == '2' then redis.call('HSET', KEYS[2], 'results_step', ARGV[9]) end
+  end
   if ARGV[4] == '1' then redis.call('HSET', KEYS[2], 'terminate', '1') end
   if ARGV[5] ~= '' then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5]) end
 end

@@ -70,7 +70,9 @@ if t[5] == '2' then
     if t[7] == '1' then redis.call('ZADD', KEYS[6], ARGV[8], ARGV[9]); hooks = 1 end
     return {1, '', 0, 1, {}, 2, hooks}
   end
-  if not live then return {1, '', cancelled, 0, rows(), 0, 0} end  -- moved on or ended: nothing to keep
+  if not live then  -- moved on or ended: no memo to keep; its usage counted if no reply's was (first wins)
+    return {1, '', cancelled, redis.call('HSETNX', KEYS[5], ARGV[4], ARGV[5]), rows(), 0, 0}
+  end
   redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
   redis.call('HSET', KEYS[5], 'memo', ARGV[7], ARGV[4], ARGV[5])
   return {1, '', cancelled, 1, rows(), 0, 0}

@@ -410,6 +410,8 @@ class TurnStore:
                 fields[usage[0]] = usage[1]
             if in_hash:
                 fields["plan"], fields["plan_step"] = orjson.dumps(plan.to_json()), step
+                if pre_results:  # a result stored: the step is not closed without keeping them (``Claims``)
+                    fields["results_step"] = step
             self._touch(pipe, turn_id, fields, known_deadline=known_deadline)
             for kind, data in events:
                 self._xadd(pipe, turn_id, kind, data)
