@@ -8,6 +8,10 @@ Lua script runs counts as one, and so do ``MULTI`` and ``EXEC``.
   does not need are gone (the fence's second read of the turn hash, the barrier's check of the
   caller's own result, the deadline an ending undoes, the list trim below its length, the
   ``model_calls`` increment, the cancel flag's second expiry).
+- Layout 2 (the turn hash's ``layout`` mark, ``worker.turn.keys``): a reply's move (to the tools, or
+  the turn's end) in the reply's own script and no memo then, the usage records and a step's plan
+  as hash fields, a one-call step closed without keeping its result, a move that keeps a recent
+  deadline; a turn without the mark keeps its keys.
 """
 
 from __future__ import annotations
