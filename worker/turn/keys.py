@@ -16,7 +16,11 @@ The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cl
   ``traceparent`` (the turn's trace, ``worker.turn.telemetry``), ``layout`` (the layout mark,
   below), and in layout 2: ``usage:{n}`` (step n's usage record, what ``turn:{id}:usage`` holds
   for a turn of layout 1) and ``memo`` (the number of the step whose reply is memoized in
-  ``turn:{id}:reply:{n}``, written only when the reply did not move the turn on in its own script).
+  ``turn:{id}:reply:{n}``, written only when the reply did not move the turn on in its own script),
+  ``plan`` and ``plan_step`` (the plan of the last step that moved to its tools asking no approval,
+  and that step's number: ``turn:{id}:plan:{n}`` holds the others'), ``results_step`` (a one-call
+  step some of whose results are stored in ``turn:{id}:results:{n}``: it is not closed without them;
+  a one-call step closed by its result, without one stored, keeps none there).
 - The layout mark, the hash's ``layout``, written at creation and never changed: absent (layout 1)
   for a turn created by an earlier version, ``2`` (``LAYOUT``) since. Every script that reads a step's
   memo or usage reads the mark with the hash it reads anyway and keeps a layout-1 turn on its own
@@ -36,7 +40,8 @@ The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cl
 - ``turn:{id}:response:{n}``: the id of the background response step n's call started
   (``worker.model.background``; written by ``worker.turn.memo``), so that a re-driven step
   fetches it instead of paying for a new one.
-- ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
+- ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches); in layout 2 only for a
+  step that asks approvals (the others' plan is the hash's ``plan``).
 - ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
 - ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).
 - ``turn:{id}:start:{n}`` hash ``call_id`` -> the end of its ``call_started`` event: written by
