@@ -47,6 +47,31 @@ SEND_OPTIONS: dict[str, Any] = {"ignore_result": True, "kwargsrepr": "{}", "decl
 STARTED_HEADER = "call_started"
 
 
+class _Sent:
+    """What ``app.send_task`` returns for a message ``_send`` sends: the task's id, nothing else.
+
+    Celery builds an ``AsyncResult`` for every message it sends (a promise, weak references) and
+    adds it to the sending task's trail; nothing here reads either (results live in the turn
+    store, and no task waits on another), and building them was a tenth of the cost of a
+    message (bench/README.md, "Worker CPU per turn, second pass")."""
+
+    __slots__ = ("id", "ignored")
+
+    def __init__(self, task_id: str):
+        self.id = task_id
+
+
+def _send(name: str, args: tuple[Any, ...], options: dict[str, Any]) -> None:
+    """Send task ``name`` with ``args`` and ``apply_async``'s ``options`` through ``app.send_task``:
+    the message ``app.signature(name, args).apply_async(**options)`` sends (the task's own options
+    merged by ``send_task``, as by ``Task.apply_async``), without the signature's and the task's
+    layers or the ``AsyncResult`` (``_Sent``). Options given as None are dropped, as the signature
+    drops them. Raises what ``send_task`` raises (kombu's ``OperationalError``...)."""
+    given = {k: v for k, v in options.items() if v is not None}
+    # celery-types types result_cls as an AsyncResult class; send_task only calls it with the id.
+    app.send_task(name, args, result_cls=_Sent, add_to_parent=False, **given)  # type: ignore[arg-type]
+
+
 def publish(send: Callable[[dict[str, Any]], Any], what: str, *, wait: bool) -> None:
     """``send(options)``: a broker publish, ``options`` added to its ``apply_async``.
 
@@ -192,12 +217,11 @@ class CeleryDispatcher:
         """What sends ``turn_step(turn_id, step)`` to ``queue``, given extra ``apply_async`` options
         (a ``producer`` given there replaces this dispatcher's own connection: Celery would
         publish on a new producer of a connection passed with it)."""
-        sig = app.signature(TURN_STEP, (turn_id, step))
         options = {**SEND_OPTIONS, "queue": queue, "argsrepr": label or f"turn={turn_id} step={step}"}
 
         def send(extra: dict[str, Any]) -> Any:
             own = {} if "producer" in extra else self._options()
-            return sig.apply_async(**options, **own, **extra)
+            return _send(TURN_STEP, (turn_id, step), {**options, **own, **extra})
 
         return send
 
@@ -273,7 +297,7 @@ class CeleryDispatcher:
         labels: dict[str, str] | None,
         computer: ComputerCalls | None,
         started: Mapping[str, str] | None = None,
-    ) -> Callable[[dict[str, Any]], None]:
+    ) -> Callable[[dict[str, Any]], Any]:
         """What sends the batch's messages, given extra ``apply_async`` options (``publish``)."""
         labels = labels or {}
         # A header, not an argument: a worker of an earlier version ignores it (and reads what its
@@ -289,19 +313,26 @@ class CeleryDispatcher:
             if routed:
                 node = self.placement.locate(computer.agent_id).node
                 queues.update(dict.fromkeys(routed, node_queue(node) if node else queue))
-        sigs = [
-            # Signature.set passes any option on to apply_async; celery-types declares only some of them.
-            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(  # type: ignore[call-arg]
+        call_options = {
+            cid: {
                 **SEND_OPTIONS,
-                queue=queues[cid],
-                argsrepr=labels.get(cid) or f"turn={turn_id} step={step} call={cid}",
+                "queue": queues[cid],
+                "argsrepr": labels.get(cid) or f"turn={turn_id} step={step} call={cid}",
                 **headers.get(cid, {}),
-            )
+            }
             for cid in batch.call_ids
-        ]
+        }
         # A control plane on its own broker (an approval releasing a batch) sends there, not to the app's.
         options = self._options()
-        if len(sigs) > 1 and batch.mode == "parallel":
+        if len(batch.call_ids) == 1:  # one message: sent as its signature would send it (``_send``)
+            (cid,) = batch.call_ids
+            return lambda extra: _send(TOOL_CALL, (turn_id, step, cid), {**call_options[cid], **options, **extra})
+        sigs = [
+            # Signature.set passes any option on to apply_async.
+            app.signature(TOOL_CALL, (turn_id, step, cid), immutable=True).set(**call_options[cid])
+            for cid in batch.call_ids
+        ]
+        if batch.mode == "parallel":
             # The group's messages one by one, each with the group's id and index as Celery's group
             # stamps them (Flower shows them together), in one publish batch. Celery's ``group``
             # would also subscribe to every call's result in the result backend for its barrier,
@@ -314,14 +345,13 @@ class CeleryDispatcher:
 
             return send
         first: Any = sigs[0]
-        if len(sigs) > 1:
-            # Celery's chain as ``chain(*sigs).apply_async`` sends it: one message, for the first
-            # call, carrying the others last first (frozen: their ids known now), which the worker
-            # sends one after another. Sent here because ``chain.run`` drops the ``producer``
-            # option: the message would leave the publish batch (and a recording producer).
-            for link in sigs[1:]:
-                link.freeze()
-            options = {**options, "chain": sigs[:0:-1]}
+        # Celery's chain as ``chain(*sigs).apply_async`` sends it: one message, for the first
+        # call, carrying the others last first (frozen: their ids known now), which the worker
+        # sends one after another. Sent here because ``chain.run`` drops the ``producer``
+        # option: the message would leave the publish batch (and a recording producer).
+        for link in sigs[1:]:
+            link.freeze()
+        options = {**options, "chain": sigs[:0:-1]}
         return lambda extra: first.apply_async(**options, **extra)
 
     def turn_finished(self, turn_id: str) -> None:

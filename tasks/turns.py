@@ -41,15 +41,23 @@ class TurnFailed(AgentRuntimeError):
     """The turn this task worked on ended with a failure status; the message names the status and reason."""
 
 
-def _report(task: Task[Any, Any], turn_id: str, outcome: StepOutcome) -> dict[str, Any]:
+def _result(outcome: StepOutcome) -> str:
+    """The task's result (what Flower shows): ``"<action>: <detail>"``, or the action alone. Text,
+    not a dict: Celery writes every task's result with its pure-Python ``saferepr`` (for the
+    worker's log and the ``task-succeeded`` event), and a dict of two strings cost it five times
+    what one string does (bench/README.md, "Worker CPU per turn, second pass")."""
+    return f"{outcome.action}: {outcome.detail}" if outcome.detail else outcome.action
+
+
+def _report(task: Task[Any, Any], turn_id: str, outcome: StepOutcome) -> str:
     """What the task does with what the engine did (every ``Action``, matched exhaustively): a
-    forwarded call is sent to its node's queue; otherwise the task's result, and ``TurnFailed``
-    when this very work ended the turn with a failure status (whatever the action: a model step,
-    a call closing the last batch, a re-drive)."""
+    forwarded call is sent to its node's queue; otherwise the task's result (``_result``), and
+    ``TurnFailed`` when this very work ended the turn with a failure status (whatever the action:
+    a model step, a call closing the last batch, a re-drive)."""
     match outcome.action:
         case "forwarded":  # the agent's home is on another node: the call runs there
             forward(task, outcome.detail)  # replaces this task (Celery's Ignore ends it)
-            return {"action": outcome.action, "detail": outcome.detail}
+            return _result(outcome)
         case "deferred":  # a destructive call's claim reached no replica: sent again later, holding nothing
             raise task.retry(countdown=DEFERRALS[task.request.retries], max_retries=len(DEFERRALS))
         case (
@@ -69,7 +77,7 @@ def _report(task: Task[Any, Any], turn_id: str, outcome: StepOutcome) -> dict[st
         ):
             if outcome.ended is not None and outcome.ended.status.failure:
                 _fail_task(turn_id, outcome.ended.status, outcome.ended.error)
-            return {"action": outcome.action, "detail": outcome.detail}
+            return _result(outcome)
         case unknown:
             assert_never(unknown)
 
@@ -86,16 +94,16 @@ def _through_outages(run: Callable[[], T], what: str) -> T:
     return until_redis_answers(run, what=what, timeout=get_settings().redis_outage_timeout)
 
 
-def _fail_turn(turn_id: str, error: str) -> dict[str, Any]:
+def _fail_turn(turn_id: str, error: str) -> str:
     """End the turn ``failed`` with ``error``; raises ``TurnFailed`` when it ended here."""
     engine = get_engine()
     if _through_outages(lambda: engine.fail_turn(turn_id, TurnStatus.failed, error), f"turn {turn_id}"):
         _fail_task(turn_id, TurnStatus.failed, error)
-    return {"action": "failed"}
+    return "failed"
 
 
 @app.task(name="tasks.turns.turn_step", bind=True, acks_late=True, max_retries=MAX_MODEL_RETRIES, throws=(TurnFailed,))
-def turn_step(self: Any, turn_id: str, step: int) -> dict[str, Any]:
+def turn_step(self: Any, turn_id: str, step: int) -> str:
     """Run model step ``step`` of ``turn_id``; retried with backoff on retryable gateway errors."""
     engine = get_engine()
     try:
@@ -134,7 +142,7 @@ _limit = get_settings().tool_time_limit
     time_limit=_limit + 30,
     throws=(TurnFailed,),
 )
-def tool_call(self: Task[Any, Any], turn_id: str, step: int, call_id: str) -> dict[str, Any]:
+def tool_call(self: Task[Any, Any], turn_id: str, step: int, call_id: str) -> str:
     """Run one tool call of step ``step``; the last call of a batch advances the turn. A Redis
     outage is waited out (the call's result is kept until stored: ``worker.turn.outage``). A call
     whose agent's home is on another node is forwarded there (``tasks.placement.forward``). A
