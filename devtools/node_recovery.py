@@ -31,13 +31,14 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import redis
 
 from worker.turn.liveness import HOST
 
 log = logging.getLogger("agent.supervisor")
+_T = TypeVar("_T")
 
 RESTORE_AFTER = 1.5  # seconds: live workers write what they hold every 0.5 s (tasks.liveness)
 # Seconds: a turn that progressed within ``tasks.watchdog.QUIET_FOR`` (3 s) is not judged; after
@@ -99,7 +100,7 @@ class NodeRecovery:
             log.warning("worker %s exited: %d turn(s) without any message re-driven", node, len(found))
 
     @staticmethod
-    def _retry(run: Any, what: str) -> Any:
+    def _retry(run: Callable[[], _T], what: str) -> _T | None:
         deadline = time.monotonic() + GIVE_UP
         delay = 0.2
         while True:

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.provider_choice import current_choice
 from worker.tooling.strict import field_name, to_strict_schema
-from worker.tooling.validators import compile_validator
+from worker.tooling.validators import CompiledValidator, compile_validator
 from worker.tooling.wire import check_root, pointer, wire_copy
 from worker.tooling.wire_profiles import profile_copy, sends_parameters, strict_profile_copy
 
@@ -77,7 +77,7 @@ _INFO_BY_SCHEMA: dict[Any, ValidationInfo] = {}
 EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
-def _schema_key(tool: ToolSpec) -> Any:
+def _schema_key(tool: ToolSpec) -> tuple[object, ...]:
     if tool.input_model is not None:
         return ("model", tool.input_model)
     if tool.json_schema is not None:
@@ -374,7 +374,7 @@ class ValidationInfo:
 
     schema: dict[str, Any]
     properties: dict[str, Any]
-    validator: Any
+    validator: CompiledValidator | None
     resolve: Callable[[Any], Any]
     engine: str = "pydantic"
     integers: bool = False
