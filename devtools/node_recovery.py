@@ -31,11 +31,14 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import redis
 
 from worker.turn.liveness import HOST
+
+if TYPE_CHECKING:  # imported in the background (module docstring)
+    from worker.turn.engine import TurnEngine
 
 log = logging.getLogger("agent.supervisor")
 _T = TypeVar("_T")
@@ -54,7 +57,7 @@ class NodeRecovery:
         self.nodes = set(nodes)
         self.recovered: list[tuple[str, float, dict[str, str]]] = []  # (node, seconds after exit, actions)
         self._ready = threading.Event()
-        self._engine: Any = None
+        self._engine: TurnEngine | None = None
         threading.Thread(target=self._load, name="node-recovery-import", daemon=True).start()
 
     def _load(self) -> None:

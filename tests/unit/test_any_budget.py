@@ -176,7 +176,7 @@ def scan(root: Path = ROOT) -> list[AnyUse]:
 BUDGETS: dict[str, int] = {
     "worker/turn": 200,
     "worker/model": 106,
-    "worker/tooling": 396,
+    "worker/tooling": 392,
     "worker/records": 74,
     "worker/placement": 18,
     "worker/tools": 34,
@@ -184,7 +184,7 @@ BUDGETS: dict[str, int] = {
     "tasks": 130,
     "control/api": 66,
     "control": 44,
-    "devtools": 117,
+    "devtools": 116,
 }
 """The most ``Any`` each package may hold: its count after the last clean-up (lower it, never raise it)."""
 
@@ -223,7 +223,6 @@ FILE_COUNTS: dict[str, int] = {
     "devtools/hosts_operator.py": 4,
     "devtools/jobs_demo.py": 6,
     "devtools/machines.py": 2,
-    "devtools/node_recovery.py": 1,
     "devtools/object_store.py": 1,
     "devtools/podman.py": 1,
     "devtools/scripted_gateway.py": 42,
@@ -276,7 +275,7 @@ FILE_COUNTS: dict[str, int] = {
     "worker/tooling/contract.py": 19,
     "worker/tooling/function_tools.py": 10,
     "worker/tooling/gemini_objects.py": 7,
-    "worker/tooling/json_checks.py": 10,
+    "worker/tooling/json_checks.py": 9,
     "worker/tooling/json_repair_rung.py": 5,
     "worker/tooling/keys.py": 21,
     "worker/tooling/markup.py": 4,
@@ -286,7 +285,7 @@ FILE_COUNTS: dict[str, int] = {
     "worker/tooling/oversized.py": 9,
     "worker/tooling/param_validation.py": 10,
     "worker/tooling/repair.py": 8,
-    "worker/tooling/schemas.py": 35,
+    "worker/tooling/schemas.py": 32,
     "worker/tooling/stream_rungs.py": 1,
     "worker/tooling/strict.py": 36,
     "worker/tooling/strict_limits.py": 11,

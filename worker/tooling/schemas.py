@@ -60,8 +60,8 @@ class ToolSpec(Protocol):
     def defer_loading(self) -> bool: ...
 
 
-_PARAMS_CACHE: dict[Any, dict[str, Any]] = {}
-_DEF_CACHE: dict[Any, dict[str, Any]] = {}
+_PARAMS_CACHE: dict[tuple[object, ...], dict[str, Any]] = {}
+_DEF_CACHE: dict[tuple[object, ...], dict[str, Any]] = {}
 _CACHE_LIMIT = 4096
 # Per tool object (a WorkerTool is frozen and hashed by identity): the definition and the
 # validation info, so a turn that re-assembles the same tools does dict lookups only.
@@ -72,7 +72,7 @@ _DEF_BY_TOOL: "weakref.WeakKeyDictionary[ToolSpec, dict[str, dict[str, Any]]]" =
 # builds a new weak reference each time: 0.2-0.5 us, a tenth of ``validate_json``'s own time).
 _INFO_BY_ID: "dict[int, tuple[weakref.ref[ToolSpec], ValidationInfo]]" = {}
 # ... and per schema content (``_schema_key``: a model class, or a raw schema's canonical JSON).
-_INFO_BY_SCHEMA: dict[Any, ValidationInfo] = {}
+_INFO_BY_SCHEMA: dict[tuple[object, ...], ValidationInfo] = {}
 
 EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
