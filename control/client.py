@@ -425,12 +425,23 @@ class ControlPlane:
             raise Refused("a rejection needs a reason (the model reads it)")
         return self._decide(turn_id, call_id, "rejected", by=by, reason=reason)
 
-    def _decide(self, turn_id: str, call_id: str, decision: approvals.Decision, **kw: Any) -> dict[str, Any]:
-        if not isinstance(kw.get("by"), str) or not kw["by"].strip():
+    def _decide(
+        self,
+        turn_id: str,
+        call_id: str,
+        decision: approvals.Decision,
+        *,
+        by: str,
+        reason: str | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        if not isinstance(by, str) or not by.strip():
             raise ControlPlaneError("a decision needs `by`: who decides (recorded with the time)")
         try:
             with _redis_errors(self.url):
-                rec, changed = self._engine.approvals.decide(turn_id, call_id, decision, **kw)
+                rec, changed = self._engine.approvals.decide(
+                    turn_id, call_id, decision, by=by, reason=reason, params=params
+                )
         except approvals.ApprovalConflict as exc:
             raise Conflict(str(exc)) from exc
         except approvals.ApprovalError as exc:

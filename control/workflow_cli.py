@@ -11,12 +11,15 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, NoReturn
+from typing import TYPE_CHECKING, Any, Iterator, NoReturn
 
 import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:  # imported where used: the CLI starts without them
+    from control.workflow import WorkflowClient
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
@@ -45,7 +48,7 @@ def _exit_on_errors() -> Iterator[None]:
         _fail(f"Redis error: {redact_text(str(exc))}")
 
 
-def _client() -> Any:
+def _client() -> WorkflowClient:
     from control.client import ControlPlane
     from control.workflow import WorkflowClient
 
@@ -53,7 +56,7 @@ def _client() -> Any:
         return WorkflowClient(ControlPlane())
 
 
-def _print(value: Any) -> None:
+def _print(value: object) -> None:
     sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
@@ -76,7 +79,7 @@ def _schema(value: str) -> dict[str, Any]:
     return schema
 
 
-def _wait_and_print(client: Any, task_id: str, timeout: float) -> NoReturn:
+def _wait_and_print(client: WorkflowClient, task_id: str, timeout: float) -> NoReturn:
     with _exit_on_errors():
         task = client.wait(task_id, timeout=timeout)
     _print(task.view())

@@ -11,7 +11,12 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from control.client import ControlPlane
 
 DEMO_MODEL = "demo-approval"
 REJECT_REASON = "notes.md is the only copy of the release notes; keep it"
@@ -25,7 +30,7 @@ def seed_home(home: Path) -> None:
     (home / "notes.md").write_text("# Release notes\n- approvals\n- streaming\n")
 
 
-def _decide(control: Any, turn_id: str, console: Any, done: threading.Event, errors: list[str]) -> None:
+def _decide(control: ControlPlane, turn_id: str, console: Console, done: threading.Event, errors: list[str]) -> None:
     try:
         deadline = time.monotonic() + 60
         pending: list[dict[str, Any]] = []
@@ -52,7 +57,7 @@ def _decide(control: Any, turn_id: str, console: Any, done: threading.Event, err
 
 
 def run_approval_demo(
-    control: Any, *, console: Any, homes_root: Path, agent_id: str | None = None, model: str | None = None
+    control: ControlPlane, *, console: Console, homes_root: Path, agent_id: str | None = None, model: str | None = None
 ) -> bool:
     """Run the demo against a running stack; True when the turn completed, ``build/`` is gone and
     ``notes.md`` is still there. ``model`` defaults to the workers' ``OPENAI_MODEL`` (``make run``

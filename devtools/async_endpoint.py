@@ -183,7 +183,7 @@ class AsyncEndpoint:
             self._thread.join(30)
 
 
-def _dumps(value: Any) -> str:
+def _dumps(value: object) -> str:
     return orjson.dumps(value).decode()
 
 

@@ -34,6 +34,8 @@ import time
 import urllib.parse
 import uuid
 from collections import Counter
+from http.server import BaseHTTPRequestHandler
+from io import BufferedIOBase
 from pathlib import Path
 from typing import Any, Callable
 
@@ -207,7 +209,7 @@ class BackgroundResponses:
             fh.write(orjson.dumps({"body": gen.body, "payload": gen.payload}) + b"\n")
 
 
-def write_frame(wfile: Any, frame: bytes) -> bool:
+def write_frame(wfile: BufferedIOBase, frame: bytes) -> bool:
     """Send one stream frame; False when the client has gone."""
     try:
         wfile.write(frame)
@@ -217,7 +219,9 @@ def write_frame(wfile: Any, frame: bytes) -> bool:
     return True
 
 
-def serve_stream(handler: Any, gen: Generation, after: int = -1, cut: int | None = None, last: bytes = b"") -> bool:
+def serve_stream(
+    handler: BaseHTTPRequestHandler, gen: Generation, after: int = -1, cut: int | None = None, last: bytes = b""
+) -> bool:
     """Stream ``gen``'s events above sequence number ``after`` on ``handler`` (a
     ``BaseHTTPRequestHandler``), waiting for those not made yet, up to its end. ``cut``: stop after
     that many deltas, sending ``last`` (a cut stream; the generation goes on). True when the

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 
-def _text(content: Any) -> str:
+def _text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):

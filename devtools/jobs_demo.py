@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from worker.records.schedules import ScheduleStore, parse_iso
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from control.client import ControlPlane
 
 DEMO_MODEL = "demo-jobs-main"
 DEMO_SCHEDULED_MODEL = "demo-jobs-scheduled"
@@ -46,7 +51,7 @@ class JobsDemoReport:
 
 
 def run_schedule_and_job_demo(
-    control: Any,
+    control: ControlPlane,
     *,
     agent_id: str | None = None,
     model: str = DEMO_MODEL,
@@ -54,8 +59,8 @@ def run_schedule_and_job_demo(
     job_model: str = DEMO_JOB_MODEL,
     timeout: float = 90.0,
     poll: float = 0.25,
-    out: Callable[[str], Any] | None = None,
-    console: Any = None,
+    out: Callable[[str], object] | None = None,
+    console: Console | None = None,
 ) -> JobsDemoReport:
     """Run the schedule + background job demo against a running stack; returns a ``JobsDemoReport``.
 

@@ -31,13 +31,17 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import redis
 
 from worker.turn.liveness import HOST
 
+if TYPE_CHECKING:  # imported in the background (module docstring)
+    from worker.turn.engine import TurnEngine
+
 log = logging.getLogger("agent.supervisor")
+_T = TypeVar("_T")
 
 RESTORE_AFTER = 1.5  # seconds: live workers write what they hold every 0.5 s (tasks.liveness)
 # Seconds: a turn that progressed within ``tasks.watchdog.QUIET_FOR`` (3 s) is not judged; after
@@ -53,7 +57,7 @@ class NodeRecovery:
         self.nodes = set(nodes)
         self.recovered: list[tuple[str, float, dict[str, str]]] = []  # (node, seconds after exit, actions)
         self._ready = threading.Event()
-        self._engine: Any = None
+        self._engine: TurnEngine | None = None
         threading.Thread(target=self._load, name="node-recovery-import", daemon=True).start()
 
     def _load(self) -> None:
@@ -99,7 +103,7 @@ class NodeRecovery:
             log.warning("worker %s exited: %d turn(s) without any message re-driven", node, len(found))
 
     @staticmethod
-    def _retry(run: Any, what: str) -> Any:
+    def _retry(run: Callable[[], _T], what: str) -> _T | None:
         deadline = time.monotonic() + GIVE_UP
         delay = 0.2
         while True:

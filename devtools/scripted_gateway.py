@@ -52,7 +52,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import orjson
 
@@ -94,14 +94,14 @@ def _next_step(items: list[dict[str, Any]]) -> int:
     return highest + 1
 
 
-def responses_frames(payload: dict[str, Any], size: int) -> Any:
+def responses_frames(payload: dict[str, Any], size: int) -> Iterator[tuple[bool, bytes]]:
     """``(is_delta, frame bytes)`` of a Responses event stream."""
     for event in sse_events(payload, chunk=size):
         data = b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
         yield event["type"].endswith(".delta"), data
 
 
-def chat_frames(payload: dict[str, Any], size: int) -> Any:
+def chat_frames(payload: dict[str, Any], size: int) -> Iterator[tuple[bool, bytes]]:
     """``(is_delta, frame bytes)`` of a Chat Completions chunk stream, ``data: [DONE]`` last."""
     for is_delta, chunk in chat_chunks(payload, chunk=size):
         yield is_delta, b"data: " + orjson.dumps(chunk) + b"\n\n"
@@ -119,7 +119,12 @@ def _stream_end(step: dict[str, Any]) -> tuple[int | None, bytes]:
 
 
 def _stream_payload(
-    handler: Any, first_delta_at: dict[str, float], payload: dict[str, Any], step: dict[str, Any], *, chat: bool
+    handler: BaseHTTPRequestHandler,
+    first_delta_at: dict[str, float],
+    payload: dict[str, Any],
+    step: dict[str, Any],
+    *,
+    chat: bool,
 ) -> bool:
     """Stream ``payload`` on ``handler`` as the script ``step`` says (its knobs); True when the
     terminal event was sent. The first delta's time goes to ``first_delta_at``."""
@@ -133,7 +138,7 @@ def _stream_payload(
     cut, last = _stream_end(step)
     deltas = 0
     size = int(step.get("stream_chunk", 12))
-    frames: Any = chat_frames(payload, size) if chat else responses_frames(payload, size)
+    frames = chat_frames(payload, size) if chat else responses_frames(payload, size)
     for is_delta, frame in frames:
         if is_delta:
             if cut is not None and deltas >= cut:

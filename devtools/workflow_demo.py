@@ -24,7 +24,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import orjson
 
@@ -32,6 +32,11 @@ from control.client import ControlPlane
 from control.errors import ControlPlaneError
 from control.workflow import WorkflowClient
 from worker.records.workflow import WorkflowTask
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from devtools.scripted_gateway import ScriptedGateway
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_SCRIPTS = ("demo-workflow-main", "demo-workflow-task", "demo-workflow-followup")
@@ -63,7 +68,7 @@ DEMO_PAGES = [
 ]
 
 
-def load_demo_scripts(gateway: Any, folder: Path | None = None) -> None:
+def load_demo_scripts(gateway: ScriptedGateway, folder: Path | None = None) -> None:
     """Add the demo's scripts (``scripts/demo-workflow-*.json``) to an in-process ``ScriptedGateway``."""
     for name in DEMO_SCRIPTS:
         data = orjson.loads(((folder or ROOT / "scripts") / f"{name}.json").read_bytes())
@@ -90,8 +95,8 @@ def run_workflow_demo(
     *,
     agent_id: str | None = None,
     timeout: float = 120.0,
-    out: Callable[[str], Any] | None = None,
-    console: Any = None,
+    out: Callable[[str], object] | None = None,
+    console: Console | None = None,
 ) -> WorkflowDemoReport:
     """Run the workflow demo (steps in the module docstring) against running workers and gateway.
 

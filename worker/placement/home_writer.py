@@ -50,7 +50,7 @@ class WriteRefused(Exception):
 # ----- the child -----------------------------------------------------------------------------
 
 
-def _parts(path: Any) -> list[str]:
+def _parts(path: object) -> list[str]:
     if not isinstance(path, str) or not path or path.startswith("/") or "\x00" in path:
         raise WriteRefused(f"not a path inside the home: {str(path)[:200]!r}")
     parts = path.split("/")
@@ -59,7 +59,7 @@ def _parts(path: Any) -> list[str]:
     return parts
 
 
-def _target_ok(parts: list[str], target: Any) -> str:
+def _target_ok(parts: list[str], target: object) -> str:
     if not isinstance(target, str) or not target or target.startswith("/") or "\x00" in target:
         raise WriteRefused(f"a link leading outside the home: {str(target)[:200]!r}")
     depth = len(parts) - 1

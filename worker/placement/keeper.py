@@ -16,12 +16,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 import redis
 
 from worker.placement.homes import NodeHomes
-from worker.placement.scheduler import FairScheduler
+from worker.placement.scheduler import Done, FairScheduler
 from worker.placement.snapshots import SnapshotError
 
 log = logging.getLogger("agent.placement")
@@ -50,8 +49,8 @@ class Keeper:
         self.placement.beat(self.node, self.homes.describe())
 
     # ----- submitting ----------------------------------------------------------
-    def _done(self, release: bool) -> Any:
-        def done(agent_id: str, outcome: Any, error: BaseException | None) -> None:
+    def _done(self, release: bool) -> Done:
+        def done(agent_id: str, outcome: str | None, error: BaseException | None) -> None:
             if isinstance(error, SnapshotError):
                 log.error("snapshot of %s on %s failed: %s", agent_id, self.node, error)
                 outcome = "failed"

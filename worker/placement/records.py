@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+import redis
+from redis.typing import EncodableT, FieldT
 
 NODES_KEY = "agent:homes:nodes"
 DRAINING_KEY = "agent:homes:draining"
@@ -177,7 +180,7 @@ class SnapshotInfo:
     failure: str = ""
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -185,7 +188,7 @@ class Placement:
     """The placement records in the Redis at ``r``; a node is live while its heartbeat is at most
     ``ttl`` seconds old (``Settings.liveness_ttl``, as for worker liveness). Methods raise redis errors."""
 
-    def __init__(self, r: Any, ttl: float):
+    def __init__(self, r: redis.Redis, ttl: float):
         self.r = r
         self.ttl = ttl
         self._locate = r.register_script(_LOCATE_LUA)
@@ -219,7 +222,8 @@ class Placement:
         """``node`` is live (call every ``ttl / 3``); ``info`` is what it tells operators. Returns
         the server time of the beat."""
         if info:
-            self.r.hset(node_key(node), mapping=info)
+            fields: dict[FieldT, EncodableT] = {k: v for k, v in info.items()}  # redis-py's key type is invariant
+            self.r.hset(node_key(node), mapping=fields)
         return float(_text(self._beat(keys=[NODES_KEY], args=[node])))
 
     def nodes(self) -> dict[str, dict[str, Any]]:
@@ -228,7 +232,9 @@ class Placement:
         now = self._now()
         draining = {_text(n) for n in self.r.smembers(DRAINING_KEY)}
         out: dict[str, dict[str, Any]] = {}
-        for raw, score in self.r.zrange(NODES_KEY, 0, -1, withscores=True):
+        # (member, score) pairs: redis-py's stubs type ZRANGE's reply as members only
+        scored = cast("list[tuple[bytes, float]]", self.r.zrange(NODES_KEY, 0, -1, withscores=True))
+        for raw, score in scored:
             n = _text(raw)
             info = {_text(k): _text(v) for k, v in self.r.hgetall(node_key(n)).items()}
             age = max(0.0, now - float(score))

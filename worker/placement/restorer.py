@@ -38,7 +38,7 @@ from typing import IO, Any, Iterator
 from worker.placement import entries as ent
 from worker.placement.entries import DIR, FILE, LINK, Entry, Limits
 from worker.placement.home_writer import HomeWriter, WriteRefused
-from worker.placement.signing import CHANGED, MAX_HEADER_BYTES, SnapshotKey, SnapshotRefused
+from worker.placement.signing import CHANGED, MAX_HEADER_BYTES, Header, SnapshotKey, SnapshotRefused
 from worker.placement.snapshots import MAX_MANIFEST_JSON, MAX_MANIFEST_OBJECT, SnapshotStore
 
 log = logging.getLogger("agent.placement")
@@ -180,7 +180,11 @@ class Restorer:
 
     # ----- writing -------------------------------------------------------------------------------
     def _write(
-        self, home: Path, owner: tuple[int, int] | None, limits: Limits, items: Iterator[tuple[Entry, Any]]
+        self,
+        home: Path,
+        owner: tuple[int, int] | None,
+        limits: Limits,
+        items: Iterator[tuple[Entry, Iterator[tuple[int, bytes]] | None]],
     ) -> int:
         """Empty ``home`` and create each entry of ``items`` in it through a ``HomeWriter``; a file's
         entry comes with an iterator of ``(offset, bytes)``. Empties the home again on any failure."""
@@ -194,6 +198,7 @@ class Restorer:
                         writer.symlink(e.path, e.target)
                     else:
                         writer.open_file(e.path, e.mode, e.size, e.mtime_ns)
+                        assert data is not None  # a file's entry comes with its pieces
                         for offset, piece in data:
                             writer.write(offset, piece)
                         writer.close_file()
@@ -245,7 +250,7 @@ class Restorer:
             body = _Hashing(raw, first[offset:])
             members = _tar_members(body)
 
-            def items() -> Iterator[tuple[Entry, Any]]:
+            def items() -> Iterator[tuple[Entry, Iterator[tuple[int, bytes]] | None]]:
                 for e in listed:
                     if e.kind == DIR and e.whole:  # a directory the archive implied
                         yield e, None
@@ -265,7 +270,7 @@ class Restorer:
         finally:
             raw.close()
 
-    def _scan_tar(self, key: str, expect: dict[str, Any], limits: Limits) -> tuple[Any, list[Entry]]:
+    def _scan_tar(self, key: str, expect: dict[str, Any], limits: Limits) -> tuple[Header, list[Entry]]:
         """The first pass: MAC, every member converted and checked, the body's digest. Nothing written."""
         raw = self.store.stream(key, "the snapshot")
         try:

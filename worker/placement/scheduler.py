@@ -20,12 +20,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Generator
+from typing import Callable, Generator
 
 log = logging.getLogger("agent.placement")
 
-Steps = Generator[float | None, None, Any]
-Done = Callable[[str, Any, BaseException | None], None]
+Steps = Generator[float | None, None, str]
+"""A snapshot's steps: each yields ``None`` (more to do) or seconds to wait; it returns its outcome."""
+Done = Callable[[str, str | None, BaseException | None], None]
+"""``done(key, outcome, error)``: the outcome is ``None`` when the steps raised or never ended."""
 
 
 @dataclass
@@ -132,7 +134,7 @@ class FairScheduler:
                     continue
             self._finish(job, None, RuntimeError("the node is stopping"), close=True)
 
-    def _finish(self, job: _Job, result: Any, error: BaseException | None, close: bool = False) -> None:
+    def _finish(self, job: _Job, result: str | None, error: BaseException | None, close: bool = False) -> None:
         if close:
             try:
                 job.steps.close()

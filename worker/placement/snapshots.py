@@ -18,6 +18,7 @@ content can never be confirmed through the store.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -25,7 +26,7 @@ import time
 import uuid
 import zlib
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 from urllib.parse import urlsplit
 
 from worker.placement.entries import MAX_CHUNK, Chunk
@@ -68,12 +69,11 @@ def decode_chunk(stored: bytes, chunk: Chunk) -> bytes:
     return data
 
 
-def _errors(what: str) -> Any:
+def _errors(what: str) -> contextlib.AbstractContextManager[None]:
     """A context manager turning botocore's and the network's errors into ``SnapshotError``."""
-    import contextlib
 
     @contextlib.contextmanager
-    def guard() -> Any:
+    def guard() -> Iterator[None]:
         try:
             yield
         except (SnapshotError, SnapshotRefused):

@@ -14,6 +14,8 @@ import time
 from typing import Any, Callable
 
 import orjson
+import redis
+from redis.client import Pipeline
 
 # 2: exists already (the same call ran again); 0: the agent is at the cap; 1: created.
 _CREATE_LUA = """
@@ -36,7 +38,7 @@ class AgentRecords:
     ``is_active(record) -> bool`` says whether a record still counts against the cap.
     """
 
-    def __init__(self, client: Any, kind: str, is_active: Callable[[dict[str, Any]], bool]):
+    def __init__(self, client: redis.Redis, kind: str, is_active: Callable[[dict[str, Any]], bool]):
         self.r = client
         self.kind = kind
         self.is_active = is_active
@@ -62,7 +64,8 @@ class AgentRecords:
     def list(self, agent_id: str, limit: int) -> list[dict[str, Any]]:
         """The agent's records, newest first (at most ``limit``)."""
         ids = [
-            x.decode() if isinstance(x, bytes) else x for x in self.r.zrevrange(self.all_key(agent_id), 0, limit - 1)
+            x.decode() if isinstance(x, bytes) else str(x)
+            for x in self.r.zrevrange(self.all_key(agent_id), 0, limit - 1)
         ]
         if not ids:
             return []
@@ -90,7 +93,7 @@ class AgentRecords:
         key = self.key(record_id)
         out: dict[str, Any] | None = None
 
-        def txn(pipe: Any) -> None:
+        def txn(pipe: Pipeline) -> None:
             nonlocal out
             out = None
             raw = pipe.get(key)

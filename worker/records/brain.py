@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import redis
 
 from worker.errors import AgentRuntimeError
 
@@ -136,7 +137,7 @@ def snippet(text: str, terms: set[str], width: int = SNIPPET_CHARS) -> str:
 class BrainStore:
     """An agent's pages in Redis. ``redis`` is a ``redis.Redis`` client (bytes responses)."""
 
-    def __init__(self, redis: Any, agent_id: str):
+    def __init__(self, redis: redis.Redis, agent_id: str):
         self.r = redis
         self.agent_id = agent_id
         self.key = brain_key(agent_id)

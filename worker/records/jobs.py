@@ -36,6 +36,8 @@ import hashlib
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+import redis
+
 from worker.errors import AgentRuntimeError
 from worker.records.agent_records import AT_CAP, EXISTED, AgentRecords
 
@@ -59,7 +61,7 @@ def job_id_for(turn_id: str, call_id: str) -> str:
 class JobStore:
     """Job records over a ``redis.Redis`` client (``worker.records.agent_records`` holds the keys and the cap)."""
 
-    def __init__(self, client: Any):
+    def __init__(self, client: redis.Redis):
         self.r = client
         self._records = AgentRecords(client, "job", lambda rec: rec["status"] not in FINISHED)
 

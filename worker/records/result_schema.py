@@ -10,6 +10,7 @@ at commit time, ``worker.records.workflow``, whatever the tool already checked).
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from typing import Any, Callable
 from urllib.parse import unquote
 
@@ -17,6 +18,7 @@ import jsonschema
 import orjson
 import referencing.exceptions
 import referencing.jsonschema
+from jsonschema.protocols import Validator
 from referencing import Registry
 
 from worker.errors import AgentRuntimeError
@@ -109,7 +111,7 @@ def _where(path: tuple[Any, ...]) -> str:
     return "/" + "/".join(str(p) for p in path) if path else "<root>"
 
 
-def _root_resolver(schema: dict[str, Any], cls: Any) -> Any:
+def _root_resolver(schema: dict[str, Any], cls: type[Validator]) -> Any:
     """A ``referencing`` resolver at ``schema``'s root (its draft): ``lookup(ref)`` as ``jsonschema`` does."""
     spec = referencing.jsonschema.specification_with(
         cls.META_SCHEMA.get("$id") or cls.META_SCHEMA.get("id") or "", default=referencing.jsonschema.DRAFT202012
@@ -117,7 +119,9 @@ def _root_resolver(schema: dict[str, Any], cls: Any) -> Any:
     return Registry().resolver_with_root(spec.create_resource(schema))
 
 
-def _check_refs(schema: dict[str, Any], cls: Any, what: str) -> None:
+def _check_refs(
+    schema: dict[str, Any], cls: Any, what: str
+) -> None:  # the draft's class: its ID_OF is not in the stubs' Validator
     """Refuse refs the wrapper cannot carry: non-local, anchors, dynamic refs, nested ``$id``, unresolvable."""
     resolver = _root_resolver(schema, cls)
     for path, node in _schema_nodes(schema):
@@ -301,7 +305,7 @@ def _check_sendable(result_schema: dict[str, Any]) -> None:
         raise WorkflowError(f"result_schema cannot be sent to the model: {exc}") from None
 
 
-def _loc(parts: Any) -> str:
+def _loc(parts: Iterable[str | int]) -> str:
     out = ""
     for p in parts:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))

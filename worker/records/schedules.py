@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
+import redis
+
 from worker.errors import AgentRuntimeError
 from worker.records.agent_records import AT_CAP, EXISTED, AgentRecords
 
@@ -200,7 +202,7 @@ class CreateOutcome:
 class ScheduleStore:
     """Schedule records over a ``redis.Redis`` client (``worker.records.agent_records`` holds the keys and the cap)."""
 
-    def __init__(self, client: Any):
+    def __init__(self, client: redis.Redis):
         self.r = client
         self._records = AgentRecords(client, "schedule", lambda rec: rec["status"] == "active")
 

@@ -52,14 +52,16 @@ Status rules:
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Final, TypeVar, cast
 
 import orjson
 import redis as redis_lib
+from redis.typing import EncodableT, FieldT
 
 from worker.records.result_schema import FINISH_TOOL, WorkflowError, check_result_schema, result_errors, strict_plan
 from worker.turn.request import TurnStatus
@@ -83,7 +85,14 @@ BRAIN_HINT = (
     "The agent's Brain (its knowledge pages) is available: use `recall` to find pages and `get_page` to read them."
 )
 
-NO_CHANGE = object()
+
+class _NoChange(enum.Enum):
+    NO_CHANGE = "no change"
+
+
+NO_CHANGE: Final = _NoChange.NO_CHANGE
+"""What an update of a task returns to write nothing."""
+_T = TypeVar("_T")
 
 
 # ----- the result schema ----------------------------------------------------------------------
@@ -139,9 +148,9 @@ class WorkflowTask:
         """The latest attempt, or None before the first."""
         return self.attempts[-1] if self.attempts else None
 
-    def to_hash(self) -> dict[str, Any]:
+    def to_hash(self) -> dict[FieldT, EncodableT]:
         """Redis hash form (JSON-encoded fields)."""
-        h: dict[str, Any] = {
+        h: dict[FieldT, EncodableT] = {
             "task_id": self.task_id,
             "agent_id": self.agent_id,
             "title": self.title,
@@ -229,9 +238,9 @@ class WorkflowService:
 
     def __init__(
         self,
-        redis: Any,
+        redis: redis_lib.Redis,
         enqueue_turn: Callable[..., str] | None = None,
-        cancel_turn: Callable[[str], Any] | None = None,
+        cancel_turn: Callable[[str], object] | None = None,
     ):
         self.r = redis
         self.enqueue_turn = enqueue_turn
@@ -240,18 +249,18 @@ class WorkflowService:
     # ----- storage ----------------------------------------------------------
     def load(self, task_id: str) -> WorkflowTask | None:
         """The task, or None if unknown."""
-        h = self.r.hgetall(task_key(task_id))
+        h = _bytes_hash(self.r.hgetall(task_key(task_id)))
         return WorkflowTask.from_hash(h) if h else None
 
-    def _update(self, task_id: str, fn: Callable[[WorkflowTask], Any]) -> tuple[WorkflowTask, Any]:
+    def _update(self, task_id: str, fn: Callable[[WorkflowTask], _T]) -> tuple[WorkflowTask, _T]:
         """Apply ``fn`` to the task under ``WATCH``; ``fn`` mutates it and returns a value
         (``NO_CHANGE`` to write nothing). Raises ``WorkflowError`` for an unknown task."""
         key = task_key(task_id)
         with self.r.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(key)
-                    h = pipe.hgetall(key)
+                    pipe.watch(key)  # type: ignore[no-untyped-call]  # redis-py leaves Pipeline.watch untyped
+                    h = _bytes_hash(pipe.hgetall(key))
                     if not h:
                         raise WorkflowError(f"unknown workflow task {task_id!r}")
                     task = WorkflowTask.from_hash(h)
@@ -415,7 +424,7 @@ class WorkflowService:
         if turn_status in (None, TurnStatus.queued):
             return task
 
-        def running(t: WorkflowTask) -> Any:
+        def running(t: WorkflowTask) -> _NoChange | None:
             a = t.current
             if t.status != "queued" or a is None or a["turn_id"] != att["turn_id"] or a["status"] != "queued":
                 return NO_CHANGE
@@ -430,7 +439,7 @@ class WorkflowService:
         ids = self.r.zrevrange(agent_index_key(agent_id), 0, max(0, limit - 1))
         out = []
         for raw in ids:
-            task = self.load(raw.decode() if isinstance(raw, bytes) else raw)
+            task = self.load(raw.decode() if isinstance(raw, bytes) else str(raw))
             if task is not None:
                 out.append(self._refresh(task))
         return out
@@ -442,7 +451,7 @@ class WorkflowService:
         """
         stop: list[str] = []
 
-        def cancel(t: WorkflowTask) -> Any:
+        def cancel(t: WorkflowTask) -> _NoChange | None:
             if t.status == "cancelled":
                 return NO_CHANGE
             if t.status in ("succeeded", "failed"):
@@ -471,7 +480,7 @@ class WorkflowService:
     def record_submission(self, task_id: str, turn_id: str, value: Any) -> bool:
         """Keep an accepted ``submit_result`` value on its attempt (before the commit). False if no such attempt."""
 
-        def rec(t: WorkflowTask) -> Any:
+        def rec(t: WorkflowTask) -> _NoChange | bool:
             a = next((a for a in t.attempts if a["turn_id"] == turn_id), None)
             if a is None:
                 return NO_CHANGE
@@ -510,7 +519,7 @@ class WorkflowService:
         found, value = submission
         skipped: list[str] = []
 
-        def commit(t: WorkflowTask) -> Any:
+        def commit(t: WorkflowTask) -> _NoChange | dict[str, Any]:
             a = next((a for a in t.attempts if a["turn_id"] == turn_id), None)
             if a is None or a.get("turn_status"):
                 skipped.append("unknown_attempt" if a is None else "duplicate")
@@ -557,13 +566,18 @@ class WorkflowService:
         return {**out, "task_id": task_id, "status": task.status if task else None}
 
 
+def _bytes_hash(h: object) -> dict[bytes, bytes]:
+    """An ``HGETALL`` answer of the service's client, which answers bytes (``decode_responses`` off)."""
+    return cast("dict[bytes, bytes]", h)
+
+
 def start_task_id(turn_id: str, call_id: str) -> str:
     """Deterministic task id for a ``workflow_start`` call: a re-run of the same call starts nothing new
     (``call_id`` scoped by turn is the call's idempotency key, docs/architecture.md, "Claims and fencing")."""
     return "wf_" + hashlib.sha1(f"{turn_id}:{call_id}".encode()).hexdigest()[:20]
 
 
-def find_submission(turn_store: Any, turn_id: str, step: int) -> tuple[bool, Any]:
+def find_submission(turn_store: TurnStore, turn_id: str, step: int) -> tuple[bool, Any]:
     """The accepted ``submit_result`` value of a turn that terminated at tool step ``step``.
 
     Reads the step's plan and results from the turn store; the first

@@ -66,7 +66,7 @@ from worker.tooling.outcome import ArgumentsOutcome, ErrorKind, accepted
 from worker.tooling.oversized import held_arguments, too_large_reason, utf8_size
 from worker.tooling.param_validation import params_to_data, validate_params
 from worker.tooling.repair import repair_arguments
-from worker.tooling.schemas import validation_info
+from worker.tooling.schemas import ValidationInfo, validation_info
 from worker.tooling.strict_nulls import omit_nulls
 from worker.tooling.validators import FieldError
 
@@ -168,7 +168,7 @@ def _failure(
 
 
 def _validate(
-    tool: WorkerTool[Any], data: dict[str, Any], info: Any, floats: bool = False
+    tool: WorkerTool[Any], data: dict[str, Any], info: ValidationInfo, floats: bool = False
 ) -> tuple[Any, list[FieldError], dict[str, Any], list[str]]:
     """Strict null handling + validation. Returns (params, errors, data_used, repairs): the
     ``null_as_omitted`` drops, and for a raw-schema tool whose arguments may hold a float
@@ -359,6 +359,8 @@ def _raw_as_sent(tool: WorkerTool[Any], raw: str) -> ArgumentsOutcome | None:
     props = info.properties
     if props and not parsed.keys() <= props.keys():
         return None
+    if info.validator is None:  # a pydantic tool: the checked path validates it
+        return None
     try:
         if not info.validator.is_valid(parsed):
             return None
@@ -405,7 +407,7 @@ def _success(tool: WorkerTool[Any], params: Any, used: dict[str, Any], repairs: 
     )
 
 
-def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: Any, floats: bool) -> tuple[Any, Any]:
+def _object_ladder(tool: WorkerTool[Any], data: dict[str, Any], info: ValidationInfo, floats: bool) -> tuple[Any, Any]:
     """The object rungs in their fixed order (module docstring, step 6).
 
     Returns ``((params, data_used, repairs), None)`` for the first candidate that

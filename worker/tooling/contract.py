@@ -371,18 +371,18 @@ def define_worker_tool(
 _new_tool = object.__new__
 
 # Definitions checked so far, by what their checks read (``_definition_key``).
-_CHECKED: set[tuple[Any, ...]] = set()
+_CHECKED: set[tuple[object, ...]] = set()
 
 
 def _definition_key(
     name: str,
     description: str,
-    input_model: Any,
+    input_model: type[BaseModel] | None,
     json_schema: dict[str, Any] | None,
-    strict: Any,
+    strict: bool,
     namespace: str | None,
-    defer_loading: Any,
-) -> tuple[Any, ...] | None:
+    defer_loading: bool,
+) -> tuple[object, ...] | None:
     """What a definition's checks read, as a key of ``_CHECKED``: a raw schema by its canonical
     JSON (sorted keys); None for a raw schema that is not JSON (it is checked, and refused, every
     time)."""

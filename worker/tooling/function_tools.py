@@ -32,7 +32,7 @@ _SEQUENCES = (list, tuple, collections.abc.Sequence)
 _MAPPINGS = (dict, collections.abc.Mapping)
 
 
-def _is_a(annotation: Any, kinds: tuple[type, ...]) -> bool:
+def _is_a(annotation: object, kinds: tuple[type, ...]) -> bool:
     origin = typing.get_origin(annotation) or annotation
     return isinstance(origin, type) and issubclass(origin, kinds)
 

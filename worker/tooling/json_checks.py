@@ -13,7 +13,7 @@ import json
 import math
 import re
 from itertools import accumulate
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -55,7 +55,7 @@ def _no_dup_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _no_constants(name: str) -> Any:
+def _no_constants(name: str) -> NoReturn:
     raise Refused(f"{name} is not a JSON value; send a number, a string or null")
 
 

@@ -14,21 +14,22 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from worker.tooling.contract import WorkerTool
 from worker.tooling.json_checks import too_deep_error
-from worker.tooling.schemas import validation_info
+from worker.tooling.schemas import ValidationInfo, validation_info
 from worker.tooling.validators import ARRAY_HINT, REQUIRED_MSG, FieldError, enum_message, loc_of, looks_like_array
 
 
-def pydantic_errors(exc: ValidationError, info: Any = None) -> list[FieldError]:
+def pydantic_errors(exc: ValidationError, info: ValidationInfo | None = None) -> list[FieldError]:
     """Each failing field of a pydantic ``ValidationError``, in the raw-schema tools' words, so the
     model reads one text whatever declares the schema (``info``: the tool's ``ValidationInfo``, for
     the values of an ``enum``)."""
     return [FieldError(loc_of(e["loc"]), _message(e, info)) for e in exc.errors()]
 
 
-def _enum_at(info: Any, loc: tuple[Any, ...]) -> list[Any] | None:
+def _enum_at(info: ValidationInfo, loc: tuple[Any, ...]) -> list[Any] | None:
     """The ``enum`` of the schema node at ``loc`` (through ``properties``, ``items``, ``$ref`` and
     ``anyOf``), or None."""
     node = info.resolve(info.schema)
@@ -45,7 +46,7 @@ def _enum_at(info: Any, loc: tuple[Any, ...]) -> list[Any] | None:
     return values if isinstance(values, list) else None
 
 
-def _message(error: Any, info: Any) -> str:
+def _message(error: ErrorDetails, info: ValidationInfo | None) -> str:
     """Pydantic's text where the raw-schema tools' words differ: a missing field is ``REQUIRED_MSG``,
     a value outside an ``enum`` or ``Literal`` lists the allowed values as ``enum_message`` does, an
     array sent as bracket text gets ``ARRAY_HINT`` (``worker.tooling.validators``)."""
@@ -62,7 +63,9 @@ def _message(error: Any, info: Any) -> str:
     return str(error["msg"])
 
 
-def validate_params(tool: WorkerTool[Any], data: dict[str, Any], info: Any = None) -> tuple[Any, list[FieldError]]:
+def validate_params(
+    tool: WorkerTool[Any], data: dict[str, Any], info: ValidationInfo | None = None
+) -> tuple[Any, list[FieldError]]:
     """Validate a decoded JSON object against the tool's own schema.
 
     Pydantic tools: the model in strict JSON mode; raw-schema tools: the cached
@@ -85,6 +88,7 @@ def validate_params(tool: WorkerTool[Any], data: dict[str, Any], info: Any = Non
         except ValidationError as exc:
             return None, pydantic_errors(exc, info or validation_info(tool))
     validator = (info or validation_info(tool)).validator
+    assert validator is not None  # a raw-schema tool's (``ValidationInfo``): compiled with its info
     try:
         if validator.is_valid(data):
             return data, []

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from worker.tooling.errors import ToolDefinitionError
 from worker.tooling.provider_choice import current_choice
 from worker.tooling.strict import field_name, to_strict_schema
-from worker.tooling.validators import compile_validator
+from worker.tooling.validators import CompiledValidator, compile_validator
 from worker.tooling.wire import check_root, pointer, wire_copy
 from worker.tooling.wire_profiles import profile_copy, sends_parameters, strict_profile_copy
 
@@ -60,8 +60,8 @@ class ToolSpec(Protocol):
     def defer_loading(self) -> bool: ...
 
 
-_PARAMS_CACHE: dict[Any, dict[str, Any]] = {}
-_DEF_CACHE: dict[Any, dict[str, Any]] = {}
+_PARAMS_CACHE: dict[tuple[object, ...], dict[str, Any]] = {}
+_DEF_CACHE: dict[tuple[object, ...], dict[str, Any]] = {}
 _CACHE_LIMIT = 4096
 # Per tool object (a WorkerTool is frozen and hashed by identity): the definition and the
 # validation info, so a turn that re-assembles the same tools does dict lookups only.
@@ -72,12 +72,12 @@ _DEF_BY_TOOL: "weakref.WeakKeyDictionary[ToolSpec, dict[str, dict[str, Any]]]" =
 # builds a new weak reference each time: 0.2-0.5 us, a tenth of ``validate_json``'s own time).
 _INFO_BY_ID: "dict[int, tuple[weakref.ref[ToolSpec], ValidationInfo]]" = {}
 # ... and per schema content (``_schema_key``: a model class, or a raw schema's canonical JSON).
-_INFO_BY_SCHEMA: dict[Any, ValidationInfo] = {}
+_INFO_BY_SCHEMA: dict[tuple[object, ...], ValidationInfo] = {}
 
 EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
-def _schema_key(tool: ToolSpec) -> Any:
+def _schema_key(tool: ToolSpec) -> tuple[object, ...]:
     if tool.input_model is not None:
         return ("model", tool.input_model)
     if tool.json_schema is not None:
@@ -374,7 +374,7 @@ class ValidationInfo:
 
     schema: dict[str, Any]
     properties: dict[str, Any]
-    validator: Any
+    validator: CompiledValidator | None
     resolve: Callable[[Any], Any]
     engine: str = "pydantic"
     integers: bool = False

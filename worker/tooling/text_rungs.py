@@ -244,7 +244,7 @@ def parse_first_object(text: str, start: int, repairs: list[str]) -> tuple[Any, 
     return value, end, balanced, normalized
 
 
-def handle_tail(text: str, end: int, first: Any, repairs: list[str]) -> None:
+def handle_tail(text: str, end: int, first: object, repairs: list[str]) -> None:
     """Handle what follows the first object.
 
     - nothing: done;
@@ -293,7 +293,7 @@ def _skip(pattern: re.Pattern[str], text: str, pos: int) -> int:
 _KEY_RE = re.compile(r'"((?:[^"\\]|\\.){1,200})"\s*:')
 
 
-def _glued_copies(text: str, pos: int, end: int, first: Any, repairs: list[str]) -> None:
+def _glued_copies(text: str, pos: int, end: int, first: object, repairs: list[str]) -> None:
     """The objects glued after the first one (``text[:end]``), from ``pos``: identical copies are
     collapsed, a cut copy of its beginning at the end is dropped, anything else is refused."""
     copies = 0

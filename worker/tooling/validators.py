@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 import jsonschema
+import jsonschema.protocols
 import jsonschema_rs
 
 from worker.tooling.wire import presence_only, presence_words
@@ -109,11 +110,19 @@ class CompiledValidator:
 
     __slots__ = ("engine", "_rs", "_py", "is_valid", "presence")
 
-    def __init__(self, engine: str, rs: Any = None, py: Any = None, presence: str | None = None):
+    def __init__(
+        self,
+        engine: str,
+        rs: jsonschema_rs.Validator | None = None,
+        py: jsonschema.protocols.Validator | None = None,
+        presence: str | None = None,
+    ):
         self.engine = engine
         self._rs = rs
         self._py = py
-        self.is_valid = (rs or py).is_valid
+        compiled = rs or py
+        assert compiled is not None, "one engine's validator"
+        self.is_valid = compiled.is_valid
         self.presence = presence  # P5's words for a root "at least one of these fields" (worker.tooling.wire)
 
     def field_errors(self, data: Any) -> list[FieldError]:
@@ -128,19 +137,19 @@ class CompiledValidator:
                     errors.append(FieldError("<root>", self.presence))
                 else:
                     errors.append(FieldError(loc_of(path), _message(e)))
-        else:
-            for e in self._py.iter_errors(data):
-                path = list(e.absolute_path)
-                m = _PY_REQUIRED.match(e.message) if e.validator == "required" else None
+        elif self._py is not None:
+            for pe in self._py.iter_errors(data):
+                path = list(pe.absolute_path)
+                m = _PY_REQUIRED.match(pe.message) if pe.validator == "required" else None
                 if m:
                     errors.append(FieldError(loc_of(path + [m.group(1)]), REQUIRED_MSG))
                 else:
-                    errors.append(FieldError(loc_of(path), _py_message(e)))
+                    errors.append(FieldError(loc_of(path), _py_message(pe)))
         errors.sort(key=lambda f: f.loc)
         return errors
 
 
-def _message(e: Any) -> str:
+def _message(e: jsonschema_rs.ValidationError) -> str:
     """A jsonschema-rs error as the model reads it: an ``enum`` lists every allowed value
     (``enum_message``), an array sent as bracket text gets ``ARRAY_HINT``."""
     kind = type(e.kind).__name__
@@ -153,7 +162,7 @@ def _message(e: Any) -> str:
     return str(e.message)
 
 
-def _py_message(e: Any) -> str:
+def _py_message(e: jsonschema.ValidationError) -> str:
     """The same for the ``jsonschema`` fallback."""
     if e.validator == "enum" and isinstance(e.validator_value, list):
         return enum_message(e.instance, e.validator_value)

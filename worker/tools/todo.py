@@ -15,9 +15,10 @@ Storage, per agent:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import orjson
+import redis as redis_lib
 from pydantic import BaseModel, Field
 
 from worker.tooling.contract import ToolContext, ToolResult, WorkerTool, define_worker_tool
@@ -45,6 +46,20 @@ class TodoItem(BaseModel):
     priority: Literal["high", "medium", "low"] = Field("medium", description="Priority.")
 
 
+class TodoRecord(TypedDict):
+    """One stored item: a ``TodoItem`` as JSON (its fields, in its order)."""
+
+    id: str
+    content: str
+    status: Literal["pending", "in_progress", "completed"]
+    priority: Literal["high", "medium", "low"]
+
+
+def todo_record(item: TodoItem) -> TodoRecord:
+    """``item`` as stored (the same dict as ``item.model_dump()``)."""
+    return TodoRecord(id=item.id, content=item.content, status=item.status, priority=item.priority)
+
+
 class TodoWriteParams(BaseModel):
     """Input of ``todo_write``: the complete new list (an empty list clears it)."""
 
@@ -54,7 +69,7 @@ class TodoWriteParams(BaseModel):
 class TodoStore:
     """Loads and saves one agent's list, in Redis when given a client, else in a file."""
 
-    def __init__(self, agent_id: str, home: Path, redis: Any = None):
+    def __init__(self, agent_id: str, home: Path, redis: redis_lib.Redis | None = None):
         self.agent_id = agent_id
         self.home = home
         self.redis = redis
@@ -64,7 +79,7 @@ class TodoStore:
         """The file holding the list when no Redis is given: ``<home>/.agent/todos.json``."""
         return home_root(self.home) / TODO_FILE
 
-    def load(self) -> list[dict[str, Any]]:
+    def load(self) -> list[TodoRecord]:
         """The stored list (``[]`` when none).
 
         The file is read through ``home_fs`` (race-free, symlinks only inside
@@ -81,7 +96,7 @@ class TodoStore:
                 raw = None
         return orjson.loads(raw) if raw else []
 
-    def save(self, items: list[dict[str, Any]]) -> None:
+    def save(self, items: list[TodoRecord]) -> None:
         """Replace the stored list (Redis key, or an atomic rename inside the home by descriptors)."""
         data = orjson.dumps(items)
         if self.redis is not None:
@@ -91,7 +106,7 @@ class TodoStore:
             hd.write_atomic(TODO_FILE, data)
 
 
-def render_todos(items: list[dict[str, Any]]) -> str:
+def render_todos(items: list[TodoRecord]) -> str:
     """The list as the model sees it: a summary line then one line per item."""
     if not items:
         return "Todo list is empty."
@@ -119,7 +134,7 @@ def create_todo_tool(ctx: TurnContext) -> WorkerTool[Any]:
         if dupes:
             msg = f"duplicate todo ids: {', '.join(dupes)}; give each item its own id"
             return ToolResult(content=msg, details={"error": msg}, is_error=True)
-        items = [t.model_dump() for t in params.todos]
+        items = [todo_record(t) for t in params.todos]
         try:
             try:
                 before = store.load()

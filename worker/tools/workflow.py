@@ -77,7 +77,7 @@ class NoParams(BaseModel):
     """``workflow_list`` takes no parameters."""
 
 
-def _json(data: Any) -> str:
+def _json(data: object) -> str:
     return orjson.dumps(data).decode()
 
 

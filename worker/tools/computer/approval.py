@@ -8,7 +8,6 @@ chain, redirect or substitute, needs approval.
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
 # Programs that only read, whatever their options (``find``'s writing actions refused below).
 # Not here, because an option or an operand makes them write: ``sort`` (``-o``, also as ``-uo``
@@ -25,7 +24,7 @@ _SHELL_OPERATORS = set(";&|<>`$(){}\n\r\\")
 _FIND_ACTIONS = {"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls"}
 
 
-def command_needs_approval(params: Any, ctx: Any = None) -> bool:
+def command_needs_approval(params: object, ctx: object = None) -> bool:
     """``needs_approval`` of ``run_command``: False only for one allowlisted read-only program.
 
     ``params`` has a ``command`` string (``RunCommandParams``). ``find`` with an action that
