@@ -32,10 +32,11 @@ much of the server's CPU per enqueue as the route's own work (bench/README.md, t
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import orjson
+from fastapi import FastAPI
 from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control.api import errors, metrics
 from control.api.json_response import JsonResponse
@@ -54,10 +55,10 @@ class Edge:
     docstring). ``app``: the FastAPI app, whose ``state`` holds what its lifespan opened. While
     FastAPI's own telemetry is on, every request goes to ``inner`` as it came."""
 
-    def __init__(self, inner: Any, app: Any, max_body_bytes: int):
+    def __init__(self, inner: ASGIApp, app: FastAPI, max_body_bytes: int):
         self.inner, self.app, self.max = inner, app, max_body_bytes
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self._traced():
             await self.inner(scope, receive, send)
             return
@@ -70,7 +71,7 @@ class Edge:
             return
         token, idempotency_key = heads
         started = time.perf_counter()
-        received: list[Any] = []
+        received: list[Message] = []
         body = await self._body(receive, received)
         response = None
         if body is not None:
@@ -83,7 +84,7 @@ class Edge:
         await response(scope, receive, send)
         metrics.count(ROUTE, "POST", response.status_code, time.perf_counter() - started)
 
-    async def _lent(self, scope: Any, receive: Any, send: Any) -> None:
+    async def _lent(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``inner``'s answer, its scope carrying ``send`` while it runs. Taken out after: the
         server's ``send`` is a method of the object holding the scope, and that cycle would keep
         every finished request's objects until a collection (at 2,000 streams, tens of MB and
@@ -137,7 +138,7 @@ class Edge:
         return credentials, idempotency_key
 
     @staticmethod
-    async def _body(receive: Any, received: list[Any]) -> bytes | None:
+    async def _body(receive: Receive, received: list[Message]) -> bytes | None:
         """The request's body, every message read kept in ``received`` (for a replay); None when
         the client went away first."""
         chunks = []
@@ -151,7 +152,7 @@ class Edge:
                 return b"".join(chunks)
 
     async def _enqueue(
-        self, scope: Any, token: str, request: TurnRequest, idempotency_key: str | None
+        self, scope: Scope, token: str, request: TurnRequest, idempotency_key: str | None
     ) -> JsonResponse | None:
         state = self.app.state
         client = scope.get("client")
@@ -177,11 +178,11 @@ def _request(body: bytes) -> TurnRequest | None:
         return None
 
 
-def _replay(received: list[Any], receive: Any) -> Any:
+def _replay(received: list[Message], receive: Receive) -> Receive:
     """A ``receive`` giving the messages already read, then ``receive``'s."""
     pending = list(received)
 
-    async def replayed() -> Any:
+    async def replayed() -> Message:
         if pending:
             return pending.pop(0)
         return await receive()
