@@ -174,7 +174,7 @@ def scan(root: Path = ROOT) -> list[AnyUse]:
 
 
 BUDGETS: dict[str, int] = {
-    "worker/turn": 203,
+    "worker/turn": 200,
     "worker/model": 106,
     "worker/tooling": 392,
     "worker/records": 74,
@@ -336,10 +336,10 @@ FILE_COUNTS: dict[str, int] = {
     "worker/turn/replies.py": 8,
     "worker/turn/request.py": 4,
     "worker/turn/state.py": 10,
-    "worker/turn/store.py": 47,
+    "worker/turn/store.py": 42,
     "worker/turn/telemetry.py": 3,
     "worker/turn/toolbox.py": 1,
-    "worker/turn/usage.py": 4,
+    "worker/turn/usage.py": 6,
 }
 """Each module's count when the budgets were set: only to say where new ones are."""
 
