@@ -1,15 +1,14 @@
 """The turn's state in Redis between steps.
 
-One concept kept whole on purpose: every write to a turn's keys, so that the
-fencing rules (guards on ``step`` and ``phase``) can be read and checked in one place
-(claims and the barrier, the reply memo, approvals and usage are parts built on the same client:
-``store.claims``, ``store.memo``, ``store.approvals``, ``store.usage``).
+One concept kept whole on purpose: every write to a turn's keys, so that the fencing rules (guards
+on ``step`` and ``phase``) can be read and checked in one place (claims and the barrier, the reply
+memo, approvals and usage are parts built on the same client: ``store.claims``, ``store.memo``,
+``store.approvals``, ``store.usage``).
 
-A turn is a chain of steps over this state; no task waits on another. Every
-transition is guarded: one Lua script (``worker.turn.guard``) checks the
-turn's current ``step`` and ``phase`` and only then applies the writes, so a
-duplicate or late message (``acks_late`` redelivery, watchdog re-drive)
-changes nothing: it is fenced out.
+A turn is a chain of steps over this state; no task waits on another. Every transition is guarded:
+one Lua script (``worker.turn.guard``) checks the turn's current ``step`` and ``phase`` and only
+then applies the writes, so a duplicate or late message (``acks_late`` redelivery, watchdog
+re-drive) changes nothing: it is fenced out.
 
 The keys are listed and named in ``worker.turn.keys``. No module outside the store (this module,
 ``keys``, ``guard``, ``claims``, ``memo``, ``approvals``, ``usage``) reads or writes them, and the
