@@ -159,7 +159,7 @@ class CeleryDispatcher:
         self.placement = placement
         self._routes: _Routes | None = None  # own_step_message's, once known (None: cannot record)
         self._routes_known = False
-        self._templates: dict[str, StepTemplate] = {}  # own_step_message's, by queue
+        self._templates: dict[str, StepTemplate | None] = {}  # own_step_message's, by queue
 
     def _options(self) -> dict[str, Any]:
         if not self._broker_url or self._broker_url == app.conf.broker_url:
@@ -192,13 +192,16 @@ class CeleryDispatcher:
         if routes is None:
             return None
         label = label or f"turn={turn_id} step={step}"
+        if app.current_worker_task is not None:  # Celery makes it the running task's child: no template
+            return self._record(routes, self._step_sender(turn_id, step, queue, label))
         # Built by Celery once per queue, then written per turn (``tasks.step_template``).
+        # A queue whose message cannot be a template is remembered as None: Celery builds each one.
         template = self._templates.get(queue)
-        if template is None or not template.usable:
+        if queue not in self._templates or (template is not None and not template.usable):
             template = StepTemplate.record(self._step_sender("0" * 32, 0, queue, "-"), routes.topics, routes.expiring)
-            if template is None:
-                return self._record(routes, self._step_sender(turn_id, step, queue, label))
             self._templates[queue] = template
+        if template is None:
+            return self._record(routes, self._step_sender(turn_id, step, queue, label))
         return template.message(turn_id, step, label)
 
     def _own_routes(self) -> _Routes | None:

@@ -39,7 +39,7 @@ from kombu.utils.uuid import uuid
 from opentelemetry import context as otel_context
 
 from tasks.app import app
-from tasks.recorded_publish import RecordingProducer
+from tasks.recorded_publish import RecordingProducer, Unrecordable
 from worker.turn.guard import MessageCommands
 
 # Headers a ``before_task_publish`` handler writes whatever the context (``tasks.queue_metrics``):
@@ -78,10 +78,18 @@ class StepTemplate:
     def record(
         cls, send: Callable[[dict[str, Any]], Any], topics: Callable[[str, str], list[str]], expiring: frozenset[str]
     ) -> StepTemplate | None:
+        """Record the messages ``send`` publishes given ``{"producer": ...}`` (its ``apply_async``
+        options), outside any trace context. ``topics(exchange, routing_key)``: the Redis lists a
+        fanout publish reaches; ``expiring``: the queues whose messages expire (both as
+        ``RecordingProducer`` takes them). Returns the template, or None when the calls are not one
+        root task message and its ``task-sent`` event, or when the recorder cannot reproduce the
+        publish (``tasks.recorded_publish.Unrecordable``): the caller lets Celery build each message."""
         producer = _Capturing(topics, expiring)
         token = otel_context.attach(otel_context.Context())  # no current span: no traceparent
         try:
             send({"producer": producer})
+        except Unrecordable:
+            return None
         finally:
             otel_context.detach(token)
         if len(producer.calls) != 2:

@@ -42,10 +42,12 @@ from control.api import errors, metrics
 from control.api.json_response import JsonResponse
 from control.api.routes import enqueue_known
 from control.api.streams import SERVER_SEND
-from worker.turn.request import TurnRequest
+from worker.turn.request import IDEMPOTENCY_KEY_MAX, TurnRequest
 
 ROUTE = "/v1/turns"
 _JSON = b"application/json"
+# The headers the common case reads, each at most once (a repeated one: the framework answers).
+_READ = frozenset((b"authorization", b"content-length", b"content-type", b"idempotency-key"))
 
 
 class Edge:
@@ -104,27 +106,15 @@ class Edge:
     def _headers(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, str | None] | None:
         """``(bearer token, Idempotency-Key or None)`` of a request the common case can take:
         one ``Authorization: Bearer`` header, a JSON ``Content-Type``, a ``Content-Length`` within
-        the limit, at most one ``Idempotency-Key`` of at most 200 characters; else None."""
-        auth = length = kind = key = None
+        the limit, at most one ``Idempotency-Key`` of at most ``IDEMPOTENCY_KEY_MAX`` characters,
+        no ``Transfer-Encoding``; else None (the framework answers)."""
+        found: dict[bytes, bytes] = {}
         for name, value in headers:
-            if name == b"authorization":
-                if auth is not None:
-                    return None
-                auth = value
-            elif name == b"content-length":
-                if length is not None:
-                    return None
-                length = value
-            elif name == b"content-type":
-                if kind is not None:
-                    return None
-                kind = value
-            elif name == b"idempotency-key":
-                if key is not None:
-                    return None
-                key = value
-            elif name == b"transfer-encoding":
+            if name == b"transfer-encoding" or (name in _READ and name in found):
                 return None
+            if name in _READ:
+                found[name] = value
+        auth, length, kind = found.get(b"authorization"), found.get(b"content-length"), found.get(b"content-type")
         if auth is None or length is None or kind is None or kind.lower() != _JSON:
             return None
         if not length.isdigit() or int(length) > self.max:
@@ -132,8 +122,9 @@ class Edge:
         scheme, _, credentials = auth.decode("latin-1").partition(" ")
         if scheme.lower() != "bearer" or not credentials:
             return None
+        key = found.get(b"idempotency-key")
         idempotency_key = key.decode("latin-1") if key is not None else None
-        if idempotency_key is not None and len(idempotency_key) > 200:
+        if idempotency_key is not None and len(idempotency_key) > IDEMPOTENCY_KEY_MAX:
             return None
         return credentials, idempotency_key
 

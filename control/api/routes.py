@@ -27,7 +27,14 @@ from worker.settings import get_settings
 from worker.turn.approval_policy import below_floor
 from worker.turn.events import EVENT_KINDS
 from worker.turn.listing import decode_cursor
-from worker.turn.request import END_HOOK_METADATA, TurnRequest, TurnStatus, is_valid_id, request_problem
+from worker.turn.request import (
+    END_HOOK_METADATA,
+    IDEMPOTENCY_KEY_MAX,
+    TurnRequest,
+    TurnStatus,
+    is_valid_id,
+    request_problem,
+)
 
 router = APIRouter(prefix="/v1")
 
@@ -136,7 +143,9 @@ async def enqueue_turn(
     body: TurnRequest,
     request: Request,
     token: str = Depends(presented_token),
-    idempotency_key: str | None = Header(None, max_length=200, description="Enqueue at most once per key and agent"),
+    idempotency_key: str | None = Header(
+        None, max_length=IDEMPOTENCY_KEY_MAX, description="Enqueue at most once per key and agent"
+    ),
 ) -> Any:
     """Enqueue a turn (the body is a turn request; its JSON Schema is in this document). With an
     ``Idempotency-Key`` header (or the body's ``idempotency_key``), a repeat answers 200 with the

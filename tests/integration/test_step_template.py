@@ -100,3 +100,28 @@ def test_without_a_trace_context_a_template_message_has_no_traceparent(redis_url
     plain = _decoded(d.own_step_message(uuid.uuid4().hex, 0, queue="turns"))
     assert "traceparent" not in plain["msg"]["headers"]
     assert plain["msg"]["headers"]["argsrepr"].startswith("turn=")
+
+
+def test_a_publish_the_recorder_cannot_reproduce_gives_no_template():
+    """A queue whose message the recorder cannot reproduce (``Unrecordable``: an expiry, a
+    priority...) gets no template: ``record`` answers None, it does not raise into the enqueue."""
+    from tasks.recorded_publish import Unrecordable
+    from tasks.step_template import StepTemplate
+
+    def send(_options: dict[str, Any]) -> None:
+        raise Unrecordable("a priority")
+
+    assert StepTemplate.record(send, lambda exchange, key: [], frozenset()) is None
+
+
+def test_a_queue_without_a_template_gets_celerys_message(redis_url):
+    import os
+
+    cp = ControlPlane(os.environ["CONTROL_REDIS_URL"])
+    cp.open_broker()
+    d = cp._dispatcher
+    d._templates["turns"] = None  # remembered as having none: Celery builds each message
+    turn_id = uuid.uuid4().hex
+    msg = _decoded(d.own_step_message(turn_id, 0, queue="turns", label="x"))
+    assert msg["body"][0] == [turn_id, 0] and msg["event"]["type"] == "task-sent"
+    assert d._templates["turns"] is None

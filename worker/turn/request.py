@@ -25,6 +25,8 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 # A turn whose metadata names one of these belongs to a record that must hear how it ended
 # (``tasks.hooks``: a workflow task's attempt, a background job); other turns have no end hooks.
 END_HOOK_METADATA = ("workflow_task_id", "background_job_id")
+IDEMPOTENCY_KEY_MAX = 200
+"""The longest idempotency key a turn request takes (characters), in its body or the HTTP header."""
 
 
 class TurnRefused(AgentRuntimeError, ValueError):
@@ -158,7 +160,7 @@ class TurnRequest(BaseModel):
     skills: list[Skill] = Field(default_factory=list)
     max_model_calls: int | None = Field(default=None, ge=1, le=200)
     token_budget: TokenBudget | None = None
-    idempotency_key: str | None = Field(default=None, max_length=200)
+    idempotency_key: str | None = Field(default=None, max_length=IDEMPOTENCY_KEY_MAX)
     queue: Literal["turns", "background", "workflow"] = "turns"
     # When set, the turn may only end through this tool (a result with the terminate flag);
     # a reply in prose gets one repair instruction, a second one fails the turn.
