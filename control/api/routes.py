@@ -155,8 +155,14 @@ async def enqueue_turn(
     answered = await enqueue_known(state, token, body, idempotency_key, address)
     if answered is not None:
         return answered
-    c = await verify(request, token)
-    req, key_param = _prepared(body, idempotency_key, c.token)
+    return await _create(state, body, idempotency_key, (await verify(request, token)).token)
+
+
+async def _create(state: Any, body: TurnRequest, idempotency_key: str | None, token: Token) -> JsonResponse:
+    """The checked way's creation, for a request whose ``token`` passed its checks: the request
+    checked against the token's record, the turn created (its own script), answered as
+    ``_enqueued`` answers. Raises ``ApiError``, ``ControlPlaneError``, ``redis.RedisError``."""
+    req, key_param = _prepared(body, idempotency_key, token)
     call = state.control.create_call(req)
     reply = await state.create_turn(keys=call.keys, args=call.args)
     return await _enqueued(state.control, call, reply, req, key_param)
@@ -206,9 +212,7 @@ async def enqueue_known(
         # request against its rate: the request is checked against the record as it is now, not
         # authenticated (and charged) a second time.
         state.tokens.forget(token)
-        req, key_param = _prepared(body, idempotency_key, found.token)
-        call = control.create_call(req)
-        reply = await state.create_turn(keys=call.keys, args=call.args)
+        return await _create(state, body, idempotency_key, found.token)
     return await _enqueued(control, call, reply, req, key_param)
 
 
