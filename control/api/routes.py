@@ -217,7 +217,7 @@ async def enqueue_known(
 
 
 async def _enqueued(
-    control: ControlPlane, call: CreateCall, reply: Any, req: TurnRequest, key_param: str
+    control: ControlPlane, call: CreateCall, reply: object, req: TurnRequest, key_param: str
 ) -> JsonResponse:
     """The answer to an enqueue whose creation script answered ``reply``: 201 with the new turn, or
     200 with the existing one an idempotency key named. Raises ``ApiError`` 422 for a key used for
