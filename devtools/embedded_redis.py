@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools import lifetime
 from devtools.ports import free_port
 
 
@@ -217,6 +218,7 @@ class EmbeddedRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C meant for the caller must not stop Redis before its clients
+            preexec_fn=lifetime.preexec(),  # but a caller killed outright takes it along
         )
         import redis
 

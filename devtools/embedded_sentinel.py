@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import redis
 
+from devtools import lifetime
 from devtools.embedded_redis import (
     REPLICA_RULES,
     SENTINEL_RULES,
@@ -173,6 +174,7 @@ class EmbeddedSentinelSet:
             stdout=open(directory / "sentinel.log", "ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=lifetime.preexec(),
         )
 
     def client(self, port: int, *, sentinel: bool = False, user: str = "worker") -> redis.Redis:

@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devtools import lifetime
 from devtools.ports import free_port
 
 REGION = "us-east-1"
@@ -191,7 +192,12 @@ class ObjectStore:
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                self._argv(config), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                self._argv(config),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=lifetime.preexec(),
             )
         finally:
             log.close()

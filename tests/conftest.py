@@ -15,6 +15,7 @@ of a run over the whole suite (``make test``); ``--real-model``, or naming the f
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -39,6 +40,15 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     session_api_style()  # a wrong OPENAI_API_STYLE stops the run before anything starts
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupted)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """A run sent SIGTERM or SIGHUP (a CI timeout, a closed terminal, ``kill`` on ``make test``)
+    ends as after Ctrl-C: pytest tears the session down, so the services the tiers started (Redis,
+    workers, the gateway) are stopped and the homes unmounted instead of outliving the run."""
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools import lifetime
 from devtools.workers import worker_argv
 from tests.conftest import API_STYLES, ROOT, _state, session_api_style
 
@@ -108,7 +109,14 @@ def start_worker_process(
     log = open(Path(tempfile.gettempdir()) / f"worker-{uuid.uuid4().hex[:6]}.log", "w")
     # A worker gets its own Redis user only, as in a deployment.
     worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**worker_env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**worker_env, **(env or {})},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lifetime.preexec(),
+    )
     proc.log_path = log.name
     from tasks.app import app
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import httpx
 import orjson
@@ -32,12 +34,24 @@ import redis.asyncio
 from control.api.hub import StreamHub
 from control.api.tokens import digest, token_key
 from control.client import ControlPlane
+from devtools.embedded_redis import EmbeddedRedis
 from tests.support.api_server import ApiServer
 from worker.turn.async_reads import AsyncTurnReads
 from worker.turn.guard import CREATE_LUA
 from worker.turn.request import TurnRequest
 
 DB = 10  # a database of its own: no worker consumes its queues
+
+
+@contextlib.contextmanager
+def _own_api(**env: str) -> Iterator[tuple[EmbeddedRedis, ApiServer]]:
+    """A Redis and an API process of the test's own (``env``: the API's settings), stopped after."""
+    with EmbeddedRedis() as emb:
+        srv = ApiServer(emb.control_url, **env).start()
+        try:
+            yield emb, srv
+        finally:
+            srv.stop()
 
 
 def _db_url(name: str) -> str:
@@ -261,86 +275,73 @@ def _scripts_run(r: redis.Redis) -> int:
 
 
 def test_an_enqueue_with_a_token_seen_before_is_one_script_and_refusals_keep_their_order():
-    from devtools.embedded_redis import EmbeddedRedis
+    with _own_api(AGENT_APPROVAL_MODE="destructive") as (emb, srv):
+        r = redis.Redis.from_url(emb.control_url)
+        agent = _agent()
+        clear, tok = srv.tokens.create("fast", [agent], rate=1000, burst=1000)
+        c = srv.client(clear)
+        body = {"agent_id": agent, "input": "hello"}
+        # The first sight checks the token on its own; the second loads the one script.
+        assert [c.post("/v1/turns", json=body).status_code for _ in range(2)] == [201, 201]
+        before = _scripts_run(r)
+        ids = [c.post("/v1/turns", json=body).json()["turn_id"] for _ in range(10)]
+        assert _scripts_run(r) - before == 10  # one script per enqueue: the checks and the creation
+        assert len(set(ids)) == 10 and all(_messages(r, t) for t in ids)
+        stored = ControlPlane(emb.control_url).stored_request(ids[-1])
+        assert stored is not None and stored["metadata"]["enqueued_by"] == "token fast"
 
-    with EmbeddedRedis() as emb:
-        srv = ApiServer(emb.control_url, AGENT_APPROVAL_MODE="destructive").start()
-        try:
-            r = redis.Redis.from_url(emb.control_url)
-            agent = _agent()
-            clear, tok = srv.tokens.create("fast", [agent], rate=1000, burst=1000)
-            c = srv.client(clear)
-            body = {"agent_id": agent, "input": "hello"}
-            # The first sight checks the token on its own; the second loads the one script.
-            assert [c.post("/v1/turns", json=body).status_code for _ in range(2)] == [201, 201]
-            before = _scripts_run(r)
-            ids = [c.post("/v1/turns", json=body).json()["turn_id"] for _ in range(10)]
-            assert _scripts_run(r) - before == 10  # one script per enqueue: the checks and the creation
-            assert len(set(ids)) == 10 and all(_messages(r, t) for t in ids)
-            stored = ControlPlane(emb.control_url).stored_request(ids[-1])
-            assert stored is not None and stored["metadata"]["enqueued_by"] == "token fast"
+        # Refusals answer as on the first sight, in the same order, and create nothing.
+        count = r.llen("turns")
+        err = c.post("/v1/turns", json={"agent_id": "someone-else", "input": "x"})
+        assert err.status_code == 403 and "does not cover agent" in err.json()["error"]["message"]
+        err = c.post("/v1/turns", json={"agent_id": agent, "input": "x", "approval": {"mode": "declared"}})
+        assert err.status_code == 403 and err.json()["error"]["param"] == "approval.mode"
+        assert c.post("/v1/turns", json={"agent_id": agent, "input": 3}).status_code == 422
+        assert r.llen("turns") == count
 
-            # Refusals answer as on the first sight, in the same order, and create nothing.
-            count = r.llen("turns")
-            err = c.post("/v1/turns", json={"agent_id": "someone-else", "input": "x"})
-            assert err.status_code == 403 and "does not cover agent" in err.json()["error"]["message"]
-            err = c.post("/v1/turns", json={"agent_id": agent, "input": "x", "approval": {"mode": "declared"}})
-            assert err.status_code == 403 and err.json()["error"]["param"] == "approval.mode"
-            assert c.post("/v1/turns", json={"agent_id": agent, "input": 3}).status_code == 422
-            assert r.llen("turns") == count
+        # The record changed in Redis (an operator's edit): the script runs nothing, and the
+        # request is checked again against the record as it is now.
+        key = token_key(digest(clear))
+        r.hset(key, "agents", '["another-agent"]')
+        err = c.post("/v1/turns", json=body)
+        assert err.status_code == 403 and "does not cover agent" in err.json()["error"]["message"]
+        assert r.llen("turns") == count
+        r.hset(key, "agents", orjson.dumps([agent]).decode())
+        assert c.post("/v1/turns", json=body).status_code == 201
 
-            # The record changed in Redis (an operator's edit): the script runs nothing, and the
-            # request is checked again against the record as it is now.
-            key = token_key(digest(clear))
-            r.hset(key, "agents", '["another-agent"]')
-            err = c.post("/v1/turns", json=body)
-            assert err.status_code == 403 and "does not cover agent" in err.json()["error"]["message"]
-            assert r.llen("turns") == count
-            r.hset(key, "agents", orjson.dumps([agent]).decode())
-            assert c.post("/v1/turns", json=body).status_code == 201
-
-            # Revoked: refused at the next enqueue, also with a body that does not validate.
-            assert srv.tokens.revoke(tok.id)
-            count = r.llen("turns")
-            err = c.post("/v1/turns", json=body)
-            assert err.status_code == 401 and err.json()["error"]["type"] == "authentication"
-            assert c.post("/v1/turns", json={"agent_id": agent, "input": 3}).status_code == 401
-            assert (
-                c.post("/v1/turns", content=b"{not json", headers={"content-type": "application/json"}).status_code
-                == 401
-            )
-            assert r.llen("turns") == count
-        finally:
-            srv.stop()
+        # Revoked: refused at the next enqueue, also with a body that does not validate.
+        assert srv.tokens.revoke(tok.id)
+        count = r.llen("turns")
+        err = c.post("/v1/turns", json=body)
+        assert err.status_code == 401 and err.json()["error"]["type"] == "authentication"
+        assert c.post("/v1/turns", json={"agent_id": agent, "input": 3}).status_code == 401
+        assert (
+            c.post("/v1/turns", content=b"{not json", headers={"content-type": "application/json"}).status_code == 401
+        )
+        assert r.llen("turns") == count
 
 
 def test_a_token_seen_before_still_meets_its_rate_and_its_address_throttle():
-    from devtools.embedded_redis import EmbeddedRedis
+    with _own_api(AGENT_API_AUTH_FAILURES="3", AGENT_API_AUTH_FAILURE_WINDOW="3") as (emb, srv):
+        r = redis.Redis.from_url(emb.control_url)
+        agent = _agent()
+        c = srv.client(srv.token([agent], rate=0.5, burst=3))
+        body = {"agent_id": agent, "input": "hello"}
+        codes = [c.post("/v1/turns", json=body).status_code for _ in range(5)]
+        assert codes == [201, 201, 201, 429, 429], codes
+        resp = c.post("/v1/turns", json=body)
+        assert resp.status_code == 429 and int(resp.headers["Retry-After"]) >= 1
+        assert r.llen("turns") == 3
 
-    with EmbeddedRedis() as emb:
-        srv = ApiServer(emb.control_url, AGENT_API_AUTH_FAILURES="3", AGENT_API_AUTH_FAILURE_WINDOW="3").start()
-        try:
-            r = redis.Redis.from_url(emb.control_url)
-            agent = _agent()
-            c = srv.client(srv.token([agent], rate=0.5, burst=3))
-            body = {"agent_id": agent, "input": "hello"}
-            codes = [c.post("/v1/turns", json=body).status_code for _ in range(5)]
-            assert codes == [201, 201, 201, 429, 429], codes
-            resp = c.post("/v1/turns", json=body)
-            assert resp.status_code == 429 and int(resp.headers["Retry-After"]) >= 1
-            assert r.llen("turns") == 3
-
-            good = srv.client(srv.token([agent], rate=1000, burst=1000))
-            assert good.post("/v1/turns", json=body).status_code == 201  # seen: the next one is one script
-            forged = srv.client("atr_00000000_forged")
-            assert [forged.post("/v1/turns", json=body).status_code for _ in range(3)] == [401] * 3
-            resp = good.post("/v1/turns", json=body)  # the address is throttled, whatever it sends
-            assert resp.status_code == 429 and "authentication" in resp.json()["error"]["message"]
-            assert r.llen("turns") == 4
-            time.sleep(3.2)
-            assert good.post("/v1/turns", json=body).status_code == 201
-        finally:
-            srv.stop()
+        good = srv.client(srv.token([agent], rate=1000, burst=1000))
+        assert good.post("/v1/turns", json=body).status_code == 201  # seen: the next one is one script
+        forged = srv.client("atr_00000000_forged")
+        assert [forged.post("/v1/turns", json=body).status_code for _ in range(3)] == [401] * 3
+        resp = good.post("/v1/turns", json=body)  # the address is throttled, whatever it sends
+        assert resp.status_code == 429 and "authentication" in resp.json()["error"]["message"]
+        assert r.llen("turns") == 4
+        time.sleep(3.2)
+        assert good.post("/v1/turns", json=body).status_code == 201
 
 
 def test_a_changed_record_costs_its_enqueue_one_request_of_the_token_rate():
@@ -348,26 +349,20 @@ def test_a_changed_record_costs_its_enqueue_one_request_of_the_token_rate():
     enqueues: the one script checks the token, charges its rate and finds the record changed.
     The request is then checked against the record as it is now, without being charged a second
     time: a token allowed two requests (``burst=2``, no refill to speak of) gets both."""
-    from devtools.embedded_redis import EmbeddedRedis
-
-    with EmbeddedRedis() as emb:
-        srv = ApiServer(emb.control_url).start()
-        try:
-            r = redis.Redis.from_url(emb.control_url)
-            agent = _agent()
-            clear, _ = srv.tokens.create("edited", [agent], rate=0.001, burst=2)
-            c = srv.client(clear)
-            body = {"agent_id": agent, "input": "hello"}
-            assert c.post("/v1/turns", json=body).status_code == 201  # the first sight: remembered
-            r.hset(token_key(digest(clear)), "agents", orjson.dumps([agent, "another-agent"]).decode())
-            resp = c.post("/v1/turns", json=body)  # the second of two allowed
-            assert resp.status_code == 201, resp.text
-            assert r.llen("turns") == 2
-            resp = c.post("/v1/turns", json=body)  # the third: over the rate, as on any path
-            assert resp.status_code == 429 and "rate limit" in resp.json()["error"]["message"]
-            assert r.llen("turns") == 2
-        finally:
-            srv.stop()
+    with _own_api() as (emb, srv):
+        r = redis.Redis.from_url(emb.control_url)
+        agent = _agent()
+        clear, _ = srv.tokens.create("edited", [agent], rate=0.001, burst=2)
+        c = srv.client(clear)
+        body = {"agent_id": agent, "input": "hello"}
+        assert c.post("/v1/turns", json=body).status_code == 201  # the first sight: remembered
+        r.hset(token_key(digest(clear)), "agents", orjson.dumps([agent, "another-agent"]).decode())
+        resp = c.post("/v1/turns", json=body)  # the second of two allowed
+        assert resp.status_code == 201, resp.text
+        assert r.llen("turns") == 2
+        resp = c.post("/v1/turns", json=body)  # the third: over the rate, as on any path
+        assert resp.status_code == 429 and "rate limit" in resp.json()["error"]["message"]
+        assert r.llen("turns") == 2
 
 
 # ----- the edge in front of the framework (control.api.edge) ---------------------------------------
@@ -396,86 +391,74 @@ def _requests_counted(c: httpx.Client, status: int) -> float:
 
 
 def test_the_edge_answers_an_enqueue_as_the_framework_route_does():
-    from devtools.embedded_redis import EmbeddedRedis
+    with _own_api(AGENT_APPROVAL_MODE="destructive") as (emb, srv):
+        r = redis.Redis.from_url(emb.control_url)
+        agent = _agent()
+        other = _agent()  # the framework's requests name this agent, the edge's ``agent``
+        clear, tok = srv.tokens.create("edge", [agent, other], rate=1000, burst=1000)
+        c = srv.client(clear)
+        ops = srv.client(srv.token(None))
+        body = {"agent_id": agent, "input": "hello"}
+        assert c.post("/v1/turns", json=body).status_code == 201  # first sight: the token is known now
 
-    with EmbeddedRedis() as emb:
-        srv = ApiServer(emb.control_url, AGENT_APPROVAL_MODE="destructive").start()
-        try:
-            r = redis.Redis.from_url(emb.control_url)
-            agent = _agent()
-            other = _agent()  # the framework's requests name this agent, the edge's ``agent``
-            clear, tok = srv.tokens.create("edge", [agent, other], rate=1000, burst=1000)
-            c = srv.client(clear)
-            ops = srv.client(srv.token(None))
-            body = {"agent_id": agent, "input": "hello"}
-            assert c.post("/v1/turns", json=body).status_code == 201  # first sight: the token is known now
+        # The same answers both ways: created, repeated, a key reused, refusals of the request.
+        cases = [
+            ({**body, "idempotency_key": "e-1"}, {}),
+            ({**body, "idempotency_key": "e-1"}, {}),  # repeated: 200, the same turn
+            ({**body, "input": "other", "idempotency_key": "e-1"}, {}),  # 422
+            (body, {"Idempotency-Key": "h-1"}),
+            ({**body, "idempotency_key": "b-1"}, {"Idempotency-Key": "h-2"}),  # 400: they differ
+            ({"agent_id": "someone-else", "input": "x"}, {}),  # 403
+            ({**body, "approval": {"mode": "declared"}}, {}),  # 403 below the floor
+            ({**body, "metadata": {"workflow_task_id": "x"}}, {}),  # 400: the runtime's
+            ({**body, "input": 3}, {}),  # 422, the body's schema
+            ({**body, "toolset": "no-such-toolset"}, {}),
+        ]
+        statuses = []
+        for payload, headers in cases:
+            theirs = {**payload, "agent_id": other} if payload["agent_id"] == agent else payload
+            edge = c.post(
+                "/v1/turns", content=orjson.dumps(payload), headers={"content-type": "application/json", **headers}
+            )
+            framework = c.post("/v1/turns", content=orjson.dumps(theirs), headers={**FRAMEWORK, **headers})
+            assert _answer(edge, agent) == _answer(framework, other), (payload, edge.text, framework.text)
+            statuses.append(edge.status_code)
+        assert statuses == [201, 200, 422, 201, 400, 403, 403, 400, 422, 400], statuses
+        first = c.post("/v1/turns", json={**body, "idempotency_key": "same"})
+        again = c.post("/v1/turns", content=orjson.dumps({**body, "idempotency_key": "same"}), headers=FRAMEWORK)
+        assert (first.status_code, again.status_code) == (201, 200)
+        assert first.json()["turn_id"] == again.json()["turn_id"]
 
-            # The same answers both ways: created, repeated, a key reused, refusals of the request.
-            cases = [
-                ({**body, "idempotency_key": "e-1"}, {}),
-                ({**body, "idempotency_key": "e-1"}, {}),  # repeated: 200, the same turn
-                ({**body, "input": "other", "idempotency_key": "e-1"}, {}),  # 422
-                (body, {"Idempotency-Key": "h-1"}),
-                ({**body, "idempotency_key": "b-1"}, {"Idempotency-Key": "h-2"}),  # 400: they differ
-                ({"agent_id": "someone-else", "input": "x"}, {}),  # 403
-                ({**body, "approval": {"mode": "declared"}}, {}),  # 403 below the floor
-                ({**body, "metadata": {"workflow_task_id": "x"}}, {}),  # 400: the runtime's
-                ({**body, "input": 3}, {}),  # 422, the body's schema
-                ({**body, "toolset": "no-such-toolset"}, {}),
-            ]
-            statuses = []
-            for payload, headers in cases:
-                theirs = {**payload, "agent_id": other} if payload["agent_id"] == agent else payload
-                edge = c.post(
-                    "/v1/turns", content=orjson.dumps(payload), headers={"content-type": "application/json", **headers}
-                )
-                framework = c.post("/v1/turns", content=orjson.dumps(theirs), headers={**FRAMEWORK, **headers})
-                assert _answer(edge, agent) == _answer(framework, other), (payload, edge.text, framework.text)
-                statuses.append(edge.status_code)
-            assert statuses == [201, 200, 422, 201, 400, 403, 403, 400, 422, 400], statuses
-            first = c.post("/v1/turns", json={**body, "idempotency_key": "same"})
-            again = c.post("/v1/turns", content=orjson.dumps({**body, "idempotency_key": "same"}), headers=FRAMEWORK)
-            assert (first.status_code, again.status_code) == (201, 200)
-            assert first.json()["turn_id"] == again.json()["turn_id"]
+        # Counted in the API's metrics like any request.
+        created = _requests_counted(ops, 201)
+        assert c.post("/v1/turns", json=body).status_code == 201
+        assert _requests_counted(ops, 201) == created + 1
 
-            # Counted in the API's metrics like any request.
-            created = _requests_counted(ops, 201)
-            assert c.post("/v1/turns", json=body).status_code == 201
-            assert _requests_counted(ops, 201) == created + 1
-
-            # Refusals of the token itself, after it was seen: over its rate, revoked.
-            r.hset(token_key(digest(clear)), mapping={"rate": "0.001", "burst": "1"})
-            c.post("/v1/turns", json=body)  # the burst of one, used
-            edge, framework = c.post("/v1/turns", json=body), c.post("/v1/turns", json=body, headers=FRAMEWORK)
-            assert edge.status_code == framework.status_code == 429
-            assert _answer(edge)[1] == _answer(framework)[1]
-            assert srv.tokens.revoke(tok.id)
-            count = r.llen("turns")
-            edge, framework = c.post("/v1/turns", json=body), c.post("/v1/turns", json=body, headers=FRAMEWORK)
-            assert edge.status_code == framework.status_code == 401
-            assert _answer(edge) == _answer(framework)
-            assert r.llen("turns") == count
-        finally:
-            srv.stop()
+        # Refusals of the token itself, after it was seen: over its rate, revoked.
+        r.hset(token_key(digest(clear)), mapping={"rate": "0.001", "burst": "1"})
+        c.post("/v1/turns", json=body)  # the burst of one, used
+        edge, framework = c.post("/v1/turns", json=body), c.post("/v1/turns", json=body, headers=FRAMEWORK)
+        assert edge.status_code == framework.status_code == 429
+        assert _answer(edge)[1] == _answer(framework)[1]
+        assert srv.tokens.revoke(tok.id)
+        count = r.llen("turns")
+        edge, framework = c.post("/v1/turns", json=body), c.post("/v1/turns", json=body, headers=FRAMEWORK)
+        assert edge.status_code == framework.status_code == 401
+        assert _answer(edge) == _answer(framework)
+        assert r.llen("turns") == count
 
 
 def test_the_edge_hands_a_chunked_or_oversized_body_to_the_framework():
-    from devtools.embedded_redis import EmbeddedRedis
+    with _own_api(AGENT_API_MAX_BODY_BYTES="2048") as (emb, srv):
+        agent = _agent()
+        c = srv.client(srv.token([agent]))
+        body = {"agent_id": agent, "input": "hello"}
+        assert c.post("/v1/turns", json=body).status_code == 201
 
-    with EmbeddedRedis() as emb:
-        srv = ApiServer(emb.control_url, AGENT_API_MAX_BODY_BYTES="2048").start()
-        try:
-            agent = _agent()
-            c = srv.client(srv.token([agent]))
-            body = {"agent_id": agent, "input": "hello"}
-            assert c.post("/v1/turns", json=body).status_code == 201
+        def chunks():
+            yield orjson.dumps(body)
 
-            def chunks():
-                yield orjson.dumps(body)
-
-            resp = c.post("/v1/turns", content=chunks(), headers={"content-type": "application/json"})
-            assert resp.status_code == 201, resp.text  # no Content-Length: the framework's route
-            big = c.post("/v1/turns", json={**body, "input": "x" * 4000})
-            assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
-        finally:
-            srv.stop()
+        resp = c.post("/v1/turns", content=chunks(), headers={"content-type": "application/json"})
+        assert resp.status_code == 201, resp.text  # no Content-Length: the framework's route
+        big = c.post("/v1/turns", json={**body, "input": "x" * 4000})
+        assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"

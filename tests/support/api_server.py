@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import httpx
 
+from devtools import lifetime
 from devtools.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -46,6 +47,7 @@ class ApiServer:
             stdout=open(self.log, "w"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=lifetime.preexec(),
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

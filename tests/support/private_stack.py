@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from devtools import lifetime
 from devtools.embedded_redis import EmbeddedRedis
 from devtools.workers import beat_command, worker_argv
 
@@ -76,6 +77,7 @@ class PrivateStack:
             stdout=open(log, "w"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=lifetime.preexec(),
         )
         proc.log = log  # type: ignore[attr-defined]
         self.procs.append(proc)
