@@ -9,7 +9,8 @@
   pages), not KEDA's own CRD.
 - What the manifests must mean is checked too: Secrets referenced and never inline, the Secrets
   the docs tell you to create are exactly those referenced, resources and security contexts on
-  every container, the tools worker's grants and the workers' pools as in compose.yaml, and the
+  every container, the tools worker's confinement as in compose.yaml (its per-agent limits off,
+  as the docs say), the workers' pools as in compose.yaml, and the
   NetworkPolicies evaluated as a cluster would, pod to pod, against compose's networks.
 """
 
@@ -331,10 +332,19 @@ def compose() -> dict[str, Any]:
     return data
 
 
-def test_the_tools_worker_has_composes_grants_and_no_more() -> None:
+def test_the_tools_worker_has_composes_confinement_and_says_its_limits_are_off() -> None:
     tools = workloads()["worker-tools"]
     pod = tools["spec"]["template"]["spec"]
     sc = containers(tools)[0]["securityContext"]
+    # Compose runs the per-agent limits (root, capabilities); this base cannot, and must say so
+    # rather than claim compose's grants.
+    env = {e["name"]: e.get("value") for e in containers(tools)[0]["env"]}
+    assert env["AGENT_HOME_QUOTA_MB"] == "0" and env["AGENT_COMMAND_MEMORY_CGROUP"] == "0"
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    composed = compose()["services"]["worker-tools"]
+    assert composed.get("user") == "root" and "SYS_ADMIN" in composed["cap_add"]
+    assert "**The per-agent limits are off in this base, unlike compose.**" in (ROOT / "docs/deployment.md").read_text()
     seccomp_file = next(
         o.split("=", 1)[1] for o in compose()["services"]["worker-tools"]["security_opt"] if o.startswith("seccomp=")
     )
