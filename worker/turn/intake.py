@@ -42,7 +42,8 @@ class TurnIntake:
         enqueued again).
 
         Raises ``TurnRefused`` (nothing stored) for a turn id not matching ``ID_PATTERN``, a turn
-        id of another agent, or a request whose JSON is over ``settings.max_input_bytes``.
+        id of another agent, a request whose JSON is over ``settings.max_input_bytes``, or one
+        that cannot be stored as JSON (``prepare``).
         """
         new = self.prepare(request, turn_id)
         tid, created = self.rt.store.create(
@@ -55,10 +56,15 @@ class TurnIntake:
 
     def prepare(self, request: TurnRequest, turn_id: str) -> NewTurn:
         """What ``create`` stores for ``request`` (no I/O): its JSON, first items and trace. Raises
-        ``TurnRefused`` as ``create`` does (the id, the size)."""
+        ``TurnRefused`` as ``create`` does (the id, the size), and for a request its JSON encoder
+        cannot store (``_unstorable``: an integer beyond 64 bits, nesting over 254 levels, a lone
+        surrogate), which a client's JSON parser may accept."""
         check_turn_id(turn_id)
-        dumped = request.model_dump(mode="json")
-        size = len(orjson.dumps(dumped))
+        try:
+            dumped = request.model_dump(mode="json")
+            size = len(orjson.dumps(dumped))
+        except (ValueError, TypeError) as exc:  # orjson.JSONEncodeError is a TypeError
+            raise TurnRefused(f"the turn request cannot be stored: {_unstorable(exc)}") from None
         limit = self.rt.settings.max_input_bytes
         if size > limit:
             raise TurnRefused(
@@ -74,3 +80,17 @@ class TurnIntake:
         ``pydantic.ValidationError`` or ``TurnRefused`` (see ``create``)."""
         req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
         return self.create(req, turn_id or uuid.uuid4().hex)[0]
+
+
+def _unstorable(exc: Exception) -> str:
+    """Why the stored JSON cannot hold a request (what ``model_dump`` or ``orjson.dumps`` raised)."""
+    text = str(exc)
+    if "64-bit" in text:
+        return "an integer is beyond 64 bits (-2**63 to 2**64-1); send a larger number as a string"
+    if "depth" in text or "Recursion" in text:
+        return "arrays and objects are nested more than 254 levels deep (the request itself counted)"
+    if "surrogate" in text:
+        return (
+            "a string holds a lone surrogate (an escaped \\ud800-\\udfff without its pair), which is not Unicode text"
+        )
+    return text

@@ -198,11 +198,14 @@ class TurnRequest(BaseModel):
 
 def request_problem(request: TurnRequest) -> tuple[str, str] | None:
     """What a control plane refuses in a request its schema accepts, as ``(param, message)``: an
-    empty message (a string ``input`` with nothing but whitespace), and ``egress_allow_hosts``
-    with ``network: none`` (hosts for an egress the turn does not have). None when neither.
+    empty message (a string ``input`` with nothing but whitespace), an empty ``idempotency_key``
+    (no key to de-duplicate by), and ``egress_allow_hosts`` with ``network: none`` (hosts for an
+    egress the turn does not have). None when none of them.
     Checked at enqueue (``ControlPlane.create``, the HTTP API), never on stored requests."""
     if isinstance(request.input, str) and not request.input.strip():
         return "input", "the message is empty"
+    if request.idempotency_key == "":  # it would enqueue every repeat as a new turn
+        return "idempotency_key", "the idempotency key is empty: give one of 1-200 characters, or none"
     if request.egress_allow_hosts is not None and request.network != "egress":
         return "egress_allow_hosts", (
             "egress_allow_hosts is given with network 'none': commands have no network to allow hosts on "
