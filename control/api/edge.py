@@ -32,7 +32,6 @@ much of the server's CPU per enqueue as the route's own work (bench/README.md, t
 
 from __future__ import annotations
 
-import re
 import time
 
 import orjson
@@ -53,7 +52,10 @@ _READ = frozenset((b"authorization", b"content-length", b"content-type", b"idemp
 # orjson reads an integer beyond 64 bits (-2**63 to 2**64-1) as a float, changing its value; the
 # framework's parser keeps it exact (and the turn's intake refuses it, clearly). Such an integer
 # has 19 digits or more: a body with a run of 19 digits (in a number or not) goes to the framework.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# Found as 19 zeros in the body with its digits made zeros and every other byte a space: a tenth
+# of a regular expression's time (about 3 us for a body of 2 kB, against 34 us; orjson reads it in 2).
+_DIGITS = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
+_LONG_DIGITS = b"0" * 19
 
 
 class Edge:
@@ -163,7 +165,7 @@ def _request(body: bytes) -> TurnRequest | None:
     """``body`` as a ``TurnRequest``, as FastAPI reads it (JSON to Python values, then the model
     validated from them); None for a body that does not parse or validate (the framework answers
     its errors), and for one that may hold an integer orjson cannot read exactly (``_LONG_DIGITS``)."""
-    if _LONG_DIGITS.search(body) is not None:
+    if _LONG_DIGITS in body.translate(_DIGITS):
         return None
     try:
         value = orjson.loads(body)
