@@ -1,10 +1,11 @@
 """What the API reads from a body and what a turn's intake can store, without a server: the
 routes' strict JSON (``control.api.json_request``), the edge's hand-over of long digit runs
-(``control.api.edge``), and the refusals of ``request_problem`` and ``TurnIntake.prepare``."""
+(``control.api.edge``), and the refusals of ``request_problem``, ``TurnIntake.prepare`` and an approval's ``check_params``."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import cast
 
@@ -12,6 +13,7 @@ import pytest
 
 from control.api.edge import _request
 from control.api.json_request import strict_loads
+from worker.turn.approvals import ApprovalError, ApprovalRecord, check_params
 from worker.turn.intake import TurnIntake
 from worker.turn.request import TurnRefused, TurnRequest, request_problem
 from worker.turn.runtime import TurnRuntime
@@ -73,3 +75,21 @@ def test_the_intake_refuses_what_it_cannot_store(fields, said):
     assert said in str(raised.value)
     deepest = {"metadata": {"n": json.loads("[" * 252 + "]" * 252)}, "instructions": "x \U0001f600"}
     assert intake.prepare(TurnRequest(input="x", **deepest), "t1").request["metadata"]["n"]
+
+
+@pytest.mark.parametrize(
+    ("params", "said"),
+    [
+        ({"n": 2**64}, "beyond 64 bits"),
+        ({"s": "x \ud800"}, "lone surrogate"),
+        ({"o": json.loads("[" * 253 + "]" * 253)}, "nested more than 254 levels"),
+    ],
+)
+def test_edited_params_the_record_cannot_hold_are_refused(params, said):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}, "o": {}}}
+    rec = ApprovalRecord("t1", "a", 0, "c1", "tool", "x", {}, 0.0, 1.0, schema=schema)
+    with pytest.raises(ApprovalError, match="cannot be stored") as raised:
+        check_params(rec, params)
+    assert said in str(raised.value)
+    check_params(rec, {"n": 2**64 - 1, "o": json.loads("[" * 252 + "]" * 252)})
+    replace(rec, params={"n": 2**64 - 1, "o": json.loads("[" * 252 + "]" * 252)}).to_json()

@@ -11,7 +11,7 @@ import orjson
 from worker.model.items import user_message
 from worker.turn import telemetry
 from worker.turn.interfaces import step_label
-from worker.turn.request import TurnRefused, TurnRequest, check_turn_id
+from worker.turn.request import TurnRefused, TurnRequest, check_turn_id, unstorable
 from worker.turn.runtime import TurnRuntime
 
 
@@ -57,14 +57,14 @@ class TurnIntake:
     def prepare(self, request: TurnRequest, turn_id: str) -> NewTurn:
         """What ``create`` stores for ``request`` (no I/O): its JSON, first items and trace. Raises
         ``TurnRefused`` as ``create`` does (the id, the size), and for a request its JSON encoder
-        cannot store (``_unstorable``: an integer beyond 64 bits, nesting over 254 levels, a lone
+        cannot store (``unstorable``: an integer beyond 64 bits, nesting over 254 levels, a lone
         surrogate), which a client's JSON parser may accept."""
         check_turn_id(turn_id)
         try:
             dumped = request.model_dump(mode="json")
             size = len(orjson.dumps(dumped))
         except (ValueError, TypeError) as exc:  # orjson.JSONEncodeError is a TypeError
-            raise TurnRefused(f"the turn request cannot be stored: {_unstorable(exc)}") from None
+            raise TurnRefused(f"the turn request cannot be stored: {unstorable(exc)}") from None
         limit = self.rt.settings.max_input_bytes
         if size > limit:
             raise TurnRefused(
@@ -80,17 +80,3 @@ class TurnIntake:
         ``pydantic.ValidationError`` or ``TurnRefused`` (see ``create``)."""
         req = request if isinstance(request, TurnRequest) else TurnRequest.model_validate(request)
         return self.create(req, turn_id or uuid.uuid4().hex)[0]
-
-
-def _unstorable(exc: Exception) -> str:
-    """Why the stored JSON cannot hold a request (what ``model_dump`` or ``orjson.dumps`` raised)."""
-    text = str(exc)
-    if "64-bit" in text:
-        return "an integer is beyond 64 bits (-2**63 to 2**64-1); send a larger number as a string"
-    if "depth" in text or "Recursion" in text:
-        return "arrays and objects are nested more than 254 levels deep (the request itself counted)"
-    if "surrogate" in text:
-        return (
-            "a string holds a lone surrogate (an escaped \\ud800-\\udfff without its pair), which is not Unicode text"
-        )
-    return text

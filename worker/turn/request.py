@@ -214,6 +214,22 @@ def request_problem(request: TurnRequest) -> tuple[str, str] | None:
     return None
 
 
+def unstorable(exc: Exception) -> str:
+    """Why the stored JSON cannot hold a value a client sent (a turn request, an approval's edited
+    params), from what ``orjson.dumps`` (or pydantic's ``model_dump``) raised: a value Python's
+    ``json`` reads but the store's encoder refuses."""
+    text = str(exc)
+    if "64-bit" in text:
+        return "an integer is beyond 64 bits (-2**63 to 2**64-1); send a larger number as a string"
+    if "depth" in text or "Recursion" in text:
+        return "arrays and objects are nested more than 254 levels deep (the outermost object counted)"
+    if "surrogate" in text:
+        return (
+            "a string holds a lone surrogate (an escaped \\ud800-\\udfff without its pair), which is not Unicode text"
+        )
+    return text
+
+
 # Stored requests parsed in this process, by their stored bytes (``stored_request``).
 _PARSED: dict[bytes, TurnRequest] = {}
 _PARSED_MAX = 1024
