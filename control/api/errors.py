@@ -131,10 +131,14 @@ def install(
         if not errors:
             return error_response(422, "invalid request")
         path, msg = first_validation_error(errors)
-        if errors[0].get("type") == "json_invalid":
-            return error_response(400, f"the body is not valid JSON: {msg}")
+        if errors[0].get("type") == "json_invalid":  # the parser's own words, in the error's context
+            return error_response(
+                400, f"the body is not valid JSON: {(errors[0].get('ctx') or {}).get('error') or msg}"
+            )
         if tuple(errors[0].get("loc", ())) == ("body",):  # the body whole: none, or not an object
             got = type(errors[0].get("input")).__name__ if errors[0].get("input") is not None else "nothing"
+            if got == "bytes":  # not read as JSON: no JSON Content-Type
+                return error_response(400, "a JSON object is required as the body, with Content-Type: application/json")
             return error_response(400, f"a JSON object is required as the body (got {_JSON_NAMES.get(got, got)})")
         return error_response(422, f"{path}: {msg}" if path else msg, path or None)
 

@@ -17,6 +17,7 @@ from control.api.auth import Caller, caller, presented_token, refusal, turn_call
 from control.api.errors import ApiError
 from control.api.feed import approvals_feed
 from control.api.hub import parse_event_id
+from control.api.json_request import JsonRoute
 from control.api.json_response import JsonResponse
 from control.api.sse import send_turn_events
 from control.api.streams import CappedStream
@@ -36,7 +37,7 @@ from worker.turn.request import (
     request_problem,
 )
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=JsonRoute)  # its bodies read strictly (json_request)
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"description": "No token, or an unknown or revoked one"},
@@ -151,6 +152,9 @@ async def enqueue_turn(
     ``Idempotency-Key`` header (or the body's ``idempotency_key``), a repeat answers 200 with the
     same turn and enqueues nothing."""
     state = request.app.state
+    if len(request.headers.getlist("idempotency-key")) > 1:  # the framework would take the first
+        await verify(request, token)  # the token's refusals first, and its rate charged once
+        raise ApiError(400, "Idempotency-Key is given more than once", param="Idempotency-Key")
     address = request.client.host if request.client else "unknown"
     answered = await enqueue_known(state, token, body, idempotency_key, address)
     if answered is not None:
@@ -245,10 +249,15 @@ def _prepared(body: TurnRequest, idempotency_key: str | None, token: Token) -> t
     """The request to store for ``token``'s enqueue: the header's idempotency key in it, and who
     enqueued it (``metadata.enqueued_by``: a client's own value is replaced), with the name of the
     parameter that gave the key. Raises ``ApiError``: 403 for an agent the token does not cover,
-    then 400 for a header and body that name different keys, then ``_check_request``'s."""
+    then 400 for an empty header or a header and body that name different keys, then
+    ``_check_request``'s."""
     if not token.covers(body.agent_id):
         raise ApiError(403, f"token {token.id} does not cover agent {body.agent_id}", param="agent_id")
     key_param = "idempotency_key"
+    if idempotency_key == "":
+        raise ApiError(
+            400, "the Idempotency-Key header is empty: give one of 1-200 characters, or none", param="Idempotency-Key"
+        )
     if idempotency_key is not None:
         if body.idempotency_key not in (None, idempotency_key):
             raise ApiError(400, "Idempotency-Key and the body's idempotency_key differ", param="idempotency_key")

@@ -38,7 +38,7 @@ from worker.turn.dispatch import Batch, PlannedCall
 from worker.turn.keys import PENDING_APPROVALS_KEY as PENDING_KEY
 from worker.turn.keys import WATCH_KEY
 from worker.turn.keys import key as _k
-from worker.turn.request import TurnStatus
+from worker.turn.request import TurnStatus, unstorable
 from worker.turn.state import EVENTS_MAXLEN, RETENTION_SECONDS, CallResult, event_json
 
 Decision = Literal["approved", "rejected"]
@@ -192,7 +192,8 @@ def check_params(rec: ApprovalRecord, params: dict[str, Any]) -> None:
     after ``closed_schema``: a key the tool does not declare (``"sudo": true``) is refused, not
     passed on or silently dropped. The worker validates the edited params again with the tool's
     own validator before it runs them (``validate_params``). Raises ``ApprovalError`` naming each
-    failing field; nothing is recorded then, and the call stays pending.
+    failing field, or what the record's JSON cannot hold (an integer beyond 64 bits, a lone
+    surrogate, nesting over 254 levels); nothing is recorded then, and the call stays pending.
     """
     if not isinstance(params, dict):
         raise ApprovalError("edited params must be a JSON object")
@@ -203,6 +204,11 @@ def check_params(rec: ApprovalRecord, params: dict[str, Any]) -> None:
     if errors:
         detail = "; ".join(f"{e.loc}: {e.msg}" for e in errors)
         raise ApprovalError(f"edited params for {rec.name} are invalid (nothing was recorded): {detail}")
+    try:  # what the schema takes and the record's JSON cannot hold (a 500 when it was stored)
+        orjson.dumps({"params": params})  # as the record holds them, one level down
+    except TypeError as exc:
+        why = unstorable(exc)
+        raise ApprovalError(f"edited params for {rec.name} cannot be stored (nothing was recorded): {why}") from None
 
 
 def rejection_result(rec: ApprovalRecord) -> CallResult:

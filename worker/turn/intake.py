@@ -11,7 +11,7 @@ import orjson
 from worker.model.items import user_message
 from worker.turn import telemetry
 from worker.turn.interfaces import step_label
-from worker.turn.request import TurnRefused, TurnRequest, check_turn_id
+from worker.turn.request import TurnRefused, TurnRequest, check_turn_id, unstorable
 from worker.turn.runtime import TurnRuntime
 
 
@@ -42,7 +42,8 @@ class TurnIntake:
         enqueued again).
 
         Raises ``TurnRefused`` (nothing stored) for a turn id not matching ``ID_PATTERN``, a turn
-        id of another agent, or a request whose JSON is over ``settings.max_input_bytes``.
+        id of another agent, a request whose JSON is over ``settings.max_input_bytes``, or one
+        that cannot be stored as JSON (``prepare``).
         """
         new = self.prepare(request, turn_id)
         tid, created = self.rt.store.create(
@@ -55,10 +56,15 @@ class TurnIntake:
 
     def prepare(self, request: TurnRequest, turn_id: str) -> NewTurn:
         """What ``create`` stores for ``request`` (no I/O): its JSON, first items and trace. Raises
-        ``TurnRefused`` as ``create`` does (the id, the size)."""
+        ``TurnRefused`` as ``create`` does (the id, the size), and for a request its JSON encoder
+        cannot store (``unstorable``: an integer beyond 64 bits, nesting over 254 levels, a lone
+        surrogate), which a client's JSON parser may accept."""
         check_turn_id(turn_id)
-        dumped = request.model_dump(mode="json")
-        size = len(orjson.dumps(dumped))
+        try:
+            dumped = request.model_dump(mode="json")
+            size = len(orjson.dumps(dumped))
+        except (ValueError, TypeError) as exc:  # orjson.JSONEncodeError is a TypeError
+            raise TurnRefused(f"the turn request cannot be stored: {unstorable(exc)}") from None
         limit = self.rt.settings.max_input_bytes
         if size > limit:
             raise TurnRefused(

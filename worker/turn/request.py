@@ -198,17 +198,36 @@ class TurnRequest(BaseModel):
 
 def request_problem(request: TurnRequest) -> tuple[str, str] | None:
     """What a control plane refuses in a request its schema accepts, as ``(param, message)``: an
-    empty message (a string ``input`` with nothing but whitespace), and ``egress_allow_hosts``
-    with ``network: none`` (hosts for an egress the turn does not have). None when neither.
+    empty message (a string ``input`` with nothing but whitespace), an empty ``idempotency_key``
+    (no key to de-duplicate by), and ``egress_allow_hosts`` with ``network: none`` (hosts for an
+    egress the turn does not have). None when none of them.
     Checked at enqueue (``ControlPlane.create``, the HTTP API), never on stored requests."""
     if isinstance(request.input, str) and not request.input.strip():
         return "input", "the message is empty"
+    if request.idempotency_key == "":  # it would enqueue every repeat as a new turn
+        return "idempotency_key", "the idempotency key is empty: give one of 1-200 characters, or none"
     if request.egress_allow_hosts is not None and request.network != "egress":
         return "egress_allow_hosts", (
             "egress_allow_hosts is given with network 'none': commands have no network to allow hosts on "
             "(set network 'egress', or drop the hosts)"
         )
     return None
+
+
+def unstorable(exc: Exception) -> str:
+    """Why the stored JSON cannot hold a value a client sent (a turn request, an approval's edited
+    params), from what ``orjson.dumps`` (or pydantic's ``model_dump``) raised: a value Python's
+    ``json`` reads but the store's encoder refuses."""
+    text = str(exc)
+    if "64-bit" in text:
+        return "an integer is beyond 64 bits (-2**63 to 2**64-1); send a larger number as a string"
+    if "depth" in text or "Recursion" in text:
+        return "arrays and objects are nested more than 254 levels deep (the outermost object counted)"
+    if "surrogate" in text:
+        return (
+            "a string holds a lone surrogate (an escaped \\ud800-\\udfff without its pair), which is not Unicode text"
+        )
+    return text
 
 
 # Stored requests parsed in this process, by their stored bytes (``stored_request``).
