@@ -298,7 +298,19 @@ REFUSED_SYSCALLS = {"init_module", "finit_module", "kexec_load", "bpf", "perf_ev
 
 # What the tools worker is granted to run the per-agent limits (docs/deployment.md "The tools
 # worker's grants"; each measured: without it a limit or the sandbox fails).
-TOOLS_CAPABILITIES = {"SYS_ADMIN", "MKNOD", "SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "NET_ADMIN"}
+# SETPCAP: a command's bounding set emptied (without it the command kept the others; the sandbox's
+# probe refuses that now: worker/tools/computer/privileges.py).
+TOOLS_CAPABILITIES = {
+    "SYS_ADMIN",
+    "MKNOD",
+    "SETUID",
+    "SETGID",
+    "SETPCAP",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "NET_ADMIN",
+}
 
 
 def test_the_tools_worker_runs_the_per_agent_limits_with_its_measured_grants_only():
