@@ -1,13 +1,20 @@
 # syntax=docker/dockerfile:1
 # The project's image: the workers, beat, Flower and the scripted model gateway (docs/deployment.md).
-# BASE_IMAGE: a Debian bookworm image. With a registry, debian:bookworm-slim; without one,
-# `make deploy-images` builds a base from Debian's packages (devtools/podman.py).
-ARG BASE_IMAGE=debian:bookworm-slim
+# BASE_IMAGE: a Debian trixie image (compose.yaml's RUNTIME_BASE_IMAGE). With a registry,
+# debian:trixie-slim; without one, `make deploy-images` builds a base from Debian's packages
+# (devtools/podman.py). Trixie's Python (3.13.5) has the tarfile fixes (CVE-2025-4517 and its
+# siblings: 3.11.13, 3.12.11, 3.13.4 and later), a second wall behind the snapshot restore's own
+# checks (docs/isolation.md); the build fails on a Python without them (bookworm's 3.11.2).
+ARG BASE_IMAGE=debian:trixie-slim
 FROM ${BASE_IMAGE}
-# Python from Debian's packages when the base lacks it (debian:bookworm-slim; the debootstrap base has it).
+# Python from Debian's packages when the base lacks it (debian:trixie-slim; the debootstrap base has it).
+# os.path.ALLOW_MISSING came with the tarfile fixes (worker/placement/restorer.py).
 RUN if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \
       apt-get update && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
       && rm -rf /var/lib/apt/lists/*; fi \
+ && if ! python3 -c 'import os; os.path.ALLOW_MISSING' 2>/dev/null; then \
+      echo "this image needs a Python with the tarfile fixes (3.11.13, 3.12.11, 3.13.4 or later), not $(python3 -V)" >&2; \
+      exit 1; fi \
  && groupadd --gid 10001 agent && useradd --uid 10001 --gid 10001 --create-home agent \
  && mkdir -p /homes && chown agent:agent /homes && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH

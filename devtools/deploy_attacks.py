@@ -1,6 +1,7 @@
 """The isolation attacks ``make deploy-check`` runs inside the tools container, with the per-agent
 limits on (docs/isolation.md): the sandbox report (uid, network, Redis, secrets, other homes,
-setuid), a write past the home's quota and memory across the processes of one command."""
+setuid, the capabilities the command holds), a write past the home's quota and memory across the
+processes of one command."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Iterator
 
 from devtools.deploy_stack import COMMAND_MEMORY_BYTES, HOME_QUOTA_MB, CheckFailed, Deployment
 from devtools.deploy_turns import home_file, run_turn
+from worker.tools.computer.privileges import Privileges, command_held
 
 
 def _report(text: str) -> dict[str, str]:
@@ -20,6 +22,11 @@ def _report(text: str) -> dict[str, str]:
     return found
 
 
+# The lines of the sandbox report (scripts/deploy-sandbox.json), by how each starts.
+REPORT_KEYS: tuple[str, ...] = ("uid=", "interfaces:", "redis:", "home file:", "secrets in", "capabilities:")
+REPORT_KEYS += ("processes:", "homes visible:", "other home:")
+
+
 def _lines(text: str) -> Iterator[str]:
     """The report lines of a run_command output (its JSON or plain form)."""
     try:
@@ -27,10 +34,9 @@ def _lines(text: str) -> Iterator[str]:
         text = data.get("stdout") or data.get("output") or text if isinstance(data, dict) else text
     except ValueError:
         pass
-    keys = ("uid=", "interfaces:", "redis:", "home file:", "secrets in", "processes:", "homes visible:", "other home:")
     for line in text.splitlines():
         line = line.strip()
-        if line.startswith((*keys, "setuid ")):
+        if line.startswith((*REPORT_KEYS, "setuid ")):
             yield line
 
 
@@ -54,6 +60,10 @@ def sandbox_turn(dep: Deployment) -> str:
     wrong = {k: report.get(k) for k, v in expected.items() if (report.get(k) or "").strip() != v}
     if not uid.isdigit() or int(uid) < 1000:
         wrong["uid"] = uid  # the agent's own host uid, never root's
+    # "CapInh:0000000000000000 ... NoNewPrivs:1": every capability set empty, no_new_privs on
+    status = "\n".join(report.get("capabilities", "").split())
+    if command_held(status):
+        wrong["capabilities"] = "; ".join(command_held(status))
     if wrong:
         raise CheckFailed(f"the sandbox let the command see or do {wrong} (expected {expected})")
     if any(s in out for s in dep.secrets()):
@@ -63,7 +73,8 @@ def sandbox_turn(dep: Deployment) -> str:
     return (
         f"turn {turn}: agent uid {uid}, interfaces [lo], Redis and Sentinels unreachable, 0 secrets in env "
         f"and /proc, only its own home (another agent's file unreadable), setuid refused (mode 755, "
-        f"euid {uid}), {report.get('processes')} processes visible, file written in the home"
+        f"euid {uid}), {report.get('processes')} processes visible, file written in the home; "
+        f"capabilities: {Privileges.parse(status).line()}"
     )
 
 

@@ -7,14 +7,16 @@ What it does, each step printed with the seconds it took (docs/deployment.md, "T
    Redis's data (``REDIS_DATA_DIR``: ``redis-1/``, ``redis-2/``), one for the agents' homes
    (``AGENT_HOMES_DIR``), as docs/deployment.md asks of a host;
 3. ``podman-compose up`` with fresh credentials (never printed), optionally ``--scale`` two turn
-   nodes and two tools nodes, and waits for every health check;
+   nodes and two tools nodes, and waits for every health check; the tools container's Python has
+   the tarfile fixes (3.11.13, 3.12.11, 3.13.4 or later);
 4. as the control plane (the CLIs inside the ``api`` container, which reaches Redis through the
    Sentinels; Flower, Prometheus and the trace UI through what compose publishes):
    - a text turn whose ``run_command`` runs in the sandbox of the tools container, with the
      per-agent limits on, and attacks it: its own host uid (not root), no network interface but
      loopback, Redis and the Sentinels unreachable, no secret in its environment or in any
      ``/proc/<pid>/environ`` it can see, no other agent's home, no setuid bit (seccomp) and no
-     root from a copied shell; the file it wrote is its uid's, in its home;
+     root from a copied shell, no capability in any set and ``no_new_privs`` (its own
+     ``/proc/self/status``); the file it wrote is its uid's, in its home;
    - a turn whose destructive command waits for an approval, approved with ``agent-runtime approve``;
    - a workflow task started with ``python -m control.workflow_cli start --wait``;
    - a command that writes past its home's quota (a loop-mounted image): it fails naming
@@ -76,6 +78,17 @@ from devtools.deploy_stack import (
 )
 from devtools.deploy_turns import enqueue, home_file, run_turn, tools_containers, wait_turn
 from devtools.podman import PodmanError, build_images, require_tools, write_config
+
+
+def tools_python() -> str:
+    """The tools containers' Python has the tarfile fixes (``os.path.ALLOW_MISSING`` came with
+    them): a second wall behind the snapshot restore's own checks (docs/isolation.md)."""
+    probe = "import sys; from worker.placement.restorer import python_has_tarfile_fixes as f; print(sys.version.split()[0], f())"
+    seen = {name: podman("exec", name, "python", "-c", probe).stdout.split() for name in tools_containers()}
+    if not seen or any(v[-1:] != ["True"] for v in seen.values()):
+        raise CheckFailed(f"a tools container's Python lacks the tarfile fixes (3.11.13, 3.12.11, 3.13.4+): {seen}")
+    versions = sorted({v[0] for v in seen.values()})
+    return f"Python {', '.join(versions)} in {len(seen)} tools container(s): the tarfile fixes (os.path.ALLOW_MISSING)"
 
 
 def approval_turn(dep: Deployment) -> str:
@@ -375,6 +388,7 @@ def run_check(scale: bool, keep: bool) -> bool:
         steps.run("leftovers of an earlier run", remove_leftovers)
         steps.run("compose up", lambda: bring_up(dep))
         steps.run("health checks", wait_healthy)
+        steps.run("the tools container's Python: the tarfile fixes", tools_python)
         sandbox: dict[str, str] = {}
 
         def _sandbox() -> str:

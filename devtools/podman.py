@@ -10,12 +10,15 @@ RLIMIT_NPROC: Operation not permitted"); there is no systemd for cgroups or even
 ``podman-compose`` started with that environment uses runc, cgroupfs, a file event log, the
 rlimits that work, and an image store of the project's own (``var/podman/storage``).
 
-The base image: ``FROM debian:bookworm-slim`` cannot be pulled without a registry, so
-``ensure_base_image`` builds a Debian root filesystem with ``debootstrap`` from Debian's
-packages (cached as ``var/deploy/debian-bookworm-rootfs.tar``: a rerun takes seconds) and
-imports it as ``localhost/agent-debian-base:bookworm``. Every Dockerfile of the project takes
-its base as the ``BASE_IMAGE`` build argument (default ``debian:bookworm-slim``), so the same
-files build on a Docker host with a registry.
+The base images: ``FROM debian:trixie-slim`` or ``debian:bookworm-slim`` cannot be pulled
+without a registry, so ``ensure_base_image`` builds a Debian root filesystem of a suite with
+``debootstrap`` from Debian's packages (cached as ``var/deploy/debian-<suite>-rootfs.tar``: a
+rerun takes seconds) and imports it as ``localhost/agent-debian-base:<suite>``. The project's
+image is on trixie (``RUNTIME_SUITE``: its Python, 3.13.5, has the tarfile fixes), Redis,
+Prometheus and the trace UI on bookworm (``SUITE``; ``IMAGES`` says which). Every Dockerfile of
+the project takes its base as the ``BASE_IMAGE`` build argument (compose.yaml gives the project's
+``RUNTIME_BASE_IMAGE``, default ``debian:trixie-slim``, the others ``BASE_IMAGE``, default
+``debian:bookworm-slim``), so the same files build on a Docker host with a registry.
 
 Python and npm packages inside a build come from the registries, through this machine's CA
 bundle given as a build secret (``--secret id=ca_bundle``): mounted for the ``RUN`` that needs
@@ -39,18 +42,31 @@ ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 PODMAN_DIR = VAR / "podman"
 DEPLOY_DIR = VAR / "deploy"
-ROOTFS_TAR = DEPLOY_DIR / "debian-bookworm-rootfs.tar"
-BASE_IMAGE = "localhost/agent-debian-base:bookworm"
 SUITE = "bookworm"
+RUNTIME_SUITE = "trixie"
+
+
+def rootfs_tar(suite: str) -> Path:
+    """The cached root filesystem of a Debian ``suite``."""
+    return DEPLOY_DIR / f"debian-{suite}-rootfs.tar"
+
+
+def base_image(suite: str) -> str:
+    """The base image of a Debian ``suite`` in the project's image store."""
+    return f"localhost/agent-debian-base:{suite}"
+
+
+BASE_IMAGE = base_image(SUITE)
+RUNTIME_BASE_IMAGE = base_image(RUNTIME_SUITE)
 # What the base carries besides minbase: Python for the project's images (and their health checks).
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 CA_BUNDLE = Path(os.environ.get("AGENT_BUILD_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt"))
-# The images compose.yaml names, each built from its Dockerfile with the base as a build argument.
+# The images compose.yaml names, each built from its Dockerfile with its suite's base as a build argument.
 IMAGES = {
-    "localhost/agent-runtime:latest": ("Dockerfile", "."),
-    "localhost/agent-redis:latest": ("deploy/images/redis.Dockerfile", "deploy/images"),
-    "localhost/agent-prometheus:latest": ("deploy/images/prometheus.Dockerfile", "deploy/images"),
-    "localhost/agent-phoenix:latest": ("deploy/images/phoenix.Dockerfile", "deploy/images"),
+    "localhost/agent-runtime:latest": ("Dockerfile", ".", RUNTIME_SUITE),
+    "localhost/agent-redis:latest": ("deploy/images/redis.Dockerfile", "deploy/images", SUITE),
+    "localhost/agent-prometheus:latest": ("deploy/images/prometheus.Dockerfile", "deploy/images", SUITE),
+    "localhost/agent-phoenix:latest": ("deploy/images/phoenix.Dockerfile", "deploy/images", SUITE),
 }
 
 
@@ -144,18 +160,19 @@ def debian_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
-def build_rootfs_tar() -> Path:
-    """debootstrap a minbase Debian with ``BASE_PACKAGES`` and pack it as ``ROOTFS_TAR`` (about 2 minutes)."""
+def build_rootfs_tar(suite: str = SUITE) -> Path:
+    """debootstrap a minbase Debian ``suite`` with ``BASE_PACKAGES`` and pack it as ``rootfs_tar(suite)``
+    (about 2 minutes)."""
     require_tools("debootstrap")
     DEPLOY_DIR.mkdir(parents=True, exist_ok=True)
-    work = DEPLOY_DIR / "rootfs.partial"
+    work = DEPLOY_DIR / f"rootfs-{suite}.partial"
     if work.exists():
         shutil.rmtree(work)
     mirror = debian_mirror()
-    log = DEPLOY_DIR / "debootstrap.log"
+    log = DEPLOY_DIR / f"debootstrap-{suite}.log"
     with log.open("w") as out:
         proc = subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(work), mirror],
+            ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, str(work), mirror],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -164,38 +181,40 @@ def build_rootfs_tar() -> Path:
     # apt inside builds sees updates and security fixes too; no package cache or lists in the image
     security = mirror.rstrip("/").removesuffix("/debian") + "/debian-security"
     (work / "etc/apt/sources.list").write_text(
-        f"deb {mirror} {SUITE} main\ndeb {mirror} {SUITE}-updates main\ndeb {security} {SUITE}-security main\n"
+        f"deb {mirror} {suite} main\ndeb {mirror} {suite}-updates main\ndeb {security} {suite}-security main\n"
     )
     for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
         for item in (work / sub).glob("*"):
             if item.is_file():
                 item.unlink()
-    partial = ROOTFS_TAR.with_suffix(".partial")
+    tar = rootfs_tar(suite)
+    partial = tar.with_suffix(".partial")
     subprocess.run(["tar", "--numeric-owner", "-C", str(work), "-cf", str(partial), "."], check=True)
-    partial.rename(ROOTFS_TAR)
+    partial.rename(tar)
     shutil.rmtree(work)
-    return ROOTFS_TAR
+    return tar
 
 
-def ensure_base_image() -> str:
-    """The base image, imported from the cached root filesystem (built first when absent)."""
+def ensure_base_image(suite: str = SUITE) -> str:
+    """The base image of ``suite``, imported from its cached root filesystem (built first when absent)."""
     require_tools("podman")
     write_config()
-    if image_exists(BASE_IMAGE):
-        return BASE_IMAGE
-    if not ROOTFS_TAR.exists():
-        build_rootfs_tar()
-    podman("import", "--quiet", str(ROOTFS_TAR), BASE_IMAGE, capture=True)
-    return BASE_IMAGE
+    image = base_image(suite)
+    if image_exists(image):
+        return image
+    if not rootfs_tar(suite).exists():
+        build_rootfs_tar(suite)
+    podman("import", "--quiet", str(rootfs_tar(suite)), image, capture=True)
+    return image
 
 
 def build_images(names: list[str] | None = None, *, quiet: bool = True) -> dict[str, float]:
-    """Build the deployment's images on the base (layers cached); returns seconds per image."""
-    base = ensure_base_image()
+    """Build the deployment's images on their bases (layers cached); returns seconds per image."""
     secret = ["--secret", f"id=ca_bundle,src={CA_BUNDLE}"] if CA_BUNDLE.is_file() else []
     took: dict[str, float] = {}
     for name in names or list(IMAGES):
-        dockerfile, context = IMAGES[name]
+        dockerfile, context, suite = IMAGES[name]
+        base = ensure_base_image(suite)
         t0 = time.monotonic()
         # --network host: build steps (the project's own Dockerfiles) reach the registries as the
         # host does; through the NAT'd build network, name resolution failed now and then here.
@@ -241,7 +260,8 @@ def main() -> None:
             write_config()
             print((PODMAN_DIR / "env").read_text(), end="")
         elif args.what == "base":
-            print(ensure_base_image())
+            for suite in sorted({suite for _, _, suite in IMAGES.values()}):
+                print(ensure_base_image(suite))
         else:
             for name, seconds in build_images(args.images or None).items():
                 print(f"built {name} in {seconds:.1f} s")

@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The trace UI: Arize Phoenix from PyPI, which receives OTLP over HTTP (/v1/traces) and serves a UI
 # and a REST API on one port (6006). Jaeger is in neither Debian's packages nor PyPI.
-# BASE_IMAGE: a Debian bookworm image (see the project's Dockerfile).
+# BASE_IMAGE: a Debian bookworm image (compose.yaml's BASE_IMAGE; without a registry, devtools/podman.py builds one).
 ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
 RUN if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then \

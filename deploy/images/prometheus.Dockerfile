@@ -1,5 +1,5 @@
 # Prometheus from Debian's packages (compose's `prometheus` service).
-# BASE_IMAGE: a Debian bookworm image (see the project's Dockerfile).
+# BASE_IMAGE: a Debian bookworm image (compose.yaml's BASE_IMAGE; without a registry, devtools/podman.py builds one).
 ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
 RUN apt-get update && apt-get install -y --no-install-recommends prometheus \

@@ -1,5 +1,5 @@
 # Redis from Debian's packages (compose's `redis` service; docs/deployment.md "Redis").
-# BASE_IMAGE: a Debian bookworm image (see the project's Dockerfile).
+# BASE_IMAGE: a Debian bookworm image (compose.yaml's BASE_IMAGE; without a registry, devtools/podman.py builds one).
 ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
 # A fixed uid, so an operator can give it a data directory of its own on the host (chown 10002).

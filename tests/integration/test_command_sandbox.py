@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from worker.settings import Settings
-from worker.tools.computer import launch, sandbox
+from worker.tools.computer import launch, privileges, sandbox
 from worker.tools.computer.egress import EgressProxy, host_allowed
 from worker.tools.web.address_guard import BlockedAddressError
 
@@ -219,16 +220,56 @@ def test_no_nested_user_namespaces_and_no_capabilities(tmp_path):
     home.mkdir()
     ctx = TurnContext(turn_id="t", agent_id="a", home=home, settings=Settings(homes_root=tmp_path))
     tool = {t.name: t for t in create_computer_tools(ctx)}["run_command"]
-    command = "unshare -U true; echo userns=$?; grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; id -u; hostname"
+    command = "unshare -U true; echo userns=$?; grep -E '^(Cap|NoNewPrivs)' /proc/self/status; id -u; hostname"
     r = tool.execute(
         tool.input_model(command=command), ToolContext(turn_id="t", call_id="c", home=home, abort=AbortSignal())
     )
     assert "userns=1" in r.content
-    for cap in ("CapEff", "CapPrm", "CapBnd"):
+    for cap in privileges.CAP_FIELDS:  # every set empty, as the command itself reads it
         assert f"{cap}:\t0000000000000000" in r.content
+    assert "NoNewPrivs:\t1" in r.content and privileges.command_held(r.content) == []
     settings = Settings()
     uid = int(r.content.split("\nagent\n")[0].rsplit("\n", 1)[1])
     if os.geteuid() == 0:  # a root worker: the agent's own unprivileged uid, never root
         assert settings.uid_base <= uid < settings.uid_base + settings.uid_count
     else:
         assert uid == sandbox.SANDBOX_UID
+
+
+def test_the_probe_reads_what_a_command_holds():
+    """The probe's command prints its own status: every capability set empty, no_new_privs on."""
+    status = launch.startup_check(Settings())
+    assert status.endswith("a command holds CapInh 0x0, CapPrm 0x0, CapEff 0x0, CapBnd 0x0, CapAmb 0x0, NoNewPrivs 1")
+
+
+PROBE = """
+import sys
+from worker.settings import Settings
+from worker.tools.computer import privileges, sandbox
+if sys.argv[1:] == ["unchecked"]:  # the worker's own grants not checked: what its command keeps
+    privileges.worker_refusal = lambda status=None: None
+try:
+    sandbox.probe(sandbox.find_bwrap(Settings()), Settings())
+    print("ready")
+except sandbox.SandboxUnavailable as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's grants (a worker that is not root has a user namespace)")
+def test_a_root_worker_without_setpcap_runs_no_command():
+    """A root worker without CAP_SETPCAP (the tools container before it was granted) cannot empty a
+    command's bounding set: its probe refuses by name. Without that check, bookworm's setpriv left
+    the command every capability but the one dropped here, and the command's own status says so:
+    the probe refuses that too; a newer setpriv fails the sandbox outright."""
+    no_setpcap = ["setpriv", "--bounding-set=-setpcap", "--inh-caps=-setpcap", sys.executable, "-c", PROBE]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(no_setpcap, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert run.stdout.startswith("command sandbox unavailable: the tools worker lacks CAP_SETPCAP: "), run
+    run = subprocess.run([*no_setpcap, "unchecked"], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    kept = "command sandbox unavailable: an agent's command would keep privileges: CapBnd "
+    assert run.stdout.startswith((kept, "command sandbox unavailable: bwrap cannot create the sandbox")), run
+    if run.stdout.startswith(kept):
+        assert "CAP_SYS_ADMIN" in run.stdout and "CAP_SETPCAP" not in run.stdout.split(" (every")[0], run
+    assert subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, env=env,
+                          cwd=ROOT).stdout == "ready\n"  # fmt: skip

@@ -23,7 +23,7 @@ import pytest
 from tests.support.scripts import fc
 from worker.settings import Settings
 from worker.tooling.contract import AbortSignal, ToolContext
-from worker.tools.computer import sandbox
+from worker.tools.computer import privileges, sandbox
 from worker.tools.computer.catalog import create_computer_tools
 from worker.turn.context import TurnContext
 from worker.turn.request import TurnStatus
@@ -88,6 +88,21 @@ def test_sandbox_available():
     result = sandbox.probe(sandbox.find_bwrap(settings))
     assert result.version.startswith("bubblewrap")
     assert result.process_cap in ("rlimit", "rlimit+cgroup-pids"), result.notes
+
+
+def test_command_holds_no_capability(control, gateway, script_name):
+    """Every capability set of an agent's command is empty and no_new_privs is on, as the command
+    itself reads them: its shell, and a program it starts (a tools container once left the
+    command's bounding set full: docs/isolation.md "Commands")."""
+    view, outs = run_commands(
+        control,
+        gateway,
+        script_name,
+        ["grep -E '^(Cap|NoNewPrivs)' /proc/$$/status", "python3 -c \"print(open('/proc/self/status').read())\""],
+    )
+    assert view.status == TurnStatus.completed
+    for out in outs:
+        assert "CapBnd:\t0000000000000000" in out and privileges.command_held(out) == [], out
 
 
 # ----------------------------------------------------------------- finding 1: secrets, homes, worker

@@ -412,4 +412,7 @@ def startup_check(settings: Settings) -> str:
     except sandbox.SandboxUnavailable as exc:
         log.error("%s", exc)
         return f"unavailable: {exc}"
-    return f"bwrap {probed.bwrap} ({probed.version}), process cap by {probed.process_cap}"
+    return (
+        f"bwrap {probed.bwrap} ({probed.version}), process cap by {probed.process_cap}, "
+        f"a command holds {probed.capabilities}"
+    )

