@@ -23,6 +23,7 @@ from worker.turn.keys import key
 from worker.turn.request import TurnStatus
 from worker.turn.state import AdvanceView, CallResult
 from worker.turn.store import TurnStore
+from worker.turn.usage import UsageLedger
 
 
 @pytest.fixture
@@ -74,10 +75,11 @@ def test_no_claim_for_an_unknown_call_a_stale_step_or_a_call_with_a_result(store
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     assert not call_view(store, tid, 0, "nope", "o", 60).claim.tried
     assert not call_view(store, tid, 1, "c1", "o", 60).claim.tried  # another step
+    assert call_view(store, tid, 0, "c1", "holder", 60).claim.won  # the result's holder claimed it first
     store.claims.record_and_check(tid, 0, "c1", CallResult("done"), 0, ["c1"])
-    view = call_view(store, tid, 0, "c1", "o", 60)
-    assert view.has_result and not view.claim.tried
-    assert not store._r.hexists(key(tid, "claims", 0), "c1")
+    view = call_view(store, tid, 0, "c1", "o", 60)  # a redelivery: the claim held, the result found
+    assert view.has_result and not view.claim.won and view.claim.existing["owner"] == "holder"
+    assert len(_events(store, tid, "call_started")) == 1
 
 
 def _closing(store: TurnStore, tid: str, output: str = "out"):
@@ -140,18 +142,29 @@ def _turn_at_model(store: TurnStore) -> str:
     return tid
 
 
+def _usage(store: TurnStore, tid: str, tokens: int = 3) -> tuple[str, bytes]:
+    """Step 0's usage record in the turn's layout (its field, as a worker's step writes it)."""
+    state = store.load(tid)
+    layout = state.layout if state is not None else 1
+    return UsageLedger.row(0, {"input_tokens": tokens}, "m", layout=layout)
+
+
 def _move(store: TurnStore, tid: str):
     plan = Plan([PlannedCall("c1", "read_thing", 0, data={})], [Batch("parallel", ["c1"])])
     items = [{"type": "function_call", "call_id": "c1"}]
-    return store.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": "c1"})])
+    state = store.load(tid)
+    layout = state.layout if state is not None else 1
+    return store.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": "c1"})],
+                                    usage=_usage(store, tid) if layout == 2 else None, layout=layout)  # fmt: skip
 
 
 def _save(store: TurnStore, tid: str, reply: dict, then=None, deltas=()):
-    usage = ("0", orjson.dumps({"step": 0, "model": "m", "input_tokens": 3}))
-    return store.memo.save_and_check(tid, 0, reply, {"step": 0}, usage, deltas, then=then)
+    return store.memo.save_and_check(tid, 0, reply, {"step": 0}, _usage(store, tid), deltas, then=then)
 
 
-def test_a_reply_with_calls_moves_the_step_to_its_tools_with_it(store):
+@pytest.mark.parametrize("layout", [1, 2])
+def test_a_reply_with_calls_moves_the_step_to_its_tools_with_it(store, monkeypatch, layout):
+    monkeypatch.setenv("AGENT_TURN_LAYOUT", str(layout))
     tid = _turn_at_model(store)
     deltas = [("model_delta", {"step": 0, "seq": 0, "delta": "x"})]
     saved = _save(store, tid, {"id": "r1"}, then=_move(store, tid), deltas=deltas)
@@ -159,7 +172,15 @@ def test_a_reply_with_calls_moves_the_step_to_its_tools_with_it(store):
     assert saved.usage == (True, [])  # recorded; the totals are not read for a turn that goes on
     state = store.load(tid)
     assert (state.step, state.phase) == (0, "tools") and store.plan(tid, 0).call("c1") is not None
-    assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "r1"}
+    assert state.layout == layout
+    if layout == 1:  # memoized, the usage in its hash, the plan in its key
+        assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "r1"}
+        assert store._r.hlen(key(tid, "usage")) == 1 and store._r.exists(key(tid, "plan", 0))
+    else:  # moved with it: no memo; the usage record and the plan are the move's hash fields
+        assert not store._r.exists(key(tid, "reply", 0)) and store._r.hget(key(tid), "memo") is None
+        assert orjson.loads(store._r.hget(key(tid), "usage:0"))["input_tokens"] == 3
+        assert not store._r.exists(key(tid, "usage")) and not store._r.exists(key(tid, "plan", 0))
+        assert store._r.hget(key(tid), "plan_step") == b"0"
     kinds = [orjson.loads(f[b"e"])["kind"] for _, f in store._r.xrange(key(tid, "events"))]
     assert kinds.index("model_delta") < kinds.index("model_reply") < kinds.index("call_planned")
 

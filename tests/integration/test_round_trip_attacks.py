@@ -29,6 +29,7 @@ from worker.turn.keys import key
 from worker.turn.request import TurnStatus
 from worker.turn.state import AdvanceView, CallResult
 from worker.turn.store import TurnStore
+from worker.turn.usage import UsageLedger
 
 TERMINAL = [s for s in TurnStatus if s.terminal]
 
@@ -112,6 +113,7 @@ def test_a_call_is_claimed_by_its_read_only_when_its_message_says_so_and_its_pla
     assert not store.call_view(tid, 0, "c1", "owner-a", 60).claim.tried  # says nothing, no old start hash
     tid2 = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store._r.delete(key(tid2, "plan", 0))  # the message says yes, but there is no plan
+    store._r.hdel(key(tid2), "plan", "plan_step")  # (a layout-2 turn keeps it in its hash)
     fresh = TurnStore(store._r, progress_timeout=60)  # no plan cached in this process
     view2 = fresh.call_view(tid2, 0, "c1", "owner-a", 60, started)
     assert view2.plan is None and not view2.claim.tried
@@ -253,9 +255,10 @@ def test_concurrent_duplicate_results_close_a_one_call_step_once(store, redis_ur
     assert store._r.llen(key(tid, "items")) == items + 1  # one output appended, once
     state = store.load(tid)
     assert (state.step, state.phase) == (1, "model")
-    winner = store.results(tid, 0)["c1"].output
     last = orjson.loads(store._r.lrange(key(tid, "items"), -1, -1)[0])
-    assert last["output"] == winner  # the output appended is the stored result's, not a loser's
+    kept = store.results(tid, 0)
+    # the output appended is the closing result's, not a loser's (a layout-2 one-call step keeps none)
+    assert kept == {} and last["output"] in {f"out-{i}" for i in range(6)}
     assert len(_events(store, tid, "call_completed")) <= 1
 
 
@@ -274,29 +277,44 @@ def _turn_at_model(store: TurnStore) -> str:
     return tid
 
 
-def _move(store: TurnStore, tid: str, call_id: str = "c1"):
+def _layout(store: TurnStore, tid: str) -> int:
+    state = store.load(tid)
+    return state.layout if state is not None else 1
+
+
+def _move(store: TurnStore, tid: str, call_id: str = "c1", tokens: int = 3):
     plan = Plan([PlannedCall(call_id, "read_thing", 0, data={})], [Batch("parallel", [call_id])])
     items = [{"type": "function_call", "call_id": call_id}]
-    return store.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": call_id})])
+    layout = _layout(store, tid)
+    usage = UsageLedger.row(0, {"input_tokens": tokens}, "m", layout=2) if layout == 2 else None
+    return store.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": call_id})],
+                                    usage=usage, layout=layout)  # fmt: skip
 
 
 def _save(store: TurnStore, tid: str, reply: dict, then=None, deltas=(), tokens: int = 3):
-    usage = ("0", orjson.dumps({"step": 0, "model": "m", "input_tokens": tokens}))
+    usage = UsageLedger.row(0, {"input_tokens": tokens}, "m", layout=_layout(store, tid))
     return store.memo.save_and_check(tid, 0, reply, {"step": 0}, usage, deltas, then=then)
 
 
-def test_a_second_delivery_with_its_own_move_neither_overwrites_nor_moves_twice(store):
+@pytest.mark.parametrize("layout", [1, 2])
+def test_a_second_delivery_with_its_own_move_neither_overwrites_nor_moves_twice(store, monkeypatch, layout):
+    monkeypatch.setenv("AGENT_TURN_LAYOUT", str(layout))
     tid = _turn_at_model(store)
-    first = _save(store, tid, {"id": "first"}, then=_move(store, tid, "c1"), tokens=3)
+    first = _save(store, tid, {"id": "first"}, then=_move(store, tid, "c1", tokens=3), tokens=3)
     assert first.began
     items = store._r.llen(key(tid, "items"))
     calls = store._r.hget(key(tid), "model_calls")
-    second = _save(store, tid, {"id": "second"}, then=_move(store, tid, "c2"), tokens=99)
-    assert not second.began and second.reply == {"id": "first"}
-    assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "first"}
+    second = _save(store, tid, {"id": "second"}, then=_move(store, tid, "c2", tokens=99), tokens=99)
+    assert not second.began
+    if layout == 1:  # the first reply's memo answers the second
+        assert second.reply == {"id": "first"}
+        assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "first"}
+        assert [orjson.loads(v)["input_tokens"] for v in store._r.hvals(key(tid, "usage"))] == [3]
+    else:  # the first moved the turn on: the second keeps nothing (its own move is then fenced out)
+        assert not second.usage[0] and not store._r.exists(key(tid, "reply", 0))
+        assert store.usage.totals(tid)["input_tokens"] == 3 and store.usage.totals(tid)["model_calls"] == 1
     assert store.plan(tid, 0).call("c1") is not None and store.plan(tid, 0).call("c2") is None
     assert store._r.llen(key(tid, "items")) == items and store._r.hget(key(tid), "model_calls") == calls
-    assert [orjson.loads(v)["input_tokens"] for v in store._r.hvals(key(tid, "usage"))] == [3]
     assert len(_events(store, tid, "call_planned")) == 1
 
 
@@ -583,12 +601,19 @@ def test_a_lost_memo_never_moves_a_step_that_is_already_at_its_tools(store):
     assert store.plan(tid, 0).call("c2") is None
 
 
-def test_a_result_that_lost_the_store_never_closes_the_step_with_its_own_output(store):
+@pytest.mark.parametrize("layout", [1, 2])
+def test_a_result_that_lost_the_store_never_closes_the_step_with_its_own_output(store, monkeypatch, layout):
     """The call's result is already stored (a pre-result, or any writer that did not pass the
     barrier): a later result with its closing writes loses the store, so the output it would
-    append is not the stored one: the step must not be closed with it."""
-    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store._r.hset(key(tid, "results", 0), "c1", orjson.dumps(CallResult("stored first").to_json()))
+    append is not the stored one: the step must not be closed with it. (A layout-2 turn's writers
+    of a one-call step's results name the step in the hash: the pre-result here is the plan's.)"""
+    monkeypatch.setenv("AGENT_TURN_LAYOUT", str(layout))
+    tid = uuid.uuid4().hex
+    store.create(tid, {"agent_id": "attack-a", "input": "x"}, [])
+    plan = Plan([PlannedCall("c1", "read_thing", 0, data={})], [Batch("parallel", ["c1"])])
+    begin_tools(
+        store, tid, 0, [{"type": "function_call", "call_id": "c1"}], plan, {"c1": CallResult("stored first")}, {}
+    )
     stored, view = store.claims.record_and_check(
         tid, 0, "c1", CallResult("late"), 0, ["c1"], closing=_closing(store, tid, "late")
     )

@@ -58,25 +58,31 @@ _BEGIN_CALL_LUA = (
     LUA_TERMINAL
     + """
 local h = redis.call('HGETALL', KEYS[1])
-local plan = redis.call('GET', KEYS[2]) or ''
-local has = redis.call('HEXISTS', KEYS[3], ARGV[2])
 local f = {}
 for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+-- a layout-2 turn (``keys``) keeps its step's plan in the hash when the step asks no approval
+local plan = f['layout'] == '2' and f['plan_step'] == ARGV[1] and f['plan'] or nil
+if not plan then plan = redis.call('GET', KEYS[2]) or '' end
+local function has() return redis.call('HEXISTS', KEYS[3], ARGV[2]) end
 local cancelled = f['cancel'] == '1' and 1 or 0  -- the flag's hash field (KEYS[4], its key, is not read)
-if #h == 0 or plan == '' or has == 1 or ARGV[7] == '-' then return {h, plan, has, cancelled, 0, ''} end
+if #h == 0 or plan == '' or ARGV[7] == '-' then return {h, plan, has(), cancelled, 0, ''} end
 -- the fence (the guard's test) on the hash just read: the script runs alone, it cannot have changed
 if not f['status'] or terminal[f['status']] or f['step'] ~= ARGV[1] or f['phase'] ~= 'tools' then
-  return {h, plan, has, cancelled, 0, ''}
+  return {h, plan, has(), cancelled, 0, ''}
 end
 local rest = ARGV[7]
 if rest == '' then rest = redis.call('HGET', KEYS[7], ARGV[2]) end
-if not rest then return {h, plan, has, cancelled, 0, ''} end
+if not rest then return {h, plan, has(), cancelled, 0, ''} end
+-- A call claimable at once that was never claimed has no result: only a claim's holder stores the
+-- result of such a call (results written by the plan or the approval gate are those of calls
+-- whose message says they are not claimable at once), so the result is asked only when the
+-- claim is found taken.
 if redis.call('HSETNX', KEYS[5], ARGV[2], ARGV[3]) == 1 then
   redis.call('EXPIRE', KEYS[5], ARGV[4])
   redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5] .. rest)
-  return {h, plan, has, cancelled, 1, ''}
+  return {h, plan, 0, cancelled, 1, ''}
 end
-return {h, plan, has, cancelled, 2, redis.call('HGET', KEYS[5], ARGV[2]) or ''}
+return {h, plan, has(), cancelled, 2, redis.call('HGET', KEYS[5], ARGV[2]) or ''}
 """
 )
 
@@ -98,17 +104,42 @@ _RECORD_LUA = (
     LUA_TERMINAL
     + LUA_APPLY_WRITES
     + """
+local n = tonumber(ARGV[10])
+local t = nil
+-- The fence (``fence`` below) read once, up front, when this result may close the step by itself.
+if ARGV[2] ~= '' and n == 1 and ARGV[11] == ARGV[1] and ARGV[12] then
+  t = redis.call('HMGET', KEYS[2], 'status', 'step', 'phase', 'cancel', 'layout', 'plan_step', 'results_step')
+  -- A layout-2 turn (``keys``) whose step kept its plan in the hash (it asked no approval) and is
+  -- this one call, with no result stored yet (every writer of such a step's results names the step
+  -- in the hash's ``results_step``): its result is not kept. The closing writes carry it to the
+  -- turn's items, and nothing reads a closed step's results (a redelivery is fenced out by the
+  -- move: the results of a step that ended the turn, or asked approvals, are stored as below).
+  if t[5] == '2' and t[6] == ARGV[9] and t[7] ~= ARGV[9] and t[4] ~= '1' and t[1] and not terminal[t[1]]
+    and t[2] == ARGV[9] and t[3] == 'tools' then
+    if ARGV[5] ~= '' then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5]) end
+    apply_writes(12, 7)
+    return {1, 2}
+  end
+  -- The turn went on past this step: it was closed, perhaps without keeping this call's result (as
+  -- above), so a late delivery stops here instead of storing it and passing the step's barrier.
+  if t[5] == '2' and tonumber(t[2] or '') and tonumber(t[2]) > tonumber(ARGV[9]) then return {0, 0} end
+end
 local stored = 0
 if ARGV[2] ~= '' then stored = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
 if stored == 1 then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
+  -- a one-call step of a layout-2 turn with a stored result is never closed without it (above)
+  if n == 1 then
+    local layout
+    if t then layout = t[5] else layout = redis.call('HGET', KEYS[2], 'layout') end
+    if layout == '2' then redis.call('HSET', KEYS[2], 'results_step', ARGV[9]) end
+  end
   if ARGV[4] == '1' then redis.call('HSET', KEYS[2], 'terminate', '1') end
   if ARGV[5] ~= '' then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5]) end
 end
 local function push_deadline()
   if ARGV[7] ~= '' then redis.call('ZADD', KEYS[6], 'XX', ARGV[7], ARGV[8]) end
 end
-local n = tonumber(ARGV[10])
 for i = 11, 10 + n do
   -- the caller's own call has a result now (HSETNX above stored it or found one): not asked again
   if (ARGV[2] == '' or ARGV[i] ~= ARGV[1]) and redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
@@ -125,13 +156,12 @@ local function closes(t)  -- the closing writes carry this caller's result: appl
   end
   return false
 end
-local t = nil
 -- The batch is this caller's call alone, given its closing writes: the caller that stores the
 -- result applies them here, in the same script, so the turn moves on before anyone else can see
 -- the result; a later delivery (its result not stored) finds it moved on and stops here. The
 -- barrier key is only needed when the closing writes did not apply (a cancel, an ended turn).
 if n == 1 and ARGV[11] == ARGV[1] and ARGV[12] then
-  t = fence()
+  t = t or fence()
   if closes(t) then return {stored, 2} end
   if stored == 0 and (not t[1] or terminal[t[1]] or t[2] ~= ARGV[9] or t[3] ~= 'tools') then
     push_deadline(); return {stored, 0}
@@ -167,7 +197,10 @@ if #h == 0 then return {h, {}, '', 0, 0, 0, '', ''} end
 local f, at = {}, {}
 for i = 1, #h, 2 do f[h[i]] = h[i + 1]; at[h[i]] = i + 1 end
 local items = redis.call('LRANGE', KEYS[2], 0, -1)
-local memo = redis.call('GET', KEYS[3])
+-- a layout-2 turn (``keys``) names the step whose reply is memoized in its hash: the memo is read
+-- only then; a turn without the mark reads it at every step, as before
+local memo = false
+if f['layout'] ~= '2' or f['memo'] == ARGV[4] then memo = redis.call('GET', KEYS[3]) end
 local cancelled = f['cancel'] == '1' and 1 or 0  -- the flag's hash field (KEYS[4], its key, is not read)
 if memo or cancelled == 1 or terminal[f['status']] or f['step'] ~= ARGV[4] or f['phase'] ~= 'model' then
   return {h, items, memo or '', cancelled, 0, 0, '', ''}
@@ -366,6 +399,7 @@ class Claims:
                 tried=claim != 0, holder=holder.decode() if claim == 2 and holder else None, started=bool(started)
             ),
             response.decode() if response else None,
+            [v for k, v in pairs.items() if k.startswith(b"usage:")],
         )
 
     def take_over_step(self, turn_id: str, step: int, owner: str, lease: float, dead: str, held_key: str) -> bool:

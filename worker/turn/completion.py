@@ -82,7 +82,11 @@ class BatchCompletion:
             return None
         results = {plan.calls[0].call_id: result}
         writes = self.rt.store.next_step_writes(
-            state.turn_id, state.step, self._outputs(plan, results), loaded_tools=_loaded_tools(state, results)
+            state.turn_id,
+            state.step,
+            self._outputs(plan, results),
+            loaded_tools=_loaded_tools(state, results),
+            known_deadline=state.deadline,
         )
         # The next step's message goes with the writes when it can (then no ``next_step``): the
         # script that moves the turn to step n + 1 also queues it, and no crash can fall between.

@@ -30,7 +30,7 @@ from worker.turn.claims import Claims
 from worker.turn.dispatch import Plan
 from worker.turn.durability import NO_REPLICAS, ReplicaAck
 from worker.turn.guard import CancelScript, CreateScript, GuardScript, Writes
-from worker.turn.keys import CANCELS_KEPT, CANCELS_KEY, FINISHING_KEY, WATCH_KEY, idem_key, index_key
+from worker.turn.keys import CANCELS_KEPT, CANCELS_KEY, FINISHING_KEY, WATCH_KEY, creation_layout, idem_key, index_key
 from worker.turn.keys import key as _k
 from worker.turn.listing import TurnListing, title_of
 from worker.turn.memo import ReplyMemo
@@ -64,11 +64,22 @@ class TurnStore:
     ``approvals`` (approval records and gates), ``usage`` (token usage per step).
     ``progress_timeout``: seconds a turn may go without progress before the watchdog re-drives it."""
 
-    def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0, durability: ReplicaAck = NO_REPLICAS):
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        progress_timeout: float = 600.0,
+        durability: ReplicaAck = NO_REPLICAS,
+        deadline_reuse: float = 0.0,
+    ):
         # redis-py types every reply as ``bytes | str``; this client answers bytes
         # (``decode_responses`` off), and the parsing below says what each reply is.
         self._r: Any = client
         self.progress_timeout = progress_timeout
+        # Seconds of the progress deadline a transition may leave unpushed (``_touch``): a move
+        # made within this long of the last one keeps that one's deadline (the worker's: half
+        # its ``progress_slack``; 0: every transition pushes it).
+        self.deadline_reuse = deadline_reuse
         # The writes that fence side effects or money wait for replicas (worker.turn.durability).
         self.durability = durability
         self.claims = Claims(client, progress_timeout=progress_timeout, durability=durability)
@@ -105,7 +116,13 @@ class TurnStore:
     def plan(self, turn_id: str, step: int) -> Plan | None:
         """The dispatch plan of ``step``, or None before it is recorded."""
         cached = self._plans.get((turn_id, step))
-        return cached if cached is not None else self._parse_plan(turn_id, step, self._r.get(_k(turn_id, "plan", step)))
+        if cached is not None:
+            return cached
+        with self._r.pipeline(transaction=False) as p:
+            p.hmget(_k(turn_id), "plan_step", "plan")  # a layout-2 turn's current plan (``begin_tools_writes``)
+            p.get(_k(turn_id, "plan", step))
+            (in_step, in_hash), raw = p.execute()
+        return self._parse_plan(turn_id, step, in_hash if in_step == str(step).encode() else raw)
 
     def _parse_plan(self, turn_id: str, step: int, raw: bytes | None) -> Plan | None:
         # A plan never changes once written: parse it once per process.
@@ -254,6 +271,9 @@ class TurnStore:
             # The watch's deadline as set here (``_touch`` keeps it): a step's claim reads it with the hash.
             **{"updated_at": now, "deadline": now + self.progress_timeout, "redrives": 0, **(fields or {})},
         }
+        layout = creation_layout()
+        if layout > 1:  # the layout mark (``keys``): a turn without it keeps the earlier keys
+            hash_fields["layout"] = layout
         items, idem = [orjson.dumps(i) for i in initial_items], idem_key(agent_id, idempotency_key or "")
         return CreateScript.arguments(
             keys, agent_id, turn_id, hash_fields, items, retention=RETENTION_SECONDS, deadline=now + self.progress_timeout,
@@ -287,13 +307,27 @@ class TurnStore:
             hooks_deadline=time.time() + HOOK_TIMEOUT if ends else None,
         )
 
-    def _touch(self, pipe: Any, turn_id: str, fields: dict[str, Any], *, ends: bool = False) -> None:
+    @staticmethod
+    def hooks_deadline() -> float:
+        """The deadline (epoch s) of the end hooks of a turn that ends now (``turns:finishing``)."""
+        return time.time() + HOOK_TIMEOUT
+
+    def _touch(
+        self, pipe: Any, turn_id: str, fields: dict[str, Any], *, ends: bool = False, known_deadline: float = 0.0
+    ) -> None:
         # Progress: a new deadline (none when it ``ends``: ``_retire`` unwatches), re-drives from 0.
         # The hash's ``deadline`` is the one set here, read by ``Claims.begin_step`` (which then
         # need not push the watch's); other writers of the watch only push it later, so the field
-        # never claims a later deadline than the watch holds.
+        # never claims a later deadline than the watch holds. ``known_deadline``: the hash's
+        # ``deadline`` as the caller read it (under the fence that guards these writes: no other
+        # transition can have moved it since); when it is at most ``deadline_reuse`` seconds short
+        # of a new one, it stays (the hash's field and the watch's score with it): a turn is
+        # re-driven after at least ``progress_timeout - deadline_reuse`` s without progress.
         now = time.time()
         if ends:
+            pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
+            return
+        if self.deadline_reuse > 0 and known_deadline >= now + self.progress_timeout - self.deadline_reuse:
             pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
             return
         deadline = now + self.progress_timeout
@@ -337,11 +371,21 @@ class TurnStore:
         also: Callable[[Any], None] | None = None,
         events: Sequence[tuple[str, dict[str, Any]]] = (),
         model_calls: int | None = None,
+        known_deadline: float = 0.0,
+        usage: tuple[str, bytes] | None = None,
+        layout: int = 1,
     ) -> Writes:
         """The writes that record the reply's items and the dispatch plan and move the step to its
         tools phase, unguarded (``apply_begin_tools``, or ``ReplyMemo.save_and_check``'s ``then``).
         ``events`` (``[(kind, fields)]``, e.g. ``call_planned``) are appended and ``also(w)`` adds
-        writes (the approval requests of ``worker.turn.approvals``); ``model_calls``: ``_count_model_call``."""
+        writes (the approval requests of ``worker.turn.approvals``); ``model_calls``: ``_count_model_call``;
+        ``known_deadline``: the hash's ``deadline`` as read (``_touch``); ``usage``: the step's usage
+        record as a field of the turn hash and its value (a layout-2 turn whose reply moves it in the
+        reply's own script: ``ReplyMemo.save_and_check``, which then writes no record of its own);
+        ``layout``: the turn's (``TurnState.layout``): a layout-2 turn keeps the plan of a step that
+        asks no approval in its hash (``plan``, ``plan_step``: the move's own ``HSET``), read by
+        the step's calls with the hash; the plan of one that asks is kept in ``plan:{n}`` (the
+        approvals' pages read it after the turn moved on)."""
         writes = Writes()
 
         def w(pipe: Any) -> None:
@@ -349,17 +393,25 @@ class TurnStore:
                 pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
             # The calls a tool-call task may claim with its first read are named by their messages
             # (``Plan.started_at_once``), no longer in a hash of the step's.
-            pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
+            in_hash = layout >= 2 and also is None
+            if not in_hash:
+                pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
             if pre_results:
                 pipe.hset(
                     _k(turn_id, "results", step), mapping={k: orjson.dumps(v.to_json()) for k, v in pre_results.items()}
                 )
                 pipe.expire(_k(turn_id, "results", step), RETENTION_SECONDS)
-            fields = {"phase": "tools", "invalid_counts": orjson.dumps(invalid_counts)}
+            fields: dict[str, Any] = {"phase": "tools", "invalid_counts": orjson.dumps(invalid_counts)}
             if loaded_tools is not None:
                 fields["loaded_tools"] = orjson.dumps(loaded_tools)
             self._count_model_call(pipe, turn_id, fields, model_calls)
-            self._touch(pipe, turn_id, fields)
+            if usage is not None:
+                fields[usage[0]] = usage[1]
+            if in_hash:
+                fields["plan"], fields["plan_step"] = orjson.dumps(plan.to_json()), step
+                if pre_results:  # a result stored: the step is not closed without keeping them (``Claims``)
+                    fields["results_step"] = step
+            self._touch(pipe, turn_id, fields, known_deadline=known_deadline)
             for kind, data in events:
                 self._xadd(pipe, turn_id, kind, data)
             if also is not None:
@@ -394,13 +446,19 @@ class TurnStore:
         self._guarded(turn_id, step, "tools", w, ends=terminal is not None)
 
     def next_step_writes(
-        self, turn_id: str, step: int, output_items: list[dict[str, Any]], loaded_tools: list[str] | None = None
+        self,
+        turn_id: str,
+        step: int,
+        output_items: list[dict[str, Any]],
+        loaded_tools: list[str] | None = None,
+        known_deadline: float = 0.0,
     ) -> Writes:
         """``finish_tools``'s writes for a step that goes on to ``step + 1``, unguarded: for
         ``Claims.record_and_check``, which applies them with the step's last result when the turn
-        is still at ``step``'s tools phase (``BatchCompletion.closing_writes``)."""
+        is still at ``step``'s tools phase (``BatchCompletion.closing_writes``). ``known_deadline``:
+        the hash's ``deadline`` as the caller read it (``_touch``)."""
         writes = Writes()
-        self._finish_tools(writes, turn_id, step, output_items, loaded_tools)
+        self._finish_tools(writes, turn_id, step, output_items, loaded_tools, known_deadline=known_deadline)
         return writes
 
     def _finish_tools(
@@ -411,13 +469,14 @@ class TurnStore:
         output_items: list[dict[str, Any]],
         loaded_tools: list[str] | None,
         ended: dict[str, Any] | None = None,
+        known_deadline: float = 0.0,
     ) -> None:
         if output_items:
             pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in output_items])
         fields: dict[str, Any] = {"step": step + 1, "phase": "model", **(ended or {})}
         if loaded_tools is not None:
             fields["loaded_tools"] = orjson.dumps(loaded_tools)
-        self._touch(pipe, turn_id, fields, ends=bool(ended))
+        self._touch(pipe, turn_id, fields, ends=bool(ended), known_deadline=known_deadline)
 
     def continue_after_reply(
         self, turn_id: str, step: int, items: list[dict[str, Any]], fields: dict[str, Any] | None = None
@@ -443,27 +502,70 @@ class TurnStore:
         count_model_call: bool = True,
         finished_event: dict[str, Any] | None = None,
         model_calls: int | None = None,
+        layout: int = 1,
     ) -> bool:
         """End the turn at a model step (final answer, cap reached, failure), with the
         ``turn_finished`` event ``finished_event`` if given. Returns True when the turn has end
-        hooks to run (``END_HOOK_METADATA``)."""
+        hooks to run (``END_HOOK_METADATA``). ``layout``: the turn's (``TurnState.layout``; its
+        keys to retire)."""
 
         def w(pipe: Any) -> None:
-            if reply_items:
-                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
-            fields: dict[str, Any] = {"status": status.value}
-            if final_output is not None:
-                fields["final_output"] = final_output
-            if error:
-                fields["error"] = error
-            if count_model_call:
-                self._count_model_call(pipe, turn_id, fields, model_calls)
-            self._touch(pipe, turn_id, fields, ends=True)
+            self._end_at_model_step(pipe, turn_id, reply_items, status, final_output, error,
+                                    model_calls if count_model_call else -1, layout=layout)  # fmt: skip
             if finished_event is not None:
                 self._xadd(pipe, turn_id, "turn_finished", finished_event)
-            self._retire(pipe, turn_id)
 
         return self._guarded(turn_id, step, "model", w, ends=True)
+
+    def end_writes(
+        self,
+        turn_id: str,
+        reply_items: list[dict[str, Any]],
+        status: TurnStatus,
+        *,
+        final_output: str | None,
+        error: str | None,
+        model_calls: int,
+        usage: tuple[str, bytes],
+        finished_event: dict[str, Any],
+    ) -> Writes:
+        """``end_at_model_step``'s writes for a layout-2 turn whose final reply ends it, unguarded,
+        with the ``turn_finished`` event ``finished_event``: for ``ReplyMemo.save_and_check``'s
+        ``then``, which applies them with the reply (the fence is its own) and schedules the end
+        hooks. ``usage``: the step's record, a field of the turn hash (``UsageLedger.row``)."""
+        writes = Writes()
+        self._end_at_model_step(writes, turn_id, reply_items, status, final_output, error, model_calls,
+                                layout=2, usage=usage)  # fmt: skip
+        self._xadd(writes, turn_id, "turn_finished", finished_event)
+        return writes
+
+    def _end_at_model_step(
+        self,
+        pipe: Any,
+        turn_id: str,
+        reply_items: list[dict[str, Any]],
+        status: TurnStatus,
+        final_output: str | None,
+        error: str | None,
+        model_calls: int | None,
+        *,
+        layout: int,
+        usage: tuple[str, bytes] | None = None,
+    ) -> None:
+        # ``model_calls``: -1 counts no model call, None increments (``_count_model_call``).
+        if reply_items:
+            pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
+        fields: dict[str, Any] = {"status": status.value}
+        if final_output is not None:
+            fields["final_output"] = final_output
+        if error:
+            fields["error"] = error
+        if model_calls != -1:
+            self._count_model_call(pipe, turn_id, fields, model_calls)
+        if usage is not None:
+            fields[usage[0]] = usage[1]
+        self._touch(pipe, turn_id, fields, ends=True)
+        self._retire(pipe, turn_id, layout)
 
     def fail(self, turn_id: str, status: TurnStatus, error: str) -> bool:
         """End a non-terminal turn whatever its step (cancel, gateway failure, watchdog give-up).
@@ -503,7 +605,7 @@ class TurnStore:
             pipe.zadd(CANCELS_KEY, {turn_id: time.time()})  # model calls in flight see it (``cancelled_of``)
             pipe.zremrangebyscore(CANCELS_KEY, "-inf", f"({time.time() - CANCELS_KEPT}")
             self._touch(pipe, turn_id, {"status": status.value, "error": error, "cancel": 1}, ends=True)
-            self._retire(pipe, turn_id)
+            self._retire(pipe, turn_id, int(h.get(b"layout", b"1")))
             if h.get(b"end_hooks") == b"1":  # until its hooks have run (``hooks_done``), the watchdog re-sends them
                 pipe.zadd(FINISHING_KEY, {turn_id: time.time() + HOOK_TIMEOUT})
             ended = True
@@ -511,13 +613,17 @@ class TurnStore:
         self._r.transaction(txn, key)
         return ended
 
-    def _retire(self, pipe: Any, turn_id: str) -> None:
+    def _retire(self, pipe: Any, turn_id: str, layout: int = 1) -> None:
         """Queue the retirement of an ended turn in ``pipe``: no longer watched, its keys expire. (Its
-        end hooks are scheduled by the caller: ``_guarded(ends=True)`` or ``fail``.) Not the cancel flag's: set with it."""
+        end hooks are scheduled by the caller: ``_guarded(ends=True)`` or ``fail``.) Not the cancel
+        flag's: set with it. ``layout``: the turn's; a layout-2 turn has no usage hash (its records
+        are the turn hash's fields)."""
         pipe.zrem(WATCH_KEY, turn_id)
-        # The usage hash has no expiry of its own before (``ReplyMemo.save_and_check``).
-        for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events"), _k(turn_id, "usage")):
-            pipe.expire(key, RETENTION_SECONDS)
+        pipe.expire(_k(turn_id), RETENTION_SECONDS)
+        pipe.expire(_k(turn_id, "items"), RETENTION_SECONDS)
+        pipe.expire(_k(turn_id, "events"), RETENTION_SECONDS)
+        if layout < 2:  # the usage hash has no expiry of its own before (``ReplyMemo.save_and_check``)
+            pipe.expire(_k(turn_id, "usage"), RETENTION_SECONDS)
 
     def awaits_hooks(self, turn_id: str) -> bool:
         """True for an ended turn whose end hooks have not reported done (a workflow attempt or a
