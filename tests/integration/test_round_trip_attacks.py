@@ -1,4 +1,4 @@
-"""Attacks on the merged round trips (``Claims.begin_call``, ``Claims.record_and_check`` with a
+"""Attacks on the merged round trips (``Claims.begin_call``, ``Barrier.record_and_check`` with a
 step's closing writes, ``TurnStore.memo.save_and_check`` with the move to the tools phase, the
 held records of ``tasks.broker.QoS.append``, ``ResponsesStream``'s skipped events and
 ``define_worker_tool``'s per-process check), against the embedded Redis: each test states a safety
@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from tests.integration.conftest import broker_app
 from tests.support.turn_store import begin_tools, call_view
 from worker.model.interface import GatewayError
-from worker.turn.claims import CLOSED
+from worker.turn.barrier import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
 from worker.turn.durability import ReplicaAck
 from worker.turn.keys import key
@@ -189,7 +189,9 @@ def test_racing_owners_claim_a_call_exactly_once(store, redis_url):
 
 # ----- record_and_check: the closing writes are fenced -------------------------------------------
 def _closing(store: TurnStore, tid: str, output: str = "out", step: int = 0):
-    return store.next_step_writes(tid, step, [{"type": "function_call_output", "call_id": "c1", "output": output}])
+    return store.moves.next_step_writes(
+        tid, step, [{"type": "function_call_output", "call_id": "c1", "output": output}]
+    )
 
 
 @pytest.mark.parametrize("status", TERMINAL)
@@ -197,7 +199,9 @@ def test_closing_writes_never_apply_to_an_ended_turn(store, status):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store._r.hset(key(tid), "status", status.value)
     items = store._r.llen(key(tid, "items"))
-    stored, view = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=_closing(store, tid))
+    stored, view = store.barrier.record_and_check(
+        tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=_closing(store, tid)
+    )
     assert stored and view is not CLOSED and isinstance(view, AdvanceView)
     state = store.load(tid)
     assert (state.status, state.step, state.phase) == (status, 0, "tools")
@@ -209,7 +213,7 @@ def test_closing_writes_never_apply_to_a_turn_at_another_step_or_phase(store, mo
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store._r.hset(key(tid), mapping=moved)
     items = store._r.llen(key(tid, "items"))
-    _, view = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=_closing(store, tid))
+    _, view = store.barrier.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=_closing(store, tid))
     assert view is not CLOSED
     state = store.load(tid)
     assert (state.step, state.phase) == (moved.get("step", 0), moved.get("phase", "tools"))
@@ -221,11 +225,11 @@ def test_a_late_result_after_the_slow_path_never_closes_the_step_again(store):
     after the flag is gone (a new turn state, a cleared flag) must not apply its closing writes."""
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store.request_cancel(tid)
-    _, first = store.claims.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1"], closing=_closing(store, tid))
+    _, first = store.barrier.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1"], closing=_closing(store, tid))
     assert isinstance(first, AdvanceView)
     store._r.delete(key(tid, "cancel"))
     items = store._r.llen(key(tid, "items"))
-    stored, again = store.claims.record_and_check(
+    stored, again = store.barrier.record_and_check(
         tid, 0, "c1", CallResult("b"), 0, ["c1"], closing=_closing(store, tid, "b")
     )
     assert (stored, again) == (False, None)
@@ -243,7 +247,7 @@ def test_concurrent_duplicate_results_close_a_one_call_step_once(store, redis_ur
         mine = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60)
         closing = _closing(mine, tid, f"out-{i}")
         barrier.wait()
-        outcomes.append(mine.claims.record_and_check(tid, 0, "c1", CallResult(f"out-{i}"), 0, ["c1"], closing=closing))
+        outcomes.append(mine.barrier.record_and_check(tid, 0, "c1", CallResult(f"out-{i}"), 0, ["c1"], closing=closing))
 
     threads = [threading.Thread(target=record, args=(i,)) for i in range(6)]
     for t in threads:
@@ -265,7 +269,7 @@ def test_concurrent_duplicate_results_close_a_one_call_step_once(store, redis_ur
 def test_a_two_call_step_given_closing_writes_does_not_close_before_every_result(store):
     calls = [PlannedCall(c, "read_thing", i, data={}) for i, c in enumerate(("c1", "c2"))]
     tid = _turn_at_tools(store, calls)
-    first = store.claims.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1", "c2"], closing=_closing(store, tid))
+    first = store.barrier.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1", "c2"], closing=_closing(store, tid))
     assert first == (True, None)
     assert (store.load(tid).step, store.load(tid).phase) == (0, "tools")
 
@@ -287,7 +291,7 @@ def _move(store: TurnStore, tid: str, call_id: str = "c1", tokens: int = 3):
     items = [{"type": "function_call", "call_id": call_id}]
     layout = _layout(store, tid)
     usage = UsageLedger.row(0, {"input_tokens": tokens}, "m", layout=2) if layout == 2 else None
-    return store.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": call_id})],
+    return store.moves.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": call_id})],
                                     usage=usage, layout=layout)  # fmt: skip
 
 
@@ -581,7 +585,7 @@ def test_no_script_recreates_an_expired_turn_hash(store):
     closing = _closing(store, tid)
     store._r.delete(key(tid))  # the turn's hash expired (or was purged) meanwhile
     assert not call_view(store, tid, 0, "c1", "o", 60).claim.tried
-    _, view = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
+    _, view = store.barrier.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
     assert view is not CLOSED and not store._r.exists(key(tid))
     model = _turn_at_model(store)
     move = _move(store, model)
@@ -614,7 +618,7 @@ def test_a_result_that_lost_the_store_never_closes_the_step_with_its_own_output(
     begin_tools(
         store, tid, 0, [{"type": "function_call", "call_id": "c1"}], plan, {"c1": CallResult("stored first")}, {}
     )
-    stored, view = store.claims.record_and_check(
+    stored, view = store.barrier.record_and_check(
         tid, 0, "c1", CallResult("late"), 0, ["c1"], closing=_closing(store, tid, "late")
     )
     assert not stored

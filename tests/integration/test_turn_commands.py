@@ -29,7 +29,7 @@ from devtools.embedded_redis import EmbeddedRedis
 from tasks import broker
 from tests.integration.conftest import broker_app
 from tests.support.turn_store import begin_tools, call_view
-from worker.turn.claims import CLOSED
+from worker.turn.barrier import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
 from worker.turn.guard import PRUNE_EVERY, CreateScript
 from worker.turn.keys import WATCH_KEY, index_key, key
@@ -186,22 +186,22 @@ def test_the_tool_path_reads_the_turn_once_and_checks_only_the_other_calls(store
     assert "hmget" not in read and read["hgetall"] == 1  # the fence reads the hash the script read
     assert "exists" not in read  # the cancel flag is the hash's field
     assert "hget" not in read and not store._r.exists(key(tid, "start", 0))  # claimable: the message says
-    closing = store.next_step_writes(tid, 0, [{"type": "function_call_output", "call_id": "c1", "output": "o"}])
+    closing = store.moves.next_step_writes(tid, 0, [{"type": "function_call_output", "call_id": "c1", "output": "o"}])
     with _counted(store._r) as recorded:
-        stored, closed = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
+        stored, closed = store.barrier.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
     assert stored and closed is CLOSED
     assert "hexists" not in recorded  # the caller's own result was just stored
     assert "exists" not in recorded and recorded["hmget"] == 1  # the flag and the fence in one read
     assert "set" not in recorded and not store._r.exists(key(tid, "adv", 0, 0))  # closed with it: no barrier key
-    again = store.claims.record_and_check(tid, 0, "c1", CallResult("o2"), 0, ["c1"], closing=closing)
+    again = store.barrier.record_and_check(tid, 0, "c1", CallResult("o2"), 0, ["c1"], closing=closing)
     assert again == (False, None)  # a redelivery finds the turn moved on
     # a second call of the batch still waits for the other's result
     tid2 = _create(store)
     calls = [PlannedCall(c, "read_thing", 0, data={}) for c in ("c1", "c2")]
     begin_tools(store, tid2, 0, [{"type": "function_call", "call_id": c.call_id} for c in calls],
                 Plan(calls, [Batch("parallel", ["c1", "c2"])]), {}, {})  # fmt: skip
-    assert store.claims.record_and_check(tid2, 0, "c1", CallResult("o1"), 0, ["c1", "c2"]) == (True, None)
-    stored, view = store.claims.record_and_check(tid2, 0, "c2", CallResult("o2"), 0, ["c1", "c2"])
+    assert store.barrier.record_and_check(tid2, 0, "c1", CallResult("o1"), 0, ["c1", "c2"]) == (True, None)
+    stored, view = store.barrier.record_and_check(tid2, 0, "c2", CallResult("o2"), 0, ["c1", "c2"])
     assert stored and view is not None and view is not CLOSED
 
 
@@ -209,7 +209,7 @@ def test_an_ending_pushes_no_deadline_and_counts_the_model_call_in_its_hash_writ
     tid = _create(store)
     store.claims.begin_step(tid, 0, "owner-a", 60, "held-test")
     with _counted(store._r) as ended:
-        store.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done", model_calls=1)
+        store.moves.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done", model_calls=1)
     assert "zadd" not in ended and "hincrby" not in ended and ended["zrem"] == 1
     # the hash, its items, its events, its usage (which a step's record leaves without an expiry);
     # the cancel flag expires with its own write
@@ -238,7 +238,7 @@ def test_a_cancel_is_a_hash_field_the_scripts_read_and_one_read_for_a_nodes_mode
 def test_a_cancel_flag_set_before_the_end_keeps_its_own_expiry(store):
     tid = _create(store)
     store.request_cancel(tid)
-    assert store.fail(tid, TurnStatus.cancelled, "cancelled")
+    assert store.moves.fail(tid, TurnStatus.cancelled, "cancelled")
     assert 0 < store._r.ttl(key(tid, "cancel")) and 0 < store._r.ttl(key(tid))
     assert store._r.zscore(WATCH_KEY, tid) is None
 
@@ -262,11 +262,11 @@ def test_a_layout_1_turns_usage_record_sets_no_expiry_until_the_turn_ends(store,
     with _counted(store._r) as saved:
         store.memo.save_and_check(tid, 0, {"id": "r0"}, {"step": 0}, ("0", b'{"step":0}'))
     assert "expire" not in saved and store._r.ttl(key(tid, "usage")) == -1
-    store.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done", model_calls=1)
+    store.moves.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done", model_calls=1)
     assert 0 < store._r.ttl(key(tid, "usage")) <= RETENTION_SECONDS
     # a reply stored after the end (a late delivery) gives its new usage hash an expiry of its own
     late = _create(store)
-    assert store.fail(late, TurnStatus.cancelled, "cancelled")
+    assert store.moves.fail(late, TurnStatus.cancelled, "cancelled")
     store._r.delete(key(late, "usage"))
     with _counted(store._r) as saved:
         store.memo.save_and_check(late, 0, {"id": "r0"}, {"step": 0}, ("0", b'{"step":0}'))
@@ -286,7 +286,7 @@ def test_a_layout_2_turn_keeps_its_usage_records_and_a_memo_mark_in_its_hash(sto
         view = store.claims.begin_step(tid, 0, "owner-b", 60, "held-test")
     assert begun["get"] == 1 and view.reply == {"id": "r0"}
     assert store.usage.record_and_total(tid, 0, {"input_tokens": 5}, "m")[0] is False  # counted once
-    store.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done", model_calls=1, layout=2)
+    store.moves.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done", model_calls=1, layout=2)
     assert store._r.ttl(key(tid)) > 0 and not store._r.exists(key(tid, "usage"))
     assert [r["input_tokens"] for r in store.usage.steps(tid)] == [5]
 
@@ -296,11 +296,11 @@ def test_a_final_reply_ends_a_layout_2_turn_in_its_own_script_and_keeps_no_memo(
     store.claims.begin_step(tid, 0, "owner-a", 60, "held-test")
     row = UsageLedger.row(0, {"input_tokens": 7}, "m", layout=2)
     finished = {"status": "completed", "error": None, "final_output": "done", "usage": {"input_tokens": 7}}
-    writes = store.end_writes(tid, [{"type": "message"}], TurnStatus.completed, final_output="done", error=None,
+    writes = store.moves.end_writes(tid, [{"type": "message"}], TurnStatus.completed, final_output="done", error=None,
                               model_calls=1, usage=row, finished_event=finished)  # fmt: skip
     with _counted(store._r) as ended:
         saved = store.memo.save_and_check(tid, 0, {"id": "r0"}, {"step": 0}, row, then=writes,
-                                          hooks_deadline=store.hooks_deadline())  # fmt: skip
+                                          hooks_deadline=store.moves.hooks_deadline())  # fmt: skip
     assert saved.ended and not saved.began and not saved.hooks
     assert ended["evalsha"] == 1 and ended["hmget"] == 1 and "set" not in ended and "hvals" not in ended
     assert ended["expire"] == 3  # the hash, its items, its events: no usage hash
@@ -312,7 +312,7 @@ def test_a_final_reply_ends_a_layout_2_turn_in_its_own_script_and_keeps_no_memo(
     assert kinds[-2:] == ["model_reply", "turn_finished"]
     # a second delivery's reply finds the turn ended: nothing is kept, nothing moves
     again = store.memo.save_and_check(tid, 0, {"id": "r1"}, {"step": 0}, row, then=writes,
-                                      hooks_deadline=store.hooks_deadline())  # fmt: skip
+                                      hooks_deadline=store.moves.hooks_deadline())  # fmt: skip
     assert not again.ended and not store._r.exists(key(tid, "reply", 0)) and store.load(tid).model_calls == 1
 
 
@@ -324,8 +324,8 @@ def test_a_layout_1_turn_in_flight_keeps_its_keys(store, monkeypatch):
     assert store._r.hget(key(tid), "layout") is None and store._r.exists(key(tid, "plan", 0))
     view = call_view(store, tid, 0, "c1", "owner-a", 60)
     assert view.claim.won and view.plan is not None
-    closing = store.next_step_writes(tid, 0, [{"type": "function_call_output", "call_id": "c1", "output": "o"}])
-    assert store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)[1] is CLOSED
+    closing = store.moves.next_step_writes(tid, 0, [{"type": "function_call_output", "call_id": "c1", "output": "o"}])
+    assert store.barrier.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)[1] is CLOSED
     assert store.results(tid, 0)["c1"].output == "o"  # kept, as before
     with _counted(store._r) as begun:
         store.claims.begin_step(tid, 1, "owner-a", 60, "held-test", background=False)
@@ -336,13 +336,13 @@ def test_a_one_call_step_of_a_layout_2_turn_is_closed_without_keeping_its_result
     tid = _at_tools(store)  # its plan in the hash: the step asks no approval
     view = call_view(store, tid, 0, "c1", "owner-a", 60)
     assert view.claim.won and view.plan is not None and not store._r.exists(key(tid, "plan", 0))
-    closing = store.next_step_writes(tid, 0, [{"type": "function_call_output", "call_id": "c1", "output": "o"}])
+    closing = store.moves.next_step_writes(tid, 0, [{"type": "function_call_output", "call_id": "c1", "output": "o"}])
     with _counted(store._r) as recorded:
-        stored, closed = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
+        stored, closed = store.barrier.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
     assert stored and closed is CLOSED and "hsetnx" not in recorded and "expire" not in recorded
     assert store.results(tid, 0) == {} and store.load(tid).step == 1
     assert orjson.loads(store._r.lrange(key(tid, "items"), -1, -1)[0])["output"] == "o"
-    again = store.claims.record_and_check(tid, 0, "c1", CallResult("o2"), 0, ["c1"], closing=closing)
+    again = store.barrier.record_and_check(tid, 0, "c1", CallResult("o2"), 0, ["c1"], closing=closing)
     assert again[1] is None and store.load(tid).step == 1  # a redelivery finds the turn moved on
     # a call claimed at once asks for no result (only a claim's holder stores one); a redelivery does
     other = _at_tools(store)
@@ -361,15 +361,15 @@ def test_a_move_within_the_reuse_of_the_last_deadline_pushes_none(own_redis):
     deadline = store._r.zscore(WATCH_KEY, tid)
     state = store.load(tid)
     plan = Plan([PlannedCall("c1", "read_thing", 0, data={})], [Batch("parallel", ["c1"])])
-    writes = store.begin_tools_writes(tid, 0, [], plan, {}, {}, known_deadline=state.deadline)
+    writes = store.moves.begin_tools_writes(tid, 0, [], plan, {}, {}, known_deadline=state.deadline)
     with _counted(store._r) as moved:
-        store.apply_begin_tools(tid, 0, writes)
+        store.moves.apply_begin_tools(tid, 0, writes)
     assert "zadd" not in moved and store._r.zscore(WATCH_KEY, tid) == deadline
     assert float(store._r.hget(key(tid), "deadline")) == deadline  # the field still the watch's
     stale = deadline - 15  # a deadline read more than the reuse ago: pushed
-    writes = store.next_step_writes(tid, 0, [], known_deadline=stale)
+    writes = store.moves.next_step_writes(tid, 0, [], known_deadline=stale)
     with _counted(store._r) as moved:
-        store._guard.run(tid, 0, "tools", writes)
+        store.moves._guard.run(tid, 0, "tools", writes)
     assert moved["zadd"] == 1 and store._r.zscore(WATCH_KEY, tid) > deadline
 
 

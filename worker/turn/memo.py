@@ -2,7 +2,7 @@
 
 ``ReplyMemo.save_and_check`` stores a paid-for reply (first write wins) with the stream's last
 deltas, its ``model_reply`` event and usage record, reads the cancel flag and, given the step's
-move to its tools phase (``TurnStore.begin_tools_writes``), applies it when the reply was this
+move to its tools phase (``Moves.begin_tools_writes``), applies it when the reply was this
 caller's to store and the turn is not cancelled and still at the step's model phase: one round
 trip where a pipeline and a guarded transition took two (docs/architecture.md, "A turn, step by
 step"). ``TurnStore`` holds one ``ReplyMemo`` on its Redis client, as ``store.memo``.
@@ -79,7 +79,7 @@ if t[5] == '2' then
 end
 local won = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
 local usage_stored = redis.call('HSETNX', KEYS[3], ARGV[4], ARGV[5])
--- the usage hash expires with the turn (``TurnStore._retire``); a record made after the end has its own
+-- the usage hash expires with the turn (``worker.turn.moves``); a record made after the end has its own
 if usage_stored == 1 and (not t[1] or terminal[t[1]]) then redis.call('EXPIRE', KEYS[3], ARGV[6]) end
 if not won then
   return {0, redis.call('GET', KEYS[1]) or '', cancelled, usage_stored, redis.call('HVALS', KEYS[3]), 0, 0}
@@ -146,10 +146,10 @@ class ReplyMemo:
         (after the events ``deltas``: the stream's last deltas), read the cancel flag and record the
         step's usage (``usage``: its field and row, ``UsageLedger.row``; first write wins) with the
         turn's usage rows read back: one round trip (``_SAVE_REPLY_LUA``). ``then``: the writes of
-        the step's move to its tools phase (``TurnStore.begin_tools_writes``), applied in the same round trip
+        the step's move to its tools phase (``Moves.begin_tools_writes``), applied in the same round trip
         when the reply was this caller's to store, the turn is not cancelled and still at ``step``'s
         model phase, not ended; ``hooks_deadline`` (epoch s): ``then`` ends the turn (a layout-2
-        turn's final reply, ``TurnStore.end_writes``), and a turn with end hooks joins the finishing
+        turn's final reply, ``Moves.end_writes``), and a turn with end hooks joins the finishing
         set with that deadline. ``usage``'s field is the usage hash's (layout 1) or the turn hash's
         (layout 2: ``keys.usage_field``, also in ``then``'s ``HSET``). Raises redis-py's errors as
         they come (the caller keeps the paid reply until Redis has it: ``worker.turn.outage``)."""

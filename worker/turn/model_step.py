@@ -162,7 +162,9 @@ class ModelStep:
         if memo is None:
             return None
         if prepared.state.status == TurnStatus.queued:  # a memo but never marked running
-            self.rt.store.mark_running(prepared.turn_id, prepared.step, event={"agent_id": prepared.request.agent_id})
+            self.rt.store.moves.mark_running(
+                prepared.turn_id, prepared.step, event={"agent_id": prepared.request.agent_id}
+            )
         prepared.memo = memo
         return prepared
 
@@ -200,7 +202,7 @@ class ModelStep:
         ):
             return False  # another delivery took the dead holder's step over first
         try:  # the dead holder may have died before its turn was marked running
-            store.mark_running(turn_id, step, event={"agent_id": prepared.request.agent_id})
+            store.moves.mark_running(turn_id, step, event={"agent_id": prepared.request.agent_id})
         except StaleStep:
             return False
         return True
@@ -346,7 +348,7 @@ class ModelStep:
                 usage,
                 deltas,
                 then=planned.writes if planned else None,
-                hooks_deadline=self.rt.store.hooks_deadline() if ending is not None else None,
+                hooks_deadline=self.rt.store.moves.hooks_deadline() if ending is not None else None,
             ),  # fmt: skip
             what=f"saving the model reply of turn {turn_id} step {step}",
             timeout=self.rt.settings.redis_outage_timeout,

@@ -74,7 +74,7 @@ class PreparedStep:
 class ToolsPlan:
     """A reply's function calls, validated and planned (``ReplyHandler.plan_move``): the
     ``plan``, the invalid-call counts after it, and ``writes``, the guarded move of the step to
-    its tools phase (``TurnStore.begin_tools_writes``: the reply's items, the plan, the approval
+    its tools phase (``Moves.begin_tools_writes``: the reply's items, the plan, the approval
     requests, a ``call_planned`` event per call); ``runs_calls``: the plan has batches and no tool's
     invalid-call budget is spent (``BatchCompletion.over_budget``), else the step closes at once."""
 
@@ -87,7 +87,7 @@ class ToolsPlan:
 @dataclass(frozen=True)
 class EndPlan:
     """A final reply's end of the turn, planned before the reply is stored
-    (``ReplyHandler.plan_move``, a layout-2 turn): ``writes`` (``TurnStore.end_writes`` with the
+    (``ReplyHandler.plan_move``, a layout-2 turn): ``writes`` (``Moves.end_writes`` with the
     ``turn_finished`` event), which ``ReplyMemo.save_and_check`` applies with the reply; the
     step's ``action`` and the turn's ``status``, ``error``, ``final_output`` and usage ``totals``."""
 

@@ -86,7 +86,7 @@ class ReplyHandler:
         action, status, error = _answered(reply)
         finished = TurnFinished(status.value, error, reply.text, totals)
         try:
-            hooks = self.rt.store.end_at_model_step(
+            hooks = self.rt.store.moves.end_at_model_step(
                 prepared.turn_id,
                 prepared.step,
                 items,
@@ -118,7 +118,7 @@ class ReplyHandler:
         if prepared.state.finish_misses >= 1:
             error = f"the model replied without calling {tool} twice; the task must end through {tool}"
             try:
-                store.end_at_model_step(turn_id, step, items, TurnStatus.failed, error=error)
+                store.moves.end_at_model_step(turn_id, step, items, TurnStatus.failed, error=error)
             except StaleStep:
                 return StepOutcome("dropped", "already ended")
             return StepOutcome(
@@ -129,7 +129,7 @@ class ReplyHandler:
             f"that matches its schema. Call `{tool}` now; do not answer in prose."
         )
         try:
-            store.continue_after_reply(turn_id, step, items + [instruction], {"finish_misses": 1})
+            store.moves.continue_after_reply(turn_id, step, items + [instruction], {"finish_misses": 1})
         except StaleStep:
             return StepOutcome("dropped", "already continued")
         store.event(turn_id, "repair_instruction", step=step, tool=tool)
@@ -174,7 +174,7 @@ class ReplyHandler:
         action, status, error = _answered(reply)
         _, totals = UsageLedger.totals_of(True, [*prepared.usage_rows, usage[1]])
         finished = TurnFinished(status.value, error, reply.text, totals)
-        writes = self.rt.store.end_writes(
+        writes = self.rt.store.moves.end_writes(
             prepared.turn_id, items, status, final_output=reply.text, error=error,
             model_calls=prepared.state.model_calls + 1, usage=usage, finished_event=finished.fields(),
         )  # fmt: skip
@@ -198,7 +198,7 @@ class ReplyHandler:
         """Validate and record the reply's calls, then send the first batch."""
         planned = self._tools_plan(prepared, reply, items, calls)
         try:
-            self.rt.store.apply_begin_tools(prepared.turn_id, prepared.step, planned.writes)
+            self.rt.store.moves.apply_begin_tools(prepared.turn_id, prepared.step, planned.writes)
         except StaleStep:
             return StepOutcome("dropped", "plan already recorded")
         return self._dispatch(prepared, planned)
@@ -212,7 +212,7 @@ class ReplyHandler:
         usage: tuple[str, bytes] | None = None,
     ) -> ToolsPlan:
         """Validate the reply's calls and plan them (``plan_calls``, the approval gate's batches);
-        ``usage``: the step's record, written with the move (``TurnStore.begin_tools_writes``)."""
+        ``usage``: the step's record, written with the move (``Moves.begin_tools_writes``)."""
         turn_id, step, request, settings = prepared.turn_id, prepared.step, prepared.request, self.rt.settings
         planned, known_outputs, invalid_counts = plan_calls(
             turn_id,
@@ -231,7 +231,7 @@ class ReplyHandler:
         )
         batch_of = plan.batch_indexes()
         events = [CallPlanned.of(step, call, batch_of.get(call.call_id)).event() for call in planned]
-        writes = self.rt.store.begin_tools_writes(
+        writes = self.rt.store.moves.begin_tools_writes(
             turn_id,
             step,
             items,

@@ -72,6 +72,11 @@ def parse_results(raw: dict[bytes, bytes]) -> dict[str, CallResult]:
     return {k.decode(): CallResult.from_json(orjson.loads(v)) for k, v in raw.items()}
 
 
+def hash_pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    """A hash as a Lua script returns ``HGETALL`` (field, value, field, value...), as a dict."""
+    return dict(zip(flat[0::2], flat[1::2], strict=True))
+
+
 @dataclass
 class CallClaim:
     """What reading a call's view did about its claim (``Claims.begin_call``): ``tried`` is False
