@@ -53,7 +53,12 @@ def get_engine() -> TurnEngine:
             r = redis_client()
             durability = ReplicaAck(settings.replica_acks, settings.redis_replica_ack_timeout)
             _engine = TurnEngine(
-                TurnStore(r, progress_timeout=settings.progress_timeout, durability=durability),
+                TurnStore(
+                    r,
+                    progress_timeout=settings.progress_timeout,
+                    durability=durability,
+                    deadline_reuse=settings.progress_slack / 2,
+                ),
                 settings,
                 CeleryDispatcher(placement=Placement(r, settings.liveness_ttl)),
                 toolset_resolver(settings),

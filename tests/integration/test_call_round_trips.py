@@ -2,7 +2,7 @@
 
 The model step's reply is stored with the step's move to its tools phase
 (``ReplyMemo.save_and_check``), unless another delivery stored a reply first or the turn
-was cancelled or moved on. On the tool path (``Claims.begin_call``, ``Claims.record_and_check``
+was cancelled or moved on. On the tool path (``Claims.begin_call``, ``Barrier.record_and_check``
 with a step's closing writes): a call that can run at once is claimed by its first read, with its
 ``call_started`` event; one that awaits an approval or the agent's computer is not; a one-call
 step is closed by its result's round trip unless the turn was cancelled or moved on in between,
@@ -17,12 +17,13 @@ import pytest
 import redis
 
 from tests.support.turn_store import begin_tools, call_view
-from worker.turn.claims import CLOSED
+from worker.turn.barrier import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
 from worker.turn.keys import key
 from worker.turn.request import TurnStatus
 from worker.turn.state import AdvanceView, CallResult
 from worker.turn.store import TurnStore
+from worker.turn.usage import UsageLedger
 
 
 @pytest.fixture
@@ -74,20 +75,21 @@ def test_no_claim_for_an_unknown_call_a_stale_step_or_a_call_with_a_result(store
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     assert not call_view(store, tid, 0, "nope", "o", 60).claim.tried
     assert not call_view(store, tid, 1, "c1", "o", 60).claim.tried  # another step
-    store.claims.record_and_check(tid, 0, "c1", CallResult("done"), 0, ["c1"])
-    view = call_view(store, tid, 0, "c1", "o", 60)
-    assert view.has_result and not view.claim.tried
-    assert not store._r.hexists(key(tid, "claims", 0), "c1")
+    assert call_view(store, tid, 0, "c1", "holder", 60).claim.won  # the result's holder claimed it first
+    store.barrier.record_and_check(tid, 0, "c1", CallResult("done"), 0, ["c1"])
+    view = call_view(store, tid, 0, "c1", "o", 60)  # a redelivery: the claim held, the result found
+    assert view.has_result and not view.claim.won and view.claim.existing["owner"] == "holder"
+    assert len(_events(store, tid, "call_started")) == 1
 
 
 def _closing(store: TurnStore, tid: str, output: str = "out"):
     item = {"type": "function_call_output", "call_id": "c1", "output": output}
-    return store.next_step_writes(tid, 0, [item])
+    return store.moves.next_step_writes(tid, 0, [item])
 
 
 def test_a_one_call_step_is_closed_by_its_result(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    stored, view = store.claims.record_and_check(
+    stored, view = store.barrier.record_and_check(
         tid, 0, "c1", CallResult("out"), 0, ["c1"], {"call_id": "c1"}, closing=_closing(store, tid)
     )
     assert stored and view is CLOSED
@@ -96,14 +98,14 @@ def test_a_one_call_step_is_closed_by_its_result(store):
     assert orjson.loads(store._r.lrange(key(tid, "items"), -1, -1)[0])["output"] == "out"
     # A redelivery of the same call only finds the barrier passed: nothing is written twice.
     items = store._r.llen(key(tid, "items"))
-    again = store.claims.record_and_check(tid, 0, "c1", CallResult("x"), 0, ["c1"], closing=_closing(store, tid, "x"))
+    again = store.barrier.record_and_check(tid, 0, "c1", CallResult("x"), 0, ["c1"], closing=_closing(store, tid, "x"))
     assert again == (False, None) and store._r.llen(key(tid, "items")) == items
 
 
 def test_a_cancel_flag_set_before_the_result_leaves_the_closing_to_the_winner(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store.request_cancel(tid)
-    stored, view = store.claims.record_and_check(
+    stored, view = store.barrier.record_and_check(
         tid, 0, "c1", CallResult("out"), 0, ["c1"], closing=_closing(store, tid)
     )
     assert stored and isinstance(view, AdvanceView) and view.cancelled
@@ -116,7 +118,7 @@ def test_a_turn_that_moved_on_gets_no_closing_writes(store):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store._r.hset(key(tid), "status", TurnStatus.failed.value)  # ended meanwhile (e.g. by the watchdog)
     items = store._r.llen(key(tid, "items"))
-    stored, view = store.claims.record_and_check(
+    stored, view = store.barrier.record_and_check(
         tid, 0, "c1", CallResult("out"), 0, ["c1"], closing=_closing(store, tid)
     )
     assert stored and isinstance(view, AdvanceView)
@@ -126,9 +128,9 @@ def test_a_turn_that_moved_on_gets_no_closing_writes(store):
 def test_the_barrier_of_a_parallel_batch_still_waits_for_every_call(store):
     calls = [PlannedCall(c, "read_thing", i, data={}) for i, c in enumerate(("c1", "c2"))]
     tid = _turn_at_tools(store, calls)
-    first = store.claims.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1", "c2"])
+    first = store.barrier.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1", "c2"])
     assert first == (True, None)
-    stored, view = store.claims.record_and_check(tid, 0, "c2", CallResult("b"), 0, ["c1", "c2"])
+    stored, view = store.barrier.record_and_check(tid, 0, "c2", CallResult("b"), 0, ["c1", "c2"])
     assert stored and isinstance(view, AdvanceView) and set(view.results) == {"c1", "c2"}
     assert store._r.zscore("turns:watch", tid) is not None  # the result pushed the progress deadline
 
@@ -140,18 +142,29 @@ def _turn_at_model(store: TurnStore) -> str:
     return tid
 
 
+def _usage(store: TurnStore, tid: str, tokens: int = 3) -> tuple[str, bytes]:
+    """Step 0's usage record in the turn's layout (its field, as a worker's step writes it)."""
+    state = store.load(tid)
+    layout = state.layout if state is not None else 1
+    return UsageLedger.row(0, {"input_tokens": tokens}, "m", layout=layout)
+
+
 def _move(store: TurnStore, tid: str):
     plan = Plan([PlannedCall("c1", "read_thing", 0, data={})], [Batch("parallel", ["c1"])])
     items = [{"type": "function_call", "call_id": "c1"}]
-    return store.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": "c1"})])
+    state = store.load(tid)
+    layout = state.layout if state is not None else 1
+    return store.moves.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": "c1"})],
+                                    usage=_usage(store, tid) if layout == 2 else None, layout=layout)  # fmt: skip
 
 
 def _save(store: TurnStore, tid: str, reply: dict, then=None, deltas=()):
-    usage = ("0", orjson.dumps({"step": 0, "model": "m", "input_tokens": 3}))
-    return store.memo.save_and_check(tid, 0, reply, {"step": 0}, usage, deltas, then=then)
+    return store.memo.save_and_check(tid, 0, reply, {"step": 0}, _usage(store, tid), deltas, then=then)
 
 
-def test_a_reply_with_calls_moves_the_step_to_its_tools_with_it(store):
+@pytest.mark.parametrize("layout", [1, 2])
+def test_a_reply_with_calls_moves_the_step_to_its_tools_with_it(store, monkeypatch, layout):
+    monkeypatch.setenv("AGENT_TURN_LAYOUT", str(layout))
     tid = _turn_at_model(store)
     deltas = [("model_delta", {"step": 0, "seq": 0, "delta": "x"})]
     saved = _save(store, tid, {"id": "r1"}, then=_move(store, tid), deltas=deltas)
@@ -159,7 +172,15 @@ def test_a_reply_with_calls_moves_the_step_to_its_tools_with_it(store):
     assert saved.usage == (True, [])  # recorded; the totals are not read for a turn that goes on
     state = store.load(tid)
     assert (state.step, state.phase) == (0, "tools") and store.plan(tid, 0).call("c1") is not None
-    assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "r1"}
+    assert state.layout == layout
+    if layout == 1:  # memoized, the usage in its hash, the plan in its key
+        assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "r1"}
+        assert store._r.hlen(key(tid, "usage")) == 1 and store._r.exists(key(tid, "plan", 0))
+    else:  # moved with it: no memo; the usage record and the plan are the move's hash fields
+        assert not store._r.exists(key(tid, "reply", 0)) and store._r.hget(key(tid), "memo") is None
+        assert orjson.loads(store._r.hget(key(tid), "usage:0"))["input_tokens"] == 3
+        assert not store._r.exists(key(tid, "usage")) and not store._r.exists(key(tid, "plan", 0))
+        assert store._r.hget(key(tid), "plan_step") == b"0"
     kinds = [orjson.loads(f[b"e"])["kind"] for _, f in store._r.xrange(key(tid, "events"))]
     assert kinds.index("model_delta") < kinds.index("model_reply") < kinds.index("call_planned")
 
@@ -216,7 +237,7 @@ def test_a_one_call_step_queues_its_next_step_in_its_closing_round_trip(store, q
     writes = _closing(store, tid)
     writes.send_message(_message(qkey, channel, "step 1"))
     assert writes.sends_message
-    stored, view = store.claims.record_and_check(tid, 0, "c1", CallResult("out"), 0, ["c1"], closing=writes)
+    stored, view = store.barrier.record_and_check(tid, 0, "c1", CallResult("out"), 0, ["c1"], closing=writes)
     assert stored and view is CLOSED and store.load(tid).step == 1
     assert store._r.lrange(qkey, 0, -1) == [b"message step 1"] and heard() == [b"sent step 1"]
 
@@ -232,10 +253,10 @@ def test_a_closing_that_does_not_apply_sends_no_message(store, queue, meanwhile)
     elif meanwhile == "ended":
         store._r.hset(key(tid), "status", TurnStatus.failed.value)
     else:
-        store.claims.record_and_check(tid, 0, "c1", CallResult("first"), 0, ["c1"], closing=_closing(store, tid))
+        store.barrier.record_and_check(tid, 0, "c1", CallResult("first"), 0, ["c1"], closing=_closing(store, tid))
     writes = _closing(store, tid, "late")
     writes.send_message(_message(qkey, channel, "step 1"))
-    _, view = store.claims.record_and_check(tid, 0, "c1", CallResult("late"), 0, ["c1"], closing=writes)
+    _, view = store.barrier.record_and_check(tid, 0, "c1", CallResult("late"), 0, ["c1"], closing=writes)
     assert view is not CLOSED
     assert store._r.llen(qkey) == 0 and heard() == []
 

@@ -14,6 +14,7 @@ from tests.support.turn_store import begin_tools
 from worker.turn.dispatch import Plan
 from worker.turn.guard import Writes
 from worker.turn.keys import FINISHING_KEY, key
+from worker.turn.moves import Moves
 from worker.turn.request import TurnRefused, TurnStatus
 from worker.turn.state import CallResult, StaleStep
 from worker.turn.store import TurnStore
@@ -48,19 +49,19 @@ def test_stale_step_or_phase_writes_nothing(store):
     with pytest.raises(StaleStep, match="turn is at step 0/model, not 1/model"):
         begin_tools(store, tid, 1, [{"type": "message"}], Plan([], []), {}, {})
     with pytest.raises(StaleStep, match="turn is at step 0/model, not 0/tools"):
-        store.finish_tools(tid, 0, [{"type": "function_call_output"}])
+        store.moves.finish_tools(tid, 0, [{"type": "function_call_output"}])
     assert _snapshot(store, tid) == before
 
 
 def test_ended_turn_is_fenced_out_and_unknown_turn_refused(store):
     tid = _new(store)
-    store.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done")
+    store.moves.end_at_model_step(tid, 0, [], TurnStatus.completed, final_output="done")
     before = _snapshot(store, tid)
     with pytest.raises(StaleStep, match="turn is completed"):
-        store.end_at_model_step(tid, 0, [{"type": "message"}], TurnStatus.failed, error="again")
+        store.moves.end_at_model_step(tid, 0, [{"type": "message"}], TurnStatus.failed, error="again")
     assert _snapshot(store, tid) == before
     with pytest.raises(StaleStep, match="does not exist"):
-        store.mark_running(uuid.uuid4().hex, 0)
+        store.moves.mark_running(uuid.uuid4().hex, 0)
 
 
 def test_allowed_transition_writes_everything_once(store):
@@ -72,26 +73,26 @@ def test_allowed_transition_writes_everything_once(store):
     assert (st.step, st.phase, st.model_calls, st.invalid_counts) == (0, "tools", 1, {"t": 1})
     assert store.items(tid)[-1] == {"type": "message", "n": 1}
     assert [e["kind"] for _, e in store.events(tid)] == ["turn_queued", "call_planned"]
-    store.finish_tools(tid, 0, [{"type": "function_call_output", "call_id": "c"}])
+    store.moves.finish_tools(tid, 0, [{"type": "function_call_output", "call_id": "c"}])
     st = store.load(tid)
     assert (st.step, st.phase, st.model_calls) == (1, "model", 1)
 
 
 def test_mark_running_only_moves_a_queued_turn(store):
     tid = _new(store)
-    store.mark_running(tid, 0, event={"agent_id": "guard-a"})
-    store.mark_running(tid, 0, event={"agent_id": "guard-a"})  # already running: no second event
+    store.moves.mark_running(tid, 0, event={"agent_id": "guard-a"})
+    store.moves.mark_running(tid, 0, event={"agent_id": "guard-a"})  # already running: no second event
     assert store.load(tid).status == TurnStatus.running
     assert [e["kind"] for _, e in store.events(tid)].count("turn_started") == 1
 
 
 def test_end_hooks_are_scheduled_only_for_turns_that_have_them(store):
     plain = _new(store)
-    assert store.end_at_model_step(plain, 0, [], TurnStatus.completed) is False
+    assert store.moves.end_at_model_step(plain, 0, [], TurnStatus.completed) is False
     assert store._r.zscore(FINISHING_KEY, plain) is None
     hooked = uuid.uuid4().hex
     store.create(hooked, {"agent_id": "guard-h", "input": "x", "metadata": {"background_job_id": "j1"}}, [])
-    assert store.end_at_model_step(hooked, 0, [], TurnStatus.completed) is True
+    assert store.moves.end_at_model_step(hooked, 0, [], TurnStatus.completed) is True
     assert store._r.zscore(FINISHING_KEY, hooked) is not None
     assert store._r.zscore("turns:watch", hooked) is None
 
@@ -147,12 +148,12 @@ def test_writes_too_long_to_unpack_are_refused_before_anything_runs(store):
         pipe.xadd(key(tid, "events"), {f"f{i}": "v" for i in range(5_000)})  # one entry: cannot be split
 
     with pytest.raises(ValueError, match="XADD with 10001 arguments is too long"):
-        store._guarded(tid, 0, "model", w)
+        store.moves._guarded(tid, 0, "model", w)
     assert _snapshot(store, tid) == before
     with pytest.raises(ValueError, match="DEL of several keys"):
         Writes().delete("a", "b")
     # Lists of values are split: 9,000 set members all arrive, in one guarded transition.
-    store._guarded(tid, 0, "model", lambda pipe: pipe.sadd(key(tid, "scratch"), *range(9_000)))
+    store.moves._guarded(tid, 0, "model", lambda pipe: pipe.sadd(key(tid, "scratch"), *range(9_000)))
     assert store._r.scard(key(tid, "scratch")) == 9_000
 
 
@@ -161,18 +162,22 @@ def test_fail_reports_false_when_another_transition_ended_the_turn_first(redis_u
     # redis-py runs fail's callback again, which must then report that fail did not end the turn.
     other = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60)
 
-    class Racy(TurnStore):
+    class Racy(Moves):
         fired = False
 
         def _touch(self, pipe, turn_id, fields, **kw):
             if not Racy.fired and fields.get("status") == TurnStatus.cancelled.value:
                 Racy.fired = True
-                other.end_at_model_step(turn_id, 0, [], TurnStatus.completed, final_output="done")  # lands before EXEC
+                other.moves.end_at_model_step(
+                    turn_id, 0, [], TurnStatus.completed, final_output="done"
+                )  # lands before EXEC
             return super()._touch(pipe, turn_id, fields, **kw)
 
-    racy = Racy(redis.Redis.from_url(redis_url), progress_timeout=60)
+    client = redis.Redis.from_url(redis_url)
+    racy = TurnStore(client, progress_timeout=60)
+    racy.moves = Racy(client, progress_timeout=60)
     tid = _new(racy, agent="guard-f")
-    assert racy.fail(tid, TurnStatus.cancelled, "cancelled") is False
+    assert racy.moves.fail(tid, TurnStatus.cancelled, "cancelled") is False
     assert racy.load(tid).status == TurnStatus.completed
     assert not racy._r.exists(key(tid, "cancel"))  # the aborted attempt wrote nothing
 

@@ -1,4 +1,4 @@
-"""Attacks on the merged round trips (``Claims.begin_call``, ``Claims.record_and_check`` with a
+"""Attacks on the merged round trips (``Claims.begin_call``, ``Barrier.record_and_check`` with a
 step's closing writes, ``TurnStore.memo.save_and_check`` with the move to the tools phase, the
 held records of ``tasks.broker.QoS.append``, ``ResponsesStream``'s skipped events and
 ``define_worker_tool``'s per-process check), against the embedded Redis: each test states a safety
@@ -22,13 +22,14 @@ from pydantic import BaseModel
 from tests.integration.conftest import broker_app
 from tests.support.turn_store import begin_tools, call_view
 from worker.model.interface import GatewayError
-from worker.turn.claims import CLOSED
+from worker.turn.barrier import CLOSED
 from worker.turn.dispatch import Batch, Plan, PlannedCall
 from worker.turn.durability import ReplicaAck
 from worker.turn.keys import key
 from worker.turn.request import TurnStatus
 from worker.turn.state import AdvanceView, CallResult
 from worker.turn.store import TurnStore
+from worker.turn.usage import UsageLedger
 
 TERMINAL = [s for s in TurnStatus if s.terminal]
 
@@ -112,6 +113,7 @@ def test_a_call_is_claimed_by_its_read_only_when_its_message_says_so_and_its_pla
     assert not store.call_view(tid, 0, "c1", "owner-a", 60).claim.tried  # says nothing, no old start hash
     tid2 = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store._r.delete(key(tid2, "plan", 0))  # the message says yes, but there is no plan
+    store._r.hdel(key(tid2), "plan", "plan_step")  # (a layout-2 turn keeps it in its hash)
     fresh = TurnStore(store._r, progress_timeout=60)  # no plan cached in this process
     view2 = fresh.call_view(tid2, 0, "c1", "owner-a", 60, started)
     assert view2.plan is None and not view2.claim.tried
@@ -187,7 +189,9 @@ def test_racing_owners_claim_a_call_exactly_once(store, redis_url):
 
 # ----- record_and_check: the closing writes are fenced -------------------------------------------
 def _closing(store: TurnStore, tid: str, output: str = "out", step: int = 0):
-    return store.next_step_writes(tid, step, [{"type": "function_call_output", "call_id": "c1", "output": output}])
+    return store.moves.next_step_writes(
+        tid, step, [{"type": "function_call_output", "call_id": "c1", "output": output}]
+    )
 
 
 @pytest.mark.parametrize("status", TERMINAL)
@@ -195,7 +199,9 @@ def test_closing_writes_never_apply_to_an_ended_turn(store, status):
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store._r.hset(key(tid), "status", status.value)
     items = store._r.llen(key(tid, "items"))
-    stored, view = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=_closing(store, tid))
+    stored, view = store.barrier.record_and_check(
+        tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=_closing(store, tid)
+    )
     assert stored and view is not CLOSED and isinstance(view, AdvanceView)
     state = store.load(tid)
     assert (state.status, state.step, state.phase) == (status, 0, "tools")
@@ -207,7 +213,7 @@ def test_closing_writes_never_apply_to_a_turn_at_another_step_or_phase(store, mo
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store._r.hset(key(tid), mapping=moved)
     items = store._r.llen(key(tid, "items"))
-    _, view = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=_closing(store, tid))
+    _, view = store.barrier.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=_closing(store, tid))
     assert view is not CLOSED
     state = store.load(tid)
     assert (state.step, state.phase) == (moved.get("step", 0), moved.get("phase", "tools"))
@@ -219,11 +225,11 @@ def test_a_late_result_after_the_slow_path_never_closes_the_step_again(store):
     after the flag is gone (a new turn state, a cleared flag) must not apply its closing writes."""
     tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
     store.request_cancel(tid)
-    _, first = store.claims.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1"], closing=_closing(store, tid))
+    _, first = store.barrier.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1"], closing=_closing(store, tid))
     assert isinstance(first, AdvanceView)
     store._r.delete(key(tid, "cancel"))
     items = store._r.llen(key(tid, "items"))
-    stored, again = store.claims.record_and_check(
+    stored, again = store.barrier.record_and_check(
         tid, 0, "c1", CallResult("b"), 0, ["c1"], closing=_closing(store, tid, "b")
     )
     assert (stored, again) == (False, None)
@@ -241,7 +247,7 @@ def test_concurrent_duplicate_results_close_a_one_call_step_once(store, redis_ur
         mine = TurnStore(redis.Redis.from_url(redis_url), progress_timeout=60)
         closing = _closing(mine, tid, f"out-{i}")
         barrier.wait()
-        outcomes.append(mine.claims.record_and_check(tid, 0, "c1", CallResult(f"out-{i}"), 0, ["c1"], closing=closing))
+        outcomes.append(mine.barrier.record_and_check(tid, 0, "c1", CallResult(f"out-{i}"), 0, ["c1"], closing=closing))
 
     threads = [threading.Thread(target=record, args=(i,)) for i in range(6)]
     for t in threads:
@@ -253,16 +259,17 @@ def test_concurrent_duplicate_results_close_a_one_call_step_once(store, redis_ur
     assert store._r.llen(key(tid, "items")) == items + 1  # one output appended, once
     state = store.load(tid)
     assert (state.step, state.phase) == (1, "model")
-    winner = store.results(tid, 0)["c1"].output
     last = orjson.loads(store._r.lrange(key(tid, "items"), -1, -1)[0])
-    assert last["output"] == winner  # the output appended is the stored result's, not a loser's
+    kept = store.results(tid, 0)
+    # the output appended is the closing result's, not a loser's (a layout-2 one-call step keeps none)
+    assert kept == {} and last["output"] in {f"out-{i}" for i in range(6)}
     assert len(_events(store, tid, "call_completed")) <= 1
 
 
 def test_a_two_call_step_given_closing_writes_does_not_close_before_every_result(store):
     calls = [PlannedCall(c, "read_thing", i, data={}) for i, c in enumerate(("c1", "c2"))]
     tid = _turn_at_tools(store, calls)
-    first = store.claims.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1", "c2"], closing=_closing(store, tid))
+    first = store.barrier.record_and_check(tid, 0, "c1", CallResult("a"), 0, ["c1", "c2"], closing=_closing(store, tid))
     assert first == (True, None)
     assert (store.load(tid).step, store.load(tid).phase) == (0, "tools")
 
@@ -274,29 +281,44 @@ def _turn_at_model(store: TurnStore) -> str:
     return tid
 
 
-def _move(store: TurnStore, tid: str, call_id: str = "c1"):
+def _layout(store: TurnStore, tid: str) -> int:
+    state = store.load(tid)
+    return state.layout if state is not None else 1
+
+
+def _move(store: TurnStore, tid: str, call_id: str = "c1", tokens: int = 3):
     plan = Plan([PlannedCall(call_id, "read_thing", 0, data={})], [Batch("parallel", [call_id])])
     items = [{"type": "function_call", "call_id": call_id}]
-    return store.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": call_id})])
+    layout = _layout(store, tid)
+    usage = UsageLedger.row(0, {"input_tokens": tokens}, "m", layout=2) if layout == 2 else None
+    return store.moves.begin_tools_writes(tid, 0, items, plan, {}, {}, events=[("call_planned", {"call_id": call_id})],
+                                    usage=usage, layout=layout)  # fmt: skip
 
 
 def _save(store: TurnStore, tid: str, reply: dict, then=None, deltas=(), tokens: int = 3):
-    usage = ("0", orjson.dumps({"step": 0, "model": "m", "input_tokens": tokens}))
+    usage = UsageLedger.row(0, {"input_tokens": tokens}, "m", layout=_layout(store, tid))
     return store.memo.save_and_check(tid, 0, reply, {"step": 0}, usage, deltas, then=then)
 
 
-def test_a_second_delivery_with_its_own_move_neither_overwrites_nor_moves_twice(store):
+@pytest.mark.parametrize("layout", [1, 2])
+def test_a_second_delivery_with_its_own_move_neither_overwrites_nor_moves_twice(store, monkeypatch, layout):
+    monkeypatch.setenv("AGENT_TURN_LAYOUT", str(layout))
     tid = _turn_at_model(store)
-    first = _save(store, tid, {"id": "first"}, then=_move(store, tid, "c1"), tokens=3)
+    first = _save(store, tid, {"id": "first"}, then=_move(store, tid, "c1", tokens=3), tokens=3)
     assert first.began
     items = store._r.llen(key(tid, "items"))
     calls = store._r.hget(key(tid), "model_calls")
-    second = _save(store, tid, {"id": "second"}, then=_move(store, tid, "c2"), tokens=99)
-    assert not second.began and second.reply == {"id": "first"}
-    assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "first"}
+    second = _save(store, tid, {"id": "second"}, then=_move(store, tid, "c2", tokens=99), tokens=99)
+    assert not second.began
+    if layout == 1:  # the first reply's memo answers the second
+        assert second.reply == {"id": "first"}
+        assert orjson.loads(store._r.get(key(tid, "reply", 0))) == {"id": "first"}
+        assert [orjson.loads(v)["input_tokens"] for v in store._r.hvals(key(tid, "usage"))] == [3]
+    else:  # the first moved the turn on: the second keeps nothing (its own move is then fenced out)
+        assert not second.usage[0] and not store._r.exists(key(tid, "reply", 0))
+        assert store.usage.totals(tid)["input_tokens"] == 3 and store.usage.totals(tid)["model_calls"] == 1
     assert store.plan(tid, 0).call("c1") is not None and store.plan(tid, 0).call("c2") is None
     assert store._r.llen(key(tid, "items")) == items and store._r.hget(key(tid), "model_calls") == calls
-    assert [orjson.loads(v)["input_tokens"] for v in store._r.hvals(key(tid, "usage"))] == [3]
     assert len(_events(store, tid, "call_planned")) == 1
 
 
@@ -563,7 +585,7 @@ def test_no_script_recreates_an_expired_turn_hash(store):
     closing = _closing(store, tid)
     store._r.delete(key(tid))  # the turn's hash expired (or was purged) meanwhile
     assert not call_view(store, tid, 0, "c1", "o", 60).claim.tried
-    _, view = store.claims.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
+    _, view = store.barrier.record_and_check(tid, 0, "c1", CallResult("o"), 0, ["c1"], closing=closing)
     assert view is not CLOSED and not store._r.exists(key(tid))
     model = _turn_at_model(store)
     move = _move(store, model)
@@ -583,13 +605,20 @@ def test_a_lost_memo_never_moves_a_step_that_is_already_at_its_tools(store):
     assert store.plan(tid, 0).call("c2") is None
 
 
-def test_a_result_that_lost_the_store_never_closes_the_step_with_its_own_output(store):
+@pytest.mark.parametrize("layout", [1, 2])
+def test_a_result_that_lost_the_store_never_closes_the_step_with_its_own_output(store, monkeypatch, layout):
     """The call's result is already stored (a pre-result, or any writer that did not pass the
     barrier): a later result with its closing writes loses the store, so the output it would
-    append is not the stored one: the step must not be closed with it."""
-    tid = _turn_at_tools(store, [PlannedCall("c1", "read_thing", 0, data={})])
-    store._r.hset(key(tid, "results", 0), "c1", orjson.dumps(CallResult("stored first").to_json()))
-    stored, view = store.claims.record_and_check(
+    append is not the stored one: the step must not be closed with it. (A layout-2 turn's writers
+    of a one-call step's results name the step in the hash: the pre-result here is the plan's.)"""
+    monkeypatch.setenv("AGENT_TURN_LAYOUT", str(layout))
+    tid = uuid.uuid4().hex
+    store.create(tid, {"agent_id": "attack-a", "input": "x"}, [])
+    plan = Plan([PlannedCall("c1", "read_thing", 0, data={})], [Batch("parallel", ["c1"])])
+    begin_tools(
+        store, tid, 0, [{"type": "function_call", "call_id": "c1"}], plan, {"c1": CallResult("stored first")}, {}
+    )
+    stored, view = store.barrier.record_and_check(
         tid, 0, "c1", CallResult("late"), 0, ["c1"], closing=_closing(store, tid, "late")
     )
     assert not stored

@@ -10,9 +10,13 @@ from worker.turn.store import TurnStore
 
 def begin_tools(store: TurnStore, turn_id: str, step: int, *args: Any, **kwargs: Any) -> None:
     """Record a step's plan and move it to its tools phase, as the model step does:
-    ``TurnStore.begin_tools_writes(turn_id, step, *args, **kwargs)`` applied, guarded (raises
-    ``StaleStep`` when the turn is not at ``step``'s model phase)."""
-    store.apply_begin_tools(turn_id, step, store.begin_tools_writes(turn_id, step, *args, **kwargs))
+    ``Moves.begin_tools_writes(turn_id, step, *args, **kwargs)`` applied, guarded (raises
+    ``StaleStep`` when the turn is not at ``step``'s model phase); in the turn's layout, as a step
+    does (``TurnState.layout``) unless ``layout`` is given."""
+    if "layout" not in kwargs:
+        state = store.load(turn_id)
+        kwargs["layout"] = state.layout if state is not None else 1
+    store.moves.apply_begin_tools(turn_id, step, store.moves.begin_tools_writes(turn_id, step, *args, **kwargs))
 
 
 def call_view(store: TurnStore, turn_id: str, step: int, call_id: str, owner: str, lease: float) -> CallView:

@@ -174,7 +174,7 @@ def scan(root: Path = ROOT) -> list[AnyUse]:
 
 
 BUDGETS: dict[str, int] = {
-    "worker/turn": 200,
+    "worker/turn": 182,
     "worker/model": 106,
     "worker/tooling": 392,
     "worker/records": 74,
@@ -310,11 +310,12 @@ FILE_COUNTS: dict[str, int] = {
     "worker/tools/web/common.py": 1,
     "worker/tools/workflow.py": 4,
     "worker/turn/approval_policy.py": 6,
-    "worker/turn/approvals.py": 18,
+    "worker/turn/approvals.py": 16,
     "worker/turn/async_calls.py": 4,
     "worker/turn/async_reads.py": 2,
+    "worker/turn/barrier.py": 2,
     "worker/turn/call_runner.py": 6,
-    "worker/turn/claims.py": 5,
+    "worker/turn/claims.py": 3,
     "worker/turn/completion.py": 1,
     "worker/turn/context.py": 2,
     "worker/turn/dispatch.py": 5,
@@ -330,16 +331,17 @@ FILE_COUNTS: dict[str, int] = {
     "worker/turn/memo.py": 8,
     "worker/turn/metrics.py": 2,
     "worker/turn/model_step.py": 3,
+    "worker/turn/moves.py": 15,
     "worker/turn/outage.py": 7,
     "worker/turn/planning.py": 4,
     "worker/turn/prepared.py": 5,
     "worker/turn/replies.py": 8,
     "worker/turn/request.py": 4,
     "worker/turn/state.py": 10,
-    "worker/turn/store.py": 42,
+    "worker/turn/store.py": 13,
     "worker/turn/telemetry.py": 3,
     "worker/turn/toolbox.py": 1,
-    "worker/turn/usage.py": 6,
+    "worker/turn/usage.py": 4,
 }
 """Each module's count when the budgets were set: only to say where new ones are."""
 

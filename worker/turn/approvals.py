@@ -35,6 +35,7 @@ import redis
 from worker.errors import AgentRuntimeError
 from worker.tooling.validators import FieldError, compile_validator
 from worker.turn.dispatch import Batch, PlannedCall
+from worker.turn.guard import Writes
 from worker.turn.keys import PENDING_APPROVALS_KEY as PENDING_KEY
 from worker.turn.keys import WATCH_KEY
 from worker.turn.keys import key as _k
@@ -288,11 +289,11 @@ class ApprovalRecords:
         self._r: Any = client
         self.progress_timeout = progress_timeout
 
-    def request_writes(self, turn_id: str, records: list[ApprovalRecord]) -> Callable[[Any], None]:
+    def request_writes(self, turn_id: str, records: list[ApprovalRecord]) -> Callable[[Writes], None]:
         """The writes that store the pending ``records``, park the turn and announce them, for
-        ``TurnStore.begin_tools_writes(also=...)`` (the same transaction as the step's plan)."""
+        ``Moves.begin_tools_writes(also=...)`` (the same transaction as the step's plan)."""
 
-        def write(pipe: Any) -> None:  # a ``guard.Writes``: redis-py's stubs type its commands for a client only
+        def write(pipe: Writes) -> None:
             if not records:
                 return
             step = records[0].step

@@ -34,7 +34,7 @@ from worker.tooling.arguments import validate_params
 from worker.tooling.contract import ToolContext, ToolResult, TurnAborted, WorkerTool
 from worker.tooling.oversized import kept_json
 from worker.turn import metrics, telemetry
-from worker.turn.claims import Closed
+from worker.turn.barrier import Closed
 from worker.turn.completion import BatchCompletion
 from worker.turn.dispatch import Plan, PlannedCall
 from worker.turn.durability import NotDurable
@@ -113,18 +113,18 @@ class CallRunner:
         the batch reads when this call completed it (``Closed`` when its round trip also closed a
         one-call step), None when it did not, or the outcome of a call that must not run here."""
         assert view.state is not None
-        state, claims = view.state, self.rt.store.claims
+        state, barrier = view.state, self.rt.store.barrier
         turn_id, step = state.turn_id, state.step
         batch_ids = plan.batches[batch_index].call_ids
         if view.has_result:  # a redelivery after the result was stored: only the barrier
-            return claims.batch_done(turn_id, step, batch_index, batch_ids)
+            return barrier.batch_done(turn_id, step, batch_index, batch_ids)
         edited = False
         if call.needs_approval:
             approved, rejected = self.gate.admit(turn_id, step, call)
             if rejected is not None:
                 metrics.tool_call_finished(call.name, True, rejected.details)  # rejected or expired
                 event = CallCompleted.of(step, call, rejected).fields()
-                return claims.record_and_check(turn_id, step, call.call_id, rejected, batch_index, batch_ids, event)[1]
+                return barrier.record_and_check(turn_id, step, call.call_id, rejected, batch_index, batch_ids, event)[1]
             if approved is None:
                 return StepOutcome("dropped", "call awaits approval")
             edited, call = approved.data != call.data, approved
@@ -140,7 +140,7 @@ class CallRunner:
                 else:
                     result = self._execute_once(call, state, request, batch_index, view)
             except NotDurable as exc:  # the tool did not run: free the call for a later attempt
-                claims.release_claim(turn_id, step, call.call_id, owner())
+                self.rt.store.claims.release_claim(turn_id, step, call.call_id, owner())
                 if deferrals < len(DEFERRALS):
                     log.warning("call %s of turn %s deferred: %s", call.call_id, turn_id, exc)
                     return StepOutcome("deferred", str(exc))
@@ -158,7 +158,7 @@ class CallRunner:
         result, event = kept
         writes = self.completion.closing_writes(state, plan, result, view.cancelled)
         _, closing = until_redis_answers(
-            lambda: claims.record_and_check(
+            lambda: barrier.record_and_check(
                 turn_id, step, call.call_id, result, batch_index, batch_ids, event, closing=writes
             ),
             what=f"saving the result of call {call.call_id} of turn {turn_id}",

@@ -1,10 +1,9 @@
-"""Claims and the barrier: who runs a model step or a tool call, and whose result closes a batch.
+"""Claims: who runs a model step or a tool call.
 
 Every operation is one round trip (a Lua script or a pipeline): a call is claimed with its
-``call_started`` event; a result is stored (first write wins) with ``call_completed`` and the
-batch's barrier, which fires once; a model step is claimed with its progress deadline and, at the
-turn's first step, the ``running`` mark. ``TurnStore`` (``worker.turn.store``) holds one ``Claims``
-on its Redis client, as ``store.claims``.
+``call_started`` event; a model step is claimed with its progress deadline and, at the turn's first
+step, the ``running`` mark. A call's result and the batch's barrier are ``worker.turn.barrier``'s.
+``TurnStore`` (``worker.turn.store``) holds one ``Claims`` on its Redis client, as ``store.claims``.
 """
 
 from __future__ import annotations
@@ -16,20 +15,18 @@ import orjson
 import redis
 
 from worker.turn.durability import NO_REPLICAS, NotDurable, ReplicaAck, run_script
-from worker.turn.guard import LUA_APPLY_WRITES, LUA_TERMINAL, Writes, encode_writes
+from worker.turn.guard import LUA_TERMINAL
 from worker.turn.keys import WATCH_KEY
 from worker.turn.keys import key as _k
 from worker.turn.state import (
     EVENTS_MAXLEN,
     RETENTION_SECONDS,
-    AdvanceView,
     CallClaim,
-    CallResult,
     StepClaim,
     StepView,
     TurnState,
     event_json,
-    parse_results,
+    hash_pairs,
 )
 
 # Claim a call for execution and announce it in one round trip.
@@ -58,93 +55,34 @@ _BEGIN_CALL_LUA = (
     LUA_TERMINAL
     + """
 local h = redis.call('HGETALL', KEYS[1])
-local plan = redis.call('GET', KEYS[2]) or ''
-local has = redis.call('HEXISTS', KEYS[3], ARGV[2])
 local f = {}
 for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+-- a layout-2 turn (``keys``) keeps its step's plan in the hash when the step asks no approval
+local plan = f['layout'] == '2' and f['plan_step'] == ARGV[1] and f['plan'] or nil
+if not plan then plan = redis.call('GET', KEYS[2]) or '' end
+local function has() return redis.call('HEXISTS', KEYS[3], ARGV[2]) end
 local cancelled = f['cancel'] == '1' and 1 or 0  -- the flag's hash field (KEYS[4], its key, is not read)
-if #h == 0 or plan == '' or has == 1 or ARGV[7] == '-' then return {h, plan, has, cancelled, 0, ''} end
+if #h == 0 or plan == '' or ARGV[7] == '-' then return {h, plan, has(), cancelled, 0, ''} end
 -- the fence (the guard's test) on the hash just read: the script runs alone, it cannot have changed
 if not f['status'] or terminal[f['status']] or f['step'] ~= ARGV[1] or f['phase'] ~= 'tools' then
-  return {h, plan, has, cancelled, 0, ''}
+  return {h, plan, has(), cancelled, 0, ''}
 end
 local rest = ARGV[7]
 if rest == '' then rest = redis.call('HGET', KEYS[7], ARGV[2]) end
-if not rest then return {h, plan, has, cancelled, 0, ''} end
+if not rest then return {h, plan, has(), cancelled, 0, ''} end
+-- A call claimable at once that was never claimed has no result: only a claim's holder stores the
+-- result of such a call (results written by the plan or the approval gate are those of calls
+-- whose message says they are not claimable at once), so the result is asked only when the
+-- claim is found taken.
 if redis.call('HSETNX', KEYS[5], ARGV[2], ARGV[3]) == 1 then
   redis.call('EXPIRE', KEYS[5], ARGV[4])
   redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5] .. rest)
-  return {h, plan, has, cancelled, 1, ''}
+  return {h, plan, 0, cancelled, 1, ''}
 end
-return {h, plan, has, cancelled, 2, redis.call('HGET', KEYS[5], ARGV[2]) or ''}
+return {h, plan, has(), cancelled, 2, redis.call('HGET', KEYS[5], ARGV[2]) or ''}
 """
 )
 
-
-# Store a call's result (first write wins), announce it, push the progress deadline and pass the
-# batch barrier, in one round trip. The barrier sets the "advanced" key once, only when every call
-# of the batch has a result; its winner gets what closing the batch reads (the turn hash, the
-# cancel flag, the step's results), or, given the step's closing writes (a one-call step,
-# ``BatchCompletion.closing_writes``), has them applied here when this caller's result was the
-# one stored and the turn is still at the step's tools phase, not ended and not cancelled: the
-# step is closed in the same round trip.
-# KEYS: results, turn hash, events, adv, cancel, watch zset, the closing writes' keys...;
-# ARGV: call_id, result ('' = only check the barrier), ttl, terminate, event, maxlen, deadline
-# ('' = none), turn id, step, number of call ids, call_ids..., then the closing writes
-# (``LUA_APPLY_WRITES``), if any.
-# Returns {stored, 0}, {stored, 1, turn hash (flat), cancelled, results (flat)} or {stored, 2}
-# (closed).
-_RECORD_LUA = (
-    LUA_TERMINAL
-    + LUA_APPLY_WRITES
-    + """
-local stored = 0
-if ARGV[2] ~= '' then stored = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
-if stored == 1 then
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  if ARGV[4] == '1' then redis.call('HSET', KEYS[2], 'terminate', '1') end
-  if ARGV[5] ~= '' then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5]) end
-end
-local function push_deadline()
-  if ARGV[7] ~= '' then redis.call('ZADD', KEYS[6], 'XX', ARGV[7], ARGV[8]) end
-end
-local n = tonumber(ARGV[10])
-for i = 11, 10 + n do
-  -- the caller's own call has a result now (HSETNX above stored it or found one): not asked again
-  if (ARGV[2] == '' or ARGV[i] ~= ARGV[1]) and redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
-    push_deadline(); return {stored, 0}
-  end
-end
--- the cancel flag is the hash's field (KEYS[5], its key, is not read); the fence on the same read
-local function fence() return redis.call('HMGET', KEYS[2], 'status', 'step', 'phase', 'cancel') end
-local function closes(t)  -- the closing writes carry this caller's result: applied if the fence holds
-  if ARGV[11 + n] and t[4] ~= '1' and stored == 1 and t[1] and not terminal[t[1]] and t[2] == ARGV[9]
-    and t[3] == 'tools' then
-    apply_writes(11 + n, 7)  -- the closing writes set the next step's deadline
-    return true
-  end
-  return false
-end
-local t = nil
--- The batch is this caller's call alone, given its closing writes: the caller that stores the
--- result applies them here, in the same script, so the turn moves on before anyone else can see
--- the result; a later delivery (its result not stored) finds it moved on and stops here. The
--- barrier key is only needed when the closing writes did not apply (a cancel, an ended turn).
-if n == 1 and ARGV[11] == ARGV[1] and ARGV[12] then
-  t = fence()
-  if closes(t) then return {stored, 2} end
-  if stored == 0 and (not t[1] or terminal[t[1]] or t[2] ~= ARGV[9] or t[3] ~= 'tools') then
-    push_deadline(); return {stored, 0}
-  end
-end
-if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', 86400) then push_deadline(); return {stored, 0} end
-t = t or fence()
-local cancelled = t[4] == '1' and 1 or 0
-if closes(t) then return {stored, 2} end
-push_deadline()
-return {stored, 1, redis.call('HGETALL', KEYS[2]), cancelled, redis.call('HGETALL', KEYS[1])}
-"""
-)
 
 # Begin a model step in one round trip: read what the step needs (the turn hash, the history, the
 # step's memoized reply, the cancel flag) and, when the step is the turn's current one, runnable
@@ -167,7 +105,10 @@ if #h == 0 then return {h, {}, '', 0, 0, 0, '', ''} end
 local f, at = {}, {}
 for i = 1, #h, 2 do f[h[i]] = h[i + 1]; at[h[i]] = i + 1 end
 local items = redis.call('LRANGE', KEYS[2], 0, -1)
-local memo = redis.call('GET', KEYS[3])
+-- a layout-2 turn (``keys``) names the step whose reply is memoized in its hash: the memo is read
+-- only then; a turn without the mark reads it at every step, as before
+local memo = false
+if f['layout'] ~= '2' or f['memo'] == ARGV[4] then memo = redis.call('GET', KEYS[3]) end
 local cancelled = f['cancel'] == '1' and 1 or 0  -- the flag's hash field (KEYS[4], its key, is not read)
 if memo or cancelled == 1 or terminal[f['status']] or f['step'] ~= ARGV[4] or f['phase'] ~= 'model' then
   return {h, items, memo or '', cancelled, 0, 0, '', ''}
@@ -229,8 +170,8 @@ class CallRead(NamedTuple):
 
 
 class Claims:
-    """Claims and the barrier in the Redis at ``client`` (see the module docstring);
-    ``progress_timeout``: seconds of the progress deadline a stored result pushes."""
+    """Claims in the Redis at ``client`` (see the module docstring); ``progress_timeout``: seconds
+    of the progress deadline a won step claim pushes."""
 
     def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0, durability: ReplicaAck = NO_REPLICAS):
         self._r = client
@@ -239,7 +180,6 @@ class Claims:
         self.durability = durability
         self._release_call = client.register_script(_RELEASE_CALL_LUA)
         self._claim = client.register_script(_CLAIM_LUA)
-        self._record = client.register_script(_RECORD_LUA)
         self._release = client.register_script(_RELEASE_LUA)
         self._begin_step = client.register_script(_BEGIN_STEP_LUA)
         self._take_over = client.register_script(_TAKE_OVER_STEP_LUA)
@@ -317,7 +257,7 @@ class Claims:
         outcome = CallClaim(
             tried=tried != 0, won=tried == 1, existing=orjson.loads(existing) if tried == 2 and existing else None
         )
-        return CallRead(_pairs(h), plan, bool(has), bool(cancelled), outcome)
+        return CallRead(hash_pairs(h), plan, bool(has), bool(cancelled), outcome)
 
     def begin_step(
         self, turn_id: str, step: int, owner: str, lease: float, held_key: str, *, background: bool = True
@@ -356,7 +296,7 @@ class Claims:
                 now + max(1, int(lease)),
             ],
         )
-        pairs = _pairs(h)
+        pairs = hash_pairs(h)
         return StepView(
             TurnState.from_hash(turn_id, pairs) if pairs else None,
             [orjson.loads(x) for x in items],
@@ -366,6 +306,7 @@ class Claims:
                 tried=claim != 0, holder=holder.decode() if claim == 2 and holder else None, started=bool(started)
             ),
             response.decode() if response else None,
+            [v for k, v in pairs.items() if k.startswith(b"usage:")],
         )
 
     def take_over_step(self, turn_id: str, step: int, owner: str, lease: float, dead: str, held_key: str) -> bool:
@@ -403,88 +344,3 @@ class Claims:
         """Drop ``owner``'s claim on a call that did not run (its claim reached no replica in time),
         so that a later delivery can claim it. Returns False when ``owner`` no longer held it."""
         return bool(self._release_call(keys=[_k(turn_id, "claims", step)], args=[call_id, owner]))
-
-    def record_and_check(
-        self,
-        turn_id: str,
-        step: int,
-        call_id: str,
-        result: CallResult,
-        batch_index: int,
-        batch_call_ids: list[str],
-        completed_event: dict[str, Any] | None = None,
-        closing: Writes | None = None,
-    ) -> tuple[bool, AdvanceView | None | Closed]:
-        """Store a result (first write wins), append ``call_completed``, push the progress
-        deadline, and pass the barrier: one round trip.
-
-        ``closing``: the step's closing writes, applied with the barrier when this result
-        completes the step and the turn is still at its tools phase, not ended nor cancelled.
-
-        Returns ``(stored, view)``: ``view`` is ``CLOSED`` when ``closing`` was applied; else what
-        closing the batch reads (as ``advance_view`` returns it), exactly once per batch, to the
-        caller that completed it; else None. Raises redis-py's errors as they come (the caller
-        keeps the result until Redis has it: ``worker.turn.outage``).
-        """
-        event = event_json("call_completed", completed_event) if completed_event else b""
-        write_keys, write_args = encode_writes(closing) if closing is not None else ([], [])
-        reply = self._record(
-            keys=[*self._record_keys(turn_id, step, batch_index), *write_keys],
-            args=[
-                call_id,
-                orjson.dumps(result.to_json()),
-                RETENTION_SECONDS,
-                "1" if result.terminate else "0",
-                event,
-                EVENTS_MAXLEN,
-                time.time() + self.progress_timeout,
-                turn_id,
-                step,
-                len(batch_call_ids),
-                *batch_call_ids,
-                *write_args,
-            ],
-        )
-        return bool(reply[0]), CLOSED if reply[1] == 2 else _advance_view(turn_id, reply)
-
-    def batch_done(self, turn_id: str, step: int, batch_index: int, call_ids: list[str]) -> AdvanceView | None:
-        """The barrier alone: the batch's ``AdvanceView`` exactly once, for the caller that sees the
-        batch's last result; else None."""
-        reply = self._record(
-            keys=self._record_keys(turn_id, step, batch_index),
-            args=["", "", RETENTION_SECONDS, "0", "", EVENTS_MAXLEN, "", turn_id, step, len(call_ids), *call_ids],
-        )
-        return _advance_view(turn_id, reply)
-
-    @staticmethod
-    def _record_keys(turn_id: str, step: int, batch_index: int) -> list[str]:
-        return [
-            _k(turn_id, "results", step),
-            _k(turn_id),
-            _k(turn_id, "events"),
-            _k(turn_id, "adv", step, batch_index),
-            _k(turn_id, "cancel"),
-            WATCH_KEY,
-        ]
-
-
-class Closed:
-    """``Claims.record_and_check``'s answer when the step's closing writes were applied."""
-
-    def __repr__(self) -> str:
-        return "CLOSED"
-
-
-CLOSED = Closed()
-
-
-def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
-    return dict(zip(flat[0::2], flat[1::2], strict=True))
-
-
-def _advance_view(turn_id: str, reply: list[Any]) -> AdvanceView | None:
-    """The ``AdvanceView`` in the record script's reply, when the caller completed the batch."""
-    if not reply[1]:
-        return None
-    h = _pairs(reply[2])
-    return AdvanceView(TurnState.from_hash(turn_id, h) if h else None, bool(reply[3]), parse_results(_pairs(reply[4])))

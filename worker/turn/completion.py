@@ -1,6 +1,6 @@
 """Batch completion: what follows a batch's barrier.
 
-Whoever stores a batch's last result wins its barrier (``Claims.record_and_check``: exactly once)
+Whoever stores a batch's last result wins its barrier (``Barrier.record_and_check``: exactly once)
 and closes the batch here: the next batch is sent (through the approval gate), or, after the last
 batch or when the turn must stop (a terminating result, the cancel flag, a tool's retry budget for
 invalid calls spent), the step's outputs are recorded in the order the model emitted the calls and
@@ -54,7 +54,7 @@ class BatchCompletion:
             return None
         terminal, error = self._ending(state, view.cancelled, over)
         try:
-            store.finish_tools(
+            store.moves.finish_tools(
                 turn_id,
                 step,
                 self._outputs(plan, view.results),
@@ -71,7 +71,7 @@ class BatchCompletion:
 
     def closing_writes(self, state: TurnState, plan: Plan, result: CallResult, cancelled: bool) -> Writes | None:
         """The closing writes of a step whose plan is one call, given that call's ``result``
-        before it is stored: ``Claims.record_and_check`` applies them with the result when the
+        before it is stored: ``Barrier.record_and_check`` applies them with the result when the
         turn is still at the step's tools phase and not cancelled, so the step is closed in the
         same round trip, with the next step's message when ``Writes.sends_message`` (else
         ``next_step`` sends it). None when closing needs more than the writes (the
@@ -81,8 +81,12 @@ class BatchCompletion:
         if len(plan.calls) != 1 or result.terminate or terminal is not None:
             return None
         results = {plan.calls[0].call_id: result}
-        writes = self.rt.store.next_step_writes(
-            state.turn_id, state.step, self._outputs(plan, results), loaded_tools=_loaded_tools(state, results)
+        writes = self.rt.store.moves.next_step_writes(
+            state.turn_id,
+            state.step,
+            self._outputs(plan, results),
+            loaded_tools=_loaded_tools(state, results),
+            known_deadline=state.deadline,
         )
         # The next step's message goes with the writes when it can (then no ``next_step``): the
         # script that moves the turn to step n + 1 also queues it, and no crash can fall between.

@@ -42,7 +42,7 @@ class TurnEnd:
     ) -> Ended:
         """What follows every terminal transition (see the module docstring). ``hooks``: whether the
         turn has end hooks (read from the store when None). ``usage``: the turn's totals, when the
-        transition already wrote the ``turn_finished`` event with them (``TurnStore.end_at_model_step``).
+        transition already wrote the ``turn_finished`` event with them (``Moves.end_at_model_step``).
         ``created_at`` (epoch s): the turn's, when the caller read it (else read from the store for
         the duration metric)."""
         store = self.rt.store
@@ -82,8 +82,8 @@ class TurnEnd:
         )
 
     def fail(self, turn_id: str, status: TurnStatus, error: str) -> Ended | None:
-        """End a non-terminal turn whatever its step (``TurnStore.fail``). None if it had already ended."""
-        if not self.rt.store.fail(turn_id, status, error):
+        """End a non-terminal turn whatever its step (``Moves.fail``). None if it had already ended."""
+        if not self.rt.store.moves.fail(turn_id, status, error):
             return None
         return self.finished(turn_id, status, error=error)
 
@@ -91,7 +91,7 @@ class TurnEnd:
         """End the turn at model step ``step`` without a reply to record (a cap, a refused request);
         None when the step was fenced out (another delivery moved the turn on)."""
         try:
-            self.rt.store.end_at_model_step(turn_id, step, [], status, error=error, count_model_call=False)
+            self.rt.store.moves.end_at_model_step(turn_id, step, [], status, error=error, count_model_call=False)
         except StaleStep:
             return None
         return self.finished(turn_id, status, error=error)

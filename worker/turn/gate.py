@@ -39,7 +39,7 @@ log = logging.getLogger("agent.approvals")
 
 ApprovalWrites = Callable[[Any], None]
 """The writes of a step's approval requests, in its move to the tools phase
-(``TurnStore.begin_tools_writes(also=...)``)."""
+(``Moves.begin_tools_writes(also=...)``)."""
 
 
 class ApprovalGate:

@@ -20,9 +20,10 @@ listing indexes (``worker.turn.listing``) and ``turn_queued`` event: one round t
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import redis
+from redis.client import Pipeline
 from redis.commands.core import CoreCommands
 
 from worker.turn.keys import key
@@ -112,6 +113,9 @@ class Writes(CoreCommands):
     single-key write (``SINGLE_KEY_WRITES``)."""
 
     _event_dispatcher: Any = None  # CoreCommands expects a client's; nothing is sent from here
+    # A sync client's mark (redis-py's ``SyncClientProtocol``): its stubs give a command method's
+    # sync signature only to a client that has it, and recording is synchronous.
+    _is_async_client: Literal[False] = False
 
     def __init__(self) -> None:
         self.recorded: list[tuple[Any, ...]] = []
@@ -152,6 +156,11 @@ class Writes(CoreCommands):
         else:
             raise ValueError(f"{name} with {len(values)} arguments is too long for a guarded transition")
         return self
+
+
+WriteTarget = Writes | Pipeline
+"""Where a move's writes go: recorded for a script (``Writes``), or queued on a pipeline (the
+``MULTI`` of a ``WATCH`` transaction: ``Moves.fail``)."""
 
 
 def encode_writes(writes: Writes) -> tuple[list[Any], list[Any]]:

@@ -13,17 +13,35 @@ The keys (``{id}`` is the turn id; the braces keep a turn's keys in one Redis Cl
   (JSON), ``created_at``/``updated_at`` (epoch seconds), ``deadline`` (the progress deadline
   the last transition set in ``turns:watch``, epoch seconds; other writers only push the watch's
   later, so a step's claim need not push it when its lease ends before), ``redrives``,
-  ``traceparent`` (the turn's trace, ``worker.turn.telemetry``).
-- ``turn:{id}:usage`` hash step -> token usage of that model call (``worker.turn.usage``,
+  ``traceparent`` (the turn's trace, ``worker.turn.telemetry``), ``layout`` (the layout mark,
+  below), and in layout 2: ``usage:{n}`` (step n's usage record, what ``turn:{id}:usage`` holds
+  for a turn of layout 1) and ``memo`` (the number of the step whose reply is memoized in
+  ``turn:{id}:reply:{n}``, written only when the reply did not move the turn on in its own script),
+  ``plan`` and ``plan_step`` (the plan of the last step that moved to its tools asking no approval,
+  and that step's number: ``turn:{id}:plan:{n}`` holds the others'), ``results_step`` (a one-call
+  step some of whose results are stored in ``turn:{id}:results:{n}``: it is not closed without them;
+  a one-call step closed by its result, without one stored, keeps none there).
+- The layout mark, the hash's ``layout``, written at creation and never changed: absent (layout 1)
+  for a turn created by an earlier version, ``2`` (``LAYOUT``) since. Every script that reads a step's
+  memo or usage reads the mark with the hash it reads anyway and keeps a layout-1 turn on its own
+  keys: a turn in flight across an upgrade finishes as it started. ``AGENT_TURN_LAYOUT=1`` makes a
+  process create layout-1 turns (while workers of an earlier version still run: they know layout 1
+  only; docs/architecture.md, "Commands per turn").
+- ``turn:{id}:usage`` (layout 1) hash step -> token usage of that model call (``worker.turn.usage``,
   ``UsageLedger``, held as ``store.usage``); it expires with the turn's hash, when the turn ends
   (a step's record no longer sets its expiry).
 - ``turn:{id}:items`` list: the Responses input items (JSON), in order.
 - ``turn:{id}:reply:{n}``: the memoized model reply of step n (a crash
   never pays for the same tokens twice; written by ``worker.turn.memo``, held as ``store.memo``).
+  In layout 2 it is written only when the reply's own script did not move the turn on (then the
+  hash's ``memo`` names the step, and a step's claim reads the key only when it does): a reply
+  whose move (to the tools phase, or the turn's end) is applied with it needs no memo, since every
+  later delivery of the step is fenced out by the move.
 - ``turn:{id}:response:{n}``: the id of the background response step n's call started
   (``worker.model.background``; written by ``worker.turn.memo``), so that a re-driven step
   fetches it instead of paying for a new one.
-- ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches).
+- ``turn:{id}:plan:{n}``: the dispatch plan of step n (calls and batches); in layout 2 only for a
+  step that asks approvals (the others' plan is the hash's ``plan``).
 - ``turn:{id}:results:{n}`` hash ``call_id`` -> result JSON (first write wins).
 - ``turn:{id}:claims:{n}`` hash ``call_id`` -> claim JSON (owner, lease end).
 - ``turn:{id}:start:{n}`` hash ``call_id`` -> the end of its ``call_started`` event: written by
@@ -59,6 +77,7 @@ it from the functions below marked "for readers", never by building it.
 
 from __future__ import annotations
 
+import os
 from typing import Final
 
 WATCH_KEY: Final = "turns:watch"
@@ -73,6 +92,8 @@ FINISHING_KEY: Final = "turns:finishing"
 PENDING_APPROVALS_KEY: Final = "approvals:pending"
 """Sorted set: turns parked on approvals, scored by their earliest approval deadline. For readers
 (the approvals change feed)."""
+LAYOUT: Final = 2
+"""The key layout of the turns this version creates (the hash's ``layout``; see the module docstring)."""
 AGENT_FIELD: Final = "agent_id"
 """The field of a turn's hash naming its agent. For readers (the HTTP API's token check)."""
 
@@ -101,3 +122,14 @@ def hash_key(turn_id: str) -> str:
 def events_key(turn_id: str) -> str:
     """For readers: the turn's event stream (entries ``{"e": <event JSON>}``)."""
     return key(turn_id, "events")
+
+
+def creation_layout() -> int:
+    """The layout a turn created now gets: ``LAYOUT``, or 1 with ``AGENT_TURN_LAYOUT=1`` (a
+    deployment whose workers of an earlier version still run)."""
+    return 1 if os.environ.get("AGENT_TURN_LAYOUT", "").strip() == "1" else LAYOUT
+
+
+def usage_field(step: int) -> str:
+    """The turn hash's field of step ``step``'s usage record (layout 2)."""
+    return f"usage:{step}"

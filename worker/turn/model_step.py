@@ -40,7 +40,7 @@ from worker.turn.events import ModelReplied
 from worker.turn.liveness import held_key, node, owner
 from worker.turn.outage import Unsaved, until_redis_answers
 from worker.turn.outcome import StepOutcome
-from worker.turn.prepared import PreparedStep, StoredReply, Toolkit
+from worker.turn.prepared import EndPlan, PreparedStep, StoredReply, Toolkit, ToolsPlan
 from worker.turn.replies import ReplyHandler
 from worker.turn.request import TurnRequest, TurnStatus
 from worker.turn.runtime import TurnRuntime
@@ -131,6 +131,7 @@ class ModelStep:
         model = request.model or self.rt.settings.model
         prepared = PreparedStep(turn_id, step, state, request, toolkit, view.items, lease, model, claimant, built=built)
         prepared.response_id = view.response_id
+        prepared.usage_rows = view.usage_rows
         return self._memo(prepared, view) or self._claimed(prepared, view.claim)
 
     def _toolkit(self, state: TurnState, request: TurnRequest) -> Callable[[], Toolkit]:
@@ -161,7 +162,9 @@ class ModelStep:
         if memo is None:
             return None
         if prepared.state.status == TurnStatus.queued:  # a memo but never marked running
-            self.rt.store.mark_running(prepared.turn_id, prepared.step, event={"agent_id": prepared.request.agent_id})
+            self.rt.store.moves.mark_running(
+                prepared.turn_id, prepared.step, event={"agent_id": prepared.request.agent_id}
+            )
         prepared.memo = memo
         return prepared
 
@@ -199,7 +202,7 @@ class ModelStep:
         ):
             return False  # another delivery took the dead holder's step over first
         try:  # the dead holder may have died before its turn was marked running
-            store.mark_running(turn_id, step, event={"agent_id": prepared.request.agent_id})
+            store.moves.mark_running(turn_id, step, event={"agent_id": prepared.request.agent_id})
         except StaleStep:
             return False
         return True
@@ -230,7 +233,7 @@ class ModelStep:
             reply = within_caps(reply, self.rt.settings.max_arguments_bytes, prepared)
             event = self._noted(prepared, reply, time.perf_counter() - started, span)
         # Stored outside the call's span: the first batch's messages, which the store may queue
-        # (``ReplyHandler.plan_tools``), belong to the step's task, as when they are sent later.
+        # (``ReplyHandler.plan_move``), belong to the step's task, as when they are sent later.
         return self._store(prepared, reply, event)
 
     def finish_call(
@@ -329,23 +332,32 @@ class ModelStep:
         turn_id, step = prepared.turn_id, prepared.step
         data = reply.to_json()
         _UNSAVED_REPLIES.put((turn_id, step), data)
+        usage = UsageLedger.row(step, event.usage, prepared.model, layout=prepared.state.layout)
         try:
-            planned = self.replies.plan_tools(prepared, reply)
+            planned = self.replies.plan_move(prepared, reply, usage)
         except Exception:  # the reply is stored first whatever planning does; handling plans it again
             log.exception("turn %s step %s: planning the reply's calls failed before storing it", turn_id, step)
             planned = None
-        usage = UsageLedger.row(step, event.usage, prepared.model)
+        ending = planned if isinstance(planned, EndPlan) else None
         saved = until_redis_answers(
             lambda: self.rt.store.memo.save_and_check(
-                turn_id, step, data, event.fields(), usage, deltas, then=planned.writes if planned else None
-            ),
+                turn_id,
+                step,
+                data,
+                event.fields(),
+                usage,
+                deltas,
+                then=planned.writes if planned else None,
+                hooks_deadline=self.rt.store.moves.hooks_deadline() if ending is not None else None,
+            ),  # fmt: skip
             what=f"saving the model reply of turn {turn_id} step {step}",
             timeout=self.rt.settings.redis_outage_timeout,
         )
         _UNSAVED_REPLIES.drop((turn_id, step))
-        return StoredReply(
-            saved.reply, saved.cancelled, UsageLedger.totals_of(*saved.usage), began=planned if saved.began else None
-        )
+        if saved.ended and ending is not None:
+            return StoredReply(saved.reply, recorded=(True, ending.totals), ended=ending, hooks=saved.hooks)
+        began = planned if saved.began and isinstance(planned, ToolsPlan) else None
+        return StoredReply(saved.reply, saved.cancelled, UsageLedger.totals_of(*saved.usage), began=began)
 
 
 def within_caps(reply: ModelReply, max_arguments_bytes: int, prepared: PreparedStep) -> ModelReply:

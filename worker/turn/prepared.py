@@ -11,7 +11,8 @@ from worker.tooling.contract import WorkerTool
 from worker.turn.context import TurnContext
 from worker.turn.dispatch import Plan
 from worker.turn.guard import Writes
-from worker.turn.request import TurnRequest
+from worker.turn.outcome import Action
+from worker.turn.request import TurnRequest, TurnStatus
 from worker.turn.state import TurnState
 
 # The step's context and tool set (``Toolbox.context``, ``Toolbox.tools``).
@@ -43,6 +44,10 @@ class PreparedStep:
     model_request: ModelRequest | None = None
     # The background response a former attempt of the step started (``worker.model.background``).
     response_id: str | None = None
+    # The usage records of the turn's earlier steps as read with the step (a layout-2 turn's hash
+    # fields; ``StepView.usage_rows``): the totals a final reply that ends the turn in its own
+    # script writes in its ``turn_finished`` event.
+    usage_rows: list[bytes] = field(default_factory=list)
     built: Toolkit | None = field(default=None, repr=False)
 
     @property
@@ -67,9 +72,9 @@ class PreparedStep:
 
 @dataclass(frozen=True)
 class ToolsPlan:
-    """A reply's function calls, validated and planned (``ReplyHandler.plan_tools``): the
+    """A reply's function calls, validated and planned (``ReplyHandler.plan_move``): the
     ``plan``, the invalid-call counts after it, and ``writes``, the guarded move of the step to
-    its tools phase (``TurnStore.begin_tools_writes``: the reply's items, the plan, the approval
+    its tools phase (``Moves.begin_tools_writes``: the reply's items, the plan, the approval
     requests, a ``call_planned`` event per call); ``runs_calls``: the plan has batches and no tool's
     invalid-call budget is spent (``BatchCompletion.over_budget``), else the step closes at once."""
 
@@ -80,13 +85,31 @@ class ToolsPlan:
 
 
 @dataclass(frozen=True)
+class EndPlan:
+    """A final reply's end of the turn, planned before the reply is stored
+    (``ReplyHandler.plan_move``, a layout-2 turn): ``writes`` (``Moves.end_writes`` with the
+    ``turn_finished`` event), which ``ReplyMemo.save_and_check`` applies with the reply; the
+    step's ``action`` and the turn's ``status``, ``error``, ``final_output`` and usage ``totals``."""
+
+    writes: Writes
+    action: Action
+    status: TurnStatus
+    error: str | None
+    final_output: str
+    totals: dict[str, int]
+
+
+@dataclass(frozen=True)
 class StoredReply:
     """A step's reply as stored (``ModelReply.to_json``); ``cancelled``: the cancel flag, read with
     the store write; ``recorded``: ``(usage stored, the turn's usage totals)`` when the usage record
     was written with the reply (None for a memoized reply: the handler records it); ``began``: the
-    plan whose move to the tools phase was written with the reply (``ReplyHandler.plan_tools``)."""
+    plan whose move to the tools phase was written with the reply (``ReplyHandler.plan_move``)."""
 
     reply: dict[str, Any]
     cancelled: bool = False
     recorded: tuple[bool, dict[str, int]] | None = None
     began: ToolsPlan | None = None
+    # The turn's end, written with the reply (``EndPlan``); ``hooks``: the ended turn has end hooks.
+    ended: EndPlan | None = None
+    hooks: bool = False

@@ -32,11 +32,11 @@ from worker.turn.gate import ApprovalGate
 from worker.turn.interfaces import step_label
 from worker.turn.outcome import Action, StepOutcome
 from worker.turn.planning import plan_calls
-from worker.turn.prepared import PreparedStep, StoredReply, ToolsPlan
+from worker.turn.prepared import EndPlan, PreparedStep, StoredReply, ToolsPlan
 from worker.turn.request import TurnStatus
 from worker.turn.runtime import TurnRuntime
 from worker.turn.state import StaleStep
-from worker.turn.usage import normalize_usage
+from worker.turn.usage import UsageLedger, normalize_usage
 
 Items = list[dict[str, Any]]
 
@@ -54,6 +54,8 @@ class ReplyHandler:
         """The step's outcome, from its stored reply (see the module docstring)."""
         reply = ModelReply.from_json(stored.reply)
         totals = self._usage(prepared, reply, stored.recorded)
+        if stored.ended is not None:  # the turn's end was written with the reply
+            return self._ended(prepared, stored.ended, stored.hooks)
         if stored.cancelled:  # cancelled while the model was answering
             return StepOutcome("cancelled", ended=self.end.fail(prepared.turn_id, TurnStatus.cancelled, CANCELLED))
         if stored.began is not None:  # its plan was recorded with the reply
@@ -81,17 +83,10 @@ class ReplyHandler:
     def _answer(self, prepared: PreparedStep, reply: ModelReply, items: Items, totals: dict[str, int]) -> StepOutcome:
         """A reply without calls completes the turn; one cut at the output-token limit is not a
         completed turn: it ends ``incomplete`` and says so."""
-        action: Action
-        if reply.status == "incomplete":
-            action, status = "incomplete", TurnStatus.incomplete
-            error: str | None = (
-                f"the model's answer stopped at the output-token limit ({reply.incomplete_reason or 'incomplete'})"
-            )
-        else:
-            action, status, error = "completed", TurnStatus.completed, None
+        action, status, error = _answered(reply)
         finished = TurnFinished(status.value, error, reply.text, totals)
         try:
-            hooks = self.rt.store.end_at_model_step(
+            hooks = self.rt.store.moves.end_at_model_step(
                 prepared.turn_id,
                 prepared.step,
                 items,
@@ -100,6 +95,7 @@ class ReplyHandler:
                 error=error,
                 finished_event=finished.fields(),
                 model_calls=prepared.state.model_calls + 1,
+                layout=prepared.state.layout,
             )
         except StaleStep:
             return StepOutcome("dropped", "already completed")
@@ -122,7 +118,7 @@ class ReplyHandler:
         if prepared.state.finish_misses >= 1:
             error = f"the model replied without calling {tool} twice; the task must end through {tool}"
             try:
-                store.end_at_model_step(turn_id, step, items, TurnStatus.failed, error=error)
+                store.moves.end_at_model_step(turn_id, step, items, TurnStatus.failed, error=error)
             except StaleStep:
                 return StepOutcome("dropped", "already ended")
             return StepOutcome(
@@ -133,7 +129,7 @@ class ReplyHandler:
             f"that matches its schema. Call `{tool}` now; do not answer in prose."
         )
         try:
-            store.continue_after_reply(turn_id, step, items + [instruction], {"finish_misses": 1})
+            store.moves.continue_after_reply(turn_id, step, items + [instruction], {"finish_misses": 1})
         except StaleStep:
             return StepOutcome("dropped", "already continued")
         store.event(turn_id, "repair_instruction", step=step, tool=tool)
@@ -147,12 +143,42 @@ class ReplyHandler:
                 turn_id, nxt, queue=prepared.request.queue, label=step_label(agent_id, turn_id, nxt)
             )
 
-    def plan_tools(self, prepared: PreparedStep, reply: ModelReply) -> ToolsPlan | None:
-        """The plan of ``reply``'s function calls (None without calls), before the reply is stored:
-        ``ReplyMemo.save_and_check`` then writes the step's move to its tools phase with
-        the reply, in one round trip, and ``handle`` only sends the first batch."""
+    def _ended(self, prepared: PreparedStep, end: EndPlan, hooks: bool) -> StepOutcome:
+        """After a final reply whose end of the turn was written with it (``plan_move``)."""
+        ended = self.end.finished(
+            prepared.turn_id,
+            end.status,
+            final_output=end.final_output,
+            error=end.error,
+            hooks=hooks,
+            usage=end.totals,
+            created_at=prepared.state.created_at,
+        )
+        return StepOutcome(end.action, ended=ended)
+
+    def plan_move(
+        self, prepared: PreparedStep, reply: ModelReply, usage: tuple[str, bytes]
+    ) -> ToolsPlan | EndPlan | None:
+        """The step's move, planned before the reply is stored, for ``ReplyMemo.save_and_check`` to
+        write with the reply in one round trip: the plan of ``reply``'s function calls (the move to
+        the tools phase; ``handle`` then only sends the first batch) or, for a final answer of a
+        layout-2 turn that needs no finish tool, the turn's end (``usage``: the step's record,
+        ``UsageLedger.row``; the totals add it to the earlier steps' records read with the step).
+        None when the reply does neither (``handle`` decides after it is stored)."""
         items, calls = self._calls(prepared, reply)
-        return self._tools_plan(prepared, reply, items, calls) if calls else None
+        layout2 = prepared.state.layout >= 2
+        if calls:
+            return self._tools_plan(prepared, reply, items, calls, usage=usage if layout2 else None)
+        if not layout2 or prepared.request.finish_tool:
+            return None
+        action, status, error = _answered(reply)
+        _, totals = UsageLedger.totals_of(True, [*prepared.usage_rows, usage[1]])
+        finished = TurnFinished(status.value, error, reply.text, totals)
+        writes = self.rt.store.moves.end_writes(
+            prepared.turn_id, items, status, final_output=reply.text, error=error,
+            model_calls=prepared.state.model_calls + 1, usage=usage, finished_event=finished.fields(),
+        )  # fmt: skip
+        return EndPlan(writes, action, status, error, reply.text, totals)
 
     def _calls(self, prepared: PreparedStep, reply: ModelReply) -> tuple[Items, Items]:
         """The reply's items to record and its function calls (``normalize_reply_calls``); calls
@@ -172,13 +198,21 @@ class ReplyHandler:
         """Validate and record the reply's calls, then send the first batch."""
         planned = self._tools_plan(prepared, reply, items, calls)
         try:
-            self.rt.store.apply_begin_tools(prepared.turn_id, prepared.step, planned.writes)
+            self.rt.store.moves.apply_begin_tools(prepared.turn_id, prepared.step, planned.writes)
         except StaleStep:
             return StepOutcome("dropped", "plan already recorded")
         return self._dispatch(prepared, planned)
 
-    def _tools_plan(self, prepared: PreparedStep, reply: ModelReply, items: Items, calls: Items) -> ToolsPlan:
-        """Validate the reply's calls and plan them (``plan_calls``, the approval gate's batches)."""
+    def _tools_plan(
+        self,
+        prepared: PreparedStep,
+        reply: ModelReply,
+        items: Items,
+        calls: Items,
+        usage: tuple[str, bytes] | None = None,
+    ) -> ToolsPlan:
+        """Validate the reply's calls and plan them (``plan_calls``, the approval gate's batches);
+        ``usage``: the step's record, written with the move (``Moves.begin_tools_writes``)."""
         turn_id, step, request, settings = prepared.turn_id, prepared.step, prepared.request, self.rt.settings
         planned, known_outputs, invalid_counts = plan_calls(
             turn_id,
@@ -197,7 +231,7 @@ class ReplyHandler:
         )
         batch_of = plan.batch_indexes()
         events = [CallPlanned.of(step, call, batch_of.get(call.call_id)).event() for call in planned]
-        writes = self.rt.store.begin_tools_writes(
+        writes = self.rt.store.moves.begin_tools_writes(
             turn_id,
             step,
             items,
@@ -207,6 +241,9 @@ class ReplyHandler:
             also=asks,
             events=events,
             model_calls=prepared.state.model_calls + 1,
+            known_deadline=prepared.state.deadline,
+            usage=usage,
+            layout=prepared.state.layout,
         )
         # The first batch's messages go with the move when they can (then ``_dispatch`` sends
         # nothing): the script that moves the step to its tools phase also queues its calls.
@@ -232,6 +269,15 @@ class ReplyHandler:
         if not self.gate.dispatch(turn_id, step, 0, plan, agent_id=request.agent_id):
             return StepOutcome("parked", "calls await approval")
         return StepOutcome("dispatched", detail)
+
+
+def _answered(reply: ModelReply) -> tuple[Action, TurnStatus, str | None]:
+    """The step's action, the turn's status and error for a final ``reply``: ``completed``, or
+    ``incomplete`` (with its error) when it stopped at the output-token limit."""
+    if reply.status == "incomplete":
+        reason = reply.incomplete_reason or "incomplete"
+        return "incomplete", TurnStatus.incomplete, f"the model's answer stopped at the output-token limit ({reason})"
+    return "completed", TurnStatus.completed, None
 
 
 class _OfferedSchemas(Mapping[str, Mapping[str, Any]]):

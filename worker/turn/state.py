@@ -72,6 +72,11 @@ def parse_results(raw: dict[bytes, bytes]) -> dict[str, CallResult]:
     return {k.decode(): CallResult.from_json(orjson.loads(v)) for k, v in raw.items()}
 
 
+def hash_pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    """A hash as a Lua script returns ``HGETALL`` (field, value, field, value...), as a dict."""
+    return dict(zip(flat[0::2], flat[1::2], strict=True))
+
+
 @dataclass
 class CallClaim:
     """What reading a call's view did about its claim (``Claims.begin_call``): ``tried`` is False
@@ -129,6 +134,8 @@ class StepView:
     cancelled: bool
     claim: StepClaim = field(default_factory=StepClaim)
     response_id: str | None = None  # a background response a former attempt started
+    # The usage records of the turn's steps so far, as stored (a layout-2 turn's hash fields).
+    usage_rows: list[bytes] = field(default_factory=list)
 
 
 def event_json(kind: str, data: dict[str, Any]) -> bytes:
@@ -160,6 +167,11 @@ class TurnState:
     updated_at: float = 0.0
     redrives: int = 0
     traceparent: str | None = None
+    # The progress deadline the last transition set (epoch s; 0: none stored), ``keys``' ``deadline``.
+    deadline: float = 0.0
+    # The turn's key layout (``keys.LAYOUT``), set at its creation: 1 for a turn created before the
+    # layout mark (its step keys as they were), 2 for one whose memo and usage are hash fields.
+    layout: int = 1
     # ``request`` as stored (JSON bytes), when read from the hash: ``turn_request`` parses it once
     # per process.
     request_raw: bytes | None = field(default=None, repr=False, compare=False)
@@ -200,6 +212,8 @@ class TurnState:
             updated_at=float(get(b"updated_at", b"0")),
             redrives=int(get(b"redrives", b"0")),
             traceparent=None if traceparent is None else traceparent.decode(),
+            deadline=float(get(b"deadline", b"0")),
+            layout=int(get(b"layout", b"1")),
             request_raw=raw_request,
         )
 

@@ -1,39 +1,37 @@
 """The turn's state in Redis between steps.
 
-One concept kept whole on purpose: every write to a turn's keys, so that the fencing rules (guards
-on ``step`` and ``phase``) can be read and checked in one place (claims and the barrier, the reply
-memo, approvals and usage are parts built on the same client: ``store.claims``, ``store.memo``,
-``store.approvals``, ``store.usage``).
-
-A turn is a chain of steps over this state; no task waits on another. Every transition is guarded:
-one Lua script (``worker.turn.guard``) checks the turn's current ``step`` and ``phase`` and only
-then applies the writes, so a duplicate or late message (``acks_late`` redelivery, watchdog
-re-drive) changes nothing: it is fenced out.
+What is read of a turn, its creation, its events, its progress watch and end hooks, and its cancel
+request, here; the rest are parts built on the same client, each one concept: ``store.moves`` (the
+guarded transitions from step to step and the turn's end: ``worker.turn.moves``, where the fencing
+rules on ``step`` and ``phase`` read as one), ``store.claims`` (who runs a step or a call),
+``store.barrier`` (a call's result and whose result closes a batch), ``store.memo`` (model
+replies), ``store.approvals`` (approval records and gates), ``store.usage`` (token usage per step).
 
 The keys are listed and named in ``worker.turn.keys``. No module outside the store (this module,
-``keys``, ``guard``, ``claims``, ``memo``, ``approvals``, ``usage``) reads or writes them, and the
-client is private: the parts and the Celery edge call the methods below
+``keys``, ``guard``, ``moves``, ``claims``, ``barrier``, ``memo``, ``approvals``, ``usage``) reads
+or writes them, and the client is private: the parts and the Celery edge call the methods below
 (``tests/unit/turn/test_store_owns_keys.py``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import orjson
 import redis
 
-from worker.model.items import unanswered_call_ids
 from worker.turn.approvals import ApprovalRecords
+from worker.turn.barrier import Barrier
 from worker.turn.claims import Claims
 from worker.turn.dispatch import Plan
 from worker.turn.durability import NO_REPLICAS, ReplicaAck
-from worker.turn.guard import CancelScript, CreateScript, GuardScript, Writes
-from worker.turn.keys import CANCELS_KEPT, CANCELS_KEY, FINISHING_KEY, WATCH_KEY, idem_key, index_key
+from worker.turn.guard import CancelScript, CreateScript
+from worker.turn.keys import CANCELS_KEPT, CANCELS_KEY, FINISHING_KEY, WATCH_KEY, creation_layout, idem_key, index_key
 from worker.turn.keys import key as _k
 from worker.turn.listing import TurnListing, title_of
 from worker.turn.memo import ReplyMemo
+from worker.turn.moves import HOOK_TIMEOUT, Moves, add_event
 from worker.turn.request import END_HOOK_METADATA, TurnStatus
 from worker.turn.state import (
     EVENTS_MAXLEN,
@@ -47,36 +45,35 @@ from worker.turn.state import (
 )
 from worker.turn.usage import UsageLedger
 
-HOOK_TIMEOUT = 60.0  # seconds before the watchdog re-sends a turn's end hooks
-
-
-def _interrupted(status: TurnStatus, started: bool) -> str:
-    """The output of a call the turn's end left without one (``TurnStore.fail``)."""
-    if started:
-        return f"Interrupted: the turn ended ({status.value}) before this call finished; its outcome is unknown."
-    return f"Interrupted: the turn ended ({status.value}) before this call started; it did not run."
-
 
 class TurnStore:
     """Redis-backed turn state. ``client`` is a ``redis.Redis`` (bytes responses), held privately:
     every read and write of a turn's keys is a method of the store or of one of its parts, built
-    here on the same client: ``claims`` (claims and the barrier), ``memo`` (model replies),
-    ``approvals`` (approval records and gates), ``usage`` (token usage per step).
-    ``progress_timeout``: seconds a turn may go without progress before the watchdog re-drives it."""
+    here on the same client (the module docstring names them). ``progress_timeout``: seconds a
+    turn may go without progress before the watchdog re-drives it; ``deadline_reuse``: seconds of
+    the progress deadline a move may leave unpushed (``Moves``)."""
 
-    def __init__(self, client: redis.Redis, *, progress_timeout: float = 600.0, durability: ReplicaAck = NO_REPLICAS):
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        progress_timeout: float = 600.0,
+        durability: ReplicaAck = NO_REPLICAS,
+        deadline_reuse: float = 0.0,
+    ):
         # redis-py types every reply as ``bytes | str``; this client answers bytes
         # (``decode_responses`` off), and the parsing below says what each reply is.
         self._r: Any = client
         self.progress_timeout = progress_timeout
         # The writes that fence side effects or money wait for replicas (worker.turn.durability).
         self.durability = durability
+        self.moves = Moves(client, progress_timeout=progress_timeout, deadline_reuse=deadline_reuse)
         self.claims = Claims(client, progress_timeout=progress_timeout, durability=durability)
+        self.barrier = Barrier(client, progress_timeout=progress_timeout)
         self.memo = ReplyMemo(client, durability)
         self.approvals = ApprovalRecords(client, progress_timeout=progress_timeout)
         self.usage = UsageLedger(client)
         self.listing = TurnListing(client)
-        self._guard = GuardScript(client, FINISHING_KEY)
         self._create = CreateScript(client)
         self._cancel = CancelScript(client)
         self._plans: dict[tuple[str, int], Plan] = {}
@@ -105,7 +102,13 @@ class TurnStore:
     def plan(self, turn_id: str, step: int) -> Plan | None:
         """The dispatch plan of ``step``, or None before it is recorded."""
         cached = self._plans.get((turn_id, step))
-        return cached if cached is not None else self._parse_plan(turn_id, step, self._r.get(_k(turn_id, "plan", step)))
+        if cached is not None:
+            return cached
+        with self._r.pipeline(transaction=False) as p:
+            p.hmget(_k(turn_id), "plan_step", "plan")  # a layout-2 turn's current plan (``begin_tools_writes``)
+            p.get(_k(turn_id, "plan", step))
+            (in_step, in_hash), raw = p.execute()
+        return self._parse_plan(turn_id, step, in_hash if in_step == str(step).encode() else raw)
 
     def _parse_plan(self, turn_id: str, step: int, raw: bytes | None) -> Plan | None:
         # A plan never changes once written: parse it once per process.
@@ -204,7 +207,7 @@ class TurnStore:
             return
         with self._r.pipeline(transaction=False) as p:
             for kind, data in events:
-                self._xadd(p, turn_id, kind, data)
+                add_event(p, turn_id, kind, data)
             p.execute()
 
     def create(
@@ -251,273 +254,18 @@ class TurnStore:
             "agent_id": agent_id,
             "title": title_of(request),
             **{"terminate": "0", "invalid_counts": "{}", "loaded_tools": "[]", "created_at": now},
-            # The watch's deadline as set here (``_touch`` keeps it): a step's claim reads it with the hash.
+            # The watch's deadline as set here (``Moves._touch`` keeps it): a step's claim reads it with the hash.
             **{"updated_at": now, "deadline": now + self.progress_timeout, "redrives": 0, **(fields or {})},
         }
+        layout = creation_layout()
+        if layout > 1:  # the layout mark (``keys``): a turn without it keeps the earlier keys
+            hash_fields["layout"] = layout
         items, idem = [orjson.dumps(i) for i in initial_items], idem_key(agent_id, idempotency_key or "")
         return CreateScript.arguments(
             keys, agent_id, turn_id, hash_fields, items, retention=RETENTION_SECONDS, deadline=now + self.progress_timeout,
             event=event_json("turn_queued", {}), events_maxlen=EVENTS_MAXLEN,
             idempotency_key=idem if idempotency_key else None, message=message,
         )  # fmt: skip
-
-    def _guarded(
-        self,
-        turn_id: str,
-        step: int,
-        phase: str,
-        write: Callable[[Writes], None],
-        *,
-        only_if_status: TurnStatus | None = None,
-        ends: bool = False,
-    ) -> bool:
-        """Apply the writes ``write(w)`` records, in one round trip, only if the turn is at
-        ``step``/``phase`` and not terminal (``worker.turn.guard``); ``only_if_status``: a turn in
-        another status is left unchanged; ``ends``: the transition ends the turn (its end hooks
-        are scheduled). Returns True when the ended turn has end hooks to run. Raises
-        ``StaleStep`` when fenced out (nothing written)."""
-        writes = Writes()
-        write(writes)
-        return self._guard.run(
-            turn_id,
-            step,
-            phase,
-            writes,
-            only_if_status=only_if_status.value if only_if_status is not None else None,
-            hooks_deadline=time.time() + HOOK_TIMEOUT if ends else None,
-        )
-
-    def _touch(self, pipe: Any, turn_id: str, fields: dict[str, Any], *, ends: bool = False) -> None:
-        # Progress: a new deadline (none when it ``ends``: ``_retire`` unwatches), re-drives from 0.
-        # The hash's ``deadline`` is the one set here, read by ``Claims.begin_step`` (which then
-        # need not push the watch's); other writers of the watch only push it later, so the field
-        # never claims a later deadline than the watch holds.
-        now = time.time()
-        if ends:
-            pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
-            return
-        deadline = now + self.progress_timeout
-        pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now, "deadline": deadline})
-        pipe.zadd(WATCH_KEY, {turn_id: deadline})
-
-    @staticmethod
-    def _count_model_call(pipe: Any, turn_id: str, fields: dict[str, Any], model_calls: int | None) -> None:
-        """``model_calls`` (the count with this call) into ``fields``, else an ``HINCRBY`` (exact: docs/architecture.md)."""
-        if model_calls is None:
-            pipe.hincrby(_k(turn_id), "model_calls", 1)
-        else:
-            fields["model_calls"] = model_calls
-
-    def mark_running(self, turn_id: str, step: int, event: dict[str, Any] | None = None) -> None:
-        """``queued`` -> ``running`` at the first step, with the ``turn_started`` event ``event``
-        in the same transaction (guarded; raises ``StaleStep`` if fenced out)."""
-
-        def w(pipe: Any) -> None:
-            self._touch(pipe, turn_id, {"status": TurnStatus.running.value})
-            if event is not None:
-                self._xadd(pipe, turn_id, "turn_started", event)
-
-        self._guarded(turn_id, step, "model", w, only_if_status=TurnStatus.queued)
-
-    def apply_begin_tools(self, turn_id: str, step: int, writes: Writes) -> None:
-        """Apply ``begin_tools_writes``'s writes, guarded on ``step``'s model phase (or have
-        ``ReplyMemo.save_and_check`` apply them with the reply). Raises ``StaleStep`` if another
-        delivery already moved the turn on."""
-        self._guarded(turn_id, step, "model", lambda w: w.recorded.extend(writes.recorded))
-
-    def begin_tools_writes(
-        self,
-        turn_id: str,
-        step: int,
-        reply_items: list[dict[str, Any]],
-        plan: Plan,
-        pre_results: dict[str, CallResult],
-        invalid_counts: dict[str, int],
-        loaded_tools: list[str] | None = None,
-        also: Callable[[Any], None] | None = None,
-        events: Sequence[tuple[str, dict[str, Any]]] = (),
-        model_calls: int | None = None,
-    ) -> Writes:
-        """The writes that record the reply's items and the dispatch plan and move the step to its
-        tools phase, unguarded (``apply_begin_tools``, or ``ReplyMemo.save_and_check``'s ``then``).
-        ``events`` (``[(kind, fields)]``, e.g. ``call_planned``) are appended and ``also(w)`` adds
-        writes (the approval requests of ``worker.turn.approvals``); ``model_calls``: ``_count_model_call``."""
-        writes = Writes()
-
-        def w(pipe: Any) -> None:
-            if reply_items:
-                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
-            # The calls a tool-call task may claim with its first read are named by their messages
-            # (``Plan.started_at_once``), no longer in a hash of the step's.
-            pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
-            if pre_results:
-                pipe.hset(
-                    _k(turn_id, "results", step), mapping={k: orjson.dumps(v.to_json()) for k, v in pre_results.items()}
-                )
-                pipe.expire(_k(turn_id, "results", step), RETENTION_SECONDS)
-            fields = {"phase": "tools", "invalid_counts": orjson.dumps(invalid_counts)}
-            if loaded_tools is not None:
-                fields["loaded_tools"] = orjson.dumps(loaded_tools)
-            self._count_model_call(pipe, turn_id, fields, model_calls)
-            self._touch(pipe, turn_id, fields)
-            for kind, data in events:
-                self._xadd(pipe, turn_id, kind, data)
-            if also is not None:
-                also(pipe)
-
-        w(writes)
-        return writes
-
-    def _xadd(self, pipe: Any, turn_id: str, kind: str, data: dict[str, Any]) -> None:
-        pipe.xadd(_k(turn_id, "events"), {"e": event_json(kind, data)}, maxlen=EVENTS_MAXLEN, approximate=True)
-
-    def finish_tools(
-        self,
-        turn_id: str,
-        step: int,
-        output_items: list[dict[str, Any]],
-        terminal: TurnStatus | None = None,
-        error: str | None = None,
-        loaded_tools: list[str] | None = None,
-    ) -> None:
-        """Append the outputs (emitted order) and move to the next step, or end the turn with ``terminal``."""
-
-        ended: dict[str, Any] = {}
-        if terminal is not None:
-            ended = {"status": terminal.value, **({"error": error} if error else {})}
-
-        def w(pipe: Any) -> None:
-            self._finish_tools(pipe, turn_id, step, output_items, loaded_tools, ended)
-            if terminal is not None:
-                self._retire(pipe, turn_id)
-
-        self._guarded(turn_id, step, "tools", w, ends=terminal is not None)
-
-    def next_step_writes(
-        self, turn_id: str, step: int, output_items: list[dict[str, Any]], loaded_tools: list[str] | None = None
-    ) -> Writes:
-        """``finish_tools``'s writes for a step that goes on to ``step + 1``, unguarded: for
-        ``Claims.record_and_check``, which applies them with the step's last result when the turn
-        is still at ``step``'s tools phase (``BatchCompletion.closing_writes``)."""
-        writes = Writes()
-        self._finish_tools(writes, turn_id, step, output_items, loaded_tools)
-        return writes
-
-    def _finish_tools(
-        self,
-        pipe: Any,
-        turn_id: str,
-        step: int,
-        output_items: list[dict[str, Any]],
-        loaded_tools: list[str] | None,
-        ended: dict[str, Any] | None = None,
-    ) -> None:
-        if output_items:
-            pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in output_items])
-        fields: dict[str, Any] = {"step": step + 1, "phase": "model", **(ended or {})}
-        if loaded_tools is not None:
-            fields["loaded_tools"] = orjson.dumps(loaded_tools)
-        self._touch(pipe, turn_id, fields, ends=bool(ended))
-
-    def continue_after_reply(
-        self, turn_id: str, step: int, items: list[dict[str, Any]], fields: dict[str, Any] | None = None
-    ) -> None:
-        """Record a reply that ran no tool plus follow-up input items, and move to step + 1."""
-
-        def w(pipe: Any) -> None:
-            if items:
-                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in items])
-            self._touch(pipe, turn_id, {"step": step + 1, "phase": "model", **(fields or {})})
-            pipe.hincrby(_k(turn_id), "model_calls", 1)
-
-        self._guarded(turn_id, step, "model", w)
-
-    def end_at_model_step(
-        self,
-        turn_id: str,
-        step: int,
-        reply_items: list[dict[str, Any]],
-        status: TurnStatus,
-        final_output: str | None = None,
-        error: str | None = None,
-        count_model_call: bool = True,
-        finished_event: dict[str, Any] | None = None,
-        model_calls: int | None = None,
-    ) -> bool:
-        """End the turn at a model step (final answer, cap reached, failure), with the
-        ``turn_finished`` event ``finished_event`` if given. Returns True when the turn has end
-        hooks to run (``END_HOOK_METADATA``)."""
-
-        def w(pipe: Any) -> None:
-            if reply_items:
-                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
-            fields: dict[str, Any] = {"status": status.value}
-            if final_output is not None:
-                fields["final_output"] = final_output
-            if error:
-                fields["error"] = error
-            if count_model_call:
-                self._count_model_call(pipe, turn_id, fields, model_calls)
-            self._touch(pipe, turn_id, fields, ends=True)
-            if finished_event is not None:
-                self._xadd(pipe, turn_id, "turn_finished", finished_event)
-            self._retire(pipe, turn_id)
-
-        return self._guarded(turn_id, step, "model", w, ends=True)
-
-    def fail(self, turn_id: str, status: TurnStatus, error: str) -> bool:
-        """End a non-terminal turn whatever its step (cancel, gateway failure, watchdog give-up).
-
-        Every ``function_call`` still without an output gets one (docs/architecture.md, "Batches"):
-        its stored result if the call finished, else an "Interrupted" output that says whether
-        the call started (a claim exists: its outcome is unknown) or never did (not run: an
-        approved call whose gate never opened, a call still queued); the cancel
-        flag is set so tools still running stop. Returns False if the turn had already ended.
-        """
-        key = _k(turn_id)
-        ended = False
-
-        def txn(pipe: Any) -> None:
-            nonlocal ended
-            ended = False  # redis-py runs this again when EXEC aborts (the turn changed meanwhile)
-            h = pipe.hgetall(key)
-            if not h or TurnStatus(h[b"status"].decode()).terminal:
-                return
-            items = [orjson.loads(x) for x in pipe.lrange(_k(turn_id, "items"), 0, -1)]
-            missing = unanswered_call_ids(items)
-            results: dict[str, CallResult] = {}
-            started: set[bytes] = set()
-            if missing:
-                step = int(h[b"step"])
-                results = parse_results(pipe.hgetall(_k(turn_id, "results", step)))
-                started = set(pipe.hkeys(_k(turn_id, "claims", step)))
-            pipe.multi()
-            outputs = []
-            for call_id in missing:
-                res = results.get(call_id)
-                text = res.output if res else _interrupted(status, call_id.encode() in started)
-                outputs.append(orjson.dumps({"type": "function_call_output", "call_id": call_id, "output": text}))
-            if outputs:
-                pipe.rpush(_k(turn_id, "items"), *outputs)
-            pipe.set(_k(turn_id, "cancel"), "1", ex=RETENTION_SECONDS)
-            pipe.zadd(CANCELS_KEY, {turn_id: time.time()})  # model calls in flight see it (``cancelled_of``)
-            pipe.zremrangebyscore(CANCELS_KEY, "-inf", f"({time.time() - CANCELS_KEPT}")
-            self._touch(pipe, turn_id, {"status": status.value, "error": error, "cancel": 1}, ends=True)
-            self._retire(pipe, turn_id)
-            if h.get(b"end_hooks") == b"1":  # until its hooks have run (``hooks_done``), the watchdog re-sends them
-                pipe.zadd(FINISHING_KEY, {turn_id: time.time() + HOOK_TIMEOUT})
-            ended = True
-
-        self._r.transaction(txn, key)
-        return ended
-
-    def _retire(self, pipe: Any, turn_id: str) -> None:
-        """Queue the retirement of an ended turn in ``pipe``: no longer watched, its keys expire. (Its
-        end hooks are scheduled by the caller: ``_guarded(ends=True)`` or ``fail``.) Not the cancel flag's: set with it."""
-        pipe.zrem(WATCH_KEY, turn_id)
-        # The usage hash has no expiry of its own before (``ReplyMemo.save_and_check``).
-        for key in (_k(turn_id), _k(turn_id, "items"), _k(turn_id, "events"), _k(turn_id, "usage")):
-            pipe.expire(key, RETENTION_SECONDS)
 
     def awaits_hooks(self, turn_id: str) -> bool:
         """True for an ended turn whose end hooks have not reported done (a workflow attempt or a

@@ -62,7 +62,9 @@ def handle_unread_reply(rt: TurnRuntime, end: TurnEnd, prepared: PreparedStep, e
         ended = end.at_model_step(turn_id, step, TurnStatus.failed, error)
         return StepOutcome("ended", "model_output", ended=ended)
     try:
-        store.continue_after_reply(turn_id, step, [user_message(instruction_text(exc))], {"unread_replies": misses})
+        store.moves.continue_after_reply(
+            turn_id, step, [user_message(instruction_text(exc))], {"unread_replies": misses}
+        )
     except StaleStep:
         return StepOutcome("dropped", "already continued")
     store.event(turn_id, "repair_instruction", step=step, reason="model_output", error=str(exc)[:500])

@@ -3,9 +3,11 @@
 The Responses API reports ``usage`` on every reply: ``input_tokens``, ``output_tokens``,
 ``total_tokens``, ``input_tokens_details.cached_tokens`` and
 ``output_tokens_details.reasoning_tokens`` (OpenAI API reference, "The response object").
-``UsageLedger`` keeps one record per step in the hash ``turn:{id}:usage`` (field = step
-number, first write wins, like the memoized reply it comes from), so a redelivered step
-never counts its tokens twice; totals are the sum of the steps.
+``UsageLedger`` keeps one record per step, in the hash ``turn:{id}:usage`` (field = step
+number) for a turn created before the layout mark, in the turn hash's ``usage:{n}`` fields for
+one created since (``worker.turn.keys``); first write wins, like the memoized reply it comes
+from (or the step's move, written with it once), so a redelivered step never counts its tokens
+twice; totals are the sum of the steps.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import orjson
 import redis
 
 from worker.turn.keys import key as _k
+from worker.turn.keys import usage_field
 from worker.turn.request import TokenBudget
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")
@@ -68,11 +71,38 @@ def budget_exceeded(totals: dict[str, int], budget: TokenBudget | None) -> str |
     return None
 
 
+# Record step ARGV[1]'s usage once and read the turn's records back, in the layout the turn hash's
+# mark names (``keys``): layout 2, the hash's ``usage:{n}`` fields (only on a turn that exists);
+# layout 1, the usage hash (which expires with the turn; a record made after its end sets it).
+# KEYS: turn hash, usage hash; ARGV: step, row, ttl ('' as row: read only). Returns {stored, rows}.
+_RECORD_LUA = """
+local layout = redis.call('HGET', KEYS[1], 'layout')
+if layout == '2' then
+  local stored = 0
+  if ARGV[2] ~= '' then stored = redis.call('HSETNX', KEYS[1], 'usage:' .. ARGV[1], ARGV[2]) end
+  local h, rows = redis.call('HGETALL', KEYS[1]), {}
+  for i = 1, #h, 2 do
+    if string.sub(h[i], 1, 6) == 'usage:' then rows[#rows + 1] = h[i + 1] end
+  end
+  return {stored, rows}
+end
+local stored = 0
+if ARGV[2] ~= '' then
+  stored = redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2])
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+end
+return {stored, redis.call('HVALS', KEYS[2])}
+"""
+
+
 class UsageLedger:
-    """Per-step usage records of turns in Redis (``client``: a ``redis.Redis``, bytes responses)."""
+    """Per-step usage records of turns in Redis (``client``: a ``redis.Redis``, bytes responses):
+    the usage hash of a layout-1 turn, the turn hash's ``usage:{n}`` fields of a layout-2 one
+    (``worker.turn.keys``)."""
 
     def __init__(self, client: redis.Redis):
         self._r = client
+        self._record = client.register_script(_RECORD_LUA)
 
     def record_and_total(
         self, turn_id: str, step: int, usage: dict[str, int], model: str = ""
@@ -80,40 +110,27 @@ class UsageLedger:
         """Record the usage of model step ``step`` once, and read the turn's totals after it (as
         ``totals``), in one round trip. Returns ``(stored, totals)``: ``stored`` is False for a
         redelivery, already counted."""
-        p = self._r.pipeline(transaction=False)
-        self.queue_record(p, turn_id, step, usage, model)
-        return self.recorded(p.execute())
+        _, row = self.row(step, usage, model)
+        stored, rows = self._record(keys=[_k(turn_id), _k(turn_id, "usage")], args=[step, row, RETENTION_SECONDS])
+        return self.totals_of(bool(stored), rows)
 
     @staticmethod
-    def queue_record(pipe: Any, turn_id: str, step: int, usage: dict[str, int], model: str = "") -> None:
-        """Queue in ``pipe`` the record of step ``step`` (first write wins) and a read of all the
-        turn's records: three commands, whose replies ``recorded`` reads."""
-        key = _k(turn_id, "usage")
-        pipe.hsetnx(key, *UsageLedger.row(step, usage, model))
-        pipe.expire(key, RETENTION_SECONDS)
-        pipe.hvals(key)
-
-    @staticmethod
-    def row(step: int, usage: dict[str, int], model: str = "") -> tuple[str, bytes]:
-        """Step ``step``'s record as its field and value in the turn's usage hash (what
-        ``queue_record`` writes), for ``ReplyMemo.save_and_check``."""
-        return str(step), orjson.dumps({"step": step, "model": model, **usage})
+    def row(step: int, usage: dict[str, int], model: str = "", *, layout: int = 1) -> tuple[str, bytes]:
+        """Step ``step``'s record as its field and value: in the turn's usage hash (layout 1), or in
+        the turn hash (layout 2, ``keys.usage_field``), for ``ReplyMemo.save_and_check``."""
+        field = usage_field(step) if layout >= 2 else str(step)
+        return field, orjson.dumps({"step": step, "model": model, **usage})
 
     @staticmethod
     def totals_of(stored: bool, rows: list[bytes]) -> tuple[bool, dict[str, int]]:
         """``(stored, totals)`` from a record's outcome and the turn's usage rows read after it."""
         return stored, _sum([orjson.loads(v) for v in rows])
 
-    @staticmethod
-    def recorded(replies: list[Any]) -> tuple[bool, dict[str, int]]:
-        """``(stored, totals)`` from the three replies of ``queue_record``."""
-        stored, _, rows = replies
-        return UsageLedger.totals_of(bool(stored), rows)
-
     def steps(self, turn_id: str) -> list[dict[str, Any]]:
         """``[{"step", "model", input_tokens, output_tokens, total_tokens, cached_tokens, reasoning_tokens}]``
         ordered by step."""
-        rows = [orjson.loads(v) for v in self._r.hvals(_k(turn_id, "usage"))]
+        _, raw = self._record(keys=[_k(turn_id), _k(turn_id, "usage")], args=[0, "", RETENTION_SECONDS])
+        rows = [orjson.loads(v) for v in raw]
         return sorted(rows, key=lambda r: r["step"])
 
     def totals(self, turn_id: str) -> dict[str, int]:

@@ -24,7 +24,9 @@ STORE_MODULES = frozenset(
         "worker/turn/store.py",
         "worker/turn/keys.py",
         "worker/turn/guard.py",
+        "worker/turn/moves.py",
         "worker/turn/claims.py",
+        "worker/turn/barrier.py",
         "worker/turn/memo.py",
         "worker/turn/approvals.py",
         "worker/turn/usage.py",
@@ -61,7 +63,7 @@ def _store_reach(node: ast.Attribute) -> bool:
     if node.attr == "r":
         inner = node.value
         name = inner.attr if isinstance(inner, ast.Attribute) else inner.id if isinstance(inner, ast.Name) else ""
-        return name in {"store", "claims", "memo", "approvals", "usage"}
+        return name in {"store", "moves", "claims", "barrier", "memo", "approvals", "usage"}
     return False
 
 
