@@ -322,18 +322,20 @@ def main() -> None:
         srv.start()
     except EmbeddedRedisError as exc:
         sys.exit(f"error: {exc}")
-    env = write_env_file(args.env_file, {"REDIS_URL": srv.url, "CONTROL_REDIS_URL": srv.control_url})
-    print(f"embedded Redis on {redact_url(srv.url)} (ACL users worker and control, fresh passwords)", flush=True)
-    print(f"data kept in {args.data_dir} (append-only file, fsync on every write)", flush=True)
-    print(f"credentials in {env} (mode 0600); in each terminal: . {env}", flush=True)
-    assert srv.proc is not None  # start() returned: the server runs
+    # Everything after start() inside the try: a signal at any point still removes the credentials
+    # (first: stopping the server can itself be cut short) and stops the server.
     try:
+        env = write_env_file(args.env_file, {"REDIS_URL": srv.url, "CONTROL_REDIS_URL": srv.control_url})
+        print(f"embedded Redis on {redact_url(srv.url)} (ACL users worker and control, fresh passwords)", flush=True)
+        print(f"data kept in {args.data_dir} (append-only file, fsync on every write)", flush=True)
+        print(f"credentials in {env} (mode 0600); in each terminal: . {env}", flush=True)
+        assert srv.proc is not None  # start() returned: the server runs
         srv.proc.wait()
     except KeyboardInterrupt:
         pass
     finally:
-        srv.stop()
         args.env_file.unlink(missing_ok=True)
+        srv.stop()
 
 
 if __name__ == "__main__":
