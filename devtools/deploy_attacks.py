@@ -62,8 +62,8 @@ def sandbox_turn(dep: Deployment) -> str:
         wrong["uid"] = uid  # the agent's own host uid, never root's
     # "CapInh:0000000000000000 ... NoNewPrivs:1": every capability set empty, no_new_privs on
     status = "\n".join(report.get("capabilities", "").split())
-    if command_held(status):
-        wrong["capabilities"] = "; ".join(command_held(status))
+    if held := command_held(status):
+        wrong["capabilities"] = "; ".join(held)
     if wrong:
         raise CheckFailed(f"the sandbox let the command see or do {wrong} (expected {expected})")
     if any(s in out for s in dep.secrets()):

@@ -60,6 +60,7 @@ class JsonRequest(Request):
     """A ``Request`` whose ``json()`` is ``strict_loads``'s."""
 
     async def json(self) -> object:
+        """The body as JSON (``strict_loads``: raises ``json.JSONDecodeError``), read once."""
         if not hasattr(self, "_json"):
             self._json = strict_loads(await self.body())
         return self._json
@@ -69,6 +70,7 @@ class JsonRoute(APIRoute):
     """An ``APIRoute`` handing its endpoint a ``JsonRequest``."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[object, object, Response]]:
+        """FastAPI's handler for this route, given each request as a ``JsonRequest``."""
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:

@@ -34,23 +34,6 @@ def test_what_orjson_refuses_goes_to_kombus_decoding():
     assert broker.loads(str(2**70)) == 2**70 and isinstance(broker.loads(str(2**70)), int)
 
 
-@pytest.mark.parametrize(
-    "text, long",
-    [
-        ("1" * 18, False),
-        ("1" * 19, True),
-        ("x" + "9" * 19 + "y", True),
-        ("1" * 18 + "a" + "1" * 18, False),
-        ("0123456789" * 2, True),
-        ('{"n": -' + str(2**64) + "}", True),
-        ("", False),
-        ("/:" * 20, False),
-    ],
-)
-def test_a_run_of_19_digits_is_found_wherever_it_is(text, long):
-    assert broker._has_long_number(text.encode()) is long
-
-
 @pytest.mark.parametrize("n", [2**64, -(2**63) - 1, 10**19, 10**30])
 def test_an_integer_beyond_64_bits_keeps_its_exact_value(n):
     text = f'{{"headers": {{"n": {n}}}, "body": "W1siYSIsIDBdLCB7fSwgeyJjYWxsYmFja3MiOiBudWxsfV0="}}'

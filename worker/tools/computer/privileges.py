@@ -83,6 +83,9 @@ class Privileges:
 
     @classmethod
     def parse(cls, status: str) -> "Privileges":
+        """The lines of ``status`` (a ``/proc/<pid>/status`` text, proc(5)): each ``Cap*`` set as
+        an int from its hex mask, ``NoNewPrivs`` from its decimal; a line missing or not a number
+        is ``None`` (never raises), which ``command_held`` counts as held."""
         fields: dict[str, str] = {}
         for line in status.splitlines():
             key, sep, value = line.partition(":")
