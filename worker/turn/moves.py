@@ -74,7 +74,7 @@ class Moves:
             phase,
             writes,
             only_if_status=only_if_status.value if only_if_status is not None else None,
-            hooks_deadline=time.time() + HOOK_TIMEOUT if ends else None,
+            hooks_deadline=self.hooks_deadline() if ends else None,
         )
 
     def _touch(
@@ -89,10 +89,8 @@ class Moves:
         # of a new one, it stays (the hash's field and the watch's score with it): a turn is
         # re-driven after at least ``progress_timeout - deadline_reuse`` s without progress.
         now = time.time()
-        if ends:
-            pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
-            return
-        if self.deadline_reuse > 0 and known_deadline >= now + self.progress_timeout - self.deadline_reuse:
+        reused = self.deadline_reuse > 0 and known_deadline >= now + self.progress_timeout - self.deadline_reuse
+        if ends or reused:
             pipe.hset(_k(turn_id), mapping={"redrives": 0, **fields, "updated_at": now})
             return
         deadline = now + self.progress_timeout
@@ -143,39 +141,35 @@ class Moves:
         asks no approval in its hash (``plan``, ``plan_step``: the move's own ``HSET``), read by
         the step's calls with the hash; the plan of one that asks is kept in ``plan:{n}`` (the
         approvals' pages read it after the turn moved on)."""
-        writes = Writes()
-
-        def w(pipe: Writes) -> None:
-            if reply_items:
-                pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
-            # The calls a tool-call task may claim with its first read are named by their messages
-            # (``Plan.started_at_once``), no longer in a hash of the step's.
-            in_hash = layout >= 2 and also is None
-            if not in_hash:
-                pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
-            if pre_results:
-                pipe.hset(
-                    _k(turn_id, "results", step), mapping={k: orjson.dumps(v.to_json()) for k, v in pre_results.items()}
-                )
-                pipe.expire(_k(turn_id, "results", step), RETENTION_SECONDS)
-            fields: Fields = {"phase": "tools", "invalid_counts": orjson.dumps(invalid_counts)}
-            if loaded_tools is not None:
-                fields["loaded_tools"] = orjson.dumps(loaded_tools)
-            _count_model_call(pipe, turn_id, fields, model_calls)
-            if usage is not None:
-                fields[usage[0]] = usage[1]
-            if in_hash:
-                fields["plan"], fields["plan_step"] = orjson.dumps(plan.to_json()), step
-                if pre_results:  # a result stored: the step is not closed without keeping them (``Barrier``)
-                    fields["results_step"] = step
-            self._touch(pipe, turn_id, fields, known_deadline=known_deadline)
-            for kind, data in events:
-                add_event(pipe, turn_id, kind, data)
-            if also is not None:
-                also(pipe)
-
-        w(writes)
-        return writes
+        pipe = Writes()
+        if reply_items:
+            pipe.rpush(_k(turn_id, "items"), *[orjson.dumps(i) for i in reply_items])
+        # The calls a tool-call task may claim with its first read are named by their messages
+        # (``Plan.started_at_once``), no longer in a hash of the step's.
+        in_hash = layout >= 2 and also is None
+        if not in_hash:
+            pipe.set(_k(turn_id, "plan", step), orjson.dumps(plan.to_json()), ex=RETENTION_SECONDS)
+        if pre_results:
+            pipe.hset(
+                _k(turn_id, "results", step), mapping={k: orjson.dumps(v.to_json()) for k, v in pre_results.items()}
+            )
+            pipe.expire(_k(turn_id, "results", step), RETENTION_SECONDS)
+        fields: Fields = {"phase": "tools", "invalid_counts": orjson.dumps(invalid_counts)}
+        if loaded_tools is not None:
+            fields["loaded_tools"] = orjson.dumps(loaded_tools)
+        _count_model_call(pipe, turn_id, fields, model_calls)
+        if usage is not None:
+            fields[usage[0]] = usage[1]
+        if in_hash:
+            fields["plan"], fields["plan_step"] = orjson.dumps(plan.to_json()), step
+            if pre_results:  # a result stored: the step is not closed without keeping them (``Barrier``)
+                fields["results_step"] = step
+        self._touch(pipe, turn_id, fields, known_deadline=known_deadline)
+        for kind, data in events:
+            add_event(pipe, turn_id, kind, data)
+        if also is not None:
+            also(pipe)
+        return pipe
 
     def finish_tools(
         self,
