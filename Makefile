@@ -136,7 +136,7 @@ stack: $(STAMP)
 redis: $(STAMP)
 	$(PY) -m devtools.embedded_redis --port 6390
 
-# The node's two pools (threads for turns/background/workflow, prefork for tools), restarted if they exit.
+# The node's two pools (solo for turns/background/workflow, prefork for tools), restarted if they exit.
 worker: $(STAMP)
 	@: $${REDIS_URL:?set REDIS_URL to the Redis of your stack (make redis starts one: . var/redis.env)}
 	AGENT_COMMAND_EXTRA_PATH=$${AGENT_COMMAND_EXTRA_PATH:-$(COMMAND_PATH)} \

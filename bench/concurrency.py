@@ -6,9 +6,10 @@ gateway behind ``devtools.hosted_endpoint``: HTTP/1.1 keep-alive and chunked str
 hosted API answers (``scripted``: the bare gateway, a connection per request); ``--stream``
 makes the runtime stream its model calls (the floor posts JSON). Model calls that waited for
 their read timeout (``--model-timeout``, 30 s) are counted from the turns' ``model_retry`` events.
-The node runs the steps' queue on the pool under
-test, the tool calls on prefork (as deployed). The floor is ``bench/bare_celery.py``: the same
-turn shape as three bare Celery tasks on the same broker, pools and endpoint, posting the same
+The node runs the steps' queue on ``--ours-pool`` (solo, as
+deployed), the tool calls on prefork (as deployed). The floor is ``bench/bare_celery.py``: the same
+turn shape as three bare Celery tasks on the same broker and endpoint (its steps on ``--pools``,
+threads by default: a bare model call holds its thread; its tools on prefork), posting the same
 request body as the runtime (its tool definitions; ``--floor-body minimal`` posts only the model
 and the input), with nothing of the runtime (no turn store, fencing, validation or events). Both
 run in this one process's measurement, in alternation (who goes first alternates too), against
@@ -291,8 +292,10 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", type=int, default=0, help="the floor's pool; default: turns (threads) or 8 (prefork)"
     )
+    parser.add_argument("--ours-pool", default="solo",
+                        help="the runtime's steps pool: solo (as deployed), threads, prefork, or 'same' (the floor's)")  # fmt: skip
     parser.add_argument("--ours-concurrency", type=int, default=0,
-                        help="the runtime's steps pool; default: 16 (threads: model calls wait on the event loop) or 8 (prefork)")  # fmt: skip
+                        help="the runtime's steps pool size; default: 16 (threads: model calls wait on the event loop) or 8 (prefork)")  # fmt: skip
     parser.add_argument("--p2", action="store_true",
                         help="P2 instead: the runtime alone at --latency and at 0 s, alternated; turns/s and CPU per turn")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=4, help="alternated floor/runtime rounds per pool")
@@ -327,22 +330,31 @@ def main() -> None:
     try:
         if args.p2:
             for pool in args.pools.split(","):
-                p2(srv, gw, args, pool, args.ours_concurrency or (16 if pool == "threads" else 8), logs)
+                op = pool if args.ours_pool == "same" else args.ours_pool
+                p2(
+                    srv,
+                    gw,
+                    args,
+                    op,
+                    1 if op == "solo" else args.ours_concurrency or (16 if op == "threads" else 8),
+                    logs,
+                )
             return
         for pool in args.pools.split(","):
             c = args.concurrency or (args.turns if pool == "threads" else 8)
-            oc = args.ours_concurrency or (16 if pool == "threads" else 8)
+            op = pool if args.ours_pool == "same" else args.ours_pool
+            oc = 1 if op == "solo" else args.ours_concurrency or (16 if op == "threads" else 8)
             ratios = []
             for i in range(args.rounds):  # alternated, and which goes first too: drift hits both alike
                 if i % 2:
                     bare = run_bare(srv, gw, args.turns, pool, c, logs, args.floor_body == "minimal")
-                    ours = run_ours(srv, gw, args.turns, pool, oc, logs)
+                    ours = run_ours(srv, gw, args.turns, op, oc, logs)
                 else:  # the runtime first: the floor posts the request body it posted
-                    ours = run_ours(srv, gw, args.turns, pool, oc, logs)
+                    ours = run_ours(srv, gw, args.turns, op, oc, logs)
                     bare = run_bare(srv, gw, args.turns, pool, c, logs, args.floor_body == "minimal")
                 ratios.append(ours["wall"] / bare["wall"])
-                for name, m, cc in (("bare", bare, c), ("ours", ours, oc)):
-                    print(f"{pool + ' -c ' + str(cc):10} {name:8} {m['wall']:7.2f} {m['wall'] / ideal:7.2f} "
+                for name, m, pp, cc in (("bare", bare, pool, c), ("ours", ours, op, oc)):
+                    print(f"{pp + ' -c ' + str(cc):10} {name:8} {m['wall']:7.2f} {m['wall'] / ideal:7.2f} "
                           f"{m['wall'] / bare['wall']:7.2f} {args.turns / m['wall']:8.1f} {m['peak']:9d} "
                           f"{m['unfinished']:10d} {m['failed']:6d} {m['timed_out']:9d} {m['rss']:7.0f} {m['enqueue']:9.2f} "
                           f"{m['redis_calls']:15.0f}   "

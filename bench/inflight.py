@@ -3,8 +3,8 @@
 N turns (``--turns``, 10,000) of (model call, one tool call, model call) against the scripted
 gateway answering after ``--latency`` seconds (30), served by ``devtools.async_endpoint`` in a
 process of its own (HTTP/1.1 keep-alive, the Responses API's server-sent events: the runtime
-streams). One node: the steps' queue on a threads pool of ``--concurrency`` (16; model calls wait
-on the process's event loop, not a thread), the tool calls on prefork ``-c 2``, both with their
+streams). One node: the steps' queue on ``--pool`` (solo, as deployed; or threads of ``--concurrency``,
+16; model calls wait on the process's event loop, not a thread), the tool calls on prefork ``-c 2``, both with their
 metrics server on (``AGENT_METRICS_PORT``): a deployment's health check is that ``/metrics``
 answers (compose.yaml, deploy/kubernetes/workers.yaml). The turns are enqueued by ``--enqueuers``
 processes through the Python client (``control.client.ControlPlane``).
@@ -225,7 +225,8 @@ def run_round(srv: EmbeddedRedis, args: argparse.Namespace, logs: Path, scripts:
     os.environ.update(REDIS_URL=srv.url, AGENT_EXTRA_TOOLSETS=env["AGENT_EXTRA_TOOLSETS"])
     os.environ.pop("CONTROL_REDIS_URL", None)
     tools_env = {**env, "AGENT_METRICS_PORT": str(metrics_port + 1)}
-    steps = _spawn(_celery("tasks.app", "turns", "threads", args.concurrency), env, ROOT, logs / f"steps-{n_round}.log")
+    pool, concurrency = (args.pool, args.concurrency) if args.pool == "threads" else (args.pool, 1)
+    steps = _spawn(_celery("tasks.app", "turns", pool, concurrency), env, ROOT, logs / f"steps-{n_round}.log")
     tools = _spawn(_celery("tasks.app", "tools", "prefork", 2), tools_env, ROOT, logs / f"tools-{n_round}.log")
     probe_out = logs / f"probe-{n_round}.jsonl"
     prober = None
@@ -319,7 +320,10 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10_000)
     parser.add_argument("--latency", type=float, default=30.0, help="seconds the model takes to answer")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--concurrency", type=int, default=16, help="threads of the steps worker")
+    parser.add_argument(
+        "--pool", choices=("solo", "threads"), default="solo", help="the steps worker's pool (solo, as deployed)"
+    )
+    parser.add_argument("--concurrency", type=int, default=16, help="threads of the steps worker (--pool threads)")
     parser.add_argument("--enqueuers", type=int, default=2, help="processes enqueueing the turns")
     parser.add_argument("--model-timeout", type=float, default=0.0, help="read timeout (s); default 2 x latency")
     parser.add_argument("--probe-interval", type=float, default=1.0, help="seconds between /metrics probes")

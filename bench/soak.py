@@ -1,6 +1,6 @@
 """Kill-loop soak (``make soak``): turns keep running while their processes and Redis are killed.
 
-One node as ``make stack`` runs it (``devtools.workers``: a threads pool for the steps, prefork
+One node as ``make stack`` runs it (``devtools.workers``: a solo pool for the steps, prefork
 for the tools, beat, all under the supervisor that restarts what exits), an embedded Redis with
 an append-only file, and the scripted gateway as its own process (``--latency``). ``--turns``
 turns are enqueued over the run; each makes three model calls and three tool calls, two of them
@@ -372,7 +372,7 @@ def main() -> None:
         get_settings.cache_clear()
         worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
         restarted: list[tuple[float, str]] = []
-        commands = worker_commands(io_concurrency=64, tools_concurrency=2, loglevel="WARNING")
+        commands = worker_commands(tools_concurrency=2, loglevel="WARNING")
         node_recovery = None if args.no_node_recovery else NodeRecovery(set(commands))
         sup = Supervisor(
             logs, on_restart=lambda name, code: restarted.append((time.time(), name)), on_exit=node_recovery

@@ -6,8 +6,11 @@ A step is one model call and one tool call. The floor (``bench/bare_celery.py``,
 runtime. The runtime's step is its real one: claims, memo, validation, plan, barrier, events,
 usage, the next step's message. The tool itself does no I/O on either side (the runtime's
 ``read_thing`` from ``tests.support.toolsets.bench_tools``, without the tests' log; the floor's
-only appends its output, the counterpart of the runtime storing the result). Both run K turns of N steps at once on the same pools (steps on
-threads, tools on prefork ``-c 2``, as deployed) against the keep-alive model endpoint
+only appends its output, the counterpart of the runtime storing the result). Both run K turns
+of N steps at once, the tools on prefork ``-c 2`` (as deployed) and the steps on the pool each is
+deployed on: the runtime's on solo, its model calls on the event loop (on threads ``-c 16`` with
+``--calls inline``); the floor's on threads ``-c 16``, a bare model call holding its thread. Both
+call the keep-alive model endpoint
 (``devtools/hosted_endpoint.py``) answering at once; floor and runtime alternate (and which goes
 first), and each round reports milliseconds per step (wall time over K x N steps) and the ratio.
 ``--stream`` makes the runtime stream its model calls (the floor posts JSON either way: the
@@ -69,7 +72,9 @@ def run_ours(
 
     get_settings.cache_clear()
     try:
-        steps_w = harness._spawn(harness._celery("tasks.app", "turns", "threads", 16), env, ROOT, logs / "p1-ours.log")
+        # Solo as deployed; an inline model call holds its thread, so ``--calls inline`` needs threads.
+        pool, size = ("threads", 16) if calls == "inline" else ("solo", 1)
+        steps_w = harness._spawn(harness._celery("tasks.app", "turns", pool, size), env, ROOT, logs / "p1-ours.log")
         tools_w = harness._spawn(
             harness._celery("tasks.app", "tools", "prefork", 2), env, ROOT, logs / "p1-ours-tools.log"
         )

@@ -5,7 +5,7 @@
   ``--serve`` they go to ``var/stack.env`` (mode 0600) for other shells to source.
 - Model: ``OPENAI_BASE_URL`` (+ ``OPENAI_API_KEY``, ``OPENAI_MODEL``) if set, else the
   scripted gateway playing ``scripts/<demo>.json``.
-- Workers: the node's two pools (``devtools.workers``: threads for the queues that wait on
+- Workers: the node's two pools (``devtools.workers``: solo for the queues that wait on
   the model, prefork for ``tools``) and celery beat (redbeat) firing schedules and the
   watchdog sweep, all restarted if they exit (a Redis restart they did not survive).
 - Snapshots (``--serve``: ``make stack``): unless ``AGENT_SNAPSHOT_STORE`` is set, a SeaweedFS S3
@@ -291,7 +291,7 @@ def start_stack(stack: Stack, demo: str, snapshots: bool = False, sentinel: bool
     beat_env = {k: v for k, v in worker_env.items() if k not in ("OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY")}
     stack.supervisor.start("beat", beat_command(), env=beat_env)
     _wait_worker(stack)
-    console.print("workers up: turns, background, workflow on a threads pool; tools on prefork; beat (redbeat) up\n")
+    console.print("workers up: turns, background, workflow on a solo pool; tools on prefork; beat (redbeat) up\n")
 
 
 def seed_home(agent_id: str) -> Path:

@@ -20,7 +20,7 @@ Reads ``<DIR>/host.env`` (written by ``devtools.hosts_config``; DIR defaults to
 Redis and Sentinel rewrite their configuration files (Sentinel its state; Redis its
 ``replicaof`` after a failover), so each is copied from DIR into its data directory at the first
 start and that copy is used from then on. Each process gets only its share of ``host.env``: the
-model's key reaches only the threads pool, the object store's keys only the tools pool, the
+model's key reaches only the I/O pool, the object store's keys only the tools pool, the
 control user's password only the API, Flower's password only Flower.
 """
 

@@ -50,7 +50,7 @@ from devtools.redis_configs import (
 )
 
 DEFAULT_DIR = Path("/srv/agent")
-METRICS_PORT = 9808  # the threads pool; the tools pool serves on the next port (devtools.workers.pool_env)
+METRICS_PORT = 9808  # the I/O pool; the tools pool serves on the next port (devtools.workers.pool_env)
 API_PORT = 8700
 FLOWER_PORT = 5555
 PROMETHEUS_PORT = 9090
@@ -194,7 +194,7 @@ def prometheus_yml(dep: Deployment) -> str:
             )
     return (
         "# Prometheus for the agent runtime on several machines (python -m devtools.hosts_config).\n"
-        "# Each worker machine serves its threads pool's metrics on 9808 and its tools pool's on 9809,\n"
+        "# Each worker machine serves its I/O pool's metrics on 9808 and its tools pool's on 9809,\n"
         "# on its own address (AGENT_METRICS_ADDR): add a machine here when you add one.\n"
         "global:\n  scrape_interval: 10s\n"
         f"rule_files: [{dep.config_dir / 'alerts.yml'}]\n"

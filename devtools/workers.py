@@ -4,8 +4,12 @@ Two pools, because the queues wait on different things (a model call waits on th
 a tool call uses a core and needs a process of its own to be killed on a time limit):
 
 - ``turns``, ``background``, ``workflow``: steps that wait on the model for seconds. They run
-  on an I/O pool (``--pool threads``, 32 threads by default: model calls wait on the event loop, not a thread) so one
-  node keeps hundreds of model calls in flight instead of one per process.
+  on an I/O pool that runs tasks in its own process (``--pool solo`` by default: a step's Redis
+  work runs on the consumer's own thread, and its model call waits on the process's event loop,
+  not a thread), so one node keeps thousands of model calls in flight instead of one per process.
+  ``AGENT_IO_POOL=threads`` (with ``AGENT_IO_CONCURRENCY`` threads, 32) runs the steps on a thread
+  pool instead: needed for ``AGENT_MODEL_CALLS=inline``, and about 10% more CPU per turn
+  (bench/README.md, "Worker CPU per turn, third pass").
 - ``tools``: tool calls, CPU and isolation sensitive, with Celery time limits: ``prefork``,
   one process per core by default.
 
@@ -62,19 +66,26 @@ def worker_argv(
 
 def worker_commands(
     *,
+    io_pool: str | None = None,
     io_concurrency: int | None = None,
     tools_concurrency: int | None = None,
     loglevel: str = "INFO",
     tag: str | None = None,
 ) -> dict[str, list[str]]:
     """``{name: argv}`` of the node's two workers, named ``io-<tag>@<host>`` and ``tools-<tag>@<host>``.
-    Concurrency defaults: ``AGENT_IO_CONCURRENCY`` (32 threads) and ``AGENT_TOOLS_CONCURRENCY``
-    (the number of cores)."""
-    io_c = io_concurrency or int(os.environ.get("AGENT_IO_CONCURRENCY", "32"))
+    The I/O pool: ``io_pool``, else ``AGENT_IO_POOL``, else ``solo``; a ``threads`` pool has
+    ``io_concurrency``, else ``AGENT_IO_CONCURRENCY`` (32) threads. The tools pool's processes:
+    ``tools_concurrency``, else ``AGENT_TOOLS_CONCURRENCY`` (the number of cores). Raises
+    ``ValueError`` for an I/O pool other than ``solo`` or ``threads`` (a prefork child would make
+    its model calls inline, one at a time)."""
+    pool = io_pool or os.environ.get("AGENT_IO_POOL") or "solo"
+    if pool not in ("solo", "threads"):
+        raise ValueError(f"AGENT_IO_POOL must be solo or threads, not {pool!r}")
+    io_c = (io_concurrency or int(os.environ.get("AGENT_IO_CONCURRENCY", "32"))) if pool == "threads" else None
     tools_c = tools_concurrency or int(os.environ.get("AGENT_TOOLS_CONCURRENCY", str(os.cpu_count() or 2)))
     tag = tag or uuid.uuid4().hex[:4]
     return {
-        "worker-io": worker_argv(IO_QUEUES, name=f"io-{tag}@%h", pool="threads", concurrency=io_c, loglevel=loglevel),
+        "worker-io": worker_argv(IO_QUEUES, name=f"io-{tag}@%h", pool=pool, concurrency=io_c, loglevel=loglevel),
         "worker-tools": worker_argv(
             TOOL_QUEUES, name=f"tools-{tag}@%h", pool="prefork", concurrency=tools_c, loglevel=loglevel
         ),

@@ -16,9 +16,9 @@ from typing import Any, Callable, Mapping
 from kombu.exceptions import BatchPublishError, OperationalError  # type: ignore[attr-defined]  # kombu 5.7; not in the stubs yet
 
 from tasks.app import app, broker_connection
+from tasks.message_template import MessageTemplate
 from tasks.recorded_publish import RecordingProducer, Unrecordable
 from tasks.services import turn_services
-from tasks.step_template import StepTemplate
 from worker.placement.records import Placement, node_queue
 from worker.redis_connection import RedisEndpoint, redis_endpoint
 from worker.settings import get_settings
@@ -46,6 +46,11 @@ SEND_OPTIONS: dict[str, Any] = {"ignore_result": True, "kwargsrepr": "{}", "decl
 # read: the end of its ``call_started`` event, or "" (``Plan.started_at_once``).
 STARTED_HEADER = "call_started"
 
+# What sends one message, given extra ``apply_async`` options (``publish``).
+Sender = Callable[[dict[str, Any]], Any]
+# A template's key: the task, its queue and the custom headers its messages carry.
+TemplateKey = tuple[str, str, tuple[str, ...]]
+
 
 class _Sent:
     """What ``app.send_task`` returns for a message ``_send`` sends: the task's id, nothing else.
@@ -72,7 +77,7 @@ def _send(name: str, args: tuple[Any, ...], options: dict[str, Any]) -> None:
     app.send_task(name, args, result_cls=_Sent, add_to_parent=False, **given)  # type: ignore[arg-type]
 
 
-def publish(send: Callable[[dict[str, Any]], Any], what: str, *, wait: bool) -> None:
+def publish(send: Sender, what: str, *, wait: bool) -> None:
     """``send(options)``: a broker publish, ``options`` added to its ``apply_async``.
 
     A worker (``wait``) publishes through a kombu publish batch (``Producer.batch``, kombu 5.7):
@@ -159,7 +164,9 @@ class CeleryDispatcher:
         self.placement = placement
         self._routes: _Routes | None = None  # own_step_message's, once known (None: cannot record)
         self._routes_known = False
-        self._templates: dict[str, StepTemplate | None] = {}  # own_step_message's, by queue
+        # Built by Celery once per task, queue and headers, then written per message
+        # (``tasks.message_template``); None: that message cannot be a template (Celery builds each).
+        self._templates: dict[TemplateKey, MessageTemplate | None] = {}
 
     def _options(self) -> dict[str, Any]:
         if not self._broker_url or self._broker_url == app.conf.broker_url:
@@ -175,11 +182,22 @@ class CeleryDispatcher:
 
     def step_message(self, turn_id: str, step: int, *, queue: str, label: str = "") -> MessageCommands | None:
         """``enqueue_step``'s message (with its ``task-sent`` event) as the Redis commands that
-        would send it, recorded and not sent (``tasks.recorded_publish``), for a script that sends it
-        with the state change that decided it. None when it cannot go that way: a control plane's
-        dispatcher (its own broker), a broker that is not the turn store's Redis, or one that is away
-        when the producer must connect first."""
-        return self._recorded(self._step_sender(turn_id, step, queue, label))
+        would send it, recorded and not sent (``tasks.recorded_publish``, from a template:
+        ``tasks.message_template``), for a script that sends it with the state change that decided
+        it. None when it cannot go that way: a control plane's dispatcher (its own broker), a broker
+        that is not the turn store's Redis, or one that is away when the producer must connect first."""
+        routes = self._routes_to_record()
+        if routes is None:
+            return None
+        label = label or f"turn={turn_id} step={step}"
+        return self._templated(
+            routes,
+            (TURN_STEP, queue, ()),
+            lambda: self._step_sender("0" * 32, 0, queue, "-"),
+            self._step_sender(turn_id, step, queue, label),
+            (turn_id, step),
+            label,
+        )
 
     def own_step_message(self, turn_id: str, step: int, *, queue: str, label: str = "") -> MessageCommands | None:
         """``step_message`` for a control plane on its own broker, which is its turn store's Redis
@@ -192,17 +210,36 @@ class CeleryDispatcher:
         if routes is None:
             return None
         label = label or f"turn={turn_id} step={step}"
-        if app.current_worker_task is not None:  # Celery makes it the running task's child: no template
-            return self._record(routes, self._step_sender(turn_id, step, queue, label))
-        # Built by Celery once per queue, then written per turn (``tasks.step_template``).
-        # A queue whose message cannot be a template is remembered as None: Celery builds each one.
-        template = self._templates.get(queue)
-        if queue not in self._templates or (template is not None and not template.usable):
-            template = StepTemplate.record(self._step_sender("0" * 32, 0, queue, "-"), routes.topics, routes.expiring)
-            self._templates[queue] = template
-        if template is None:
-            return self._record(routes, self._step_sender(turn_id, step, queue, label))
-        return template.message(turn_id, step, label)
+        return self._templated(
+            routes,
+            (TURN_STEP, queue, ()),
+            lambda: self._step_sender("0" * 32, 0, queue, "-"),
+            self._step_sender(turn_id, step, queue, label),
+            (turn_id, step),
+            label,
+        )
+
+    def _templated(
+        self,
+        routes: _Routes,
+        key: TemplateKey,
+        sample: Callable[[], Sender],
+        send: Sender,
+        args: tuple[str | int, ...],
+        label: str,
+        headers: dict[str, str] | None = None,
+    ) -> MessageCommands | None:
+        """The commands of the message ``send`` publishes, written from the template of ``key``
+        (recorded from ``sample()``'s message the first time in this process) with ``args``,
+        ``label`` and the custom ``headers``' values; recorded from ``send`` itself (Celery builds
+        it) when there can be no template. None when the publish cannot be recorded (``Unrecordable``)."""
+        template = self._templates.get(key)
+        if key not in self._templates or (template is not None and not template.recorded_here):
+            template = MessageTemplate.record(sample(), routes.topics, routes.expiring, key[2])
+            self._templates[key] = template
+        if template is None or not template.usable:
+            return self._record(routes, send)
+        return template.message(args, label, headers)
 
     def _own_routes(self) -> _Routes | None:
         if self._broker is None:
@@ -216,7 +253,7 @@ class CeleryDispatcher:
             self._routes_known = True
         return self._routes
 
-    def _step_sender(self, turn_id: str, step: int, queue: str, label: str) -> Callable[[dict[str, Any]], Any]:
+    def _step_sender(self, turn_id: str, step: int, queue: str, label: str) -> Sender:
         """What sends ``turn_step(turn_id, step)`` to ``queue``, given extra ``apply_async`` options
         (a ``producer`` given there replaces this dispatcher's own connection: Celery would
         publish on a new producer of a connection passed with it)."""
@@ -239,28 +276,43 @@ class CeleryDispatcher:
         started: Mapping[str, str] | None = None,
     ) -> MessageCommands | None:
         """``dispatch_batch``'s messages for a batch without computer calls, as ``step_message``
-        gives its one: the Redis commands, not sent, or None."""
-        return self._recorded(self._batch_sender(turn_id, step, batch, queue, labels, None, started))
+        gives its one: the Redis commands, not sent (a one-call batch's from a template), or None."""
+        routes = self._routes_to_record()
+        if routes is None:
+            return None
+        send = self._batch_sender(turn_id, step, batch, queue, labels, None, started)
+        if len(batch.call_ids) != 1:
+            return self._record(routes, send)
+        (cid,) = batch.call_ids
+        label = (labels or {}).get(cid) or f"turn={turn_id} step={step} call={cid}"
+        headers = {STARTED_HEADER: started.get(cid, "")} if started is not None else {}
+        return self._templated(
+            routes,
+            (TOOL_CALL, queue, tuple(headers)),
+            lambda: self._batch_sender(
+                "0" * 32, 0, Batch(batch.mode, ["-"]), queue, None, None, None if started is None else {"-": ""}
+            ),
+            send,
+            (turn_id, step, cid),
+            label,
+            headers,
+        )
 
-    def _recorded(self, send: Callable[[dict[str, Any]], Any]) -> MessageCommands | None:
-        """What ``send`` publishes, recorded on a ``RecordingProducer`` (``tasks.recorded_publish``)
-        instead of sent; None when this dispatcher may not record (see ``step_message``) or the
-        publish cannot be recorded (``Unrecordable``)."""
+    def _routes_to_record(self) -> _Routes | None:
+        """The broker's routes when this dispatcher may record its messages for a script (see
+        ``step_message``), else None."""
         if not self._wait or app.conf.broker_url != self._store_broker_url:
             return None
         try:
-            routes = _broker_routes()
+            return _broker_routes()
         except OperationalError:
             # The broker's channel is made (and pings Redis) the first time, and the broker is
             # away: the caller sends the message the long way (``publish``), which waits the outage
             # out; this error, which no outage wait catches, would end its task with the state unsaved.
             return None
-        if routes is None:
-            return None
-        return self._record(routes, send)
 
     @staticmethod
-    def _record(routes: _Routes, send: Callable[[dict[str, Any]], Any]) -> MessageCommands | None:
+    def _record(routes: _Routes, send: Sender) -> MessageCommands | None:
         """What ``send`` publishes, recorded with ``routes``; None when ``Unrecordable``."""
         producer = RecordingProducer(routes.topics, routes.expiring)
         try:
@@ -300,7 +352,7 @@ class CeleryDispatcher:
         labels: dict[str, str] | None,
         computer: ComputerCalls | None,
         started: Mapping[str, str] | None = None,
-    ) -> Callable[[dict[str, Any]], Any]:
+    ) -> Sender:
         """What sends the batch's messages, given extra ``apply_async`` options (``publish``)."""
         labels = labels or {}
         # A header, not an argument: a worker of an earlier version ignores it (and reads what its

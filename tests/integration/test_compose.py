@@ -534,11 +534,12 @@ def test_workers_send_traces_to_the_trace_ui():
 def test_model_queues_on_an_io_pool_tools_on_prefork_and_every_service_restarts():
     """Issues 11 and 20: a step waiting on the model must not hold a process (an in-process pool,
     whose steps hand their model calls to the event loop: nothing sets AGENT_MODEL_CALLS=inline);
+    issue 34: that pool is solo, the steps on the consumer's own thread;
     tools keep prefork; whatever exits (a Redis restart it did not survive) is restarted."""
     services = _compose()["services"]
     for queue in ("turns", "background", "workflow"):
         cmd = services[f"worker-{queue}"]["command"]
-        assert _opt(cmd, "--pool") == "threads" and int(_opt(cmd, "-c")) >= 16, cmd
+        assert _opt(cmd, "--pool") == "solo" and "-c" not in cmd, cmd
         assert services[f"worker-{queue}"].get("environment", {}).get("AGENT_MODEL_CALLS", "async") == "async"
         assert "--without-gossip" in cmd and "--without-mingle" in cmd
     tools = services["worker-tools"]["command"]

@@ -243,7 +243,7 @@ FILE_COUNTS: dict[str, int] = {
     "tasks/schedule_entries.py": 3,
     "tasks/scheduler.py": 4,
     "tasks/serialization.py": 6,
-    "tasks/step_template.py": 12,
+    "tasks/message_template.py": 12,
     "tasks/telemetry.py": 16,
     "tasks/turns.py": 7,
     "tasks/watchdog.py": 1,

@@ -377,14 +377,20 @@ def test_tools_nodes_have_a_volume_each_and_beat_runs_once() -> None:
         assert loads[name]["kind"] == "StatefulSet" and loads[name]["spec"]["replicas"] == 3
 
 
-def _pool(argv: list[str]) -> tuple[str, str, str]:
-    return argv[argv.index("-Q") + 1], argv[argv.index("--pool") + 1], argv[argv.index("-c") + 1]
+def _pool(argv: list[str]) -> tuple[str, str, str | None]:
+    """The queue, the pool and its size (None: a solo pool's one)."""
+    size = argv[argv.index("-c") + 1] if "-c" in argv else None
+    return argv[argv.index("-Q") + 1], argv[argv.index("--pool") + 1], size
 
 
 def test_the_workers_run_the_pools_compose_runs() -> None:
     services = compose()["services"]
     for name in ("worker-turns", "worker-tools", "worker-background", "worker-workflow"):
         assert _pool(containers(workloads()[name])[0]["command"]) == _pool(services[name]["command"]), name
+    # The queues that wait on the model run their steps on the consumer's thread, as
+    # devtools.workers runs them by default (bench/README.md, "Worker CPU per turn, third pass").
+    for name in ("worker-turns", "worker-background", "worker-workflow"):
+        assert _pool(services[name]["command"])[1:] == ("solo", None), name
 
 
 def test_services_select_the_pods_they_name() -> None:

@@ -46,7 +46,7 @@ def test_stored_request_is_safe_from_concurrent_threads(monkeypatch):
     """A threads pool's tasks read their turns' stored requests at once; when the cache is full,
     two of them evicting the same oldest entry must not make one raise ``KeyError`` (that step
     would crash and end its turn ``failed``)."""
-    monkeypatch.setattr(request_module, "_PARSED", {})
+    monkeypatch.setattr(request_module, "_PARSED", request_module._Kept())
     monkeypatch.setattr(request_module, "_PARSED_MAX", 2)
     raws = [orjson.dumps({"input": f"m{i}", "agent_id": "alice"}) for i in range(64)]
     errors: list[BaseException] = []
@@ -92,12 +92,12 @@ def test_a_shared_requests_parts_cannot_be_changed_either(part, field, value):
 def test_the_request_cache_is_bounded_in_bytes(monkeypatch):
     """Requests may be up to ``AGENT_MAX_INPUT_BYTES`` (1 MB, about 5 MB once parsed): 1,024 of
     them kept by count alone held gigabytes in a worker that had run a thousand long turns."""
-    monkeypatch.setattr(request_module, "_PARSED", {})
+    monkeypatch.setattr(request_module, "_PARSED", request_module._Kept())
     monkeypatch.setattr(request_module, "_PARSED_MAX_BYTES", 10_000)
     raws = [orjson.dumps({"input": f"{i}" + "x" * 3_000, "agent_id": "alice"}) for i in range(10)]
     for raw in raws:
         assert request_module.stored_request(raw).agent_id == "alice"
-        assert sum(map(len, request_module._PARSED)) <= 10_000
+        assert sum(map(len, request_module._PARSED)) == request_module._PARSED.nbytes <= 10_000
     assert list(request_module._PARSED) == raws[-3:]  # the oldest went first
     huge = orjson.dumps({"input": "y" * 20_000, "agent_id": "alice"})
     assert request_module.stored_request(huge).input == "y" * 20_000  # parsed, not kept

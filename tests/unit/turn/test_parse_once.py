@@ -43,7 +43,7 @@ def test_an_invalid_stored_request_raises_every_time_and_is_not_kept():
 
 
 def test_the_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(request_module, "_PARSED", {})
+    monkeypatch.setattr(request_module, "_PARSED", request_module._Kept())
     monkeypatch.setattr(request_module, "_PARSED_MAX", 3)
     raws = [_raw(metadata={"n": i}) for i in range(5)]
     for raw in raws:
