@@ -187,17 +187,7 @@ class CeleryDispatcher:
         it. None when it cannot go that way: a control plane's dispatcher (its own broker), a broker
         that is not the turn store's Redis, or one that is away when the producer must connect first."""
         routes = self._routes_to_record()
-        if routes is None:
-            return None
-        label = label or f"turn={turn_id} step={step}"
-        return self._templated(
-            routes,
-            (TURN_STEP, queue, ()),
-            lambda: self._step_sender("0" * 32, 0, queue, "-"),
-            self._step_sender(turn_id, step, queue, label),
-            (turn_id, step),
-            label,
-        )
+        return None if routes is None else self._step_commands(routes, turn_id, step, queue, label)
 
     def own_step_message(self, turn_id: str, step: int, *, queue: str, label: str = "") -> MessageCommands | None:
         """``step_message`` for a control plane on its own broker, which is its turn store's Redis
@@ -207,8 +197,13 @@ class CeleryDispatcher:
         (``Unrecordable``, a global key prefix). The first call opens the connection's channel (one
         round trip); raises kombu's ``OperationalError`` when the broker is away then."""
         routes = self._own_routes()
-        if routes is None:
-            return None
+        return None if routes is None else self._step_commands(routes, turn_id, step, queue, label)
+
+    def _step_commands(
+        self, routes: _Routes, turn_id: str, step: int, queue: str, label: str
+    ) -> MessageCommands | None:
+        """The commands of ``turn_step(turn_id, step)`` to ``queue`` (``label``, or the default one),
+        written from the template of the process's first step message to that queue."""
         label = label or f"turn={turn_id} step={step}"
         return self._templated(
             routes,
