@@ -182,7 +182,8 @@ deploy-check: deploy-install
 	$(PY) -m devtools.deploy_check --scale $(DEPLOY_CHECK_ARGS)
 
 # The planned stop of a compose deployment: every replica of every service found by the project's
-# label (whatever AGENT_*_NODES says), stopped in order with its stop grace; exits 1 on a SIGKILL.
+# label (whatever AGENT_*_NODES says), stopped in order with its stop grace, removed without -f;
+# exits 1 naming each container SIGKILLed, still running or not removed.
 # COMPOSE_PROJECT: podman-compose's project (the folder's name unless -p); DOWN_ARGS=-v drops volumes.
 COMPOSE_PROJECT ?= $(notdir $(CURDIR))
 deploy-down: deploy-install

@@ -356,11 +356,14 @@ def nodes_at_work(dep: Deployment, turns: int = 8) -> str:
 
 def planned_down(dep: Deployment) -> str:
     """``down`` as an operator runs it: no container SIGKILLed, each Redis server saved and exited."""
-    stopped = down()
+    result = down()
+    stopped = result.stopped
     dep.up = False
     killed = [f"{s.name} ({s.exit_code})" for s in stopped if s.exit_code == 137]
     if killed:
         raise CheckFailed(f"SIGKILLed at down: {killed}")
+    if result.not_removed:
+        raise CheckFailed(f"not removed at down: {result.not_removed}")
     unsaved = [s.name for s in stopped if s.service in REDIS_SERVERS and "ready to exit" not in s.log_tail]
     if unsaved:
         raise CheckFailed(f"{unsaved}: no 'ready to exit' at the end of the log at down")

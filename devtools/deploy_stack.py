@@ -12,7 +12,8 @@ Redis in the middle of their warm shutdown). ``down`` finds every container, net
 by the compose project's label, stops them in order (the project's services, then the object
 store, the Sentinels and the UIs, then the Redis servers), each with its service's
 ``stop_grace_period`` from compose.yaml, and reports how each ended (an exit code of 137 is a
-SIGKILL: the grace was too short). ``python -m devtools.deploy_stack down [-p PROJECT] [-v]``
+SIGKILL: the grace was too short), removes them unforced (``remove_command``) and exits 1 naming
+whatever it did not stop or remove. ``python -m devtools.deploy_stack down [-p PROJECT] [-v]``
 (``make deploy-down``).
 """
 
@@ -289,19 +290,47 @@ def _seconds(text: str) -> float:
 
 @dataclass
 class Stopped:
-    """How one container ended in ``down``: its exit code (137: SIGKILLed), the seconds its stop took
-    and the last lines of its log."""
+    """How one container ended in ``down``: its exit code (137: SIGKILLed), the seconds its stop took,
+    the last lines of its log and its state after it (``exited`` unless the stop failed)."""
 
     name: str
     service: str
     exit_code: int
     seconds: float
     log_tail: str = ""
+    state: str = "exited"
 
 
-def down(project: str = PROJECT, *, volumes: bool = True) -> list[Stopped]:
+@dataclass
+class Down:
+    """What ``down`` stopped, and what it could not remove (``{name: podman's error}``)."""
+
+    stopped: list[Stopped]
+    not_removed: dict[str, str] = field(default_factory=dict)
+
+
+def remove_command(kind: str, *names: str) -> list[str]:
+    """``podman`` arguments removing ``names`` (``kind``: container, network, volume), never ``-f``:
+    podman 4's forced removal SIGTERMs the host PID it recorded for each exec session it thinks is
+    running, stale once the container stopped (a ``podman exec`` killed by a timeout leaves one)
+    and, PIDs wrapping at 32768 here, maybe any process's, this one's included: the likely cause of
+    the 143 ``make deploy-down`` was seen to exit with. A plain ``rm`` drops records whose PID is
+    gone and refuses when one is alive; ``network``/``volume rm -f`` would force containers out."""
+    return [*(["rm", "--depend"] if kind == "container" else [kind, "rm"]), *names]
+
+
+def down_problems(result: Down) -> list[str]:
+    """Why ``down`` did not stop and remove everything, one line each; ``[]`` when it did."""
+    stopped = result.stopped
+    problems = [f"{s.name}: SIGKILLed (exit 137): stop_grace_period too short" for s in stopped if s.exit_code == 137]
+    problems += [f"{s.name}: still {s.state} after its stop" for s in stopped if s.state not in ("exited", "stopped")]
+    return problems + [f"{name}: not removed: {error}" for name, error in result.not_removed.items()]
+
+
+def down(project: str = PROJECT, *, volumes: bool = True) -> Down:
     """Stop and remove every container of ``project`` (found by label, whatever the scale), in
-    ``stop_phase`` order, each with its service's grace; then its networks and (``volumes``) volumes."""
+    ``stop_phase`` order, each with its service's grace; then its networks and (``volumes``) volumes.
+    Removal is never forced (``remove_command``); what is left is in ``Down.not_removed``."""
     label = f"label=io.podman.compose.project={project}"
     graces = stop_graces()
     listed = json.loads(podman("ps", "-a", "--filter", label, "--format", "json").stdout or "[]")
@@ -333,25 +362,26 @@ def down(project: str = PROJECT, *, volumes: bool = True) -> list[Stopped]:
             state = json.loads(podman("inspect", name, check=False).stdout or "[{}]")[0].get("State", {})
             if name in running:
                 tail = podman("logs", "--tail", "5", name, check=False).stdout
-                done.append(Stopped(name, svc, int(state.get("ExitCode", -1)), took.get(name, 0.0), tail))
+                code, status = int(state.get("ExitCode", -1)), str(state.get("Status", "unknown"))
+                done.append(Stopped(name, svc, code, took.get(name, 0.0), tail, status))
             left.pop(name)
+    failed: dict[str, str] = {}
     for name in byname:  # one at a time: `rm --depend a b` stops at b when removing a took b too
-        podman("rm", "--depend", "-f", name, check=False, timeout=120)
-    nets = podman("network", "ls", "--filter", label, "--quiet", check=False).stdout.split()
-    if nets:
-        podman("network", "rm", "-f", *nets, check=False)
-    if volumes:
-        vols = podman("volume", "ls", "--filter", label, "--quiet", check=False).stdout.split()
-        if vols:
-            podman("volume", "rm", "-f", *vols, check=False)
-    return done
+        rm = podman(*remove_command("container", name), check=False, timeout=120)
+        if rm.returncode != 0 and podman("container", "exists", name, check=False).returncode == 0:
+            failed[name] = (rm.stderr.strip().splitlines() or [f"exit {rm.returncode}"])[-1]
+    for kind in ("network", "volume") if volumes else ("network",):
+        ids = podman(kind, "ls", "--filter", label, "--quiet", check=False).stdout.split()
+        if ids and (rm := podman(*remove_command(kind, *ids), check=False)).returncode != 0:
+            failed[f"{kind} {' '.join(ids)}"] = (rm.stderr.strip().splitlines() or [f"exit {rm.returncode}"])[-1]
+    return Down(done, failed)
 
 
 def teardown(dep: Deployment) -> str:
     """Stop and remove everything the check started (``down``); returns what was removed."""
     done = []
     if dep.up:
-        stopped = down()
+        stopped = down().stopped
         dep.up = False
         done.append(f"{len(stopped)} containers, networks and volumes")
         if remove_leftovers() != "none":  # whatever `down` missed
@@ -391,8 +421,9 @@ def remove_leftovers() -> str:
     for kind, listing in (("container", ["ps", "-a"]), ("network", ["network", "ls"]), ("volume", ["volume", "ls"])):
         ids = podman(*listing, "--filter", label, "--quiet", check=False).stdout.split()
         if ids:
-            extra = ["--depend", "-t", "2"] if kind == "container" else []
-            podman(kind, "rm", "-f", *extra, *ids, check=False, timeout=300)
+            if kind == "container":  # stopped first: removal is never forced (remove_command)
+                podman("stop", "-t", "2", *ids, check=False, timeout=300)
+            podman(*remove_command(kind, *ids), check=False, timeout=300)
             gone.append(f"{len(ids)} {kind}s")
     for name in ("redis", "homes"):
         mnt = DISKS / name
@@ -447,17 +478,20 @@ def wait_healthy() -> str:
 def main() -> None:
     """``python -m devtools.deploy_stack down [-p PROJECT] [-v]``: stop and remove every container,
     network (and with ``-v`` volume) of a compose project, whatever its scale (see the module
-    docstring); prints how each container ended and exits 1 if one was SIGKILLed."""
+    docstring); prints how each container ended. Exits 0 when every container stopped within its
+    grace and everything was removed, else 1 with one ``error:`` line per problem on stderr."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("what", choices=["down"])
     parser.add_argument("-p", "--project", default=ROOT.name, help="the compose project (default: the folder's name)")
     parser.add_argument("-v", "--volumes", action="store_true", help="also remove the project's named volumes")
     args = parser.parse_args()
-    stopped = down(args.project, volumes=args.volumes)
-    for s in stopped:
+    result = down(args.project, volumes=args.volumes)
+    for s in result.stopped:
         print(f"{s.name}: exit {s.exit_code} after {s.seconds:.1f} s{' (SIGKILLed)' if s.exit_code == 137 else ''}")
-    print(f"{args.project}: {len(stopped)} containers stopped and removed")
-    raise SystemExit(1 if any(s.exit_code == 137 for s in stopped) else 0)
+    if problems := down_problems(result):
+        print("".join(f"error: {line}\n" for line in problems), end="", file=sys.stderr)
+        raise SystemExit(f"{args.project}: down incomplete, {len(problems)} error(s) above")
+    print(f"{args.project}: {len(result.stopped)} containers stopped and removed")
 
 
 if __name__ == "__main__":

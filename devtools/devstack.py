@@ -358,7 +358,8 @@ def _serve_metrics() -> int:
 
 def serve(stack: Stack, metrics_port: int | None = None) -> None:
     """Keep the stack up for the CLI and the Python client until Ctrl-C; ``metrics_port``: where the
-    turns pool serves ``/metrics`` (the tools pool: the next port)."""
+    turns pool serves ``/metrics`` (the tools pool: the next port). Raises ``RuntimeError`` naming
+    the process of the stack that exited."""
     home = seed_home("alice")  # the README's example agent, with the files the demo script reads
     from devtools.embedded_redis import write_env_file
 
@@ -395,10 +396,11 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
         )
     console.print("Ctrl-C stops everything.")
     try:
-        while all(p.poll() is None for _, p in stack.procs):
+        while not (exited := [f"{name} (code {p.returncode})" for name, p in stack.procs if p.poll() is not None]):
             time.sleep(0.5)
             restart_dead(stack.redis, console.print)
-        console.print("[red]a process of the stack exited[/]; see var/logs/")
+        # A failure, not a stop: make stack must exit non-zero (it used to print this and exit 0).
+        raise RuntimeError(f"{', '.join(exited)} of the stack exited; see var/logs/")
     except KeyboardInterrupt:
         pass
     finally:
@@ -413,18 +415,15 @@ def run(
         False, "--sentinel", help="Redis as a primary, a replica and three Sentinels (make stack SENTINEL=1)"
     ),
 ) -> None:
-    """Start the stack, run the demo turn, print its transcript, stop everything (or keep it up with --serve)."""
+    """Start the stack, run the demo turn, print its transcript, stop everything (or keep it up with --serve).
+    Exits 0 when the demo passed or a signal stopped it, 1 on a failure (a process that did not come up or exited)."""
 
-    # Ctrl-C and SIGTERM both stop everything cleanly, also when started in the background
-    # (where the shell sets SIGINT to ignored).
-    def _interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C, SIGTERM and a closed terminal stop everything cleanly, once (a second signal is ignored).
+    lifetime.stop_on_signals()
     exit_with_parent()
     stack = Stack()
     ok: object = False  # a demo's report: true when the demo passed
+    stopped = False  # asked to stop: exits 0 once everything is stopped (make then prints no Error 1)
     try:
         if keep:
             metrics = _serve_metrics()
@@ -453,17 +452,18 @@ def run(
         else:
             console.print(f"[red]unknown demo {demo!r}[/]: use demo, workflow, jobs or approval")
     except KeyboardInterrupt:
+        stopped = True
         console.print("interrupted")
-    except RuntimeError as exc:  # a process of the stack did not come up: say which, with its log
+    except RuntimeError as exc:  # a process of the stack did not come up or exited: say which
         console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line, however long
     finally:
         # A second signal must not cut the cleanup short (make forwards one, and the parent watch
         # sends another when make exits): from here on, nothing interrupts stopping the stack.
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in lifetime.STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         stack.close()
         console.print("stopped everything this command started")
-    raise typer.Exit(0 if ok else 1)
+    raise typer.Exit(0 if ok or stopped else 1)
 
 
 if __name__ == "__main__":

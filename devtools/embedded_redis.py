@@ -299,7 +299,8 @@ def main() -> None:
     embedded Redis in the foreground until Ctrl-C. It persists like ``make run``'s: an append-only
     file (fsync on every write) in a kept data directory (``var/redis``), so stopping and starting
     it again loses no turn. The URLs (with their passwords, fresh each start) go to the env file
-    (mode 0600, removed on exit), never to the terminal or a log: ``. var/redis.env`` loads them."""
+    (mode 0600, removed on exit), never to the terminal or a log: ``. var/redis.env`` loads them.
+    Exits 0 when a signal stopped it, 1 when the server did not start or exited on its own."""
     import argparse
 
     from worker.settings import redact_url
@@ -309,33 +310,32 @@ def main() -> None:
     parser.add_argument("--env-file", type=Path, default=ENV_FILE)
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="kept between runs (the append-only file)")
     args = parser.parse_args()
-    import signal
     import sys
 
-    def _stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a closed terminal must not leave Redis behind
-        signal.signal(sig, _stop)
+    lifetime.stop_on_signals()  # a closed terminal must not leave Redis behind either
     srv = EmbeddedRedis(args.port, persist=True, data_dir=args.data_dir)
     try:
         srv.start()
     except EmbeddedRedisError as exc:
         sys.exit(f"error: {exc}")
+    except KeyboardInterrupt:  # stopped while starting: a stop, not a failure (make prints no Error 1)
+        srv.stop()
+        return
     # Everything after start() inside the try: a signal at any point still removes the credentials
-    # (first: stopping the server can itself be cut short) and stops the server.
+    # (first) and stops the server.
     try:
         env = write_env_file(args.env_file, {"REDIS_URL": srv.url, "CONTROL_REDIS_URL": srv.control_url})
         print(f"embedded Redis on {redact_url(srv.url)} (ACL users worker and control, fresh passwords)", flush=True)
         print(f"data kept in {args.data_dir} (append-only file, fsync on every write)", flush=True)
         print(f"credentials in {env} (mode 0600); in each terminal: . {env}", flush=True)
         assert srv.proc is not None  # start() returned: the server runs
-        srv.proc.wait()
+        code = srv.proc.wait()
     except KeyboardInterrupt:
-        pass
+        return
     finally:
         args.env_file.unlink(missing_ok=True)
         srv.stop()
+    sys.exit(f"error: redis-server exited (code {code}); see {args.data_dir / 'redis.log'}")  # a failure, not a stop
 
 
 if __name__ == "__main__":

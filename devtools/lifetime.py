@@ -10,6 +10,8 @@ prevents that: the kernel sends the child ``SIGTERM`` when its starter goes
 The kernel sends that signal when the *thread* that forked the child exits, not the process
 (prctl(2)). A child started from any thread but the main one is therefore not tied (``preexec``
 answers None): a helper thread that ends would otherwise stop a service its process still uses.
+
+``stop_on_signals``: the starter's own side, its one stop on Ctrl-C, SIGTERM or a closed terminal.
 """
 
 from __future__ import annotations
@@ -38,3 +40,26 @@ def preexec() -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return die_with_parent
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_on_signals() -> None:
+    """Make the first SIGINT, SIGTERM or SIGHUP raise ``KeyboardInterrupt`` in the main thread, and
+    every later one do nothing: a foreground command's one stop (Ctrl-C, a closed terminal, a kill).
+
+    A second signal used to raise again while the first's cleanup ran (a Ctrl-C reaches make too,
+    and devstack's parent watch then sends SIGTERM): cut short, the stop exited 1 with a traceback
+    and make printed ``Error 1`` although the user only asked it to stop. Call from the main thread
+    (``signal.signal`` raises ``ValueError`` elsewhere); also when started in the background, where
+    the shell set SIGINT to ignored.
+    """
+
+    def _stop(signum: int, frame: object) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _stop)

@@ -1,7 +1,7 @@
 """Every CLI gives one-line errors with exit 2 (issue 18): ``agent-runtime``, ``python -m
 control.workflow_cli`` (with ``start`` and help on each subcommand), ``make run``'s stack with a
-bad ``REDIS_URL``, and ``make redis`` keeps its data across a restart. Real processes against
-the session's Redis and its solo worker."""
+bad ``REDIS_URL``, and ``make redis`` keeps its data across a restart (exits 0 when stopped, 1 when
+its server dies). Real processes against the session's Redis and its solo worker."""
 
 from __future__ import annotations
 
@@ -141,10 +141,38 @@ def test_make_redis_keeps_its_data_across_a_restart(tmp_path):
         finally:
             proc.send_signal(signal.SIGTERM)
             out = proc.communicate(timeout=30)[0]
+        assert proc.returncode == 0, out  # a stop, not a failure: make prints no Error
         assert str(data) in out and "append-only" in out
         assert not env_file.exists()  # removed on exit: the passwords do not outlive the server
     assert urls[0] != urls[1]  # fresh passwords each start
     assert any(data.rglob("*.aof")) or any(data.rglob("appendonly*"))
+
+
+def test_make_redis_exits_1_when_its_server_dies(tmp_path):
+    """A redis-server that exits on its own is a failure (make prints Error 1), not a stop."""
+    env_file = tmp_path / "redis.env"
+    args = ("--port", str(free_port()), "--data-dir", str(tmp_path / "data"), "--env-file", str(env_file))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devtools.embedded_redis", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not env_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (server,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        os.kill(int(server), signal.SIGKILL)
+        out = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out
+    assert "error: redis-server exited (code -9)" in out, out
+    assert not env_file.exists()
 
 
 @pytest.mark.parametrize("sub", ["status", "wait", "items", "transcript", "cancel", "approve", "enqueue"])

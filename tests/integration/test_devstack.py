@@ -1,5 +1,6 @@
-"""``make stack`` / ``make run`` (``devtools.devstack``): it stops everything it started on SIGTERM and
-when the process that started it dies, and reports a worker that exits at start with its log line."""
+"""``make stack`` / ``make run`` (``devtools.devstack``): it stops everything it started on SIGTERM,
+on Ctrl-C (exiting 0: make prints no error) and when the process that started it dies, and exits 1
+on a failure: a worker that exits at start (reported with its log line), a process that exits later."""
 
 from __future__ import annotations
 
@@ -146,6 +147,73 @@ def test_sigint_sent_to_make_alone_stops_the_stack(tmp_path):
     finally:
         if make.poll() is None:
             make.kill()
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize("when", ["starting", "up"])
+def test_ctrl_c_on_make_stack_stops_it_and_make_reports_no_error(tmp_path, when):
+    """The terminal's Ctrl-C reaches make and the stack together (the foreground process group).
+    make waits for the recipe and, as GNU make does after a SIGINT, then dies of it itself (the
+    shell shows 130, prints nothing); it prints ``*** [Makefile:N: stack] Error 1`` only when the
+    recipe exited non-zero, which an asked-for stop used to do (while starting: "interrupted", 1)."""
+    mark = uuid.uuid4().hex
+    log = tmp_path / "stack.log"
+    # The Makefile's own recipe, with this venv and nothing to install (no stamp, mcporter "present").
+    make = subprocess.Popen(
+        ["make", "stack", "STAMP=", f"PY={sys.executable}", f"MCPORTER={sys.executable}"],
+        cwd=ROOT,
+        env=_env(mark),
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # a group of its own, as a terminal's foreground job
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        ready = "model API style" if when == "starting" else "stack is up"  # starting: the workers next
+
+        def printed_ready() -> bool:
+            assert make.poll() is None, log.read_text()[-3000:]
+            return ready in log.read_text()
+
+        wait_for(printed_ready, timeout=90, poll=0.2)
+        if when == "starting":
+            assert "stack is up" not in log.read_text()
+        os.killpg(make.pid, signal.SIGINT)  # Ctrl-C
+        assert make.wait(90) == -signal.SIGINT
+        wait_for(lambda: not _marked(mark), timeout=30)
+        printed = log.read_text()
+        assert "stopped everything this command started" in printed
+        assert "make: ***" not in printed, printed[-2000:]
+    finally:
+        if make.poll() is None:
+            os.killpg(make.pid, signal.SIGKILL)
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_process_of_the_stack_that_exits_fails_make_stack(tmp_path):
+    """A failure is not a stop: the HTTP control plane killed under ``make stack`` stops the rest, exits 1."""
+    mark = uuid.uuid4().hex
+    log = tmp_path / "stack.log"
+    proc = _serve(_env(mark), log)
+    try:
+        _stack_up(proc, log)
+        (api,) = [pid for pid in _marked(mark) if b"control.api" in _cmdline(pid)]
+        os.kill(api, signal.SIGKILL)
+        assert proc.wait(60) == 1
+        wait_for(lambda: not _marked(mark), timeout=30)
+        printed = log.read_text()
+        assert "error: api (code -9) of the stack exited" in printed, printed[-2000:]
+        assert "stopped everything this command started" in printed
+    finally:
         for pid in _marked(mark):
             os.kill(pid, signal.SIGKILL)
 
