@@ -114,22 +114,29 @@ def _env_file_url(path: Path) -> str:
     return line.split("=", 1)[1].strip("'")
 
 
+def _start_redis(args: tuple[str, ...], env_file: Path) -> subprocess.Popen:
+    """``python -m devtools.embedded_redis *args`` (what ``make redis`` runs), its output piped;
+    returns once ``env_file`` exists (or after 30 s)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devtools.embedded_redis", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not env_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    return proc
+
+
 def test_make_redis_keeps_its_data_across_a_restart(tmp_path):
     data, env_file, port = tmp_path / "data", tmp_path / "redis.env", free_port()
     args = ("--port", str(port), "--data-dir", str(data), "--env-file", str(env_file))
     urls = []
     for round_ in range(2):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "devtools.embedded_redis", *args],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        proc = _start_redis(args, env_file)
         try:
-            deadline = time.monotonic() + 30
-            while not env_file.exists() and time.monotonic() < deadline:
-                time.sleep(0.1)
             url = _env_file_url(env_file)
             urls.append(url)
             client = redis.Redis.from_url(url)
@@ -152,17 +159,8 @@ def test_make_redis_exits_1_when_its_server_dies(tmp_path):
     """A redis-server that exits on its own is a failure (make prints Error 1), not a stop."""
     env_file = tmp_path / "redis.env"
     args = ("--port", str(free_port()), "--data-dir", str(tmp_path / "data"), "--env-file", str(env_file))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "devtools.embedded_redis", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = _start_redis(args, env_file)
     try:
-        deadline = time.monotonic() + 30
-        while not env_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
         (server,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
         os.kill(int(server), signal.SIGKILL)
         out = proc.communicate(timeout=30)[0]
