@@ -283,6 +283,13 @@ def run_bare(
         _stop([steps, tools])
 
 
+def _ours_pool(args: argparse.Namespace, floor_pool: str) -> tuple[str, int]:
+    """The runtime's steps pool and its size: ``--ours-pool`` (``same``: the floor's), solo's 1, else
+    ``--ours-concurrency`` or 16 (threads) or 8 (prefork)."""
+    pool = floor_pool if args.ours_pool == "same" else args.ours_pool
+    return pool, 1 if pool == "solo" else args.ours_concurrency or (16 if pool == "threads" else 8)
+
+
 def main() -> None:
     global MODEL_TIMEOUT, STREAM
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -330,20 +337,11 @@ def main() -> None:
     try:
         if args.p2:
             for pool in args.pools.split(","):
-                op = pool if args.ours_pool == "same" else args.ours_pool
-                p2(
-                    srv,
-                    gw,
-                    args,
-                    op,
-                    1 if op == "solo" else args.ours_concurrency or (16 if op == "threads" else 8),
-                    logs,
-                )
+                p2(srv, gw, args, *_ours_pool(args, pool), logs)
             return
         for pool in args.pools.split(","):
             c = args.concurrency or (args.turns if pool == "threads" else 8)
-            op = pool if args.ours_pool == "same" else args.ours_pool
-            oc = 1 if op == "solo" else args.ours_concurrency or (16 if op == "threads" else 8)
+            op, oc = _ours_pool(args, pool)
             ratios = []
             for i in range(args.rounds):  # alternated, and which goes first too: drift hits both alike
                 if i % 2:

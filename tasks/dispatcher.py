@@ -52,6 +52,11 @@ Sender = Callable[[dict[str, Any]], Any]
 TemplateKey = tuple[str, str, tuple[str, ...]]
 
 
+def _call_label(turn_id: str, step: int, call_id: str, labels: Mapping[str, str] | None) -> str:
+    """What Flower shows as a ``tool_call``'s args: ``labels[call_id]``, else ``turn= step= call=``."""
+    return (labels or {}).get(call_id) or f"turn={turn_id} step={step} call={call_id}"
+
+
 class _Sent:
     """What ``app.send_task`` returns for a message ``_send`` sends: the task's id, nothing else.
 
@@ -209,7 +214,7 @@ class CeleryDispatcher:
             routes,
             (TURN_STEP, queue, ()),
             lambda: self._step_sender("0" * 32, 0, queue, "-"),
-            self._step_sender(turn_id, step, queue, label),
+            lambda: self._step_sender(turn_id, step, queue, label),
             (turn_id, step),
             label,
         )
@@ -219,21 +224,22 @@ class CeleryDispatcher:
         routes: _Routes,
         key: TemplateKey,
         sample: Callable[[], Sender],
-        send: Sender,
+        send: Callable[[], Sender],
         args: tuple[str | int, ...],
         label: str,
         headers: dict[str, str] | None = None,
     ) -> MessageCommands | None:
-        """The commands of the message ``send`` publishes, written from the template of ``key``
+        """The commands of the message ``send()`` publishes, written from the template of ``key``
         (recorded from ``sample()``'s message the first time in this process) with ``args``,
-        ``label`` and the custom ``headers``' values; recorded from ``send`` itself (Celery builds
-        it) when there can be no template. None when the publish cannot be recorded (``Unrecordable``)."""
+        ``label`` and the custom ``headers``' values; recorded from ``send()`` itself (Celery builds
+        it) when there can be no template. Both senders are made only when used: the usual message
+        needs neither. None when the publish cannot be recorded (``Unrecordable``)."""
         template = self._templates.get(key)
         if key not in self._templates or (template is not None and not template.recorded_here):
             template = MessageTemplate.record(sample(), routes.topics, routes.expiring, key[2])
             self._templates[key] = template
         if template is None or not template.usable:
-            return self._record(routes, send)
+            return self._record(routes, send())
         return template.message(args, label, headers)
 
     def _own_routes(self) -> _Routes | None:
@@ -275,11 +281,14 @@ class CeleryDispatcher:
         routes = self._routes_to_record()
         if routes is None:
             return None
-        send = self._batch_sender(turn_id, step, batch, queue, labels, None, started)
+
+        def send() -> Sender:
+            return self._batch_sender(turn_id, step, batch, queue, labels, None, started)
+
         if len(batch.call_ids) != 1:
-            return self._record(routes, send)
+            return self._record(routes, send())
         (cid,) = batch.call_ids
-        label = (labels or {}).get(cid) or f"turn={turn_id} step={step} call={cid}"
+        label = _call_label(turn_id, step, cid, labels)
         headers = {STARTED_HEADER: started.get(cid, "")} if started is not None else {}
         return self._templated(
             routes,
@@ -367,7 +376,7 @@ class CeleryDispatcher:
             cid: {
                 **SEND_OPTIONS,
                 "queue": queues[cid],
-                "argsrepr": labels.get(cid) or f"turn={turn_id} step={step} call={cid}",
+                "argsrepr": _call_label(turn_id, step, cid, labels),
                 **headers.get(cid, {}),
             }
             for cid in batch.call_ids
