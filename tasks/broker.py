@@ -251,9 +251,16 @@ class QoS(kombu_redis.QoS):
         turn = _turn_of_payload(message._raw, held[1]) if held is not None else None
         task_id = (message.headers or {}).get("id")
         delivery = message.delivery_info
-        # What kombu's own append writes, written with orjson where kombu's JSON would write the
-        # same (``json_dumps``: typed values the decoded envelope may hold still go through kombu's).
-        raw = json_dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        # What kombu's own append writes: ``[payload, exchange, routing key]``. The payload's text is
+        # the one just popped when ``loads`` decoded it (``_last_popped``: the same dict, so the same
+        # value), spliced in as it came instead of encoded again; otherwise encoded with orjson where
+        # kombu's JSON would write the same (``json_dumps``: typed values go through kombu's).
+        popped = _last_popped
+        if popped is not None and popped[0] is message._raw:
+            route = orjson.dumps([delivery["exchange"], delivery["routing_key"]])
+            raw: str | bytes = b"[" + popped[1] + b"," + route[1:]
+        else:
+            raw = json_dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
         with self.pipe_or_acquire() as pipe:
             pipe.hset(self.unacked_key, delivery_tag, raw)
             pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
@@ -456,13 +463,23 @@ def loads(text: str | bytes) -> Any:
     no ``__type__`` envelope and no run of 19 digits (orjson reads an integer beyond 64 bits as a
     float): the same values, at a fraction of the cost (it was about 3% of a steps worker's CPU).
     What orjson refuses and the standard library reads (``NaN``) goes to kombu's too."""
+    global _last_popped
     raw = text.encode() if isinstance(text, str) else text
     if b"__type__" not in raw and not has_long_digit_run(raw):
         try:
-            return orjson.loads(raw)
+            value = orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
+        else:
+            _last_popped = (value, raw)
+            return value
     return kombu_loads(text)
+
+
+# The value ``loads`` decoded last through orjson and its text: ``QoS.append`` writes the fetch record
+# of the payload kombu hands it from that text when the payload is that very object (checked by
+# identity, so another thread's ``loads`` in between only costs the encoding).
+_last_popped: tuple[Any, bytes] | None = None
 
 
 def _decode_with_orjson() -> None:

@@ -10,6 +10,7 @@ import uuid
 from contextlib import contextmanager
 from typing import Iterator
 
+import orjson
 import pytest
 import redis
 
@@ -36,6 +37,23 @@ def test_a_fetched_turn_task_is_held_with_the_fetch(redis_url, held):
         assert r.hget(held, message.headers["id"]) == b"turn-held"
         assert r.hexists("unacked", message.delivery_tag)  # kombu's own record, in the same pipeline
     assert not r.hexists("unacked", message.delivery_tag)
+
+
+def test_the_fetch_record_is_the_popped_text(redis_url):
+    """The fetch record (``unacked``) holds the payload as it was popped, spliced in, not the
+    decoded payload encoded again: the same value, as kombu's restore reads it."""
+    r = redis.Redis.from_url(redis_url)
+    app = broker_app(redis_url)
+    queue = f"held-test-{uuid.uuid4().hex[:8]}"
+    app.send_task("tasks.health.ping", (), queue=queue)
+    queued = r.lindex(queue, 0)
+    with app.connection_for_read() as conn:
+        message = conn.SimpleQueue(queue).get(timeout=5)
+        record = r.hget("unacked", message.delivery_tag)
+        message.ack()
+    assert record.startswith(b"[" + queued + b",")
+    info = message.delivery_info
+    assert orjson.loads(record) == [orjson.loads(queued), info["exchange"], info["routing_key"]]
 
 
 def test_other_tasks_and_in_process_nodes_record_nothing(redis_url, held):

@@ -138,7 +138,7 @@ class ModelStep:
         """What builds the step's context and tools (``PreparedStep.toolkit``)."""
 
         def build() -> Toolkit:
-            ctx = self.toolbox.context(state, request)
+            ctx = self.toolbox.context(state, request, make_home=False)  # a model step runs no tool
             return ctx, self.toolbox.tools(ctx, request)
 
         return build

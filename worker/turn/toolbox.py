@@ -23,6 +23,20 @@ _HOMES: dict[tuple[str, str], Path] = {}  # (homes root, agent) -> resolved home
 # bench/inflight.py, about 0.5 KB each), and one not kept only costs a realpath and a mkdir again.
 _HOMES_MAX = 4096
 _HOMES_LOCK = threading.Lock()  # a threads pool's steps add at once
+_ROOTS: dict[str, Path] = {}  # homes root as configured -> resolved, once per process
+
+
+def home_path(settings: Settings, agent_id: str) -> Path:
+    """Where the agent's home is, ``<homes_root resolved>/<agent_id>``, without touching it: no
+    ``realpath`` of the home and no ``mkdir``. A model step's context uses it: the step runs no
+    tool, and its node (a turns node) does not hold the agents' homes (``docs/placement.md``);
+    the call's context (``agent_home``) makes the home where the call runs. ``agent_id`` matches
+    ``ID_PATTERN`` (``TurnRequest``), so it is one path component that cannot climb."""
+    key = str(settings.homes_root)
+    root = _ROOTS.get(key)
+    if root is None:
+        root = _ROOTS[key] = Path(key).resolve()
+    return root / agent_id
 
 
 def agent_home(settings: Settings, agent_id: str) -> Path:
@@ -86,12 +100,17 @@ class Toolbox:
         except OUTAGE_ERRORS:
             return False
 
-    def context(self, state: TurnState, request: TurnRequest, abort: AbortSignal | None = None) -> TurnContext:
-        """The ``TurnContext`` given to category creators (the agent's home created on first use)."""
+    def context(
+        self, state: TurnState, request: TurnRequest, abort: AbortSignal | None = None, *, make_home: bool = True
+    ) -> TurnContext:
+        """The ``TurnContext`` given to category creators: the agent's home created on first use
+        (``agent_home``), or with ``make_home=False`` (a model step, which runs no tool) only its
+        path (``home_path``)."""
+        settings = self.rt.settings
         return TurnContext(
             turn_id=state.turn_id,
             agent_id=request.agent_id,
-            home=agent_home(self.rt.settings, request.agent_id),
+            home=agent_home(settings, request.agent_id) if make_home else home_path(settings, request.agent_id),
             settings=self.rt.settings,
             abort=abort or self.abort_signal(state.turn_id),
             supports=request.supports,
