@@ -153,11 +153,11 @@ def commands(config: Path, env: dict[str, str]) -> dict[str, tuple[list[str], di
             out["sentinel"] = ([_binary("redis-server"), str(conf), "--sentinel"], share("sentinel", env))
         elif role == "worker":
             Path(env.get("AGENT_HOMES_ROOT") or base / "homes").mkdir(parents=True, exist_ok=True)
-            for name, argv in worker_commands(tag=env.get("AGENT_HOST_NAME") or None).items():
-                try:
+            try:
+                for name, argv in worker_commands(tag=env.get("AGENT_HOST_NAME") or None).items():
                     out[name] = (argv, pool_env(name, share(name, env)))
-                except ValueError as exc:
-                    raise HostError(str(exc)) from None
+            except ValueError as exc:
+                raise HostError(str(exc)) from None
         elif role == "beat":
             out["beat"] = (beat_command(), share("beat", env))
         elif role == "api":
