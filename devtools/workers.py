@@ -68,6 +68,21 @@ IO_POOLS = ("solo", "threads")
 DEFAULT_IO_CONCURRENCY = 32
 
 
+def pool_size(name: str, env: Mapping[str, str], unit: str) -> int | None:
+    """``env[name]`` as a pool's size (``unit``: ``threads``, ``processes``), None when unset or
+    empty. Raises ``ValueError``, one line naming the variable, when it is set but not a whole
+    number of at least 1 (``0`` used to be replaced by the default in silence, ``abc`` was a
+    traceback)."""
+    raw = env.get(name)
+    if not raw:
+        return None
+    text = raw.strip()
+    size = int(text) if text.isascii() and text.isdigit() else 0
+    if size < 1:
+        raise ValueError(f"{name} must be a whole number of {unit}, at least 1, not {raw!r}")
+    return size
+
+
 def io_pool_config(
     io_pool: str | None = None, io_concurrency: int | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[str, int | None]:
@@ -76,20 +91,17 @@ def io_pool_config(
     ``io_concurrency``, else ``AGENT_IO_CONCURRENCY``, else 32 threads (``env``: default this
     process's environment). Raises ``ValueError``, one line naming the variable, for a pool other
     than ``solo`` or ``threads`` (a prefork child would make its model calls inline, one at a
-    time), for an ``AGENT_IO_CONCURRENCY`` that is set but not a whole number of at least 1, and for
-    ``AGENT_MODEL_CALLS=inline`` on a solo pool (an inline call holds the only thread that runs
-    steps for as long as the model takes: the whole node would wait on one call)."""
+    time), for an ``AGENT_IO_CONCURRENCY`` that is set but not a whole number of at least 1
+    (``pool_size``), and for ``AGENT_MODEL_CALLS=inline`` on a solo pool (an inline call holds the
+    only thread that runs steps for as long as the model takes: the whole node would wait on one call)."""
     env = os.environ if env is None else env
     pool = io_pool or env.get("AGENT_IO_POOL") or "solo"
     if pool not in IO_POOLS:
         raise ValueError(f"AGENT_IO_POOL must be solo or threads, not {pool!r}")
     size = io_concurrency
-    raw = env.get("AGENT_IO_CONCURRENCY")
-    if size is None and raw:
-        size = int(raw) if raw.strip().isdigit() else 0
-        if size < 1:
-            raise ValueError(f"AGENT_IO_CONCURRENCY must be a whole number of threads, at least 1, not {raw!r}")
-    elif size is not None and size < 1:
+    if size is None:
+        size = pool_size("AGENT_IO_CONCURRENCY", env, "threads")
+    elif size < 1:
         raise ValueError(f"an I/O pool needs at least 1 thread, not {size}")
     if pool == "solo" and env.get("AGENT_MODEL_CALLS") == "inline":
         raise ValueError(
@@ -97,6 +109,26 @@ def io_pool_config(
             "the solo pool's only thread (or unset AGENT_MODEL_CALLS: async, the default)"
         )
     return pool, (size or DEFAULT_IO_CONCURRENCY) if pool == "threads" else None
+
+
+def tools_pool_config(tools_concurrency: int | None = None, env: Mapping[str, str] | None = None) -> int:
+    """The tools pool's processes: ``tools_concurrency``, else ``AGENT_TOOLS_CONCURRENCY``, else
+    the number of cores (``env``: default this process's environment). Raises ``ValueError``, one
+    line naming the variable, for an ``AGENT_TOOLS_CONCURRENCY`` that is set but not a whole number
+    of at least 1 (``pool_size``)."""
+    env = os.environ if env is None else env
+    if tools_concurrency is not None:
+        if tools_concurrency < 1:
+            raise ValueError(f"a tools pool needs at least 1 process, not {tools_concurrency}")
+        return tools_concurrency
+    return pool_size("AGENT_TOOLS_CONCURRENCY", env, "processes") or os.cpu_count() or 2
+
+
+def check_pool_settings(env: Mapping[str, str] | None = None) -> None:
+    """Raise ``ValueError`` (one line) for a pool setting ``worker_commands`` would refuse: for
+    ``make run``/``make stack`` to say so before they start anything."""
+    io_pool_config(env=env)
+    tools_pool_config(env=env)
 
 
 def describe_io_pool(pool: str, size: int | None) -> str:
@@ -111,14 +143,16 @@ def worker_commands(
     tools_concurrency: int | None = None,
     loglevel: str = "INFO",
     tag: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, list[str]]:
     """``{name: argv}`` of the node's two workers, named ``io-<tag>@<host>`` and ``tools-<tag>@<host>``.
     The I/O pool and its size: ``io_pool_config(io_pool, io_concurrency)``, which raises ``ValueError`` for
     a configuration it refuses. A solo pool gets no ``-c``: Celery then sizes its prefetch by the
     cores (its banner's ``concurrency: N (solo)``), while solo runs one task at a time. The tools
-    pool's processes: ``tools_concurrency``, else ``AGENT_TOOLS_CONCURRENCY`` (the number of cores)."""
-    pool, io_c = io_pool_config(io_pool, io_concurrency)
-    tools_c = tools_concurrency or int(os.environ.get("AGENT_TOOLS_CONCURRENCY", str(os.cpu_count() or 2)))
+    pool's processes: ``tools_pool_config(tools_concurrency)``, which raises ``ValueError`` the same
+    way. The ``AGENT_*`` settings are read from ``env`` (default this process's environment)."""
+    pool, io_c = io_pool_config(io_pool, io_concurrency, env=env)
+    tools_c = tools_pool_config(tools_concurrency, env=env)
     tag = tag or uuid.uuid4().hex[:4]
     return {
         "worker-io": worker_argv(IO_QUEUES, name=f"io-{tag}@%h", pool=pool, concurrency=io_c, loglevel=loglevel),

@@ -1,5 +1,6 @@
 """The node's I/O pool (``devtools.workers.worker_commands``): solo by default, as compose and the
-Kubernetes manifests run it; a threads pool when asked, with its size; nothing else. A setting it
+Kubernetes manifests run it; a threads pool when asked, with its size; nothing else. The tools
+pool: prefork, one process per core or ``AGENT_TOOLS_CONCURRENCY``. A setting it
 refuses (another pool, a malformed size, inline model calls on solo) is one line from ``make
 run``/``make stack``/``make worker``, not a traceback, and the stack's console names the pool it runs."""
 
@@ -12,8 +13,10 @@ import sys
 import pytest
 
 from devtools.devstack import workers_line
-from devtools.workers import worker_commands
+from devtools.workers import check_pool_settings, worker_commands
 from tests.conftest import ROOT
+
+POOL_SETTINGS = ("AGENT_IO_POOL", "AGENT_IO_CONCURRENCY", "AGENT_TOOLS_CONCURRENCY", "AGENT_MODEL_CALLS")
 
 
 def _pool(argv: list[str]) -> tuple[str, str | None]:
@@ -22,7 +25,7 @@ def _pool(argv: list[str]) -> tuple[str, str | None]:
 
 @pytest.fixture(autouse=True)
 def _no_pool_settings(monkeypatch):
-    for name in ("AGENT_IO_POOL", "AGENT_IO_CONCURRENCY", "AGENT_MODEL_CALLS"):
+    for name in POOL_SETTINGS:
         monkeypatch.delenv(name, raising=False)
 
 
@@ -65,6 +68,29 @@ def test_a_malformed_io_concurrency_is_refused_not_replaced(monkeypatch, pool, s
         worker_commands(io_pool="threads", io_concurrency=-1, tag="t")
 
 
+def test_the_tools_pool_has_one_process_per_core_unless_told(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert _pool(worker_commands(tag="t")["worker-tools"]) == ("prefork", "6")
+    monkeypatch.setenv("AGENT_TOOLS_CONCURRENCY", " 3 ")
+    assert _pool(worker_commands(tag="t")["worker-tools"]) == ("prefork", "3")
+    assert _pool(worker_commands(tools_concurrency=2, tag="t")["worker-tools"]) == ("prefork", "2")
+    assert _pool(worker_commands(tag="t", env={"AGENT_TOOLS_CONCURRENCY": "5"})["worker-tools"]) == ("prefork", "5")
+
+
+@pytest.mark.parametrize("size", ["0", "-4", "abc", "1.5", "8 processes", "\u00b2"])
+def test_a_malformed_tools_concurrency_is_refused_not_replaced(monkeypatch, size):
+    """Set, it must be a whole number of at least 1 (0 used to become the number of cores in
+    silence, and ``abc`` was a traceback)."""
+    monkeypatch.setenv("AGENT_TOOLS_CONCURRENCY", size)
+    match = r"^AGENT_TOOLS_CONCURRENCY must be a whole number of processes, at least 1, not"
+    with pytest.raises(ValueError, match=match):
+        worker_commands(tag="t")
+    with pytest.raises(ValueError, match=match):
+        check_pool_settings()
+    with pytest.raises(ValueError, match="at least 1 process"):
+        worker_commands(tools_concurrency=0, tag="t")
+
+
 def test_inline_model_calls_need_a_threads_pool(monkeypatch):
     """An inline call holds its thread while the model answers: on solo, the node's only one."""
     monkeypatch.setenv("AGENT_MODEL_CALLS", "inline")
@@ -91,15 +117,15 @@ def test_the_stack_names_the_pool_it_runs(monkeypatch):
         ({"AGENT_IO_POOL": "prefork"}, "AGENT_IO_POOL must be solo or threads, not 'prefork'"),
         ({"AGENT_MODEL_CALLS": "inline"}, "AGENT_MODEL_CALLS=inline needs AGENT_IO_POOL=threads"),
         ({"AGENT_IO_POOL": "threads", "AGENT_IO_CONCURRENCY": "0"}, "AGENT_IO_CONCURRENCY must be a whole number"),
+        ({"AGENT_TOOLS_CONCURRENCY": "0"}, "AGENT_TOOLS_CONCURRENCY must be a whole number of processes"),
+        ({"AGENT_TOOLS_CONCURRENCY": "four"}, "AGENT_TOOLS_CONCURRENCY must be a whole number of processes"),
     ],
 )
 @pytest.mark.parametrize("module", ["devtools.devstack", "devtools.workers"])
 def test_make_run_stack_and_worker_refuse_a_pool_setting_in_one_line(setting, needle, module):
     """``make run``/``make stack`` (devstack) and ``make worker`` (workers): one ``error:`` line and
     exit 1, before anything is started (no Redis is reached: REDIS_URL is a closed port here)."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("AGENT_IO_POOL", "AGENT_IO_CONCURRENCY", "AGENT_MODEL_CALLS")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in POOL_SETTINGS}
     run = subprocess.run(
         [sys.executable, "-m", module, *(["--demo", "demo"] if module == "devtools.devstack" else [])],
         cwd=ROOT,
