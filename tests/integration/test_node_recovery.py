@@ -62,7 +62,7 @@ def test_supervisor_reports_a_killed_worker_and_its_turn_is_redriven_at_once(sta
         return {"output": [msg("recovered by the supervisor")]}
 
     gateway.add_script(script_name, [slow_first])
-    env = {**stack.env, "AGENT_IO_CONCURRENCY": "8", "AGENT_TOOLS_CONCURRENCY": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**stack.env, "AGENT_TOOLS_CONCURRENCY": "1", "PYTHONUNBUFFERED": "1"}
     log = Path(tempfile.gettempdir()) / f"node-recovery-{os.getpid()}.log"
     node = subprocess.Popen(
         [sys.executable, "-m", "devtools.workers"], cwd=ROOT, env=env, start_new_session=True,
