@@ -95,3 +95,11 @@ def test_host_refuses_a_malformed_tools_concurrency_in_one_line(tmp_path, size):
     assert (
         out.strip() == f"error: AGENT_TOOLS_CONCURRENCY must be a whole number of processes, at least 1, not {size!r}"
     )
+
+
+def test_inline_model_calls_reach_the_io_pool_they_are_checked_for(tmp_path):
+    """``AGENT_MODEL_CALLS`` in host.env is what the I/O pool runs with, the same value
+    ``devtools.host`` checked against its pool (a threads pool: inline calls hold a thread each)."""
+    procs = host.commands(tmp_path, _host_env(tmp_path, AGENT_IO_POOL="threads", AGENT_MODEL_CALLS="inline"))
+    assert procs["worker-io"][1]["AGENT_MODEL_CALLS"] == "inline"
+    assert "AGENT_MODEL_CALLS" not in procs["worker-tools"][1]
