@@ -57,6 +57,17 @@ def test_computer_tools_in_a_turn(control, gateway, script_name, homes_root):
     assert any(label.startswith("Read") and "src/app.py" in label for label in labels)
 
 
+def test_a_home_is_made_only_where_a_tool_call_runs(control, gateway, script_name, homes_root):
+    """A turn without tool calls makes no home (its model steps run no tool); the agent's first
+    tool call makes it."""
+    agent = f"a-{uuid.uuid4().hex[:6]}"
+    _, view, _ = run(control, gateway, script_name, [], agent)
+    assert view.status == TurnStatus.completed
+    assert not (homes_root / agent).exists()
+    _, view, outs = run(control, gateway, script_name, [{"output": [fc("list_files", {"path": "."})]}], agent)
+    assert view.status == TurnStatus.completed and (homes_root / agent).is_dir(), outs
+
+
 def test_file_confinement_refusals_through_the_worker(control, gateway, script_name, homes_root):
     agent = f"a-{uuid.uuid4().hex[:6]}"
     home = homes_root / agent

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from worker.settings import Settings
 from worker.turn import toolbox
-from worker.turn.toolbox import agent_home
+from worker.turn.toolbox import agent_home, home_path
 
 
 def test_homes_are_made_once_and_at_most_homes_max_kept(tmp_path):
@@ -18,3 +18,11 @@ def test_homes_are_made_once_and_at_most_homes_max_kept(tmp_path):
     assert len(toolbox._HOMES) == toolbox._HOMES_MAX
     again = agent_home(settings, "a-0")  # the oldest went; made again, the same directory
     assert again == first and again is not first
+
+
+def test_a_model_steps_home_is_named_not_made(tmp_path):
+    """``home_path`` (a model step's context) is where ``agent_home`` makes the home, and makes nothing."""
+    settings = Settings(homes_root=tmp_path / "homes")
+    named = home_path(settings, "a-x")
+    assert not named.exists() and not (tmp_path / "homes").exists()
+    assert agent_home(settings, "a-x") == named and named.is_dir()
