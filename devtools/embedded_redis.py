@@ -220,29 +220,39 @@ class EmbeddedRedis:
             start_new_session=True,  # a Ctrl-C meant for the caller must not stop Redis before its clients
             preexec_fn=lifetime.preexec(),  # but a caller killed outright takes it along
         )
+        try:
+            self._wait_ready(exe, timeout)
+        except BaseException:  # a Ctrl-C while it starts too: the caller never got a server to stop
+            self.stop()
+            raise
+        return self.url
+
+    def _wait_ready(self, exe: str, timeout: float) -> None:
+        """Return once the started server answers PING; raises ``EmbeddedRedisError`` if it exits
+        or does not answer within ``timeout`` seconds."""
         import redis
 
         from worker.redis_connection import RedisEndpoint, TLSFiles
 
+        assert self.proc is not None
         tls = TLSFiles(str(self.tls.ca_file)) if self.tls else TLSFiles()
         probe_client = RedisEndpoint.parse(self.url, tls=tls).client(socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.stop()
-                if self.tls and not supports_tls(exe):
-                    raise EmbeddedRedisError(
-                        f"{exe} was built without TLS: install Debian's redis-server package (make redis-tls)"
-                    )
-                raise EmbeddedRedisError(f"{exe} exited with code {self.proc.returncode}")
-            try:
-                probe_client.ping()
-                probe_client.close()
-                return self.url
-            except redis.RedisError:
-                time.sleep(0.05)
-        probe_client.close()
-        self.stop()
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    if self.tls and not supports_tls(exe):
+                        raise EmbeddedRedisError(
+                            f"{exe} was built without TLS: install Debian's redis-server package (make redis-tls)"
+                        )
+                    raise EmbeddedRedisError(f"{exe} exited with code {self.proc.returncode}")
+                try:
+                    probe_client.ping()
+                    return
+                except redis.RedisError:
+                    time.sleep(0.05)
+        finally:
+            probe_client.close()
         raise EmbeddedRedisError(f"{exe} did not answer on port {self.port} within {timeout}s")
 
     def stop(self) -> None:

@@ -1,6 +1,7 @@
 """What the API reads from a body and what a turn's intake can store, without a server: the
 routes' strict JSON (``control.api.json_request``), the edge's hand-over of long digit runs
-(``control.api.edge``), and the refusals of ``request_problem``, ``TurnIntake.prepare`` and an approval's ``check_params``."""
+(``control.api.edge``), and the refusals of ``request_problem``, ``TurnIntake.prepare`` and an approval's ``check_params``,
+with ``unstorable``'s cause read from the refused value."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import cast
 
+import orjson
 import pytest
 
 from control.api.edge import _request
 from control.api.json_request import strict_loads
 from worker.turn.approvals import ApprovalError, ApprovalRecord, check_params
 from worker.turn.intake import TurnIntake
-from worker.turn.request import TurnRefused, TurnRequest, request_problem
+from worker.turn.request import STORE_MAX_DEPTH, TurnRefused, TurnRequest, request_problem, unstorable
 from worker.turn.runtime import TurnRuntime
 
 
@@ -93,3 +95,59 @@ def test_edited_params_the_record_cannot_hold_are_refused(params, said):
     assert said in str(raised.value)
     check_params(rec, {"n": 2**64 - 1, "o": json.loads("[" * 252 + "]" * 252)})
     replace(rec, params={"n": 2**64 - 1, "o": json.loads("[" * 252 + "]" * 252)}).to_json()
+
+
+def _nested(levels: int) -> list:
+    return json.loads("[" * levels + "]" * levels)
+
+
+def _cyclic() -> dict:
+    loop: dict = {"ok": 1}
+    loop["again"] = loop
+    return loop
+
+
+WIDE = "an integer is beyond 64 bits (-2**63 to 2**64-1); send a larger number as a string"
+DEEP = "arrays and objects are nested more than 254 levels deep (the outermost object counted)"
+SURROGATE = "a string holds a lone surrogate (an escaped \\ud800-\\udfff without its pair), which is not Unicode text"
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ({"n": 2**64}, WIDE),
+        ([1, -(2**63) - 1], WIDE),
+        (_nested(STORE_MAX_DEPTH + 1), DEEP),
+        ({"o": _nested(STORE_MAX_DEPTH)}, DEEP),  # the outermost object counted
+        ({"s": ["fine \U0001f600", "x \ud800 y"]}, SURROGATE),
+        ({"k \udfff": 1}, SURROGATE),  # in a key
+        ([2**64, "x \ud800"], WIDE),  # the first the encoder meets
+        (["x \ud800", 2**64], SURROGATE),
+        (TurnRequest(input="x", metadata={"n": _nested(300)}), DEEP),  # the model pydantic's model_dump refused
+    ],
+)
+def test_unstorable_finds_the_cause_in_the_value_not_the_error_text(value, said):
+    # An exception that says nothing of the cause: the explanation comes from the value.
+    assert unstorable(value, TypeError("the encoder's wording changed")) == said
+    if not isinstance(value, TurnRequest):  # the store's encoder refuses each of them
+        with pytest.raises(TypeError):
+            orjson.dumps(value)
+
+
+def test_unstorable_stops_at_the_depth_limit_of_a_cyclic_value():
+    assert unstorable(_cyclic(), ValueError("Recursion error - cyclic reference detected")) == DEEP
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"n": [2**64 - 1, -(2**63), True]},
+        _nested(STORE_MAX_DEPTH),
+        {"s": "x \U0001f600 \u00e9", "k \u00e9": 1.5},
+        {"o": {1, 2}},  # a set: no cause unstorable knows
+    ],
+)
+def test_unstorable_says_the_error_text_when_the_value_has_no_known_cause(value):
+    assert unstorable(value, TypeError("Type is not JSON serializable: set")) == "Type is not JSON serializable: set"
+    if "o" not in value:  # the encoder takes these: the limits are orjson's own
+        orjson.dumps(value)

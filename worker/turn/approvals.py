@@ -205,10 +205,11 @@ def check_params(rec: ApprovalRecord, params: dict[str, Any]) -> None:
     if errors:
         detail = "; ".join(f"{e.loc}: {e.msg}" for e in errors)
         raise ApprovalError(f"edited params for {rec.name} are invalid (nothing was recorded): {detail}")
+    held = {"params": params}  # as the record holds them, one level down
     try:  # what the schema takes and the record's JSON cannot hold (a 500 when it was stored)
-        orjson.dumps({"params": params})  # as the record holds them, one level down
+        orjson.dumps(held)
     except TypeError as exc:
-        why = unstorable(exc)
+        why = unstorable(held, exc)
         raise ApprovalError(f"edited params for {rec.name} cannot be stored (nothing was recorded): {why}") from None
 
 

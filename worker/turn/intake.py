@@ -60,11 +60,12 @@ class TurnIntake:
         cannot store (``unstorable``: an integer beyond 64 bits, nesting over 254 levels, a lone
         surrogate), which a client's JSON parser may accept."""
         check_turn_id(turn_id)
+        refused: object = request  # what failed to encode: the model, or its JSON-mode dump
         try:
-            dumped = request.model_dump(mode="json")
+            refused = dumped = request.model_dump(mode="json")
             size = len(orjson.dumps(dumped))
         except (ValueError, TypeError) as exc:  # orjson.JSONEncodeError is a TypeError
-            raise TurnRefused(f"the turn request cannot be stored: {unstorable(exc)}") from None
+            raise TurnRefused(f"the turn request cannot be stored: {unstorable(refused, exc)}") from None
         limit = self.rt.settings.max_input_bytes
         if size > limit:
             raise TurnRefused(

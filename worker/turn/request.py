@@ -214,20 +214,66 @@ def request_problem(request: TurnRequest) -> tuple[str, str] | None:
     return None
 
 
-def unstorable(exc: Exception) -> str:
-    """Why the stored JSON cannot hold a value a client sent (a turn request, an approval's edited
-    params), from what ``orjson.dumps`` (or pydantic's ``model_dump``) raised: a value Python's
-    ``json`` reads but the store's encoder refuses."""
-    text = str(exc)
-    if "64-bit" in text:
-        return "an integer is beyond 64 bits (-2**63 to 2**64-1); send a larger number as a string"
-    if "depth" in text or "Recursion" in text:
-        return "arrays and objects are nested more than 254 levels deep (the outermost object counted)"
-    if "surrogate" in text:
-        return (
-            "a string holds a lone surrogate (an escaped \\ud800-\\udfff without its pair), which is not Unicode text"
-        )
-    return text
+STORE_INT_RANGE = (-(2**63), 2**64 - 1)
+"""The integers the store's JSON encoder (orjson) writes; it refuses any other."""
+STORE_MAX_DEPTH = 254
+"""The deepest nesting of arrays and objects the store's JSON encoder (orjson) writes, the
+outermost counted: it refuses a 255th level ("Recursion limit reached")."""
+_WIDE_INT = "an integer is beyond 64 bits (-2**63 to 2**64-1); send a larger number as a string"
+_TOO_DEEP = f"arrays and objects are nested more than {STORE_MAX_DEPTH} levels deep (the outermost object counted)"
+_LONE_SURROGATE = (
+    "a string holds a lone surrogate (an escaped \\ud800-\\udfff without its pair), which is not Unicode text"
+)
+
+
+def unstorable(value: object, exc: Exception) -> str:
+    """Why the stored JSON cannot hold ``value``, a value a client sent (a turn request, an
+    approval's edited params) that ``orjson.dumps`` (or pydantic's ``model_dump``) refused with
+    ``exc``: a value Python's ``json`` reads but the store's encoder refuses.
+
+    The cause is found in the value itself, never in the encoder's wording: the first (in the
+    encoder's order) integer outside ``STORE_INT_RANGE``, array or object nested deeper than
+    ``STORE_MAX_DEPTH``, or string (or object key) with a lone surrogate. ``str(exc)`` when the
+    value has none of them. Runs on the error path only: it stops at the first cause, as the
+    encoder did, and never descends past the depth limit (a cyclic value ends there too)."""
+    cause = _unstorable_part(value, 1)
+    return cause if cause is not None else str(exc)
+
+
+def _unstorable_part(value: object, depth: int) -> str | None:
+    """The first cause ``unstorable`` names in ``value``, a container at nesting level ``depth``."""
+    if isinstance(value, str):
+        return None if _is_unicode(value) else _LONE_SURROGATE
+    if isinstance(value, int):  # bool too (always in range)
+        return None if STORE_INT_RANGE[0] <= value <= STORE_INT_RANGE[1] else _WIDE_INT
+    if isinstance(value, BaseModel):  # a request model_dump refused: its fields, one object
+        value = dict(value)
+    if isinstance(value, dict):
+        if depth > STORE_MAX_DEPTH:
+            return _TOO_DEEP
+        for key, item in value.items():
+            if isinstance(key, str) and not _is_unicode(key):
+                return _LONE_SURROGATE
+            if (cause := _unstorable_part(item, depth + 1)) is not None:
+                return cause
+    elif isinstance(value, (list, tuple)):
+        if depth > STORE_MAX_DEPTH:
+            return _TOO_DEEP
+        for item in value:
+            if (cause := _unstorable_part(item, depth + 1)) is not None:
+                return cause
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    """False when ``text`` holds a lone surrogate (UTF-8 cannot encode it)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class _Kept(dict[bytes, TurnRequest]):
