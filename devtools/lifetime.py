@@ -23,7 +23,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -128,7 +127,7 @@ def _on_first_signal(raised: Callable[[], BaseException]) -> None:
 _unraisable_before = sys.unraisablehook
 
 
-def _quiet_drop(unraisable: Any) -> None:
+def _quiet_drop(unraisable: sys.UnraisableHookArgs) -> None:
     """``sys.unraisablehook``: a stop of ``_on_first_signal`` that Python dropped is not printed
     (``stop_requested`` keeps it); any other exception goes to the hook before."""
     if getattr(unraisable.exc_value, "stop_signal", None) is None:
