@@ -63,15 +63,20 @@ EXITED_EARLY = textwrap.dedent(
 )
 
 
-def test_a_signal_before_anything_started_exits_0_quietly_even_inside_an_import():
-    run = subprocess.run(
-        [sys.executable, "-c", EXITED_EARLY],
+def _run_script(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a new Python with SIGINT at its default, as in a terminal."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=30,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+def test_a_signal_before_anything_started_exits_0_quietly_even_inside_an_import():
+    run = _run_script(EXITED_EARLY)
     assert (run.returncode, run.stdout, run.stderr) == (0, "", "")
 
 
@@ -100,12 +105,5 @@ def test_a_signal_taken_in_a_fork_hook_is_kept_for_the_command_and_not_printed()
     """A signal that arrives while subprocess forks a child (``preexec_fn``) is taken in the fork's
     Python hooks, where Python drops the exception and prints "Exception ignored": the command
     finds the stop in ``stop_requested`` (devstack checks it while it starts), and nothing is printed."""
-    run = subprocess.run(
-        [sys.executable, "-c", STOPPED_IN_A_FORK_HOOK],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
-    )
+    run = _run_script(STOPPED_IN_A_FORK_HOOK)
     assert (run.returncode, run.stdout, run.stderr) == (0, "stop requested\n", "")
