@@ -15,6 +15,7 @@ of a run over the whole suite (``make test``); ``--real-model``, or naming the f
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import uuid
 from pathlib import Path
@@ -61,6 +62,8 @@ def pytest_unconfigure(config):
     release_mounts(
         _state.get("homes"), config._tmp_path_factory.getbasetemp() if hasattr(config, "_tmp_path_factory") else None
     )
+    if _state.get("homes") is not None:  # the run's homes root (tests/*/conftest.py), made in /tmp per run
+        shutil.rmtree(_state["homes"], ignore_errors=True)
 
 
 def release_mounts(*roots: Path | None) -> None:
