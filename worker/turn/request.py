@@ -248,20 +248,16 @@ def _unstorable_part(value: object, depth: int) -> str | None:
         return None if STORE_INT_RANGE[0] <= value <= STORE_INT_RANGE[1] else _WIDE_INT
     if isinstance(value, BaseModel):  # a request model_dump refused: its fields, one object
         value = dict(value)
-    if isinstance(value, dict):
-        if depth > STORE_MAX_DEPTH:
-            return _TOO_DEEP
-        for key, item in value.items():
-            if isinstance(key, str) and not _is_unicode(key):
-                return _LONE_SURROGATE
-            if (cause := _unstorable_part(item, depth + 1)) is not None:
-                return cause
-    elif isinstance(value, (list, tuple)):
-        if depth > STORE_MAX_DEPTH:
-            return _TOO_DEEP
-        for item in value:
-            if (cause := _unstorable_part(item, depth + 1)) is not None:
-                return cause
+    if not isinstance(value, (dict, list, tuple)):
+        return None
+    if depth > STORE_MAX_DEPTH:
+        return _TOO_DEEP
+    pairs = value.items() if isinstance(value, dict) else ((None, item) for item in value)
+    for key, item in pairs:  # an object's key before its value, as the encoder writes them
+        if isinstance(key, str) and not _is_unicode(key):
+            return _LONE_SURROGATE
+        if (cause := _unstorable_part(item, depth + 1)) is not None:
+            return cause
     return None
 
 

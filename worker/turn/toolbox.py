@@ -44,7 +44,7 @@ def agent_home(settings: Settings, agent_id: str) -> Path:
     key = (str(settings.homes_root), agent_id)
     home = _HOMES.get(key)
     if home is None or not home.is_dir():  # one stat per step instead of realpath + mkdir
-        home = (Path(settings.homes_root) / agent_id).resolve()
+        home = home_path(settings, agent_id).resolve()
         home.mkdir(parents=True, exist_ok=True)
         with _HOMES_LOCK:
             if len(_HOMES) >= _HOMES_MAX:  # the oldest goes
@@ -111,7 +111,7 @@ class Toolbox:
             turn_id=state.turn_id,
             agent_id=request.agent_id,
             home=agent_home(settings, request.agent_id) if make_home else home_path(settings, request.agent_id),
-            settings=self.rt.settings,
+            settings=settings,
             abort=abort or self.abort_signal(state.turn_id),
             supports=request.supports,
             redis=self.rt.redis,
