@@ -392,7 +392,7 @@ def serve(stack: Stack, metrics_port: int | None = None) -> None:
     console.print(f"\n[bold]stack is up[/] (agent alice's home: {home}); in another shell:\n")
     # The URLs carry Redis passwords: they go to a 0600 file, never to the terminal or a log.
     print(
-        f"  . {STACK_ENV.relative_to(ROOT)}    # REDIS_URL, CONTROL_REDIS_URL, AGENT_REDIS_*, OPENAI_*, AGENT_API_* (mode 0600)",
+        f"  . {STACK_ENV.relative_to(ROOT)}    # REDIS_URL, CONTROL_REDIS_URL, OPENAI_*, AGENT_API_*, AGENT_REDIS_* with Sentinel or TLS (mode 0600)",
         flush=True,
     )
     # Commands to copy: never wrapped by rich (a piped output is 80 columns wide, and a line break
