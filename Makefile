@@ -115,6 +115,7 @@ bench: $(STAMP)
 	$(PY) bench/tracing_overhead.py
 	$(PY) bench/concurrency.py
 	$(PY) bench/concurrency.py --p2
+	$(PY) bench/message_floor.py
 	$(PY) bench/inflight.py
 	$(PY) bench/step_chain.py
 	$(PY) bench/step_chain.py --stream

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STACK_ENV = ROOT / "var" / "stack.env"
 # The scripted gateway needs none of these.
 SECRETS = ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY", "AGENT_REDIS_SENTINEL_PASSWORD")
-console = Console()
+console, errors = Console(), Console(stderr=True)  # error lines on stderr
 cli = typer.Typer(add_completion=False, help=__doc__)
 
 
@@ -443,7 +443,7 @@ def run(
     try:  # the workers' pool settings, before anything is started: one line, no traceback
         check_pool_settings()
     except ValueError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        errors.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(1) from None
     exit_with_parent()
     stack = Stack()
@@ -477,13 +477,13 @@ def run(
 
             ok = run_approval_demo(ControlPlane(), console=console, homes_root=Path(os.environ["AGENT_HOMES_ROOT"]))
         else:
-            console.print(f"[red]unknown demo {demo!r}[/]: use demo, workflow, jobs or approval")
+            errors.print(f"[red]error: unknown demo {demo!r}[/]: use demo, workflow, jobs or approval")
     except (KeyboardInterrupt, Exception) as exc:
         if isinstance(exc, KeyboardInterrupt) or lifetime.stop_requested():  # or come out as another error
             stopped = True
             console.print("interrupted")
         elif isinstance(exc, RuntimeError):  # a process of the stack did not come up or exited: say which
-            console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line, however long
+            errors.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line, however long
         else:
             raise
     finally:

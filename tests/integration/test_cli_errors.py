@@ -103,10 +103,10 @@ def test_make_run_reports_a_bad_redis_url_in_one_line():
         ("redis://127.0.0.1:port/0", "REDIS_URL 'redis://127.0.0.1:port/0' is not a Redis URL"),
     ):
         run = _run("devtools.devstack", "--demo", "demo", env={"REDIS_URL": url})
-        errors = [line for line in run.stdout.splitlines() if line.startswith("error:")]
-        assert run.returncode == 1 and len(errors) == 1 and needle in errors[0], run.stdout
-        assert "Traceback" not in run.stdout + run.stderr and "pw@" not in run.stdout
-        assert len(run.stdout.splitlines()) <= 3, run.stdout
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]  # on stderr
+        assert run.returncode == 1 and len(errors) == 1 and needle in errors[0], run.stdout + run.stderr
+        assert "Traceback" not in run.stdout + run.stderr and "pw@" not in run.stdout + run.stderr
+        assert len((run.stdout + run.stderr).splitlines()) <= 3, run.stdout + run.stderr
 
 
 def _env_file_url(path: Path) -> str:
