@@ -146,6 +146,17 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+def stop_services(gw: Any, srv: EmbeddedRedis, logs: Path, keep: bool) -> None:
+    """End a bench run: stop the model endpoint and the embedded Redis, then remove the workers'
+    logs (``logs``) unless ``keep`` (then say where they are)."""
+    gw.stop()
+    srv.stop()
+    if keep:
+        print(f"logs kept: {logs}")
+    else:
+        shutil.rmtree(logs, ignore_errors=True)
+
+
 def _wait_heartbeat(r: redis.Redis, pid: int, proc: subprocess.Popen, what: str) -> None:
     host = os.uname().nodename
     deadline = time.monotonic() + 60

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -113,12 +112,7 @@ def main() -> None:
         keep = True
         raise
     finally:
-        gw.stop()
-        srv.stop()
-        if keep:
-            print(f"logs kept: {logs}")
-        else:
-            shutil.rmtree(logs, ignore_errors=True)
+        harness.stop_services(gw, srv, logs, keep)
     ours_ms, floor_ms = [o for o, _ in rows], [f for _, f in rows]
     own = [o - f for o, f in rows]
     print(f"runtime: median {statistics.median(ours_ms):.2f} ms (rounds {', '.join(f'{x:.2f}' for x in ours_ms)})")

@@ -186,12 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         keep = True
         raise
     finally:
-        gw.stop()
-        srv.stop()
-        if keep:
-            print(f"logs kept: {logs}")
-        else:
-            shutil.rmtree(logs, ignore_errors=True)
+        harness.stop_services(gw, srv, logs, keep)
     print(f"P1 runtime step / chain step, median of {args.rounds} rounds: {statistics.median(ratios):.2f}x "
           f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
 

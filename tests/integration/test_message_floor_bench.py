@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.bench_runs import run_bench
 
 
 @pytest.mark.slow
@@ -19,17 +16,7 @@ def test_a_round_finishes_every_turn_of_both_sides_and_leaves_no_folder(tmp_path
     agents' homes and the embedded Redis's folder are gone when the run ends."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
-    for name in ("REDIS_URL", "CONTROL_REDIS_URL", "OPENAI_BASE_URL", "AGENT_HOMES_ROOT", "AGENT_EXTRA_TOOLSETS"):
-        env.pop(name, None)
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "message_floor.py"), "--turns", "5", "--rounds", "1"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    run = run_bench("message_floor.py", ["--turns", "5", "--rounds", "1"], tmp)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = re.findall(r"^\s+1 (floor|runtime)\s+[\d.]+\s+(\d+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+([\d.]+)$", run.stdout, re.M)
     assert sorted(r[0] for r in rows) == ["floor", "runtime"], run.stdout
