@@ -1,11 +1,13 @@
 """What the bench turn's three Celery messages cost with nothing in them, against the runtime.
 
 The runtime's worker CPU per bench turn (``bench/concurrency.py``: model call, one tool call, model
-call; steps worker plus tools worker with its pool children) has a floor no change inside the
-tasks can go below, which this bench measures: the same three messages on the same pools (steps on solo, tool calls on prefork ``-c 2``) and the runtime's own Celery app
-(``bench/null_turn.py``: its transport, batched acks and events, orjson, time limits), each task
-only sending the next message. Rounds alternate the runtime (``concurrency.run_ours``, against the
-keep-alive endpoint at ``--latency``) and the message floor, and which goes first alternates too.
+call; steps worker plus tools worker with its pool children) against the same three messages with
+nothing in them (``bench/null_turn.py``): on the same pools (steps on solo, tool calls on prefork
+``-c 2``), on the runtime's own Celery app (its transport, batched acks and events, orjson, time
+limits), each message published as the runtime publishes a turn's next message (from a template,
+in one round trip), each task doing nothing else. Rounds alternate the runtime
+(``concurrency.run_ours``, against the keep-alive endpoint at ``--latency``) and the message
+floor, and which goes first alternates too.
 
 Printed per round: worker CPU ms per turn (steps, tools, total) of each, Redis commands per turn,
 and the runtime's total less the floor's (what the runtime's own work costs: two model calls over
