@@ -181,6 +181,10 @@ class AsyncEndpoint:
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(30)
+        if self._thread is None or not self._thread.is_alive():
+            # Closed here, not by the garbage collector: a loop collected later, after its
+            # self-pipe's descriptor was reused or closed, fails in __del__ inside another test.
+            self._loop.close()
 
 
 def _dumps(value: object) -> str:
