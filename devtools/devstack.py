@@ -304,15 +304,12 @@ def start_stack(stack: Stack, demo: str, snapshots: bool = False, sentinel: bool
     beat_env = {k: v for k, v in worker_env.items() if k not in ("OPENAI_API_KEY", "AGENT_WEB_SEARCH_KEY")}
     stack.supervisor.start("beat", beat_command(), env=beat_env)
     _wait_worker(stack)
-    console.print(workers_line(commands["worker-io"]) + "\n", soft_wrap=True)
+    console.print(workers_line(describe_io_pool()) + "\n", soft_wrap=True)
 
 
-def workers_line(io_argv: list[str]) -> str:
-    """The console line saying the stack's workers are up, naming the I/O pool ``io_argv`` runs
-    (``--pool``, and ``-c`` for threads)."""
-    pool = io_argv[io_argv.index("--pool") + 1]
-    size = int(io_argv[io_argv.index("-c") + 1]) if "-c" in io_argv else None
-    return f"workers up: turns, background, workflow on {describe_io_pool(pool, size)}; tools on prefork; beat (redbeat) up"
+def workers_line(io_pool: str) -> str:
+    """The console line saying the stack's workers are up, naming their I/O pool (``describe_io_pool``)."""
+    return f"workers up: turns, background, workflow on {io_pool}; tools on prefork; beat (redbeat) up"
 
 
 def seed_home(agent_id: str) -> Path:

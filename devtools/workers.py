@@ -131,8 +131,11 @@ def check_pool_settings(env: Mapping[str, str] | None = None) -> None:
     tools_pool_config(env=env)
 
 
-def describe_io_pool(pool: str, size: int | None) -> str:
-    """``a solo pool`` or ``a threads pool of N``: for a console line."""
+def describe_io_pool(env: Mapping[str, str] | None = None) -> str:
+    """The I/O pool ``worker_commands`` runs with the settings of ``env`` (``io_pool_config``), for a
+    console line: ``a solo pool`` or ``a threads pool of N``. Raises ``ValueError`` as
+    ``io_pool_config`` does."""
+    pool, size = io_pool_config(env=env)
     return f"a threads pool of {size}" if pool == "threads" else f"a {pool} pool"
 
 

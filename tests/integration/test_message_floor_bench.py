@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.support.bench_runs import run_bench
+from tests.support.runs import run_bench
 
 
 @pytest.mark.slow

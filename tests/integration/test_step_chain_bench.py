@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.bench_runs import run_bench
+from tests.support.runs import run_bench
 
 
 @pytest.mark.slow

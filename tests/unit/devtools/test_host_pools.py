@@ -7,14 +7,12 @@ to be built from it alone: a setting in host.env was ignored). A pool setting it
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from devtools import host
-from tests.conftest import ROOT
+from tests.support.runs import run_python
 
 POOL_SETTINGS = ("AGENT_IO_POOL", "AGENT_IO_CONCURRENCY", "AGENT_TOOLS_CONCURRENCY", "AGENT_MODEL_CALLS")
 
@@ -82,14 +80,7 @@ def test_host_refuses_a_malformed_tools_concurrency_in_one_line(tmp_path, size):
     lines = [f"{k}={v}" for k, v in _host_env(tmp_path, AGENT_TOOLS_CONCURRENCY=size).items()]
     (config / "host.env").write_text("\n".join(lines) + "\n")
     env = {k: v for k, v in os.environ.items() if k not in POOL_SETTINGS}
-    run = subprocess.run(
-        [sys.executable, "-m", "devtools.host", "--config", str(config)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_python(["-m", "devtools.host", "--config", str(config)], env)
     out = run.stdout + run.stderr
     assert run.returncode == 1, out
     assert (

@@ -7,14 +7,12 @@ run``/``make stack``/``make worker``, not a traceback, and the stack's console n
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from devtools.devstack import workers_line
-from devtools.workers import check_pool_settings, worker_commands
-from tests.conftest import ROOT
+from devtools.workers import check_pool_settings, describe_io_pool, worker_commands
+from tests.support.runs import run_python
 
 POOL_SETTINGS = ("AGENT_IO_POOL", "AGENT_IO_CONCURRENCY", "AGENT_TOOLS_CONCURRENCY", "AGENT_MODEL_CALLS")
 
@@ -104,10 +102,10 @@ def test_inline_model_calls_need_a_threads_pool(monkeypatch):
 
 
 def test_the_stack_names_the_pool_it_runs(monkeypatch):
-    assert "workflow on a solo pool;" in workers_line(worker_commands(tag="t")["worker-io"])
+    assert "workflow on a solo pool;" in workers_line(describe_io_pool())
     monkeypatch.setenv("AGENT_IO_POOL", "threads")
     monkeypatch.setenv("AGENT_IO_CONCURRENCY", "8")
-    assert "workflow on a threads pool of 8;" in workers_line(worker_commands(tag="t")["worker-io"])
+    assert "workflow on a threads pool of 8;" in workers_line(describe_io_pool())
 
 
 @pytest.mark.slow
@@ -126,14 +124,8 @@ def test_make_run_stack_and_worker_refuse_a_pool_setting_in_one_line(setting, ne
     """``make run``/``make stack`` (devstack) and ``make worker`` (workers): one ``error:`` line and
     exit 1, before anything is started (no Redis is reached: REDIS_URL is a closed port here)."""
     env = {k: v for k, v in os.environ.items() if k not in POOL_SETTINGS}
-    run = subprocess.run(
-        [sys.executable, "-m", module, *(["--demo", "demo"] if module == "devtools.devstack" else [])],
-        cwd=ROOT,
-        env={**env, **setting, "REDIS_URL": "redis://127.0.0.1:1/0"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    args = ["-m", module, *(["--demo", "demo"] if module == "devtools.devstack" else [])]
+    run = run_python(args, {**env, **setting, "REDIS_URL": "redis://127.0.0.1:1/0"})
     out = run.stdout + run.stderr
     assert run.returncode == 1, out
     errors = [line for line in out.splitlines() if line.startswith("error:")]
