@@ -40,6 +40,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -405,6 +406,24 @@ def run_check(keep: bool) -> bool:
     return ok
 
 
+PRIVATE_DIRS = (Path("/tmp"), Path("/srv"))
+"""What each namespace machine mounts a filesystem of its own over (``devtools.machines``): a
+checkout or venv under one of them is hidden from the machine's processes."""
+
+
+def check_visible(*paths: Path) -> None:
+    """Raise ``MachineError`` naming the first of ``paths`` (the checkout, its Python) that lies under
+    one of ``PRIVATE_DIRS``: a machine could not start ``python -m devtools.host`` from it, and the
+    check would only fail later, as Redis refusing connections."""
+    for path in paths:
+        for private in PRIVATE_DIRS:
+            if path.resolve().is_relative_to(private):
+                raise MachineError(
+                    f"{path} is under {private}, which each machine mounts a filesystem of its own over: "
+                    f"run the check from a checkout outside {private}"
+                )
+
+
 def main() -> None:
     """``python -m devtools.hosts_check [--keep | --teardown]`` (see the module docstring)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -419,6 +438,7 @@ def main() -> None:
         signal.signal(sig, _interrupt)
     try:
         require_tools()
+        check_visible(ROOT, Path(sys.executable))
         for tool in ("redis-server", "prometheus"):
             if not shutil.which(tool):
                 raise MachineError(f"{tool} is missing: `make deploy-check-hosts` installs Debian's package")
