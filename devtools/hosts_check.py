@@ -359,7 +359,11 @@ def teardown(run: Run) -> str:
     removed = run.network.remove_leftovers(DISKS)
     run.network.remove()
     shutil.rmtree(DEPLOYMENT, ignore_errors=True)  # the deployment's secrets
-    return f"machines, bridge and disks removed ({len(removed)} leftovers); {DEPLOYMENT.relative_to(ROOT)} deleted"
+    # What remove_leftovers found besides the bridge, which is always there (a machine's veth the
+    # kernel had not torn down yet...): named.
+    left = [name for name in removed if name != run.network.bridge]
+    extra = f" (also found and removed: {', '.join(left)})" if left else ""
+    return f"machines, bridge and disks removed{extra}; {DEPLOYMENT.relative_to(ROOT)} deleted"
 
 
 # -- the run -----------------------------------------------------------------------------------

@@ -119,6 +119,13 @@ class Network:
                         pass
                 sh("ip", "netns", "del", name, check=False)
                 removed.append(name)
+        # A machine's host-side veth outlives its namespace until the kernel tears the namespace
+        # down (after its last process died): a run started right after the last one found it.
+        for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
+            name = line.split(":", 2)[1].strip().split("@")[0] if line.count(":") >= 2 else ""
+            if name.startswith(f"{self.prefix}-") and name != self.bridge:
+                sh("ip", "link", "del", name, check=False)
+                removed.append(name)
         if sh("ip", "link", "show", self.bridge, check=False).returncode == 0:
             sh("ip", "link", "del", self.bridge, check=False)
             removed.append(self.bridge)
